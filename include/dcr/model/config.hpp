@@ -1,0 +1,107 @@
+#pragma once
+/// \file
+/// Model descriptions by canonical tensors (Hugging Face names and shapes).
+/// Both sides derive their layouts from these: the trainer its Megatron-style
+/// shards, the receiver's native loader its fused parameters.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dcr/core/tensor.hpp"
+
+namespace dcr {
+
+/// Llama-style dense or Qwen3-MoE-style transformer. `experts == 0` means dense.
+struct model_config {
+  std::string family = "llama";   ///< "llama" or "qwen3_moe" (informational)
+  std::uint64_t hidden = 256;
+  std::uint64_t layers = 2;
+  std::uint64_t heads = 8;        ///< query heads (nh)
+  std::uint64_t kv_heads = 2;     ///< key/value heads = query groups (ng)
+  std::uint64_t head_dim = 32;    ///< d
+  std::uint64_t ffn = 512;        ///< dense MLP intermediate size
+  std::uint64_t experts = 0;      ///< routed experts (0: dense MLP)
+  std::uint64_t moe_ffn = 0;      ///< per-expert intermediate size
+  std::uint64_t vocab = 1000;
+  bool tied_embeddings = false;   ///< lm_head shares embed_tokens (no lm_head tensor)
+  bool qk_norm = false;           ///< Qwen3 per-head q_norm / k_norm
+  bool attention_bias = false;    ///< q/k/v biases (Qwen2-style)
+  dtype_id dtype = dtype_id::bf16;
+
+  bool is_moe() const noexcept { return experts > 0; }
+};
+
+/// Name of a per-layer tensor, e.g. layer_name(3, "self_attn.q_proj.weight").
+inline std::string layer_name(std::uint64_t layer, const std::string& suffix) {
+  return "model.layers." + std::to_string(layer) + "." + suffix;
+}
+
+/// Name of a per-expert tensor, e.g. expert_name(3, 7, "gate_proj.weight").
+inline std::string expert_name(std::uint64_t layer, std::uint64_t expert, const std::string& suffix) {
+  return layer_name(layer, "mlp.experts." + std::to_string(expert) + "." + suffix);
+}
+
+/// Canonical tensors of a model in checkpoint order (HF names, row-major
+/// shapes [out, in] for linear weights).
+inline std::vector<tensor_meta> canonical_tensors(const model_config& c) {
+  std::vector<tensor_meta> t;
+  auto add = [&](std::string name, std::vector<std::uint64_t> shape) {
+    t.push_back({std::move(name), std::move(shape), c.dtype});
+  };
+  const auto q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
+  add("model.embed_tokens.weight", {c.vocab, c.hidden});
+  for (std::uint64_t i = 0; i < c.layers; ++i) {
+    add(layer_name(i, "input_layernorm.weight"), {c.hidden});
+    add(layer_name(i, "self_attn.q_proj.weight"), {q, c.hidden});
+    add(layer_name(i, "self_attn.k_proj.weight"), {kv, c.hidden});
+    add(layer_name(i, "self_attn.v_proj.weight"), {kv, c.hidden});
+    if (c.attention_bias) {
+      add(layer_name(i, "self_attn.q_proj.bias"), {q});
+      add(layer_name(i, "self_attn.k_proj.bias"), {kv});
+      add(layer_name(i, "self_attn.v_proj.bias"), {kv});
+    }
+    add(layer_name(i, "self_attn.o_proj.weight"), {c.hidden, q});
+    if (c.qk_norm) {
+      add(layer_name(i, "self_attn.q_norm.weight"), {c.head_dim});
+      add(layer_name(i, "self_attn.k_norm.weight"), {c.head_dim});
+    }
+    add(layer_name(i, "post_attention_layernorm.weight"), {c.hidden});
+    if (c.is_moe()) {
+      add(layer_name(i, "mlp.gate.weight"), {c.experts, c.hidden});
+      for (std::uint64_t e = 0; e < c.experts; ++e) {
+        add(expert_name(i, e, "gate_proj.weight"), {c.moe_ffn, c.hidden});
+        add(expert_name(i, e, "up_proj.weight"), {c.moe_ffn, c.hidden});
+        add(expert_name(i, e, "down_proj.weight"), {c.hidden, c.moe_ffn});
+      }
+    } else {
+      add(layer_name(i, "mlp.gate_proj.weight"), {c.ffn, c.hidden});
+      add(layer_name(i, "mlp.up_proj.weight"), {c.ffn, c.hidden});
+      add(layer_name(i, "mlp.down_proj.weight"), {c.hidden, c.ffn});
+    }
+  }
+  add("model.norm.weight", {c.hidden});
+  if (!c.tied_embeddings) add("lm_head.weight", {c.vocab, c.hidden});
+  return t;
+}
+
+/// Small Llama-style dense config for tests (GQA: 8 query heads, 2 KV heads).
+inline model_config tiny_llama() { return {}; }
+
+/// Small Qwen3-MoE-style config for tests (8 experts, q/k norms).
+inline model_config tiny_qwen3_moe() {
+  model_config c;
+  c.family = "qwen3_moe";
+  c.hidden = 128;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 32;
+  c.experts = 8;
+  c.moe_ffn = 64;
+  c.ffn = 0;
+  c.vocab = 777;
+  c.qk_norm = true;
+  return c;
+}
+
+} // namespace dcr

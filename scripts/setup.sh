@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages), configures and builds build/.
+# Sourced by demo.sh and test.sh; safe to run again (incremental).
+set -euo pipefail
+DCR_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$DCR_ROOT"
+
+packages=(g++ pkg-config cmake meson ninja-build libboost1.81-dev libzstd-dev libxxhash-dev
+          libb2-dev doctest-dev zstd xxhash coreutils ${DCR_EXTRA_PACKAGES:-})
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# CUDA 13 is not on PATH by default; meson finds nvcc through it.
+if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+
+jobs=${DCR_JOBS:-2}
+if [ ! -f build/build.ninja ]; then
+  echo "== configuring build/"
+  meson setup build ${DCR_MESON_OPTIONS:-}
+fi
+echo "== building build/ (-j$jobs)"
+meson compile -C build -j "$jobs"
