@@ -1,0 +1,395 @@
+#pragma once
+/// \file
+/// The durable commit record K^v and the stores that hold it.
+///
+/// A commit store holds one record and three counters, all changed atomically
+/// together:
+///  - `revision`: bumped by every successful compare-and-set (etcd's mod revision
+///    of the record key; 0 means "never written");
+///  - `epoch`: the active coordinator's term; `take_over` bumps it and thereby
+///    fences every older coordinator (their `prepare` and `compare_and_set` get
+///    `errc::conflict`);
+///  - `attempt`: the last attempt id τ handed out by `prepare`; strictly
+///    increasing over the store's life, so a later prepare fences every older
+///    attempt (its commit gets `errc::conflict`).
+///
+/// Minimal complete definition of `commit_store`: `load`, `take_over`,
+/// `prepare`, `compare_and_set`. Laws (checked for every model in
+/// test/protocol/commit_store_test.cpp):
+///  - `compare_and_set(e, τ, r, K)` succeeds iff `e` is the current epoch, `τ`
+///    the current attempt and `r` the current revision; then `load` returns `K`
+///    with revision `r + 1`;
+///  - attempt ids returned by `prepare` are strictly increasing across all
+///    callers and processes, and epochs returned by `take_over` likewise;
+///  - a failed call changes nothing.
+/// These map onto one etcd transaction each (compare epoch key value, attempt
+/// key value and record mod revision; then put).
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
+
+namespace dcr::protocol {
+
+/// One required receiver's acknowledgement: its id and target-state digest.
+struct receiver_ack {
+  std::string receiver;
+  digest128 state{};
+  friend bool operator==(const receiver_ack&, const receiver_ack&) = default;
+};
+
+/// The commit record K^v: which policy version is published, bound to the
+/// source baseline it was built from and the attempt that produced it.
+struct commit_record {
+  std::uint64_t version = 0;         ///< committed policy version v
+  digest128 source_baseline{};       ///< digest of the owners' baseline B^v
+  std::uint64_t attempt = 0;         ///< attempt id τ that committed v (0: initial)
+  std::vector<receiver_ack> receivers; ///< every required receiver's target digest
+  std::uint64_t time_unix_ns = 0;    ///< wall time of the commit
+  friend bool operator==(const commit_record&, const commit_record&) = default;
+};
+
+/// A record as loaded, with the store's counters.
+struct stored_record {
+  commit_record record;
+  std::uint64_t revision = 0; ///< mod revision of the record (0: never committed)
+  std::uint64_t epoch = 0;    ///< active coordinator epoch
+  std::uint64_t attempt = 0;  ///< last attempt id handed out
+  friend bool operator==(const stored_record&, const stored_record&) = default;
+};
+
+/// Nanoseconds since the Unix epoch.
+inline std::uint64_t unix_time_ns() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+/// A durable, versioned record changed only by compare-and-set (see file comment).
+template <class S>
+concept commit_store = requires(S& s, stored_record& out, std::uint64_t& id, std::uint64_t e,
+                                std::uint64_t a, std::uint64_t r, const commit_record& k) {
+  { s.load(out) } -> std::same_as<status>;
+  { s.take_over(id) } -> std::same_as<status>;
+  { s.prepare(e, id) } -> std::same_as<status>;
+  { s.compare_and_set(e, a, r, k) } -> std::same_as<status>;
+};
+
+namespace detail {
+
+/// The one rule both backends apply; keeps them in lockstep.
+inline status check_cas(const stored_record& cur, std::uint64_t epoch, std::uint64_t attempt,
+                        std::uint64_t expected_revision) {
+  DCR_RETURN_ERROR_IF(epoch != cur.epoch, conflict,
+                      "coordinator epoch " + std::to_string(epoch) + " was replaced by epoch " +
+                          std::to_string(cur.epoch));
+  DCR_RETURN_ERROR_IF(attempt != cur.attempt, conflict,
+                      "attempt " + std::to_string(attempt) + " was replaced by attempt " +
+                          std::to_string(cur.attempt));
+  DCR_RETURN_ERROR_IF(expected_revision != cur.revision, conflict,
+                      "record revision is " + std::to_string(cur.revision) + ", expected " +
+                          std::to_string(expected_revision));
+  return status::success();
+}
+
+inline status check_prepare(const stored_record& cur, std::uint64_t epoch) {
+  DCR_RETURN_ERROR_IF(epoch != cur.epoch, conflict,
+                      "prepare by coordinator epoch " + std::to_string(epoch) +
+                          ", active epoch is " + std::to_string(cur.epoch));
+  return status::success();
+}
+
+inline bool parse_hex_digest(std::string_view s, digest128& d) {
+  if (s.size() != 32) return false;
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < 16; ++i) {
+    int hi = nib(s[2 * i]), lo = nib(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    d[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return true;
+}
+
+} // namespace detail
+
+/// Text serialisation of a stored record (format `dcr-commit 1`, documented in
+/// docs/protocol.md). The last line is the BLAKE2b-128 of every byte before it,
+/// so a damaged file is detected rather than misread.
+inline std::string serialize(const stored_record& s) {
+  std::ostringstream o;
+  o << "dcr-commit 1\n"
+    << "revision " << s.revision << "\n"
+    << "epoch " << s.epoch << "\n"
+    << "attempt " << s.attempt << "\n"
+    << "version " << s.record.version << "\n"
+    << "source_baseline " << to_hex(s.record.source_baseline) << "\n"
+    << "committed_attempt " << s.record.attempt << "\n"
+    << "time_unix_ns " << s.record.time_unix_ns << "\n"
+    << "receivers " << s.record.receivers.size() << "\n";
+  for (auto& r : s.record.receivers) o << "receiver " << to_hex(r.state) << " " << r.receiver << "\n";
+  std::string body = o.str();
+  auto d = digest(std::as_bytes(std::span(body)));
+  return body + "digest " + to_hex(d) + "\n";
+}
+
+/// Parse what `serialize` wrote; `errc::bad_format` names the first bad line.
+inline status parse(std::string_view text, stored_record& out) {
+  const auto dpos = text.rfind("digest ");
+  DCR_RETURN_ERROR_IF(dpos == std::string_view::npos || (dpos > 0 && text[dpos - 1] != '\n'),
+                      bad_format, "commit record: missing digest line");
+  {
+    digest128 want{};
+    auto line = text.substr(dpos + 7);
+    DCR_RETURN_ERROR_IF(line.size() != 33 || line.back() != '\n' ||
+                            !detail::parse_hex_digest(line.substr(0, 32), want),
+                        bad_format, "commit record: malformed digest line");
+    DCR_RETURN_ERROR_IF(digest(std::as_bytes(std::span(text.substr(0, dpos)))) != want,
+                        digest_mismatch, "commit record: digest does not match its contents");
+  }
+  std::istringstream in{std::string(text.substr(0, dpos))};
+  std::string line;
+  std::size_t lineno = 0;
+  auto next = [&](std::string_view key) -> std::optional<std::string> {
+    if (!std::getline(in, line)) return std::nullopt;
+    ++lineno;
+    if (line.size() <= key.size() + 1 || line.compare(0, key.size(), key) != 0 || line[key.size()] != ' ')
+      return std::nullopt;
+    return line.substr(key.size() + 1);
+  };
+  auto bad = [&](std::string_view what) {
+    return fail(errc::bad_format, "commit record line " + std::to_string(lineno + 1) + ": expected " + std::string(what));
+  };
+  auto number = [&](std::string_view key, std::uint64_t& v) -> bool {
+    auto s = next(key);
+    if (!s || s->empty() || s->size() > 20 || !std::all_of(s->begin(), s->end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return false;
+    errno = 0;
+    char* end = nullptr;
+    v = std::strtoull(s->c_str(), &end, 10);
+    return errno == 0 && end == s->c_str() + s->size();
+  };
+  stored_record r;
+  {
+    auto m = next("dcr-commit");
+    if (!m || *m != "1") return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 1' record");
+  }
+  if (!number("revision", r.revision)) return bad("revision");
+  if (!number("epoch", r.epoch)) return bad("epoch");
+  if (!number("attempt", r.attempt)) return bad("attempt");
+  if (!number("version", r.record.version)) return bad("version");
+  {
+    auto s = next("source_baseline");
+    if (!s || !detail::parse_hex_digest(*s, r.record.source_baseline)) return bad("source_baseline");
+  }
+  if (!number("committed_attempt", r.record.attempt)) return bad("committed_attempt");
+  if (!number("time_unix_ns", r.record.time_unix_ns)) return bad("time_unix_ns");
+  std::uint64_t n = 0;
+  if (!number("receivers", n) || n > (1u << 20)) return bad("receivers");
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto s = next("receiver");
+    receiver_ack a;
+    if (!s || s->size() < 34 || (*s)[32] != ' ' || !detail::parse_hex_digest(std::string_view(*s).substr(0, 32), a.state))
+      return bad("receiver <digest> <id>");
+    a.receiver = s->substr(33);
+    r.record.receivers.push_back(std::move(a));
+  }
+  if (std::getline(in, line)) return fail(errc::trailing_bytes, "commit record: unexpected line after receivers");
+  out = std::move(r);
+  return status::success();
+}
+
+/// In-process commit store (tests, single-process deployments).
+class memory_commit_store {
+public:
+  status load(stored_record& out) {
+    std::lock_guard g(m_);
+    out = s_;
+    return status::success();
+  }
+  status take_over(std::uint64_t& epoch) {
+    std::lock_guard g(m_);
+    epoch = ++s_.epoch;
+    return status::success();
+  }
+  status prepare(std::uint64_t epoch, std::uint64_t& attempt) {
+    std::lock_guard g(m_);
+    DCR_TRY(detail::check_prepare(s_, epoch));
+    attempt = ++s_.attempt;
+    return status::success();
+  }
+  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
+                         const commit_record& next) {
+    std::lock_guard g(m_);
+    DCR_TRY(detail::check_cas(s_, epoch, attempt, expected_revision));
+    s_.record = next;
+    ++s_.revision;
+    return status::success();
+  }
+
+private:
+  std::mutex m_;
+  stored_record s_;
+};
+static_assert(commit_store<memory_commit_store>);
+
+/// Commit store in a directory: `<dir>/commit` holds the serialised record,
+/// `<dir>/commit.lock` serialises writers across processes with flock. Each
+/// change writes `commit.tmp`, fsyncs it, renames it over `commit` and fsyncs
+/// the directory, so a crash at any point leaves either the old or the new
+/// record, never a mix. The flock is released by the kernel when a holder dies.
+class file_commit_store {
+public:
+  /// Opens (and creates) the directory; throws `dcr::error(io)` on failure.
+  explicit file_commit_store(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec) throw error(errc::io, "create " + dir_.string() + ": " + ec.message());
+  }
+
+  const std::filesystem::path& directory() const noexcept { return dir_; }
+
+  status load(stored_record& out) {
+    lock l;
+    DCR_TRY(l.acquire(dir_ / "commit.lock"));
+    return read(out);
+  }
+  status take_over(std::uint64_t& epoch) {
+    return update([&](stored_record& s) {
+      epoch = ++s.epoch;
+      return status::success();
+    });
+  }
+  status prepare(std::uint64_t epoch, std::uint64_t& attempt) {
+    return update([&](stored_record& s) {
+      DCR_TRY(detail::check_prepare(s, epoch));
+      attempt = ++s.attempt;
+      return status::success();
+    });
+  }
+  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
+                         const commit_record& next) {
+    return update([&](stored_record& s) {
+      DCR_TRY(detail::check_cas(s, epoch, attempt, expected_revision));
+      s.record = next;
+      ++s.revision;
+      return status::success();
+    });
+  }
+
+private:
+  struct lock {
+    int fd = -1;
+    status acquire(const std::filesystem::path& p) {
+      fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      DCR_RETURN_ERROR_IF(fd < 0, io, "open " + p.string() + ": " + std::strerror(errno));
+      while (::flock(fd, LOCK_EX) != 0) {
+        DCR_RETURN_ERROR_IF(errno != EINTR, io, "flock " + p.string() + ": " + std::strerror(errno));
+      }
+      return status::success();
+    }
+    ~lock() {
+      if (fd >= 0) ::close(fd); // closing drops the flock
+    }
+  };
+
+  status read(stored_record& out) const {
+    const auto p = dir_ / "commit";
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      DCR_RETURN_ERROR_IF(errno != ENOENT, io, "open " + p.string() + ": " + std::strerror(errno));
+      out = stored_record{};
+      return status::success();
+    }
+    std::string text;
+    char buf[4096];
+    for (;;) {
+      auto n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        auto e = errno;
+        ::close(fd);
+        return fail(errc::io, "read " + p.string() + ": " + std::strerror(e));
+      }
+      if (n == 0) break;
+      text.append(buf, static_cast<std::size_t>(n));
+      if (text.size() > (std::size_t{64} << 20)) {
+        ::close(fd);
+        return fail(errc::length_overflow, p.string() + ": commit record larger than 64 MiB");
+      }
+    }
+    ::close(fd);
+    auto s = parse(text, out);
+    if (!s) s.message = p.string() + ": " + s.message;
+    return s;
+  }
+
+  status write(const stored_record& s) const {
+    const auto tmp = dir_ / "commit.tmp", dst = dir_ / "commit";
+    const std::string text = serialize(s);
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    DCR_RETURN_ERROR_IF(fd < 0, io, "open " + tmp.string() + ": " + std::strerror(errno));
+    std::size_t done = 0;
+    while (done < text.size()) {
+      auto n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        auto e = errno;
+        ::close(fd);
+        return fail(errc::io, "write " + tmp.string() + ": " + std::strerror(e));
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd) != 0) {
+      auto e = errno;
+      ::close(fd);
+      return fail(errc::io, "fsync " + tmp.string() + ": " + std::strerror(e));
+    }
+    ::close(fd);
+    DCR_RETURN_ERROR_IF(::rename(tmp.c_str(), dst.c_str()) != 0, io,
+                        "rename " + tmp.string() + ": " + std::strerror(errno));
+    int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DCR_RETURN_ERROR_IF(dfd < 0, io, "open " + dir_.string() + ": " + std::strerror(errno));
+    const int rc = ::fsync(dfd);
+    const int e = errno;
+    ::close(dfd);
+    DCR_RETURN_ERROR_IF(rc != 0, io, "fsync " + dir_.string() + ": " + std::strerror(e));
+    return status::success();
+  }
+
+  template <class F> status update(F&& change) {
+    lock l;
+    DCR_TRY(l.acquire(dir_ / "commit.lock"));
+    stored_record s;
+    DCR_TRY(read(s));
+    DCR_TRY(change(s));
+    return write(s);
+  }
+
+  std::filesystem::path dir_;
+};
+static_assert(commit_store<file_commit_store>);
+
+} // namespace dcr::protocol

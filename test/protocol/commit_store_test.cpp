@@ -1,0 +1,299 @@
+// Laws of commit_store for every model, the record serialisation, and the
+// file backend under racing and crashing processes.
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dcr/protocol/commit_store.hpp"
+
+using namespace dcr;
+using namespace dcr::protocol;
+
+namespace {
+
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    char tmpl[] = "/tmp/dcr-commit-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+commit_record sample_record(std::uint64_t version, std::uint64_t attempt, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  commit_record k;
+  k.version = version;
+  k.attempt = attempt;
+  for (auto& b : k.source_baseline) b = static_cast<std::uint8_t>(rng());
+  const auto n = rng() % 5;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    receiver_ack a;
+    a.receiver = "rank-" + std::to_string(i) + (i % 2 ? " with spaces" : "");
+    for (auto& b : a.state) b = static_cast<std::uint8_t>(rng());
+    k.receivers.push_back(a);
+  }
+  k.time_unix_ns = rng();
+  return k;
+}
+
+template <class Store> void check_laws(Store& s) {
+  stored_record r;
+  REQUIRE(s.load(r).ok());
+  CHECK(r == stored_record{});
+
+  std::uint64_t e1 = 0, e2 = 0;
+  REQUIRE(s.take_over(e1).ok());
+  REQUIRE(s.take_over(e2).ok());
+  CHECK(e2 > e1);
+
+  // A fenced coordinator's prepare is a conflict and changes nothing.
+  std::uint64_t a = 0;
+  REQUIRE(s.load(r).ok());
+  auto before = r;
+  auto st = s.prepare(e1, a);
+  CHECK(st.code == errc::conflict);
+  REQUIRE(s.load(r).ok());
+  CHECK(r == before);
+
+  std::uint64_t a1 = 0, a2 = 0;
+  REQUIRE(s.prepare(e2, a1).ok());
+  REQUIRE(s.prepare(e2, a2).ok());
+  CHECK(a2 > a1);
+
+  const auto k = sample_record(1, a2, 7);
+  // Every wrong argument is a conflict and changes nothing.
+  REQUIRE(s.load(r).ok());
+  before = r;
+  CHECK(s.compare_and_set(e1, a2, 0, k).code == errc::conflict); // fenced coordinator
+  CHECK(s.compare_and_set(e2, a1, 0, k).code == errc::conflict); // replaced attempt
+  CHECK(s.compare_and_set(e2, a2, 1, k).code == errc::conflict); // wrong revision
+  REQUIRE(s.load(r).ok());
+  CHECK(r == before);
+
+  REQUIRE(s.compare_and_set(e2, a2, 0, k).ok());
+  REQUIRE(s.load(r).ok());
+  CHECK(r.record == k);
+  CHECK(r.revision == 1);
+  CHECK(r.epoch == e2);
+  CHECK(r.attempt == a2);
+  // The same expected revision cannot win twice.
+  CHECK(s.compare_and_set(e2, a2, 0, sample_record(2, a2, 8)).code == errc::conflict);
+  const auto k2 = sample_record(2, a2, 9);
+  REQUIRE(s.compare_and_set(e2, a2, 1, k2).ok());
+  REQUIRE(s.load(r).ok());
+  CHECK(r.record == k2);
+  CHECK(r.revision == 2);
+}
+
+} // namespace
+
+TEST_CASE("commit_store laws: memory backend") {
+  memory_commit_store s;
+  check_laws(s);
+}
+
+TEST_CASE("commit_store laws: file backend, and the state survives reopening") {
+  temp_dir d;
+  stored_record first;
+  {
+    file_commit_store s(d.path);
+    check_laws(s);
+    REQUIRE(s.load(first).ok());
+  }
+  file_commit_store again(d.path);
+  stored_record r;
+  REQUIRE(again.load(r).ok());
+  CHECK(r == first);
+}
+
+TEST_CASE("commit record serialisation round-trips and rejects damage") {
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    stored_record s{sample_record(seed * 3, seed, seed), seed + 1, seed + 2, seed + 3};
+    stored_record back;
+    const auto text = serialize(s);
+    REQUIRE(parse(text, back).ok());
+    CHECK(back == s);
+    // Any single changed byte before the digest line is caught.
+    std::mt19937_64 rng(seed);
+    auto bad = text;
+    const auto pos = rng() % text.rfind("digest ");
+    bad[pos] = static_cast<char>(bad[pos] ^ 0x01);
+    auto st = parse(bad, back);
+    CHECK_FALSE(st.ok());
+    CHECK((st.code == errc::digest_mismatch || st.code == errc::bad_format));
+  }
+  stored_record out;
+  CHECK(parse("", out).code == errc::bad_format);
+  CHECK(parse("dcr-commit 1\n", out).code == errc::bad_format);
+  {
+    // A well-digested record of an unknown version.
+    std::string body = "dcr-commit 2\n";
+    auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+    CHECK(parse(text, out).code == errc::unsupported_version);
+  }
+  {
+    // Valid digest over malformed fields.
+    std::string body = "dcr-commit 1\nrevision x\n";
+    auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+    CHECK(parse(text, out).code == errc::bad_format);
+  }
+  {
+    auto text = serialize(stored_record{});
+    text.pop_back();
+    CHECK(parse(text, out).code == errc::bad_format);
+  }
+}
+
+TEST_CASE("file backend: a damaged record file is reported, not misread") {
+  temp_dir d;
+  file_commit_store s(d.path);
+  std::uint64_t e = 0, a = 0;
+  REQUIRE(s.take_over(e).ok());
+  REQUIRE(s.prepare(e, a).ok());
+  REQUIRE(s.compare_and_set(e, a, 0, sample_record(1, a, 1)).ok());
+  {
+    std::fstream f(d.path / "commit", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('#');
+  }
+  stored_record r;
+  auto st = s.load(r);
+  CHECK(st.code == errc::digest_mismatch);
+  CHECK(st.message.find("commit") != std::string::npos);
+  CHECK(s.prepare(e, a).code == errc::digest_mismatch);
+}
+
+TEST_CASE("file backend: forked processes racing prepare get unique, increasing attempt ids") {
+  temp_dir d;
+  std::uint64_t epoch = 0;
+  {
+    file_commit_store s(d.path);
+    REQUIRE(s.take_over(epoch).ok());
+  }
+  constexpr int procs = 4, per = 40;
+  std::vector<int> fds;
+  std::vector<pid_t> kids;
+  for (int p = 0; p < procs; ++p) {
+    int pipefd[2];
+    REQUIRE(::pipe(pipefd) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(pipefd[0]);
+      file_commit_store s(d.path);
+      std::uint64_t last = 0;
+      for (int i = 0; i < per; ++i) {
+        std::uint64_t a = 0;
+        if (!s.prepare(epoch, a).ok() || a <= last) ::_exit(2);
+        last = a;
+        if (::write(pipefd[1], &a, sizeof a) != sizeof a) ::_exit(3);
+      }
+      ::_exit(0);
+    }
+    ::close(pipefd[1]);
+    fds.push_back(pipefd[0]);
+    kids.push_back(pid);
+  }
+  std::set<std::uint64_t> all;
+  for (int fd : fds) {
+    std::uint64_t a = 0;
+    while (::read(fd, &a, sizeof a) == sizeof a) CHECK(all.insert(a).second);
+    ::close(fd);
+  }
+  for (auto pid : kids) {
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  CHECK(all.size() == std::size_t{procs * per});
+  CHECK(*all.begin() == 1);
+  CHECK(*all.rbegin() == std::uint64_t{procs * per});
+}
+
+TEST_CASE("file backend: forked processes racing compare-and-set never lose an increment") {
+  temp_dir d;
+  std::uint64_t epoch = 0, attempt = 0;
+  {
+    file_commit_store s(d.path);
+    REQUIRE(s.take_over(epoch).ok());
+    REQUIRE(s.prepare(epoch, attempt).ok());
+  }
+  constexpr int procs = 4, per = 25;
+  std::vector<pid_t> kids;
+  for (int p = 0; p < procs; ++p) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      file_commit_store s(d.path);
+      int won = 0, conflicts = 0;
+      while (won < per) {
+        stored_record r;
+        if (!s.load(r).ok()) ::_exit(2);
+        auto next = r.record;
+        ++next.version;
+        next.receivers = {{"p" + std::to_string(p), {}}};
+        auto st = s.compare_and_set(epoch, attempt, r.revision, next);
+        if (st.ok()) ++won;
+        else if (st.code == errc::conflict) ++conflicts;
+        else ::_exit(3);
+      }
+      ::_exit(0);
+    }
+    kids.push_back(pid);
+  }
+  for (auto pid : kids) {
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  file_commit_store s(d.path);
+  stored_record r;
+  REQUIRE(s.load(r).ok());
+  CHECK(r.record.version == std::uint64_t{procs * per});
+  CHECK(r.revision == std::uint64_t{procs * per});
+}
+
+TEST_CASE("file backend: processes killed mid-operation leave a readable record and no stuck lock") {
+  temp_dir d;
+  std::uint64_t epoch = 0, attempt = 0;
+  {
+    file_commit_store s(d.path);
+    REQUIRE(s.take_over(epoch).ok());
+    REQUIRE(s.prepare(epoch, attempt).ok());
+  }
+  for (int round = 0; round < 6; ++round) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      file_commit_store s(d.path);
+      for (;;) {
+        stored_record r;
+        if (!s.load(r).ok()) ::_exit(2);
+        auto next = r.record;
+        ++next.version;
+        (void)s.compare_and_set(epoch, attempt, r.revision, next);
+      }
+    }
+    ::usleep(static_cast<useconds_t>(2000 + 3000 * round));
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK(WIFSIGNALED(st));
+    file_commit_store s(d.path);
+    stored_record r;
+    REQUIRE(s.load(r).ok()); // parses: old or new record, never a mix
+    CHECK(r.record.version == r.revision);
+    auto next = r.record;
+    ++next.version;
+    REQUIRE(s.compare_and_set(epoch, attempt, r.revision, next).ok()); // lock was released
+  }
+}
