@@ -1,0 +1,264 @@
+#pragma once
+/// \file
+/// Per-attempt layout of an object store and the manifests that make an
+/// attempt's payload set explicit.
+///
+/// Layout (all names valid object names, zero-padded so that lexicographic
+/// listing order is numeric order):
+/// ```
+/// attempt/<τ:20>/payload/o<owner:10>-s<seq:10>   one payload, uploaded once
+/// attempt/<τ:20>/manifest/o<owner:10>            that owner's manifest, published last
+/// ```
+/// A manifest is text: `dcr-manifest 1`, `attempt τ`, `owner o`, `payloads n`,
+/// then n lines `<name> <bytes> <blake2b-128 hex>`, then `digest <hex>` of all
+/// bytes before that line. An owner publishes its manifest only after every
+/// payload it lists is published, so a receiver that sees every required
+/// owner's manifest knows the complete payload set of the attempt. A retry
+/// uploads its complete changed set again under its own attempt prefix; no
+/// object is ever overwritten.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
+#include "dcr/protocol/commit_store.hpp"
+#include "dcr/transport/object_store.hpp"
+
+namespace dcr::transport {
+
+namespace detail {
+inline std::string pad(std::uint64_t v, int width) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%0*llu", width, static_cast<unsigned long long>(v));
+  return buf;
+}
+} // namespace detail
+
+/// "attempt/<τ>/": every object of attempt τ lies under this prefix.
+inline std::string attempt_prefix(std::uint64_t attempt) { return "attempt/" + detail::pad(attempt, 20) + "/"; }
+/// Object name of payload `seq` of `owner` in attempt τ.
+inline std::string payload_name(std::uint64_t attempt, std::uint32_t owner, std::uint32_t seq) {
+  return attempt_prefix(attempt) + "payload/o" + detail::pad(owner, 10) + "-s" + detail::pad(seq, 10);
+}
+/// Object name of `owner`'s manifest in attempt τ.
+inline std::string manifest_name(std::uint64_t attempt, std::uint32_t owner) {
+  return attempt_prefix(attempt) + "manifest/o" + detail::pad(owner, 10);
+}
+
+/// One listed payload.
+struct manifest_entry {
+  std::string name;
+  std::uint64_t bytes = 0;
+  digest128 digest{};
+  friend bool operator==(const manifest_entry&, const manifest_entry&) = default;
+};
+
+/// An owner's list of the payloads it uploaded in one attempt.
+struct manifest {
+  std::uint64_t attempt = 0;
+  std::uint32_t owner = 0;
+  std::vector<manifest_entry> payloads;
+  friend bool operator==(const manifest&, const manifest&) = default;
+};
+
+/// Text form (see file comment).
+inline std::string serialize(const manifest& m) {
+  std::ostringstream o;
+  o << "dcr-manifest 1\nattempt " << m.attempt << "\nowner " << m.owner << "\npayloads "
+    << m.payloads.size() << "\n";
+  for (auto& e : m.payloads) o << e.name << " " << e.bytes << " " << to_hex(e.digest) << "\n";
+  auto body = o.str();
+  return body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+}
+
+/// Parse a manifest; checks its digest, every field and every name.
+inline status parse(std::string_view text, manifest& out) {
+  const auto dpos = text.rfind("digest ");
+  DCR_RETURN_ERROR_IF(dpos == std::string_view::npos || (dpos > 0 && text[dpos - 1] != '\n'), bad_format,
+                      "manifest: missing digest line");
+  digest128 want{};
+  auto tail = text.substr(dpos + 7);
+  DCR_RETURN_ERROR_IF(tail.size() != 33 || tail.back() != '\n' ||
+                          !protocol::detail::parse_hex_digest(tail.substr(0, 32), want),
+                      bad_format, "manifest: malformed digest line");
+  DCR_RETURN_ERROR_IF(digest(std::as_bytes(std::span(text.substr(0, dpos)))) != want, digest_mismatch,
+                      "manifest: digest does not match its contents");
+  std::istringstream in{std::string(text.substr(0, dpos))};
+  std::string magic, k1, k2, k3;
+  manifest m;
+  std::uint64_t owner = 0, n = 0;
+  std::string ver;
+  in >> magic >> ver >> k1 >> m.attempt >> k2 >> owner >> k3 >> n;
+  DCR_RETURN_ERROR_IF(!in || magic != "dcr-manifest" || k1 != "attempt" || k2 != "owner" || k3 != "payloads",
+                      bad_format, "manifest: malformed header");
+  DCR_RETURN_ERROR_IF(ver != "1", unsupported_version, "manifest: version " + ver);
+  DCR_RETURN_ERROR_IF(owner > 0xFFFFFFFFu || n > (1u << 24), bad_format, "manifest: owner or count out of range");
+  m.owner = static_cast<std::uint32_t>(owner);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    manifest_entry e;
+    std::string hex;
+    in >> e.name >> e.bytes >> hex;
+    DCR_RETURN_ERROR_IF(!in || !protocol::detail::parse_hex_digest(hex, e.digest), bad_format,
+                        "manifest: malformed entry " + std::to_string(i));
+    DCR_TRY(validate_object_name(e.name));
+    DCR_RETURN_ERROR_IF(e.name.rfind(attempt_prefix(m.attempt), 0) != 0, bad_format,
+                        "manifest: entry '" + e.name + "' is outside its attempt prefix");
+    m.payloads.push_back(std::move(e));
+  }
+  std::string rest;
+  DCR_RETURN_ERROR_IF(in >> rest, trailing_bytes, "manifest: unexpected text after entries");
+  out = std::move(m);
+  return status::success();
+}
+
+/// Owner side of one attempt: uploads payloads once each, then the manifest.
+template <object_store Store> class attempt_writer {
+public:
+  attempt_writer(Store& store, std::uint64_t attempt, std::uint32_t owner)
+      : store_(&store), m_{attempt, owner, {}} {}
+
+  /// Upload the next payload (sequence numbers 0, 1, ...).
+  status put_payload(std::span<const std::byte> bytes) {
+    auto name = payload_name(m_.attempt, m_.owner, static_cast<std::uint32_t>(m_.payloads.size()));
+    DCR_TRY(store_->put(name, bytes));
+    m_.payloads.push_back({std::move(name), bytes.size(), digest(bytes)});
+    return status::success();
+  }
+  /// Publish the manifest; after this the owner's part of the attempt is complete.
+  status finish() {
+    const auto text = serialize(m_);
+    return store_->put(manifest_name(m_.attempt, m_.owner), std::as_bytes(std::span(text)));
+  }
+  const manifest& listed() const noexcept { return m_; }
+
+private:
+  Store* store_;
+  manifest m_;
+};
+
+/// Receiver side of one attempt: fetches payloads as they are published (so
+/// application overlaps upload) and completes once every required owner's
+/// manifest is present and every listed payload was delivered exactly once.
+template <object_store Store> class attempt_reader {
+public:
+  attempt_reader(Store& store, std::uint64_t attempt, std::vector<std::uint32_t> owners)
+      : store_(&store), attempt_(attempt), owners_(owners.begin(), owners.end()) {}
+
+  /// Poll until complete, `stop` becomes true (`errc::aborted`) or `deadline`
+  /// passes (`errc::aborted`). `deliver(name, bytes)` is called once per
+  /// payload; its failure ends the read with that status. Payloads are
+  /// delivered in listing order as they appear; a listed payload that is
+  /// missing (`not_found`) or differs from its manifest entry
+  /// (`digest_mismatch`) fails the read.
+  template <class Deliver>
+  status run(Deliver&& deliver, const std::atomic<bool>& stop, std::chrono::steady_clock::time_point deadline) {
+    const auto prefix = attempt_prefix(attempt_);
+    std::vector<std::string> names;
+    std::vector<std::byte> bytes;
+    auto sleep = std::chrono::microseconds(100);
+    for (;;) {
+      DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(attempt_) + " stopped");
+      DCR_TRY(store_->list(prefix, names));
+      bool progress = false;
+      for (auto& n : names) {
+        if (n.compare(prefix.size(), 8, "payload/") == 0) {
+          if (delivered_.count(n)) continue;
+          DCR_TRY(fetch(n, bytes));
+          DCR_TRY(deliver(std::string_view(n), std::span<const std::byte>(bytes)));
+          delivered_.emplace(n, digest(bytes));
+          progress = true;
+        } else if (n.compare(prefix.size(), 9, "manifest/") == 0 && !manifests_.count(n)) {
+          DCR_TRY(fetch(n, bytes));
+          manifest m;
+          DCR_TRY(parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
+          DCR_RETURN_ERROR_IF(m.attempt != attempt_, stale_attempt,
+                              n + ": manifest of attempt " + std::to_string(m.attempt));
+          manifests_.emplace(n, std::move(m));
+          progress = true;
+        }
+      }
+      bool all = true;
+      for (auto o : owners_) all = all && manifests_.count(manifest_name(attempt_, o));
+      if (all) return finish(deliver, bytes);
+      if (std::chrono::steady_clock::now() > deadline)
+        return fail(errc::aborted, "attempt " + std::to_string(attempt_) + ": deadline passed with " +
+                                       std::to_string(manifests_.size()) + " of " +
+                                       std::to_string(owners_.size()) + " manifests");
+      if (progress) sleep = std::chrono::microseconds(100);
+      else sleep = std::min(sleep * 2, std::chrono::microseconds(5000));
+      std::this_thread::sleep_for(sleep);
+    }
+  }
+
+  /// Payloads delivered so far.
+  std::size_t delivered() const noexcept { return delivered_.size(); }
+
+private:
+  status fetch(const std::string& name, std::vector<std::byte>& out) { return store_->get(name, out); }
+
+  template <class Deliver> status finish(Deliver& deliver, std::vector<std::byte>& bytes) {
+    std::set<std::string> listed;
+    for (auto& [mname, m] : manifests_) {
+      for (auto& e : m.payloads) {
+        listed.insert(e.name);
+        auto it = delivered_.find(e.name);
+        if (it == delivered_.end()) {
+          DCR_TRY(fetch(e.name, bytes)); // not yet listed when we looked: fetch now
+          DCR_TRY(deliver(std::string_view(e.name), std::span<const std::byte>(bytes)));
+          it = delivered_.emplace(e.name, digest(bytes)).first;
+        }
+        DCR_RETURN_ERROR_IF(it->second != e.digest, digest_mismatch,
+                            e.name + ": fetched bytes differ from the manifest entry");
+      }
+    }
+    for (auto& [n, d] : delivered_)
+      DCR_RETURN_ERROR_IF(!listed.count(n), bad_format, n + ": payload not listed in any manifest");
+    return status::success();
+  }
+
+  Store* store_;
+  std::uint64_t attempt_;
+  std::set<std::uint32_t> owners_;
+  std::map<std::string, digest128> delivered_;
+  std::map<std::string, manifest> manifests_;
+};
+
+/// Parse the attempt id out of an object name under `attempt/`; 0 if none.
+inline std::uint64_t attempt_of(std::string_view name) {
+  if (name.rfind("attempt/", 0) != 0 || name.size() < 29 || name[28] != '/') return 0;
+  std::uint64_t v = 0;
+  for (std::size_t i = 8; i < 28; ++i) {
+    if (name[i] < '0' || name[i] > '9') return 0;
+    v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
+  }
+  return v;
+}
+
+/// Remove every object of every attempt `<= up_to` (after the commit of
+/// attempt `up_to`, no receiver needs them: new receivers restore densely).
+template <object_store Store> status collect_attempts(Store& store, std::uint64_t up_to, std::size_t* removed = nullptr) {
+  std::vector<std::string> names;
+  DCR_TRY(store.list("attempt/", names));
+  std::size_t n = 0;
+  for (auto& name : names) {
+    const auto a = attempt_of(name);
+    if (a == 0 || a > up_to) continue;
+    auto s = store.remove(name);
+    if (!s && s.code != errc::not_found) return s;
+    ++n;
+  }
+  if (removed) *removed = n;
+  return status::success();
+}
+
+} // namespace dcr::transport

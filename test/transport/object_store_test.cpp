@@ -1,0 +1,335 @@
+// Laws of object_store for every model, name validation, atomic publish,
+// manifests, the attempt reader and garbage collection.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "dcr/transport/attempt_objects.hpp"
+#include "dcr/transport/object_store.hpp"
+
+using namespace dcr;
+using namespace dcr::transport;
+
+namespace {
+
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    char tmpl[] = "/tmp/dcr-objects-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+std::vector<std::byte> bytes_of(std::string_view s) {
+  auto b = std::as_bytes(std::span(s));
+  return {b.begin(), b.end()};
+}
+
+std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+const std::vector<std::string> bad_names = {
+    "", "/abs", "a//b", "a/", "../x", "a/../b", "a/./b", ".hidden", "a/.tmp.1.x", "sp ace", "a\\b",
+    std::string("nul\0x", 5), "ü", std::string(max_object_name + 1, 'a')};
+
+template <class Store> void check_laws(Store& s) {
+  std::vector<std::byte> out;
+  std::vector<std::string> names;
+  CHECK(s.get("nope", out).code == errc::not_found);
+  CHECK(s.remove("nope").code == errc::not_found);
+  REQUIRE(s.list("", names).ok());
+  CHECK(names.empty());
+
+  // put/get round trip, for every size class including empty.
+  std::vector<std::string> put_names;
+  for (std::size_t n : {0u, 1u, 17u, 70000u}) {
+    auto name = "dir/sub-" + std::to_string(n) + "/obj_" + std::to_string(n) + ".bin";
+    auto data = random_bytes(n, n);
+    REQUIRE(s.put(name, data).ok());
+    REQUIRE(s.get(name, out).ok());
+    CHECK(out == data);
+    put_names.push_back(name);
+  }
+  // Replacing is allowed and atomic; the new bytes win.
+  REQUIRE(s.put(put_names[1], bytes_of("replaced")).ok());
+  REQUIRE(s.get(put_names[1], out).ok());
+  CHECK(out == bytes_of("replaced"));
+
+  REQUIRE(s.put("other/x", bytes_of("x")).ok());
+  REQUIRE(s.put("dirty", bytes_of("y")).ok());
+  REQUIRE(s.list("dir/", names).ok());
+  auto want = put_names;
+  std::sort(want.begin(), want.end());
+  CHECK(names == want);
+  // A plain string prefix, as in S3: "dir" also matches "dirty".
+  REQUIRE(s.list("dir", names).ok());
+  CHECK(names.size() == want.size() + 1);
+  REQUIRE(s.list("", names).ok());
+  CHECK(names.size() == want.size() + 2);
+  CHECK(std::is_sorted(names.begin(), names.end()));
+  REQUIRE(s.list("dir/sub-1", names).ok());
+  CHECK(names.size() == 2); // sub-1 and sub-17
+
+  REQUIRE(s.remove(put_names[0]).ok());
+  CHECK(s.get(put_names[0], out).code == errc::not_found);
+  CHECK(s.remove(put_names[0]).code == errc::not_found);
+  REQUIRE(s.list("dir/", names).ok());
+  CHECK(names.size() == want.size() - 1);
+
+  for (auto& bad : bad_names) {
+    INFO(bad);
+    CHECK(s.put(bad, bytes_of("z")).code == errc::invalid_argument);
+    CHECK(s.get(bad, out).code == errc::invalid_argument);
+    CHECK(s.remove(bad).code == errc::invalid_argument);
+  }
+  CHECK(s.list("../", names).code == errc::invalid_argument);
+  CHECK(s.list("a//", names).code == errc::invalid_argument);
+}
+
+} // namespace
+
+TEST_CASE("object name validation") {
+  for (auto& bad : bad_names) CHECK(validate_object_name(bad).code == errc::invalid_argument);
+  for (auto good : {"a", "a/b/c", "attempt/00000000000000000001/payload/o0000000001-s0000000002", "x.y-z_w",
+                    "A9/b..c"})
+    CHECK(validate_object_name(good).ok());
+  CHECK(validate_object_name(std::string(max_object_name, 'a')).ok());
+}
+
+TEST_CASE("object_store laws: memory backend") {
+  memory_object_store s;
+  check_laws(s);
+}
+
+TEST_CASE("object_store laws: filesystem backend") {
+  temp_dir d;
+  fs_object_store s(d.path / "root");
+  check_laws(s);
+  // Nothing was written outside the root, whatever the names tried.
+  for (auto& e : std::filesystem::directory_iterator(d.path)) CHECK(e.path().filename() == "root");
+  // Removing the last object of a directory drops the empty directory too.
+  REQUIRE(s.put("deep/er/x", bytes_of("1")).ok());
+  REQUIRE(s.remove("deep/er/x").ok());
+  CHECK_FALSE(std::filesystem::exists(d.path / "root" / "deep"));
+}
+
+TEST_CASE("filesystem backend: readers never see a partial object; temporaries are never listed") {
+  temp_dir d;
+  fs_object_store s(d.path, /*durable=*/false);
+  constexpr std::size_t n = 1 << 18;
+  REQUIRE(s.put("obj", std::vector<std::byte>(n, std::byte{0})).ok());
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int i = 1; i <= 40; ++i) (void)s.put("obj", std::vector<std::byte>(n, static_cast<std::byte>(i)));
+    done = true;
+  });
+  int reads = 0;
+  std::vector<std::byte> out;
+  std::vector<std::string> names;
+  while (!done || reads < 5) {
+    REQUIRE(s.get("obj", out).ok());
+    REQUIRE(out.size() == n);
+    CHECK(std::all_of(out.begin(), out.end(), [&](std::byte b) { return b == out[0]; }));
+    REQUIRE(s.list("", names).ok());
+    CHECK(names == std::vector<std::string>{"obj"});
+    ++reads;
+  }
+  writer.join();
+}
+
+TEST_CASE("manifest serialisation round-trips and rejects damage") {
+  manifest m{42, 7, {}};
+  for (std::uint32_t i = 0; i < 5; ++i)
+    m.payloads.push_back({payload_name(42, 7, i), 100u + i, digest(random_bytes(10, i))});
+  const auto text = serialize(m);
+  manifest back;
+  REQUIRE(parse(text, back).ok());
+  CHECK(back == m);
+  for (std::size_t pos = 0; pos < text.rfind("digest "); pos += 7) {
+    auto bad = text;
+    bad[pos] = static_cast<char>(bad[pos] ^ 0x02);
+    CHECK(parse(bad, back).code == errc::digest_mismatch);
+  }
+  auto with_digest = [](std::string body) {
+    return body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+  };
+  CHECK(parse(with_digest("dcr-manifest 2\nattempt 1\nowner 0\npayloads 0\n"), back).code == errc::unsupported_version);
+  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 1\n"), back).code == errc::bad_format);
+  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 1\nattempt/00000000000000000002/payload/x 1 " +
+                          std::string(32, '0') + "\n"),
+              back)
+            .code == errc::bad_format); // entry of another attempt
+  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\nextra\n"), back).code == errc::trailing_bytes);
+  CHECK(parse("no digest", back).code == errc::bad_format);
+}
+
+TEST_CASE("attempt names sort numerically and parse back") {
+  CHECK(attempt_prefix(1) < attempt_prefix(10));
+  CHECK(payload_name(3, 1, 2) < payload_name(3, 1, 10));
+  CHECK(attempt_of(payload_name(123456789, 4, 5)) == 123456789);
+  CHECK(attempt_of(manifest_name(77, 4)) == 77);
+  CHECK(attempt_of("attempt/x") == 0);
+  CHECK(attempt_of("other/00000000000000000001/") == 0);
+  CHECK(validate_object_name(payload_name(~0ull, ~0u, ~0u)).ok());
+}
+
+namespace {
+struct read_result {
+  status st;
+  std::vector<std::pair<std::string, std::vector<std::byte>>> got;
+};
+template <class Store>
+read_result read_attempt(Store& s, std::uint64_t tau, std::vector<std::uint32_t> owners,
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
+  read_result r;
+  std::atomic<bool> stop{false};
+  attempt_reader<Store> reader(s, tau, owners);
+  r.st = reader.run(
+      [&](std::string_view n, std::span<const std::byte> b) {
+        r.got.emplace_back(std::string(n), std::vector<std::byte>(b.begin(), b.end()));
+        return status::success();
+      },
+      stop, std::chrono::steady_clock::now() + timeout);
+  return r;
+}
+} // namespace
+
+TEST_CASE("attempt writer and reader: every listed payload is delivered exactly once") {
+  memory_object_store s;
+  std::map<std::string, std::vector<std::byte>> sent;
+  for (std::uint32_t o = 0; o < 3; ++o) {
+    attempt_writer w(s, 5, o);
+    for (std::uint32_t i = 0; i < o + 2; ++i) {
+      auto b = random_bytes(50 + i, o * 10 + i);
+      REQUIRE(w.put_payload(b).ok());
+      sent[payload_name(5, o, i)] = b;
+    }
+    REQUIRE(w.finish().ok());
+  }
+  // Objects of other attempts are not this attempt's business.
+  attempt_writer other(s, 6, 0);
+  REQUIRE(other.put_payload(random_bytes(5, 99)).ok());
+  auto r = read_attempt(s, 5, {0, 1, 2});
+  REQUIRE(r.st.ok());
+  std::map<std::string, std::vector<std::byte>> got(r.got.begin(), r.got.end());
+  CHECK(got.size() == r.got.size());
+  CHECK(got == sent);
+}
+
+TEST_CASE("attempt reader: overlaps with the writer, delivering payloads before the manifest exists") {
+  memory_object_store s;
+  std::atomic<int> delivered_before_manifest{0};
+  std::atomic<bool> manifest_published{false};
+  std::thread writer([&] {
+    attempt_writer w(s, 1, 0);
+    for (std::uint32_t i = 0; i < 4; ++i) {
+      (void)w.put_payload(random_bytes(20, i));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    manifest_published = true;
+    (void)w.finish();
+  });
+  std::atomic<bool> stop{false};
+  attempt_reader<memory_object_store> reader(s, 1, {0});
+  auto st = reader.run(
+      [&](std::string_view, std::span<const std::byte>) {
+        if (!manifest_published) ++delivered_before_manifest;
+        return status::success();
+      },
+      stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  writer.join();
+  REQUIRE(st.ok());
+  CHECK(reader.delivered() == 4);
+  CHECK(delivered_before_manifest >= 1);
+}
+
+TEST_CASE("attempt reader: failures are typed") {
+  SUBCASE("a listed payload is missing") {
+    memory_object_store s;
+    attempt_writer w(s, 2, 0);
+    REQUIRE(w.put_payload(random_bytes(10, 1)).ok());
+    REQUIRE(w.put_payload(random_bytes(10, 2)).ok());
+    REQUIRE(w.finish().ok());
+    REQUIRE(s.remove(payload_name(2, 0, 1)).ok());
+    CHECK(read_attempt(s, 2, {0}).st.code == errc::not_found);
+  }
+  SUBCASE("a payload differs from its manifest entry") {
+    memory_object_store s;
+    attempt_writer w(s, 2, 0);
+    REQUIRE(w.put_payload(random_bytes(10, 1)).ok());
+    REQUIRE(w.finish().ok());
+    REQUIRE(s.put(payload_name(2, 0, 0), random_bytes(10, 2)).ok());
+    CHECK(read_attempt(s, 2, {0}).st.code == errc::digest_mismatch);
+  }
+  SUBCASE("a damaged manifest") {
+    memory_object_store s;
+    attempt_writer w(s, 2, 0);
+    REQUIRE(w.finish().ok());
+    std::vector<std::byte> m;
+    REQUIRE(s.get(manifest_name(2, 0), m).ok());
+    m[3] ^= std::byte{1};
+    REQUIRE(s.put(manifest_name(2, 0), m).ok());
+    CHECK(read_attempt(s, 2, {0}).st.code == errc::digest_mismatch);
+  }
+  SUBCASE("a manifest of another attempt under this prefix") {
+    memory_object_store s;
+    attempt_writer w(s, 3, 0);
+    REQUIRE(w.finish().ok());
+    std::vector<std::byte> m;
+    REQUIRE(s.get(manifest_name(3, 0), m).ok());
+    REQUIRE(s.put(manifest_name(4, 0), m).ok());
+    CHECK(read_attempt(s, 4, {0}).st.code == errc::stale_attempt);
+  }
+  SUBCASE("an owner never finishes: deadline") {
+    memory_object_store s;
+    attempt_writer w(s, 2, 0);
+    REQUIRE(w.finish().ok());
+    auto r = read_attempt(s, 2, {0, 1}, std::chrono::milliseconds(30));
+    CHECK(r.st.code == errc::aborted);
+    CHECK(r.st.message.find("deadline") != std::string::npos);
+  }
+  SUBCASE("stopped") {
+    memory_object_store s;
+    std::atomic<bool> stop{true};
+    attempt_reader<memory_object_store> reader(s, 2, {0});
+    auto st = reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); }, stop,
+                         std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    CHECK(st.code == errc::aborted);
+  }
+  SUBCASE("the delivery callback's error ends the read") {
+    memory_object_store s;
+    attempt_writer w(s, 2, 0);
+    REQUIRE(w.put_payload(random_bytes(10, 1)).ok());
+    REQUIRE(w.finish().ok());
+    std::atomic<bool> stop{false};
+    attempt_reader<memory_object_store> reader(s, 2, {0});
+    auto st = reader.run([](std::string_view, std::span<const std::byte>) { return fail(errc::truncated, "x"); },
+                         stop, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    CHECK(st.code == errc::truncated);
+  }
+}
+
+TEST_CASE("collect_attempts removes every object of attempts up to the committed one") {
+  temp_dir d;
+  fs_object_store s(d.path);
+  for (std::uint64_t a = 1; a <= 4; ++a) {
+    attempt_writer w(s, a, 0);
+    REQUIRE(w.put_payload(random_bytes(8, a)).ok());
+    REQUIRE(w.finish().ok());
+  }
+  REQUIRE(s.put("keep/me", bytes_of("k")).ok());
+  std::size_t removed = 0;
+  REQUIRE(collect_attempts(s, 3, &removed).ok());
+  CHECK(removed == 6);
+  std::vector<std::string> names;
+  REQUIRE(s.list("", names).ok());
+  CHECK(names == std::vector<std::string>{manifest_name(4, 0), payload_name(4, 0, 0), "keep/me"});
+}
