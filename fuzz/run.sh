@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets in build-fuzz (clang++, ASan+UBSan) and runs
+# them for SECONDS in total (decode and body get 40% each, roundtrip 20%).
+# Exits non-zero when a target crashes; reproducers land in build-fuzz/.
+set -euo pipefail
+seconds=${1:-60}
+cd "$(dirname "$0")/.."
+if [ ! -f build-fuzz/build.ninja ]; then
+  CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false -Dbenches=false -Dexamples=false \
+    -Dcuda=disabled -Dbuildtype=debugoptimized
+fi
+ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_make_seed
+out=build-fuzz/fuzz
+seeds=$out/seeds
+mkdir -p "$seeds"
+for s in $(seq 1 24); do "$out/fuzz_make_seed" "$seeds/payload-$s.bin" "$s" $((1 + s % 7)); done
+# The body target's input: 16 bytes of section lengths, 4 of item count, then the raw body.
+mkdir -p "$out/seeds-body"
+for f in "$seeds"/payload-*.bin; do
+  b=$out/seeds-body/$(basename "$f")
+  # Header bytes 40..55 (table, location lengths) and 32..35 (item count), then the decompressed body.
+  { dd if="$f" bs=1 skip=40 count=16 status=none; dd if="$f" bs=1 skip=32 count=4 status=none
+    tail -c +97 "$f" | zstd -q -d -c; } > "$b"
+done
+run() { # TARGET SECONDS CORPUS SEEDS
+  mkdir -p "$3"
+  echo "== $1 for $2 s"
+  "$out/$1" -max_total_time="$2" -rss_limit_mb=2048 -timeout=10 -max_len=65536 \
+    -artifact_prefix="$out/crash-$1-" -print_final_stats=1 "$3" "$4"
+}
+t1=$((seconds * 2 / 5)); t3=$((seconds - 2 * t1))
+[ "$t1" -ge 1 ] || t1=1
+[ "$t3" -ge 1 ] || t3=1
+run fuzz_decode "$t1" "$out/corpus-decode" "$seeds"
+run fuzz_body "$t1" "$out/corpus-body" "$out/seeds-body"
+run fuzz_roundtrip "$t3" "$out/corpus-roundtrip" "$seeds"
+echo "fuzz: no crashes in ${seconds} s"
