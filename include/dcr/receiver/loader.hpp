@@ -1,0 +1,74 @@
+#pragma once
+/// \file
+/// The native-loader model. A native loader is user code that knows how a
+/// serving runtime places canonical (Hugging Face) tensors into its rank-local
+/// parameters; dcr never knows those rules. Given a canonical tensor name and
+/// a view of it, the loader performs `sink.copy(dst, src)` into parameter
+/// storage (slicing, fusing, splitting, transposing, casting or scaling on the
+/// way) or declares `sink.skip(name)`. The sink is where dcr intercepts every
+/// final storage copy (dense refit, XOR or overwrite delta, dry-run recording).
+
+#include <concepts>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dcr/core/tensor.hpp"
+#include "dcr/receiver/storage.hpp"
+
+namespace dcr {
+
+/// The interception point. `copy` stores `src` into the storage view `dst`
+/// (equal extents, equal dtypes: conversions are the loader's job, done into a
+/// temporary before the copy); `skip` declares that this rank holds nothing
+/// of the canonical tensor (e.g. an expert held by another EP rank).
+///
+/// Loaders must treat `src` as read-only and must write storage only through
+/// `copy`. Sinks never throw from `copy`: a copy that breaks a loader
+/// condition is recorded and the receiver fails the attempt after the load.
+class copy_sink {
+public:
+  virtual ~copy_sink() = default;
+  virtual void copy(const tensor_view& dst, const tensor_view& src) = 0;
+  virtual void skip(std::string_view canonical) = 0;
+};
+
+/// What a loader says it did for one canonical tensor: the names of the
+/// parameters it loaded (like vLLM's `load_weights` return value). dcr checks
+/// that this set equals the set of parameters its intercepted copies wrote.
+struct load_report {
+  std::vector<std::string> loaded;
+};
+
+/// A native loader.
+///
+/// Minimal complete definition:
+/// - `declare(store, canonical)`: add this rank's parameters to `store` (they
+///   start zeroed; padding stays zero because no copy writes it);
+/// - `load(name, src, store, sink) -> load_report`: place canonical tensor
+///   `name`, whose values `src` holds (row-major, canonical shape and dtype).
+///
+/// Laws (the loader conditions; checked by the receiver at prewarm and at
+/// every apply): every storage write is a `sink.copy` into a view of one
+/// parameter; the reported parameters equal those the copies wrote; a tensor
+/// with no copy is skipped explicitly; the sequence of copies (destinations,
+/// layouts, aliasing of `src`) depends only on the tensor's name and meta,
+/// never on its values; each stored value depends only on the canonical value
+/// at the same coordinate (elementwise, deterministic transforms).
+template <class L>
+concept native_loader = requires(L& l, parameter_store& store, std::span<const tensor_meta> canonical,
+                                 std::string_view name, const tensor_view& src, copy_sink& sink) {
+  { l.declare(store, canonical) };
+  { l.load(name, src, store, sink) } -> std::same_as<load_report>;
+};
+
+/// Something that holds full canonical tensors by name (in-memory tensors, a
+/// safetensors file). Views are read-only by contract.
+template <class S>
+concept canonical_source = requires(const S& s, std::string_view name) {
+  { s.find(name) } -> std::same_as<std::optional<tensor_view>>;
+};
+
+} // namespace dcr

@@ -1,0 +1,235 @@
+#pragma once
+/// \file
+/// A receiver: one serving rank's side of a refit. Construction is prewarm
+/// (copy plan, one scratch for the largest canonical tensor); `dense_refit`
+/// loads full canonical tensors through the native loader (restore path and
+/// the reference for bit-exactness); `apply_item` applies one decoded item
+/// through scratch -> loader -> intercepting sink.
+///
+/// Scratch invariant: between calls the scratch is all zero. A mapped
+/// (direct) tensor writes only the item's active positions into it and
+/// resets only those; a tensor with unmapped copies (loader temporaries)
+/// fills its extent with the placeholder, which costs O(tensor) like the
+/// loader's own transform.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dcr/codec/item.hpp"
+#include "dcr/core/dtype.hpp"
+#include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
+#include "dcr/core/tensor.hpp"
+#include "dcr/receiver/loader.hpp"
+#include "dcr/receiver/plan.hpp"
+#include "dcr/receiver/sinks.hpp"
+#include "dcr/receiver/storage.hpp"
+
+namespace dcr {
+
+/// Check an item's invariants against its canonical meta (apply never trusts input).
+inline status check_item(const item& it, const tensor_meta& meta) {
+  DCR_RETURN_ERROR_IF(it.tensor.dtype != meta.dtype, bad_dtype,
+                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + ", canonical " +
+                          std::string(name_of(meta.dtype)));
+  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch, "item for " + meta.name + ": shape differs");
+  DCR_RETURN_ERROR_IF(it.encoding != value_encoding::xor_mask && it.encoding != value_encoding::overwrite,
+                      bad_encoding, "item for " + meta.name + ": unknown value encoding");
+  const auto n = meta.numel();
+  const auto w = width_of(meta.dtype);
+  DCR_RETURN_ERROR_IF(it.values.size() != it.indices.size() * w, offset_out_of_range,
+                      "item for " + meta.name + ": " + std::to_string(it.values.size()) + " value bytes for " +
+                          std::to_string(it.indices.size()) + " indices");
+  for (std::size_t k = 0; k < it.indices.size(); ++k) {
+    DCR_RETURN_ERROR_IF(it.indices[k] >= n, index_out_of_range,
+                        "item for " + meta.name + ": index " + std::to_string(it.indices[k]) + " at entry " +
+                            std::to_string(k) + " >= numel " + std::to_string(n));
+    DCR_RETURN_ERROR_IF(k > 0 && it.indices[k] <= it.indices[k - 1], not_increasing,
+                        "item for " + meta.name + ": indices not strictly increasing at entry " + std::to_string(k));
+  }
+  return status::success();
+}
+
+/// One serving rank. `L` is the native loader (held by value).
+template <native_loader L> class receiver {
+public:
+  /// Prewarm. Throws `dcr::error(unsupported_loader)` when a loader path
+  /// cannot satisfy the loader conditions.
+  receiver(L loader, std::vector<tensor_meta> canonical)
+      : loader_(std::move(loader)), canonical_(std::move(canonical)) {
+    plan_ = prewarm(loader_, store_, canonical_);
+    scratch_.assign((plan_.scratch_bytes + 7) / 8 + 1, 0);
+  }
+
+  const copy_plan& plan() const noexcept { return plan_; }
+  const std::vector<tensor_meta>& canonical() const noexcept { return canonical_; }
+  const parameter_store& storage() const noexcept { return store_; }
+  L& loader() noexcept { return loader_; }
+  /// Bytes of the one scratch buffer (the largest canonical tensor).
+  std::uint64_t scratch_bytes() const noexcept { return plan_.scratch_bytes; }
+
+  /// Whether XOR items for `name` can be applied here (representation
+  /// preserving path, destinations written once); false for unknown names.
+  bool xor_allowed(std::string_view name) const {
+    auto* t = plan_.find(name);
+    return t && (t->xor_allowed || t->skipped);
+  }
+  /// Whether this rank stores anything of `name`.
+  bool holds(std::string_view name) const {
+    auto* t = plan_.find(name);
+    return t && !t->skipped;
+  }
+
+  /// Load full canonical tensors from `src` through the loader. Throws
+  /// `not_found`, `bad_dtype` or `shape_mismatch` for a missing or different
+  /// tensor and `loader_condition` when the loader leaves its planned path.
+  template <canonical_source S> void dense_refit(const S& src) {
+    for (auto& tp : plan_.tensors) {
+      tensor_view v = source_view(src, tp.meta);
+      dense_sink sink(store_, tp, v);
+      throw_if_failed(run(tp, v, sink));
+    }
+  }
+
+  /// Apply one decoded item (XOR or overwrite) through scratch -> loader -> sink.
+  status apply_item(const item& it) {
+    const tensor_plan* tp = plan_.find(it.tensor.name);
+    DCR_RETURN_ERROR_IF(!tp, not_found, "item for unknown tensor " + it.tensor.name);
+    DCR_TRY(check_item(it, tp->meta));
+    DCR_RETURN_ERROR_IF(it.encoding == value_encoding::xor_mask && !tp->xor_allowed && !tp->skipped,
+                        unsupported_loader,
+                        "XOR item for " + tp->meta.name + ", whose loader path is not representation preserving");
+    const std::size_t w = width_of(tp->meta.dtype);
+    std::byte* s = scratch();
+    tensor_view input{s, tp->meta.dtype, strided_layout::row_major(tp->meta.shape)};
+    auto scatter = [&] {
+      for (std::size_t k = 0; k < it.indices.size(); ++k)
+        std::memcpy(s + it.indices[k] * w, it.values.data() + k * w, w);
+    };
+    if (tp->skipped || tp->direct) {
+      scatter();
+      status st;
+      if (it.encoding == value_encoding::xor_mask) {
+        xor_sink sink(store_, *tp, input, it.indices);
+        st = run(*tp, input, sink);
+      } else {
+        overwrite_sink sink(store_, *tp, input, it.indices, overwrite_pass::placeholder, nullptr);
+        st = run(*tp, input, sink);
+      }
+      bool intact = true;
+      for (std::size_t k = 0; k < it.indices.size(); ++k) {
+        intact = intact && std::memcmp(s + it.indices[k] * w, it.values.data() + k * w, w) == 0;
+        std::memset(s + it.indices[k] * w, 0, w);
+      }
+      if (st.ok() && !intact) return fail(errc::loader_condition, "tensor " + tp->meta.name + ": loader modified its input");
+      return st;
+    }
+    // Unmapped copies read whole (transformed) tensors: inactive positions
+    // must hold a placeholder distinct from every value.
+    const std::size_t nbytes = tp->meta.nbytes();
+    bool has_nan = false;
+    for (std::size_t k = 0; k < it.indices.size() && !has_nan; ++k) {
+      std::uint64_t v = 0;
+      std::memcpy(&v, it.values.data() + k * w, w); // little-endian host
+      has_nan = is_nan_bits(tp->meta.dtype, v);
+    }
+    status st;
+    if (!has_nan) {
+      fill_placeholder(tp->meta, s);
+      scatter();
+      overwrite_sink sink(store_, *tp, input, it.indices, overwrite_pass::placeholder, nullptr);
+      st = run(*tp, input, sink);
+    } else {
+      captures_.clear();
+      std::memset(s, 0, nbytes);
+      scatter();
+      overwrite_sink first(store_, *tp, input, it.indices, overwrite_pass::capture, &captures_);
+      st = run(*tp, input, first);
+      if (st.ok()) {
+        fill_placeholder(tp->meta, s);
+        scatter();
+        overwrite_sink second(store_, *tp, input, it.indices, overwrite_pass::compare, &captures_);
+        st = run(*tp, input, second);
+      }
+      captures_.clear();
+    }
+    std::memset(s, 0, nbytes);
+    return st;
+  }
+
+  /// Apply items in order; stops at the first failure.
+  status apply_items(std::span<const item> items) {
+    for (auto& it : items) DCR_TRY(apply_item(it));
+    return status::success();
+  }
+
+  /// Post-apply check: stored bits equal what a dense refit of `expected`
+  /// stores, at every `stride`-th element of each copy (1 = all). Returns
+  /// `errc::verification` naming the first differing element.
+  template <canonical_source S> status verify(const S& expected, std::uint64_t stride = 1) {
+    for (auto& tp : plan_.tensors) {
+      if (tp.skipped) continue;
+      tensor_view v;
+      try {
+        v = source_view(expected, tp.meta);
+      } catch (const error& e) {
+        return fail(e.code(), e.what());
+      }
+      compare_sink sink(store_, tp, v, stride);
+      DCR_TRY(run(tp, v, sink));
+      DCR_RETURN_ERROR_IF(!sink.mismatch().empty(), verification, sink.mismatch());
+    }
+    return status::success();
+  }
+
+  /// BLAKE2b-128 of all rank storage (see `parameter_store::digest`).
+  digest128 state_digest() const { return store_.digest(); }
+
+private:
+  std::byte* scratch() noexcept { return reinterpret_cast<std::byte*>(scratch_.data()); }
+
+  template <canonical_source S> static tensor_view source_view(const S& src, const tensor_meta& m) {
+    auto v = src.find(m.name);
+    if (!v) throw error(errc::not_found, "source has no tensor " + m.name);
+    if (v->dtype != m.dtype) throw error(errc::bad_dtype, "source tensor " + m.name + " has another dtype");
+    if (!(v->layout == strided_layout::row_major(m.shape)))
+      throw error(errc::shape_mismatch, "source tensor " + m.name + " is not row-major of the canonical shape");
+    return *v;
+  }
+
+  static void fill_placeholder(const tensor_meta& m, std::byte* s) {
+    const auto p = info(m.dtype)->placeholder;
+    const auto n = m.numel();
+    visit_word(width_of(m.dtype), [&](auto word) {
+      using W = decltype(word);
+      std::fill_n(reinterpret_cast<W*>(s), n, static_cast<W>(p));
+    });
+  }
+
+  /// Run the loader on one tensor; a loader that throws fails the apply.
+  template <class Sink> status run(const tensor_plan& tp, const tensor_view& input, Sink& sink) {
+    load_report rep;
+    try {
+      rep = loader_.load(tp.meta.name, input, store_, sink);
+    } catch (const std::exception& e) {
+      return fail(errc::loader_condition, "tensor " + tp.meta.name + ": loader threw: " + e.what());
+    }
+    return sink.finish(rep);
+  }
+
+  L loader_;
+  std::vector<tensor_meta> canonical_;
+  parameter_store store_;
+  copy_plan plan_;
+  std::vector<std::uint64_t> scratch_;
+  std::vector<std::vector<std::byte>> captures_;
+};
+
+} // namespace dcr

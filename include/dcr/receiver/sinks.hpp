@@ -1,0 +1,306 @@
+#pragma once
+/// \file
+/// The intercepting sinks used after prewarm: dense (plain strided copy),
+/// XOR (masks XORed into storage through aliasing views), overwrite (only
+/// active positions written) and compare (post-apply check). Each one first
+/// checks that the loader repeats its planned path: the k-th copy must have
+/// the k-th planned destination, layouts and aliasing. A copy that does not
+/// is not performed and fails the apply with `errc::loader_condition`.
+///
+/// Cost: for mapped copies (source aliases the scratch through a unique
+/// view) the XOR and overwrite sinks visit only the item's active indices
+/// that fall inside the source view (found by binary search, since indices
+/// are sorted), map each through `view_inverse` and write one element. Only
+/// copies whose source is a loader temporary (a cast) are scanned whole.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "dcr/core/dtype.hpp"
+#include "dcr/core/error.hpp"
+#include "dcr/core/tensor.hpp"
+#include "dcr/receiver/loader.hpp"
+#include "dcr/receiver/plan.hpp"
+#include "dcr/receiver/storage.hpp"
+#include "dcr/receiver/view_map.hpp"
+
+namespace dcr {
+
+/// Call `f(W{})` with the unsigned word type of a width in bytes.
+template <class F> decltype(auto) visit_word(std::size_t width, F&& f) {
+  switch (width) {
+  case 1: return f(std::uint8_t{});
+  case 2: return f(std::uint16_t{});
+  case 4: return f(std::uint32_t{});
+  default: return f(std::uint64_t{});
+  }
+}
+
+/// True when word `w` of runtime dtype `d` is a NaN.
+inline bool is_nan_bits(dtype_id d, std::uint64_t w) noexcept {
+  switch (d) {
+  case dtype_id::bf16: return is_nan_word<bf16>(static_cast<std::uint16_t>(w));
+  case dtype_id::f16: return is_nan_word<f16>(static_cast<std::uint16_t>(w));
+  case dtype_id::f32: return is_nan_word<f32>(static_cast<std::uint32_t>(w));
+  case dtype_id::f8e4m3fn: return is_nan_word<f8e4m3fn>(static_cast<std::uint8_t>(w));
+  case dtype_id::f8e5m2: return is_nan_word<f8e5m2>(static_cast<std::uint8_t>(w));
+  }
+  return false;
+}
+
+/// Base of the post-prewarm sinks: plan matching, skip checks, report check,
+/// agreement of overlapping writes.
+class checked_sink : public copy_sink {
+public:
+  checked_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input)
+      : store_(store), plan_(plan), input_(input) {}
+
+  void skip(std::string_view canonical) override {
+    if (canonical != plan_.meta.name) violate("skip names " + std::string(canonical));
+    else if (!plan_.skipped) violate("skip of a tensor the plan copies");
+    skipped_ = true;
+  }
+
+  /// Status after the loader returned: the path repeated the plan exactly.
+  status finish(const load_report& rep) {
+    if (error_.empty()) {
+      if (n_ != plan_.copies.size())
+        error_ = "loader made " + std::to_string(n_) + " copies, plan has " + std::to_string(plan_.copies.size());
+      else if (skipped_ != plan_.skipped) error_ = "loader did not repeat its skip";
+      else {
+        std::vector<std::size_t> r;
+        auto why = detail::resolve_report(store_, rep, r);
+        if (!why.empty()) error_ = why;
+        else if (r != plan_.reported) error_ = "parameters reported as loaded differ from the plan";
+      }
+    }
+    if (error_.empty()) return status::success();
+    return fail(errc::loader_condition, "tensor " + plan_.meta.name + ": " + error_);
+  }
+  bool failed() const noexcept { return !error_.empty(); }
+
+protected:
+  /// The planned copy this call must be, or nullptr after recording why not.
+  const planned_copy* next(const tensor_view& dst, const tensor_view& src) {
+    const std::size_t k = n_++;
+    if (!error_.empty()) return nullptr;
+    if (k >= plan_.copies.size()) {
+      violate("copy " + std::to_string(k) + " is not in the plan");
+      return nullptr;
+    }
+    planned_copy c;
+    auto why = classify_copy(store_, input_, dst, src, c);
+    if (!why.empty()) {
+      violate("copy " + std::to_string(k) + ": " + why);
+      return nullptr;
+    }
+    if (!c.same_path(plan_.copies[k])) {
+      violate("copy " + std::to_string(k) + " differs from the planned path");
+      return nullptr;
+    }
+    return &plan_.copies[k];
+  }
+  void violate(std::string why) {
+    if (error_.empty()) error_ = std::move(why);
+  }
+  std::byte* param_data(std::size_t p) { return store_[p].bytes.data(); }
+
+  /// Write word `w` at element `e` of parameter `p`; for tensors whose copies
+  /// overlap, a second write of the same element must carry the same bits.
+  template <class W> void put(W* base, std::size_t p, std::int64_t e, W w) {
+    if (plan_.self_overlap) {
+      const auto key = (static_cast<std::uint64_t>(p) << 44) | static_cast<std::uint64_t>(e);
+      auto [it, fresh] = written_.emplace(key, w);
+      if (!fresh && it->second != w) {
+        violate("overlapping writes disagree at element " + std::to_string(e) + " of " + store_[p].meta.name);
+        return;
+      }
+    }
+    base[e] = w;
+  }
+
+  parameter_store& store_;
+  const tensor_plan& plan_;
+  tensor_view input_;
+  std::size_t n_ = 0;
+  bool skipped_ = false;
+  std::string error_;
+  std::unordered_map<std::uint64_t, std::uint64_t> written_;
+};
+
+/// Dense refit: every planned copy is a plain strided copy.
+class dense_sink final : public checked_sink {
+public:
+  using checked_sink::checked_sink;
+  void copy(const tensor_view& dst, const tensor_view& src) override {
+    const planned_copy* c = next(dst, src);
+    if (!c) return;
+    if (!plan_.self_overlap) {
+      strided_copy(dst, src);
+      return;
+    }
+    visit_word(dst.width(), [&](auto word) {
+      using W = decltype(word);
+      auto* D = reinterpret_cast<W*>(param_data(c->param));
+      auto* S = reinterpret_cast<const W*>(src.data);
+      for_each_offset_pair(dst.layout, src.layout,
+                           [&](std::int64_t d, std::int64_t s) { put(D, c->param, c->dst_offset + d, S[s]); });
+    });
+  }
+};
+
+/// Range of sorted `active` indices inside a mapped copy's source span.
+inline std::span<const std::uint64_t> active_in(std::span<const std::uint64_t> active, const planned_copy& c) {
+  const auto lo = static_cast<std::uint64_t>(c.inverse.src_base);
+  const auto hi = lo + static_cast<std::uint64_t>(c.inverse.span);
+  auto b = std::lower_bound(active.begin(), active.end(), lo);
+  auto e = std::lower_bound(b, active.end(), hi);
+  return {b, e};
+}
+
+/// XOR delta: the scratch holds masks at the item's active indices; each
+/// mapped copy XORs those masks into storage. Requires `xor_allowed`.
+class xor_sink final : public checked_sink {
+public:
+  xor_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
+           std::span<const std::uint64_t> active)
+      : checked_sink(store, plan, input), active_(active) {}
+  void copy(const tensor_view& dst, const tensor_view& src) override {
+    const planned_copy* c = next(dst, src);
+    if (!c) return;
+    if (!c->mapped) {
+      violate("XOR through a copy whose source is not the scratch");
+      return;
+    }
+    visit_word(dst.width(), [&](auto word) {
+      using W = decltype(word);
+      auto* D = reinterpret_cast<W*>(param_data(c->param));
+      auto* S = reinterpret_cast<const W*>(input_.data);
+      for (std::uint64_t i : active_in(active_, *c)) {
+        const std::int64_t e = c->inverse.map(static_cast<std::int64_t>(i));
+        if (e >= 0) D[e] ^= S[i];
+      }
+    });
+  }
+
+private:
+  std::span<const std::uint64_t> active_;
+};
+
+/// How the overwrite sink finds the active positions of unmapped copies.
+enum class overwrite_pass {
+  placeholder, ///< active = source word is not NaN (scratch filled with the NaN placeholder)
+  capture,     ///< first of two runs (scratch filled with zeros): remember source words, write nothing
+  compare,     ///< second run (NaN fill): active = source word equals the captured word
+};
+
+/// Overwrite delta. Mapped copies write the scratch values at the item's
+/// active indices (no placeholder involved, so any value, NaN included, is
+/// exact). Unmapped copies (loader temporaries) see the placeholder at
+/// inactive positions: with `placeholder`, positions whose source is NaN are
+/// inactive; when the item's values contain NaN, the receiver runs the loader
+/// twice with different fills and a position is active exactly when its
+/// source bits do not depend on the fill (elementwise deterministic
+/// transforms, and distinct images of the two fills).
+class overwrite_sink final : public checked_sink {
+public:
+  overwrite_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
+                 std::span<const std::uint64_t> active, overwrite_pass pass,
+                 std::vector<std::vector<std::byte>>* captures)
+      : checked_sink(store, plan, input), active_(active), pass_(pass), captures_(captures) {}
+
+  void copy(const tensor_view& dst, const tensor_view& src) override {
+    const std::size_t k = n_;
+    const planned_copy* c = next(dst, src);
+    if (!c) return;
+    visit_word(dst.width(), [&](auto word) {
+      using W = decltype(word);
+      auto* D = reinterpret_cast<W*>(param_data(c->param));
+      if (c->mapped) {
+        if (pass_ == overwrite_pass::capture) return;
+        auto* S = reinterpret_cast<const W*>(input_.data);
+        for (std::uint64_t i : active_in(active_, *c)) {
+          const std::int64_t e = c->inverse.map(static_cast<std::int64_t>(i));
+          if (e >= 0) put(D, c->param, e, S[i]);
+        }
+        return;
+      }
+      auto* S = reinterpret_cast<const W*>(src.data);
+      const auto d0 = c->dst_offset;
+      switch (pass_) {
+      case overwrite_pass::placeholder:
+        for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t d, std::int64_t s) {
+          if (!is_nan_bits(c->dtype, S[s])) put(D, c->param, d0 + d, S[s]);
+        });
+        break;
+      case overwrite_pass::capture: {
+        if (captures_->size() <= k) captures_->resize(k + 1);
+        auto& cap = (*captures_)[k];
+        cap.resize(static_cast<std::size_t>(src.size()) * sizeof(W));
+        auto* C = reinterpret_cast<W*>(cap.data());
+        std::size_t j = 0;
+        for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t, std::int64_t s) { C[j++] = S[s]; });
+        break;
+      }
+      case overwrite_pass::compare: {
+        if (captures_->size() <= k || (*captures_)[k].size() != static_cast<std::size_t>(src.size()) * sizeof(W)) {
+          violate("second run made a copy the first run did not");
+          return;
+        }
+        const auto* C = reinterpret_cast<const W*>((*captures_)[k].data());
+        std::size_t j = 0;
+        for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t d, std::int64_t s) {
+          if (S[s] == C[j]) put(D, c->param, d0 + d, S[s]);
+          ++j;
+        });
+        break;
+      }
+      }
+    });
+  }
+
+private:
+  std::span<const std::uint64_t> active_;
+  overwrite_pass pass_;
+  std::vector<std::vector<std::byte>>* captures_;
+};
+
+/// Post-apply check: compares stored bits with what a dense copy of the
+/// expected tensor would store, at every `stride`-th coordinate of each copy
+/// (1 = full comparison). Writes nothing.
+class compare_sink final : public checked_sink {
+public:
+  compare_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input, std::uint64_t stride)
+      : checked_sink(store, plan, input), stride_(stride == 0 ? 1 : stride) {}
+  void copy(const tensor_view& dst, const tensor_view& src) override {
+    const planned_copy* c = next(dst, src);
+    if (!c || !mismatch_.empty()) return;
+    visit_word(dst.width(), [&](auto word) {
+      using W = decltype(word);
+      auto* D = reinterpret_cast<const W*>(param_data(c->param));
+      auto* S = reinterpret_cast<const W*>(src.data);
+      std::uint64_t j = 0;
+      for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t d, std::int64_t s) {
+        if (j++ % stride_ != 0 || !mismatch_.empty()) return;
+        const auto e = c->dst_offset + d;
+        if (D[e] != S[s])
+          mismatch_ = "parameter " + store_[c->param].meta.name + " element " + std::to_string(e) + " (tensor " +
+                      plan_.meta.name + "): stored bits differ from the expected target";
+      });
+    });
+  }
+  const std::string& mismatch() const noexcept { return mismatch_; }
+
+private:
+  std::uint64_t stride_;
+  std::string mismatch_;
+};
+
+} // namespace dcr

@@ -1,0 +1,143 @@
+#pragma once
+/// \file
+/// Element maps between a copy's source and destination views, and the
+/// strided copy primitive. Delta apply needs the inverse direction: from an
+/// active scratch offset (a canonical flat index) back to the coordinate in
+/// the copy's source view, then forward to the destination offset.
+
+#include <algorithm>
+#include <utility>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "dcr/core/config.hpp"
+#include "dcr/core/tensor.hpp"
+
+namespace dcr {
+
+/// Map from element offsets of a unique source layout to element offsets of
+/// a destination layout with the same extents.
+///
+/// Contract: for every coordinate `c` of the source view,
+/// `map(src_base + src.offset(c)) == dst_base + dst.offset(c)`, and `map(o)`
+/// is `-1` for every offset `o` that no coordinate reaches. Requires
+/// `src.is_unique()` (non-negative strides, each exceeding the span of the
+/// dimensions below it), which makes the greedy division below exact.
+struct view_inverse {
+  std::size_t n = 0; ///< dimensions with extent > 1, by decreasing source stride
+  std::array<std::int64_t, max_rank> src_stride{}, extent{}, dst_stride{};
+  std::int64_t src_base = 0, span = 0, dst_base = 0;
+
+  static view_inverse make(const strided_layout& src, std::int64_t src_base_, const strided_layout& dst,
+                           std::int64_t dst_base_) {
+    view_inverse v;
+    v.src_base = src_base_;
+    v.dst_base = dst_base_;
+    v.span = src.required_span_size();
+    std::array<std::size_t, max_rank> order{};
+    for (std::size_t i = 0; i < src.rank; ++i)
+      if (src.extents[i] > 1) order[v.n++] = i;
+    for (std::size_t k = 1; k < v.n; ++k) // insertion sort by decreasing stride: rank is tiny
+      for (std::size_t j = k; j > 0 && src.strides[order[j]] > src.strides[order[j - 1]]; --j)
+        std::swap(order[j], order[j - 1]);
+    for (std::size_t k = 0; k < v.n; ++k) {
+      v.src_stride[k] = src.strides[order[k]];
+      v.extent[k] = src.extents[order[k]];
+      v.dst_stride[k] = dst.strides[order[k]];
+    }
+    return v;
+  }
+
+  /// Destination offset for source offset `o`, or -1 when `o` is outside the view.
+  constexpr DCR_HOST_DEVICE std::int64_t map(std::int64_t o) const noexcept {
+    std::int64_t rel = o - src_base;
+    if (rel < 0 || rel >= span) return -1;
+    std::int64_t d = dst_base;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::int64_t c = rel / src_stride[k];
+      if (c >= extent[k]) return -1;
+      rel -= c * src_stride[k];
+      d += c * dst_stride[k];
+    }
+    return rel == 0 ? d : -1;
+  }
+};
+
+/// Calls `f(dst_offset, src_offset)` for every coordinate of two layouts with
+/// equal extents, in row-major coordinate order (an odometer: no divisions).
+template <class F>
+void for_each_offset_pair(const strided_layout& dst, const strided_layout& src, F&& f) {
+  const std::size_t r = dst.rank;
+  for (std::size_t i = 0; i < r; ++i)
+    if (dst.extents[i] == 0) return;
+  if (r == 0) {
+    f(std::int64_t{0}, std::int64_t{0});
+    return;
+  }
+  std::array<std::int64_t, max_rank> c{};
+  std::int64_t d = 0, s = 0;
+  const std::int64_t inner = dst.extents[r - 1], ds = dst.strides[r - 1], ss = src.strides[r - 1];
+  for (;;) {
+    for (std::int64_t k = 0; k < inner; ++k) f(d + k * ds, s + k * ss);
+    std::size_t dim = r - 1;
+    for (;;) {
+      if (dim == 0) return;
+      --dim;
+      ++c[dim];
+      d += dst.strides[dim];
+      s += src.strides[dim];
+      if (c[dim] < dst.extents[dim]) break;
+      d -= c[dim] * dst.strides[dim];
+      s -= c[dim] * src.strides[dim];
+      c[dim] = 0;
+    }
+  }
+}
+
+/// Plain strided copy of `src` into `dst` (equal extents and dtypes; not checked here).
+inline void strided_copy(const tensor_view& dst, const tensor_view& src) {
+  const auto w = static_cast<std::int64_t>(dst.width());
+  const auto r = dst.layout.rank;
+  if (r > 0 && dst.layout.strides[r - 1] == 1 && src.layout.strides[r - 1] == 1) {
+    // Rows are contiguous on both sides: one memcpy per row.
+    strided_layout dl = dst.layout, sl = src.layout;
+    const std::int64_t row = dl.extents[r - 1];
+    dl.extents[r - 1] = 1;
+    sl.extents[r - 1] = 1;
+    for_each_offset_pair(dl, sl, [&](std::int64_t d, std::int64_t s) {
+      std::memcpy(dst.data + d * w, src.data + s * w, static_cast<std::size_t>(row * w));
+    });
+    return;
+  }
+  auto typed = [&](auto word) {
+    using W = decltype(word);
+    auto* D = reinterpret_cast<W*>(dst.data);
+    auto* S = reinterpret_cast<const W*>(src.data);
+    for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t d, std::int64_t s) { D[d] = S[s]; });
+  };
+  switch (w) {
+  case 1: typed(std::uint8_t{}); break;
+  case 2: typed(std::uint16_t{}); break;
+  case 4: typed(std::uint32_t{}); break;
+  default: typed(std::uint64_t{}); break;
+  }
+}
+
+/// True when two layouts have the same rank and extents.
+inline bool same_extents(const strided_layout& a, const strided_layout& b) noexcept {
+  if (a.rank != b.rank) return false;
+  for (std::size_t i = 0; i < a.rank; ++i)
+    if (a.extents[i] != b.extents[i]) return false;
+  return true;
+}
+
+/// "[a, b, c]" of a layout's extents, for messages.
+inline std::string extents_string(const strided_layout& l) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < l.rank; ++i) s += (i ? ", " : "") + std::to_string(l.extents[i]);
+  return s + "]";
+}
+
+} // namespace dcr

@@ -1,0 +1,139 @@
+#pragma once
+// Test-only workloads for receiver tests: canonical BF16 models, version
+// transitions (AdamW-like steps, stress updates, NaN injection) and items
+// built from the bitwise canonical diff of two versions.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dcr/codec/item.hpp"
+#include "dcr/core/hash.hpp"
+#include "dcr/core/rounding.hpp"
+#include "dcr/receiver/tensor_set.hpp"
+
+namespace dcr::test {
+
+inline std::uint16_t* bf16_words(host_tensor& t) { return reinterpret_cast<std::uint16_t*>(t.bytes.data()); }
+inline const std::uint16_t* bf16_words(const host_tensor& t) { return reinterpret_cast<const std::uint16_t*>(t.bytes.data()); }
+
+/// Random BF16 model: N(0, 0.02) weights, norms near 1.
+inline tensor_set random_model(const std::vector<tensor_meta>& metas, std::uint64_t seed) {
+  tensor_set s(metas);
+  std::mt19937_64 rng(seed);
+  for (auto& t : s.tensors()) {
+    const bool norm = t.meta.name.find("norm") != std::string::npos;
+    std::normal_distribution<float> nd(norm ? 1.0f : 0.0f, norm ? 0.05f : 0.02f);
+    auto* w = bf16_words(t);
+    for (std::uint64_t i = 0; i < t.meta.numel(); ++i) w[i] = f32_to_bf16_rne(nd(rng));
+  }
+  return s;
+}
+
+/// Deep copy of a tensor set.
+inline tensor_set clone(const tensor_set& s) {
+  tensor_set c;
+  for (auto& t : s.tensors()) c.add(t);
+  return c;
+}
+
+/// AdamW-like training steps on BF16 stored weights with FP32 master copies
+/// (lr 1e-6, betas 0.9/0.999, N(0,1) gradients): changes a small, random
+/// fraction of BF16 words per step, like real RL updates.
+inline void adamw_steps(tensor_set& s, int steps, std::uint64_t seed, float lr = 1e-6f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (auto& t : s.tensors()) {
+    auto* w = bf16_words(t);
+    const auto n = t.meta.numel();
+    std::vector<float> master(n), m(n, 0.0f), v(n, 0.0f);
+    for (std::uint64_t i = 0; i < n; ++i) master[i] = bf16_to_f32(w[i]);
+    for (int k = 1; k <= steps; ++k) {
+      const float bc1 = 1.0f - std::pow(0.9f, static_cast<float>(k)), bc2 = 1.0f - std::pow(0.999f, static_cast<float>(k));
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const float gi = g(rng);
+        m[i] = 0.9f * m[i] + 0.1f * gi;
+        v[i] = 0.999f * v[i] + 0.001f * gi * gi;
+        master[i] -= lr * ((m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8f) + 0.01f * master[i]);
+      }
+    }
+    for (std::uint64_t i = 0; i < n; ++i)
+      if (!std::isnan(master[i])) w[i] = f32_to_bf16_rne(master[i]);
+  }
+}
+
+/// Scale a uniform `fraction` of elements by (1 + amp·N(0,1)) in FP32, RNE to BF16.
+inline void stress(tensor_set& s, double fraction, double amp, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& t : s.tensors()) {
+    auto* w = bf16_words(t);
+    for (std::uint64_t i = 0; i < t.meta.numel(); ++i)
+      if (u(rng) < fraction) w[i] = f32_to_bf16_rne(bf16_to_f32(w[i]) * (1.0f + static_cast<float>(amp) * nd(rng)));
+  }
+}
+
+/// Put NaN patterns (the default placeholder 0x7FC0 among them) at `per_tensor`
+/// random positions of every tensor, and turn earlier NaNs back into numbers.
+inline void inject_nans(tensor_set& s, int per_tensor, std::uint64_t seed) {
+  static constexpr std::uint16_t pats[] = {0x7FC0, 0xFFC0, 0x7F81, 0x7FFF, 0xFF80 | 0x11};
+  std::mt19937_64 rng(seed);
+  for (auto& t : s.tensors()) {
+    auto* w = bf16_words(t);
+    const auto n = t.meta.numel();
+    for (std::uint64_t i = 0; i < n; ++i)
+      if (is_nan_word<bf16>(w[i]) && rng() % 2) w[i] = 0x3F80;
+    for (int k = 0; k < per_tensor; ++k) w[rng() % n] = pats[rng() % std::size(pats)];
+  }
+}
+
+/// Which items a test emits.
+enum class delta_mode { mixed, xor_only, overwrite_only };
+
+/// Items from the bitwise diff of two versions: each tensor's changed indices
+/// are split among `owners` contiguous index ranges (one item per owner with
+/// entries). XOR where `xor_ok(name)` allows it (in mixed mode for about half
+/// of those tensors), overwrite elsewhere.
+inline std::vector<item> diff_items(const tensor_set& from, const tensor_set& to, delta_mode mode,
+                                    const std::function<bool(const std::string&)>& xor_ok, int owners = 2) {
+  std::vector<item> out;
+  for (auto& a : from.tensors()) {
+    auto bt = to.find(a.meta.name);
+    const auto* B = reinterpret_cast<const std::byte*>(bt->data);
+    const auto w = width_of(a.meta.dtype);
+    const auto n = a.meta.numel();
+    bool use_xor = mode != delta_mode::overwrite_only && xor_ok(a.meta.name);
+    if (mode == delta_mode::mixed && use_xor) use_xor = name_hash(a.meta.name) % 2 == 0;
+    for (int o = 0; o < owners; ++o) {
+      const std::uint64_t lo = n * static_cast<std::uint64_t>(o) / static_cast<std::uint64_t>(owners);
+      const std::uint64_t hi = n * static_cast<std::uint64_t>(o + 1) / static_cast<std::uint64_t>(owners);
+      item it;
+      it.tensor = a.meta;
+      it.encoding = use_xor ? value_encoding::xor_mask : value_encoding::overwrite;
+      for (std::uint64_t i = lo; i < hi; ++i) {
+        const std::byte* x = a.bytes.data() + i * w;
+        const std::byte* y = B + i * w;
+        if (std::memcmp(x, y, w) == 0) continue;
+        it.indices.push_back(i);
+        for (std::size_t b = 0; b < w; ++b) it.values.push_back(use_xor ? (x[b] ^ y[b]) : y[b]);
+      }
+      if (!it.indices.empty()) out.push_back(std::move(it));
+    }
+  }
+  return out;
+}
+
+/// Number of changed elements over all tensors.
+inline std::uint64_t changed_count(const std::vector<item>& items) {
+  std::uint64_t n = 0;
+  for (auto& it : items) n += it.indices.size();
+  return n;
+}
+
+} // namespace dcr::test
