@@ -1,0 +1,10 @@
+#pragma once
+/// \file
+/// All dcr CUDA kernels: scatter (XOR / overwrite, decoded, run, fused gap
+/// decode), copy modes and masked overwrite with the device copy sink, and
+/// change detection.
+
+#include "dcr/cuda/copy.cuh"
+#include "dcr/cuda/detect.cuh"
+#include "dcr/cuda/runtime.cuh"
+#include "dcr/cuda/scatter.cuh"

@@ -1,0 +1,219 @@
+#pragma once
+/// \file
+/// Device elementwise copy of a source view into a destination view in the
+/// intercepting sink's modes (dense, XOR, overwrite where src is not the
+/// placeholder, overwrite where an explicit mask is set), `masked_overwrite`,
+/// and `device_copy_sink`, the sink the loader model calls when scratch and
+/// storage live in device memory. Host twin: `dcr/device/copy.hpp`.
+///
+/// Layering: entry (checks shared with the twin) → dispatch (contiguous and
+/// 16-byte aligned → vector kernel over 16-byte chunks; else the strided
+/// kernel) → grid-stride kernels with 64-bit indexing. In the overwrite
+/// modes inactive positions are never stored to (no read-modify-write of a
+/// chunk), so overwrite copies into interleaved views of one tensor on
+/// different streams stay correct; dense and XOR store every position.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "dcr/core/error.hpp"
+#include "dcr/cuda/runtime.cuh"
+#include "dcr/device/check.hpp"
+#include "dcr/device/element.hpp"
+
+namespace dcr::cuda {
+
+namespace detail {
+
+/// Strided copy: any layouts with equal extents.
+template <device::word W>
+__global__ void copy_strided_kernel(device::view<W> dst, device::view<const W> src,
+                                    device::view<const std::uint8_t> mask, device::copy_mode mode,
+                                    W placeholder, std::uint64_t n) {
+  for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
+    const auto i = static_cast<std::int64_t>(k);
+    const W s = src.at(i);
+    switch (mode) {
+    case device::copy_mode::dense: dst.at(i) = s; break;
+    case device::copy_mode::xor_mask: {
+      W& d = dst.at(i);
+      d = static_cast<W>(d ^ s);
+      break;
+    }
+    case device::copy_mode::overwrite:
+      if (s != placeholder) dst.at(i) = s;
+      break;
+    case device::copy_mode::overwrite_mask:
+      if (mask.at(i) != 0) dst.at(i) = s;
+      break;
+    }
+  }
+}
+
+/// 16 bytes as words.
+template <device::word W> union chunk {
+  uint4 v;
+  W w[16 / sizeof(W)];
+};
+
+/// Contiguous, 16-byte aligned copy over `chunks` 16-byte chunks (dense,
+/// XOR, overwrite); the tail of fewer than one chunk goes to the strided kernel.
+template <device::word W>
+__global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT src, device::copy_mode mode,
+                                   W placeholder, std::uint64_t chunks) {
+  constexpr int per = 16 / sizeof(W);
+  auto* d4 = reinterpret_cast<uint4*>(dst);
+  const auto* s4 = reinterpret_cast<const uint4*>(src);
+  for (std::uint64_t c = grid_first(); c < chunks; c += grid_stride()) {
+    chunk<W> s;
+    s.v = s4[c];
+    if (mode == device::copy_mode::dense) {
+      d4[c] = s.v;
+    } else if (mode == device::copy_mode::xor_mask) {
+      uint4 d = d4[c];
+      d.x ^= s.v.x, d.y ^= s.v.y, d.z ^= s.v.z, d.w ^= s.v.w;
+      d4[c] = d;
+    } else {
+      int active = 0;
+#pragma unroll
+      for (int j = 0; j < per; ++j) active += s.w[j] != placeholder;
+      if (active == per) {
+        d4[c] = s.v;
+      } else if (active != 0) {
+#pragma unroll
+        for (int j = 0; j < per; ++j)
+          if (s.w[j] != placeholder) dst[c * per + j] = s.w[j];
+      }
+    }
+  }
+}
+
+template <device::word W>
+status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_mode mode, W placeholder,
+                   device::view<const std::uint8_t> mask, const device_facts& f, cudaStream_t stream) {
+  const auto n = static_cast<std::uint64_t>(dst.size());
+  if (n == 0) return status::success();
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(dst.data) | reinterpret_cast<std::uintptr_t>(src.data)) % 16 == 0;
+  std::uint64_t done = 0;
+  if (dst.shape.contiguous && src.shape.contiguous && aligned && mode != device::copy_mode::overwrite_mask) {
+    constexpr std::uint64_t per = 16 / sizeof(W);
+    const std::uint64_t chunks = n / per;
+    if (chunks > 0) {
+      const tuning t = select_tuning(kernel_kind::copy_vector, f.cc_major);
+      copy_vector_kernel<W><<<grid_for(chunks, 1, t, f), t.block_threads, 0, stream>>>(
+          dst.data, src.data, mode, placeholder, chunks);
+      DCR_TRY(check_launch("copy_vector_kernel"));
+    }
+    done = chunks * per;
+    if (done == n) return status::success();
+    // Tail: a contiguous piece after the chunks.
+    dst = {dst.data + done, device::linear(static_cast<std::int64_t>(n - done))};
+    src = {src.data + done, device::linear(static_cast<std::int64_t>(n - done))};
+  }
+  const tuning t = select_tuning(kernel_kind::copy_scalar, f.cc_major);
+  copy_strided_kernel<W><<<grid_for(n - done, 1, t, f), t.block_threads, 0, stream>>>(
+      dst, src, mask, mode, placeholder, n - done);
+  return check_launch("copy_strided_kernel");
+}
+
+} // namespace detail
+
+/// Copy device view `src` into device view `dst` in `mode`; `placeholder`
+/// is used by `overwrite`, `mask` (same extents as `src`) by
+/// `overwrite_mask`. Returns after the launch.
+template <device::word W>
+status copy(device::view<W> dst, std::type_identity_t<device::view<const W>> src, device::copy_mode mode,
+            W placeholder = 0, device::view<const std::uint8_t> mask = {}, cudaStream_t stream = 0) {
+  DCR_RETURN_ERROR_IF(static_cast<unsigned>(mode) > 3, invalid_argument, "unknown copy mode");
+  DCR_TRY(device::check_copy_pair(dst.shape, dst.data, src.shape, src.data, sizeof(W)));
+  if (mode == device::copy_mode::overwrite_mask) {
+    DCR_TRY(device::check_source_view(mask.shape, mask.data, "copy mask"));
+    DCR_RETURN_ERROR_IF(!mask.shape.same_extents(src.shape), shape_mismatch, "copy mask and source extents differ");
+  }
+  detail::device_facts f;
+  DCR_TRY(detail::prepare(dst.data, src.data, mode == device::copy_mode::overwrite_mask ? mask.data : nullptr, f));
+  return detail::launch_copy(dst, src, mode, placeholder, mask, f, stream);
+}
+
+/// Write `src` into `dst` where `src != placeholder` (device memory).
+template <device::word W>
+status masked_overwrite(device::view<W> dst, std::type_identity_t<device::view<const W>> src, W placeholder,
+                        cudaStream_t stream = 0) {
+  return copy(dst, src, device::copy_mode::overwrite, placeholder, {}, stream);
+}
+
+/// Write `src` into `dst` where `mask != 0` (device memory; for NaN-valued items).
+template <device::word W>
+status masked_overwrite(device::view<W> dst, std::type_identity_t<device::view<const W>> src,
+                        device::view<const std::uint8_t> mask, cudaStream_t stream = 0) {
+  return copy(dst, src, device::copy_mode::overwrite_mask, W{0}, mask, stream);
+}
+
+/// Untyped device view: what a native loader hands the sink. `width` is
+/// the word width in bytes (1, 2, 4 or 8).
+struct device_tensor {
+  void* data = nullptr;
+  unsigned width = 2;
+  device::layout shape;
+};
+
+/// Intercepting copy sink for device storage. A loader calls
+/// `copy(dst, src)` for every final storage write; the sink applies it in
+/// its mode on `stream` and counts what it did, so the receiver can compare
+/// intercepted copies with the loader's reported loads. The overwrite mode
+/// takes the placeholder word (zero-extended) of the item's dtype; the
+/// masked mode takes, per copy, a mask view shaped like `src`.
+class device_copy_sink {
+public:
+  explicit device_copy_sink(device::copy_mode mode, std::uint64_t placeholder = 0, cudaStream_t stream = 0)
+      : mode_(mode), placeholder_(placeholder), stream_(stream) {}
+
+  /// Apply one intercepted copy; both views must have the same word width.
+  status copy(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask = {}) {
+    DCR_RETURN_ERROR_IF(dst.width != src.width, bad_dtype,
+                        "sink copy: destination words of " + std::to_string(dst.width) +
+                            " bytes, source words of " + std::to_string(src.width));
+    status s = by_width(dst, src, mask);
+    if (s.ok()) {
+      ++copies_;
+      elements_ += static_cast<std::uint64_t>(dst.shape.size());
+    }
+    return s;
+  }
+  /// Wait for every copy issued so far.
+  status synchronize() const { return cuda::synchronize(stream_); }
+
+  device::copy_mode mode() const noexcept { return mode_; }
+  std::uint64_t copies() const noexcept { return copies_; }
+  std::uint64_t elements() const noexcept { return elements_; }
+
+private:
+  status by_width(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask) {
+    switch (dst.width) {
+    case 1: return typed<std::uint8_t>(dst, src, mask);
+    case 2: return typed<std::uint16_t>(dst, src, mask);
+    case 4: return typed<std::uint32_t>(dst, src, mask);
+    case 8: return typed<std::uint64_t>(dst, src, mask);
+    }
+    return fail(errc::bad_dtype, "sink copy: word width " + std::to_string(dst.width));
+  }
+
+  template <device::word W>
+  status typed(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask) {
+    DCR_RETURN_ERROR_IF(mode_ == device::copy_mode::overwrite && placeholder_ > static_cast<W>(~W{0}),
+                        invalid_argument, "sink: placeholder wider than the words");
+    return cuda::copy<W>({static_cast<W*>(dst.data), dst.shape}, {static_cast<const W*>(src.data), src.shape},
+                         mode_, static_cast<W>(placeholder_), mask, stream_);
+  }
+
+  device::copy_mode mode_;
+  std::uint64_t placeholder_;
+  cudaStream_t stream_;
+  std::uint64_t copies_ = 0, elements_ = 0;
+};
+
+} // namespace dcr::cuda

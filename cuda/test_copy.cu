@@ -1,0 +1,175 @@
+// Device copy modes (dense, XOR, masked overwrite with placeholder or
+// explicit mask) and the device copy sink against the host twin
+// dcr/device/copy.hpp, byte for byte over the whole destination storage.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dcr/cuda/copy.cuh"
+#include "dcr/device/copy.hpp"
+#include "test_common.cuh"
+
+using namespace dcr;
+using namespace dcr::cuda::test;
+using device::copy_mode;
+
+namespace {
+
+/// Source and destination layouts with equal extents over their own storage.
+struct pair_case {
+  std::string name;
+  std::size_t dst_storage, src_storage;
+  std::int64_t dst_base, src_base;
+  device::layout dst, src;
+};
+
+std::vector<pair_case> pairs() {
+  std::vector<pair_case> out;
+  for (std::uint64_t n : {0ull, 1ull, 7ull, 1000003ull, 1000000ull}) {
+    const auto l = device::linear(static_cast<std::int64_t>(n));
+    out.push_back({"linear " + std::to_string(n), n, n, 0, 0, l, l});
+  }
+  // Contiguous but misaligned for 16-byte chunks: the strided path must agree.
+  out.push_back({"linear 4099 offset 1", 4100, 4100, 1, 1, device::linear(4099), device::linear(4099)});
+  {
+    const auto t = device::to_device(strided_layout::row_major({517, 1001}).transposed(0, 1));
+    out.push_back({"dst transposed", 517 * 1001, 517 * 1001, 0, 0, t,
+                   device::to_device(strided_layout::row_major({1001, 517}))});
+  }
+  {
+    std::int64_t db = 0;
+    const auto d = strided_layout::row_major({6, 40, 33}).slice(1, 5, 30, db);
+    const auto s = strided_layout::row_major({33, 30, 6}).transposed(0, 2);
+    out.push_back({"sliced dst, transposed src", 6 * 40 * 33, 33 * 30 * 6, db, 0, device::to_device(d),
+                   device::to_device(s)});
+  }
+  return out;
+}
+
+/// Source words: `density` of them are values, the rest the placeholder.
+template <class W> std::vector<W> scratch_words(std::size_t n, double density, W placeholder, std::uint64_t seed) {
+  auto v = random_words<W>(n, seed);
+  for (auto& w : v)
+    if (w == placeholder) w = static_cast<W>(w ^ 1);
+  std::vector<W> s(n, placeholder);
+  for (auto i : random_locations(n, density, seed + 1)) s[i] = v[i];
+  return s;
+}
+
+template <device::word W> void host_side_checks() {
+  std::vector<W> a(64), b(64);
+  const device::view<W> da{a.data(), device::linear(64)};
+  const device::view<const W> sb{b.data(), device::linear(64)};
+  const device::view<const W> s32{b.data(), device::linear(32)};
+  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "extents differ");
+  DCR_EXPECT_CODE(device::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "twin: extents differ");
+  const device::view<const W> overlap{a.data() + 10, device::linear(64)};
+  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "overlap");
+  DCR_EXPECT_CODE(device::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "twin: overlap");
+  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "bad mode");
+  DCR_EXPECT_CODE(device::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "twin: bad mode");
+  std::vector<std::uint8_t> m(32);
+  const device::view<const std::uint8_t> m32{m.data(), device::linear(32)};
+  DCR_EXPECT_CODE(dcr::cuda::masked_overwrite<W>(da, sb, m32), shape_mismatch, "mask extents");
+  DCR_EXPECT_CODE(device::masked_overwrite<W>(da, sb, m32), shape_mismatch, "twin: mask extents");
+  DCR_EXPECT_CODE(dcr::cuda::masked_overwrite<W>(da, sb, device::view<const std::uint8_t>{nullptr, device::linear(64)}),
+                  invalid_argument, "null mask");
+  dcr::cuda::device_copy_sink sink(copy_mode::overwrite, 0x1FF);
+  const dcr::cuda::device_tensor t1{a.data(), 1, device::linear(64)}, t2{b.data(), 2, device::linear(32)};
+  DCR_EXPECT_CODE(sink.copy(t2, t1), bad_dtype, "sink: widths differ");
+  DCR_EXPECT_CODE(sink.copy({a.data(), 3, device::linear(1)}, {b.data(), 3, device::linear(1)}), bad_dtype,
+                  "sink: width 3");
+  DCR_EXPECT_CODE(sink.copy(t1, {b.data(), 1, device::linear(64)}), invalid_argument, "sink: placeholder too wide");
+  DCR_EXPECT(sink.copies() == 0, "failed copies are not counted");
+  if (dcr::cuda::device_count() == 0) {
+    DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, sb, copy_mode::dense), device, "no device: copy");
+    DCR_EXPECT_CODE(dcr::cuda::masked_overwrite<W>(da, sb, W{0}), device, "no device: masked overwrite");
+  }
+}
+
+template <device::word W> void run_case(const pair_case& c, double density, std::uint64_t seed) {
+  const W ph = static_cast<W>(dtype_traits<bf16>::placeholder); // truncated for u8: still a fixed word
+  const auto init = random_words<W>(c.dst_storage, seed);
+  const auto src = scratch_words<W>(c.src_storage, density, ph, seed + 2);
+  std::vector<std::uint8_t> mask(c.src_storage);
+  for (auto i : random_locations(c.src_storage, density, seed + 3)) mask[i] = static_cast<std::uint8_t>(1 + i % 255);
+  dbuf<W> d_dst(init);
+  dbuf<W> d_src(src);
+  dbuf<std::uint8_t> d_mask(mask);
+  const std::string what = c.name + " W=" + std::to_string(sizeof(W)) + " density=" + std::to_string(density);
+  for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_mask}) {
+    d_dst.upload(init);
+    auto host = init;
+    const device::view<W> hd{host.data() + c.dst_base, c.dst};
+    const device::view<const W> hs{src.data() + c.src_base, c.src};
+    const device::view<const std::uint8_t> hm{mask.data() + c.src_base, c.src};
+    const device::view<W> dd{d_dst.get() + c.dst_base, c.dst};
+    const device::view<const W> ds{d_src.get() + c.src_base, c.src};
+    const device::view<const std::uint8_t> dm{d_mask.get() + c.src_base, c.src};
+    const status h = device::copy<W>(hd, hs, mode, ph, hm);
+    const status d = dcr::cuda::copy<W>(dd, ds, mode, ph, dm);
+    const std::string m = what + " mode " + std::to_string(static_cast<int>(mode));
+    DCR_EXPECT(h.ok() && d.ok(), m + ": status " + h.message + d.message);
+    DCR_EXPECT(dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host), m + ": bytes");
+  }
+  // The sink in overwrite mode does what masked_overwrite does.
+  {
+    d_dst.upload(init);
+    auto host = init;
+    DCR_EXPECT(device::masked_overwrite<W>({host.data() + c.dst_base, c.dst}, {src.data() + c.src_base, c.src}, ph).ok(),
+               what + ": twin masked_overwrite");
+    dcr::cuda::device_copy_sink sink(copy_mode::overwrite, ph);
+    const status s = sink.copy({d_dst.get() + c.dst_base, sizeof(W), c.dst}, {d_src.get() + c.src_base, sizeof(W), c.src});
+    DCR_EXPECT(s.ok() && sink.synchronize().ok() && same_bytes(d_dst.download(), host), what + ": sink " + s.message);
+    DCR_EXPECT(sink.copies() == 1 && sink.elements() == static_cast<std::uint64_t>(c.dst.size()), what + ": sink counts");
+  }
+}
+
+void large_case() {
+  const std::uint64_t n = (1ull << 31) + 13;
+  const std::size_t need = 2 * n + (1ull << 30);
+  if (free_device_bytes() < need) {
+    std::printf("large case (2^31+13 u8 elements) not run: %zu bytes free, %zu needed\n", free_device_bytes(), need);
+    return;
+  }
+  const auto init = random_words<std::uint8_t>(n, 21);
+  const auto src = scratch_words<std::uint8_t>(n, 0.01, 0xC0, 22);
+  auto host = init;
+  const auto l = device::linear(static_cast<std::int64_t>(n));
+  DCR_EXPECT(device::masked_overwrite<std::uint8_t>({host.data(), l}, {src.data(), l}, 0xC0).ok(), "large twin");
+  dbuf<std::uint8_t> d_dst(init);
+  dbuf<std::uint8_t> d_src(src);
+  DCR_EXPECT(dcr::cuda::masked_overwrite<std::uint8_t>({d_dst.get(), l}, {d_src.get(), l}, 0xC0).ok() &&
+                 dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host),
+             "large: masked overwrite bytes");
+  // The strided kernel with offsets up to 2^31: a padded 2D view over the same buffers.
+  const std::int64_t rows = 1 << 16, cols = static_cast<std::int64_t>(n / (1 << 16)) - 1;
+  const std::int64_t ext[2] = {rows, cols}, str[2] = {cols + 1, 1};
+  const auto sl = device::strided(ext, str, 2);
+  d_dst.upload(init);
+  host = init;
+  DCR_EXPECT(device::masked_overwrite<std::uint8_t>({host.data(), sl}, {src.data() + n - sl.required_span_size(), sl}, 0xC0).ok(),
+             "large strided twin");
+  DCR_EXPECT(dcr::cuda::masked_overwrite<std::uint8_t>({d_dst.get(), sl}, {d_src.get() + n - sl.required_span_size(), sl}, 0xC0).ok() &&
+                 dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host),
+             "large: strided masked overwrite bytes");
+}
+
+} // namespace
+
+int main() {
+  host_side_checks<std::uint8_t>();
+  host_side_checks<std::uint16_t>();
+  host_side_checks<std::uint32_t>();
+  skip_without_device("test_copy");
+  std::uint64_t seed = 100;
+  for (const auto& c : pairs())
+    for (double d : densities) {
+      run_case<std::uint8_t>(c, d, seed++);
+      run_case<std::uint16_t>(c, d, seed++);
+      run_case<std::uint32_t>(c, d, seed++);
+    }
+  large_case();
+  return finish("test_copy");
+}

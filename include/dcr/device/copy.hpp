@@ -1,0 +1,82 @@
+#pragma once
+/// \file
+/// Host twin of the CUDA copy kernels (`cuda/dcr/cuda/copy.cuh`): an
+/// elementwise copy of a source view into a destination view with the same
+/// extents, in one of the intercepting sink's modes:
+///
+/// | mode             | effect at row-major coordinate k                    |
+/// |------------------|-----------------------------------------------------|
+/// | `dense`          | `dst[k] = src[k]`                                   |
+/// | `xor_mask`       | `dst[k] ^= src[k]`                                  |
+/// | `overwrite`      | `dst[k] = src[k]` only where `src[k] != placeholder` |
+/// | `overwrite_mask` | `dst[k] = src[k]` only where `mask[k] != 0`         |
+///
+/// Inactive positions are never written. `masked_overwrite` is the rollout
+/// side's overwrite path: scratch holds values and placeholders; the
+/// explicit-mask form serves items whose values may themselves be NaN.
+/// Checks (shared with the kernels): destination unique, same extents,
+/// non-overlapping storage, mask extents equal to the source's.
+
+#include <cstdint>
+#include <type_traits>
+
+#include "dcr/core/error.hpp"
+#include "dcr/device/check.hpp"
+#include "dcr/device/element.hpp"
+#include "dcr/device/view.hpp"
+
+namespace dcr::device {
+
+/// Checks of a copy in `mode`; `mask` is only looked at for `overwrite_mask`.
+template <word W>
+status check_copy(const view<W>& dst, const view<const W>& src, copy_mode mode,
+                  const view<const std::uint8_t>& mask) {
+  DCR_RETURN_ERROR_IF(static_cast<unsigned>(mode) > 3, invalid_argument, "unknown copy mode");
+  DCR_TRY(check_copy_pair(dst.shape, dst.data, src.shape, src.data, sizeof(W)));
+  if (mode == copy_mode::overwrite_mask) {
+    DCR_TRY(check_source_view(mask.shape, mask.data, "copy mask"));
+    DCR_RETURN_ERROR_IF(!mask.shape.same_extents(src.shape), shape_mismatch,
+                        "copy mask and source extents differ");
+  }
+  return status::success();
+}
+
+/// Copy `src` into `dst` in `mode` (see the table above).
+template <word W>
+status copy(view<W> dst, std::type_identity_t<view<const W>> src, copy_mode mode, W placeholder = 0,
+            view<const std::uint8_t> mask = {}) {
+  DCR_TRY(check_copy(dst, src, mode, mask));
+  const std::int64_t n = dst.size();
+  // One loop per mode keeps each plain and vectorisable.
+  switch (mode) {
+  case copy_mode::dense:
+    for (std::int64_t k = 0; k < n; ++k) dst.at(k) = src.at(k);
+    break;
+  case copy_mode::xor_mask:
+    for (std::int64_t k = 0; k < n; ++k) dst.at(k) = static_cast<W>(dst.at(k) ^ src.at(k));
+    break;
+  case copy_mode::overwrite:
+    for (std::int64_t k = 0; k < n; ++k)
+      if (const W s = src.at(k); s != placeholder) dst.at(k) = s;
+    break;
+  case copy_mode::overwrite_mask:
+    for (std::int64_t k = 0; k < n; ++k)
+      if (mask.at(k) != 0) dst.at(k) = src.at(k);
+    break;
+  }
+  return status::success();
+}
+
+/// Write `src` into `dst` at every position where `src != placeholder`.
+template <word W>
+status masked_overwrite(view<W> dst, std::type_identity_t<view<const W>> src, W placeholder) {
+  return copy(dst, src, copy_mode::overwrite, placeholder);
+}
+
+/// Write `src` into `dst` at every position where `mask != 0`.
+template <word W>
+status masked_overwrite(view<W> dst, std::type_identity_t<view<const W>> src, view<const std::uint8_t> mask) {
+  return copy(dst, src, copy_mode::overwrite_mask, W{0}, mask);
+}
+
+} // namespace dcr::device

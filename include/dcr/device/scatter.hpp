@@ -1,0 +1,124 @@
+#pragma once
+/// \file
+/// Host twin of the CUDA scatter kernels (`cuda/dcr/cuda/scatter.cuh`):
+/// records (location, value) of one item land in a destination view, either
+/// XORed in (`scatter_op::xor_mask`) or written (`scatter_op::overwrite`). A
+/// location is a row-major flat index into the view's own extents.
+///
+/// Semantics shared with the kernels: the destination is checked first
+/// (`check_destination_view`), then the record counts, then every location
+/// (strictly increasing, inside the view); on any failure nothing is written
+/// and the status names the first failing record. The fused forms take the
+/// item's location coding directly: a run (start, count) or gap words of
+/// width 1/2/4/8 with `index_k = index_{k-1} + gap_k + 1`, first index given.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dcr/core/error.hpp"
+#include "dcr/device/check.hpp"
+#include "dcr/device/element.hpp"
+#include "dcr/device/view.hpp"
+
+namespace dcr::device {
+
+/// Check a decoded location list against a view of `size` elements.
+inline status check_locations(std::span<const std::uint64_t> loc, std::uint64_t size) {
+  for (std::uint64_t k = 0; k < loc.size(); ++k)
+    if (const int c = check_location(loc.data(), k, size); c != 0) return location_failure(c, k, size);
+  return status::success();
+}
+
+/// Decode gap words into locations: `out[0] = first`,
+/// `out[k] = out[k-1] + gap_{k-1} + 1`. Fails with `bad_location` /
+/// `offset_out_of_range` for a bad width or buffer length; does not check
+/// the range (see `check_locations`).
+inline status decode_gaps(std::uint64_t first, unsigned width, std::span<const std::uint8_t> gaps,
+                          std::uint64_t count, std::vector<std::uint64_t>& out) {
+  DCR_TRY(check_gap_buffer(width, gaps.size(), count));
+  out.resize(count);
+  std::uint64_t acc = 0;
+  for (std::uint64_t k = 0; k < count; ++k) {
+    acc += gap_scan_term(first, gaps.data(), width, k);
+    out[k] = acc;
+  }
+  return status::success();
+}
+
+/// Scatter `values[k]` onto `dst` at row-major location `locations[k]`.
+template <word W>
+status scatter(view<W> dst, std::span<const std::uint64_t> locations, std::type_identity_t<std::span<const W>> values,
+               scatter_op op = scatter_op::xor_mask) {
+  DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
+  DCR_RETURN_ERROR_IF(locations.size() != values.size(), invalid_argument,
+                      std::to_string(locations.size()) + " locations but " +
+                          std::to_string(values.size()) + " values");
+  const auto size = static_cast<std::uint64_t>(dst.size());
+  DCR_TRY(check_locations(locations, size));
+  for (std::size_t k = 0; k < locations.size(); ++k) {
+    W& d = dst.at(static_cast<std::int64_t>(locations[k]));
+    d = scatter_word(d, values[k], op);
+  }
+  return status::success();
+}
+
+/// XOR `masks[k]` into `dst` at row-major location `locations[k]`.
+template <word W>
+status xor_scatter(view<W> dst, std::span<const std::uint64_t> locations, std::type_identity_t<std::span<const W>> masks) {
+  return scatter(dst, locations, masks, scatter_op::xor_mask);
+}
+
+/// Scatter onto the run `[start, start + values.size())`.
+template <word W>
+status scatter_run(view<W> dst, std::uint64_t start, std::type_identity_t<std::span<const W>> values,
+                   scatter_op op = scatter_op::xor_mask) {
+  DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
+  DCR_TRY(check_run(start, values.size(), static_cast<std::uint64_t>(dst.size())));
+  for (std::size_t k = 0; k < values.size(); ++k) {
+    W& d = dst.at(static_cast<std::int64_t>(start + k));
+    d = scatter_word(d, values[k], op);
+  }
+  return status::success();
+}
+
+/// Scatter onto gap-coded locations: `values.size()` records, first index
+/// `first`, `values.size() - 1` little-endian gap words of `width` bytes.
+template <word W>
+status scatter_gaps(view<W> dst, std::uint64_t first, unsigned width, std::span<const std::uint8_t> gaps,
+                    std::type_identity_t<std::span<const W>> values, scatter_op op = scatter_op::xor_mask) {
+  DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
+  const auto size = static_cast<std::uint64_t>(dst.size());
+  DCR_TRY(check_gap_buffer(width, gaps.size(), values.size()));
+  // Validate every record before the first write, like the kernel does.
+  std::uint64_t prev = 0;
+  for (std::uint64_t k = 0; k < values.size(); ++k) {
+    const std::uint64_t cur = prev + gap_scan_term(first, gaps.data(), width, k);
+    if (k > 0 && cur <= prev) return location_failure(2, k, size);
+    if (cur >= size) return location_failure(1, k, size);
+    prev = cur;
+  }
+  std::uint64_t loc = 0;
+  for (std::uint64_t k = 0; k < values.size(); ++k) {
+    loc += gap_scan_term(first, gaps.data(), width, k);
+    W& d = dst.at(static_cast<std::int64_t>(loc));
+    d = scatter_word(d, values[k], op);
+  }
+  return status::success();
+}
+
+/// Overloads on core views.
+template <word W>
+status scatter(const strided_view<W>& dst, std::span<const std::uint64_t> locations,
+               std::type_identity_t<std::span<const W>> values, scatter_op op = scatter_op::xor_mask) {
+  return scatter(to_device(dst), locations, values, op);
+}
+template <word W>
+status xor_scatter(const strided_view<W>& dst, std::span<const std::uint64_t> locations,
+                   std::type_identity_t<std::span<const W>> masks) {
+  return scatter(to_device(dst), locations, masks, scatter_op::xor_mask);
+}
+
+} // namespace dcr::device

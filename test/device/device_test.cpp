@@ -1,0 +1,335 @@
+// Host twins of the CUDA kernels (dcr/device/*.hpp) against naive
+// references built on the core layout (coordinates → offset), over whole
+// small domains and fixed-seed sweeps; every failure path by its errc.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dcr/core/tensor.hpp"
+#include "dcr/device/copy.hpp"
+#include "dcr/device/detect.hpp"
+#include "dcr/device/element.hpp"
+#include "dcr/device/scatter.hpp"
+#include "dcr/device/view.hpp"
+
+using namespace dcr;
+using device::copy_mode;
+using device::scatter_op;
+
+namespace {
+
+/// Offset of row-major coordinate k through the core layout's `offset(c)`
+/// (coordinates unravelled here, independently of offset_of_linear).
+std::int64_t naive_offset(const strided_layout& l, std::uint64_t k) {
+  std::int64_t c[max_rank] = {};
+  for (std::size_t i = l.rank; i-- > 0;) {
+    c[i] = static_cast<std::int64_t>(k % static_cast<std::uint64_t>(l.extents[i]));
+    k /= static_cast<std::uint64_t>(l.extents[i]);
+  }
+  return l.offset(c);
+}
+
+struct layout_case {
+  const char* name;
+  std::size_t storage;
+  std::int64_t base;
+  strided_layout l;
+};
+
+std::vector<layout_case> layouts() {
+  std::vector<layout_case> v;
+  v.push_back({"empty", 0, 0, strided_layout::row_major({0})});
+  v.push_back({"scalar", 1, 0, strided_layout::row_major(std::vector<std::uint64_t>{})});
+  v.push_back({"1", 1, 0, strided_layout::row_major({1})});
+  v.push_back({"odd", 37, 0, strided_layout::row_major({37})});
+  v.push_back({"2d", 35, 0, strided_layout::row_major({5, 7})});
+  v.push_back({"2d^T", 35, 0, strided_layout::row_major({5, 7}).transposed(0, 1)});
+  std::int64_t b1 = 0;
+  v.push_back({"3d slice", 4 * 9 * 6, 0, strided_layout::row_major({4, 9, 6}).slice(1, 2, 5, b1)});
+  v.back().base = b1;
+  std::int64_t b2 = 0;
+  v.push_back({"3d slice^T", 4 * 9 * 6, 0, strided_layout::row_major({4, 9, 6}).slice(2, 1, 4, b2).transposed(0, 2)});
+  v.back().base = b2;
+  v.push_back({"4d perm", 2 * 3 * 4 * 5, 0, strided_layout::row_major({2, 3, 4, 5}).transposed(1, 3).transposed(0, 2)});
+  return v;
+}
+
+template <class W> std::vector<W> words(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 r(seed);
+  std::vector<W> v(n);
+  for (auto& w : v) w = static_cast<W>(r());
+  return v;
+}
+
+std::vector<std::uint64_t> locations(std::uint64_t n, double density, std::uint64_t seed) {
+  std::mt19937_64 r(seed);
+  std::bernoulli_distribution b(density);
+  std::vector<std::uint64_t> v;
+  for (std::uint64_t i = 0; i < n; ++i)
+    if (b(r)) v.push_back(i);
+  return v;
+}
+
+std::vector<std::uint8_t> gaps_of(const std::vector<std::uint64_t>& loc, unsigned width) {
+  std::vector<std::uint8_t> g;
+  for (std::size_t k = 1; k < loc.size(); ++k)
+    for (unsigned b = 0; b < width; ++b) g.push_back(static_cast<std::uint8_t>((loc[k] - loc[k - 1] - 1) >> (8 * b)));
+  return g;
+}
+
+unsigned min_width(const std::vector<std::uint64_t>& loc) {
+  std::uint64_t m = 0;
+  for (std::size_t k = 1; k < loc.size(); ++k) m = std::max(m, loc[k] - loc[k - 1] - 1);
+  return device::gap_width_for(m);
+}
+
+const double densities[] = {0.0, 0.001, 0.01, 0.05, 0.5, 1.0};
+
+template <class W> bool same(const std::vector<W>& a, const std::vector<W>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(W)) == 0);
+}
+
+} // namespace
+
+TEST_CASE("device layout agrees with the core layout on every coordinate") {
+  for (const auto& c : layouts()) {
+    CAPTURE(c.name);
+    const auto d = device::to_device(c.l);
+    CHECK(d.size() == c.l.size());
+    CHECK(d.required_span_size() == c.l.required_span_size());
+    CHECK(d.is_unique() == c.l.is_unique());
+    CHECK(d.contiguous == c.l.is_contiguous());
+    CHECK(device::to_core(d) == c.l);
+    for (std::int64_t k = 0; k < c.l.size(); ++k) {
+      REQUIRE(d.offset_of_linear(k) == naive_offset(c.l, static_cast<std::uint64_t>(k)));
+      REQUIRE(d.offset_of_linear(k) == c.l.offset_of_linear(k));
+    }
+    // The non-contiguous path of offset_of_linear gives the same offsets.
+    auto slow = d;
+    slow.contiguous = false;
+    for (std::int64_t k = 0; k < c.l.size(); ++k) REQUIRE(slow.offset_of_linear(k) == d.offset_of_linear(k));
+  }
+  const std::int64_t ext[2] = {3, 4}, str[2] = {4, 0};
+  CHECK_FALSE(device::strided(ext, str, 2).is_unique());
+  CHECK(device::row_major(ext, 2).contiguous);
+}
+
+TEST_CASE("gap words: width selection, little-endian loads, decode round trip") {
+  CHECK(device::gap_width_for(0) == 1);
+  CHECK(device::gap_width_for(0xFF) == 1);
+  CHECK(device::gap_width_for(0x100) == 2);
+  CHECK(device::gap_width_for(0xFFFF) == 2);
+  CHECK(device::gap_width_for(0x10000) == 4);
+  CHECK(device::gap_width_for(0xFFFFFFFFull) == 4);
+  CHECK(device::gap_width_for(0x100000000ull) == 8);
+  const std::uint8_t b[] = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09};
+  CHECK(device::load_gap(b, 2, 1) == 0x0403);
+  CHECK(device::load_gap(b, 4, 0) == 0x04030201u);
+  CHECK(device::load_gap(b + 1, 8, 0) == 0x0908070605040302ull);
+  for (double d : densities)
+    for (std::uint64_t n : {0ull, 1ull, 1000ull, 100000ull}) {
+      auto loc = locations(n, d, 17 + n);
+      for (auto& l : loc) l *= 977; // gaps beyond one byte
+      for (unsigned w : {1u, 2u, 4u, 8u}) {
+        if (w < min_width(loc)) continue;
+        std::vector<std::uint64_t> out;
+        const std::uint64_t first = loc.empty() ? 5 : loc[0];
+        REQUIRE(device::decode_gaps(first, w, gaps_of(loc, w), loc.size(), out).ok());
+        CHECK(out == loc);
+      }
+    }
+}
+
+TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W, std::uint8_t, std::uint16_t,
+                   std::uint32_t, std::uint64_t) {
+  std::uint64_t seed = 1;
+  for (const auto& c : layouts())
+    for (double d : densities)
+      for (auto op : {scatter_op::xor_mask, scatter_op::overwrite}) {
+        CAPTURE(c.name);
+        CAPTURE(d);
+        const auto size = static_cast<std::uint64_t>(c.l.size());
+        const auto init = words<W>(c.storage, seed++);
+        const auto loc = locations(size, d, seed++);
+        const auto val = words<W>(loc.size(), seed++);
+        auto ref = init;
+        for (std::size_t k = 0; k < loc.size(); ++k) {
+          W& r = ref[static_cast<std::size_t>(c.base + naive_offset(c.l, loc[k]))];
+          r = op == scatter_op::xor_mask ? static_cast<W>(r ^ val[k]) : val[k];
+        }
+        auto got = init;
+        const strided_view<W> sv{got.data() + c.base, c.l};
+        REQUIRE(device::scatter<W>(sv, loc, val, op).ok());
+        CHECK(same(got, ref));
+        // Fused gap form, minimal and widest width.
+        for (unsigned w : {min_width(loc), 8u}) {
+          auto g = init;
+          REQUIRE(device::scatter_gaps<W>({g.data() + c.base, device::to_device(c.l)}, loc.empty() ? 0 : loc[0], w,
+                                          gaps_of(loc, w), val, op)
+                      .ok());
+          CHECK(same(g, ref));
+        }
+        // Law: XOR scatter is an involution.
+        if (op == scatter_op::xor_mask) {
+          REQUIRE(device::xor_scatter<W>(sv, loc, val).ok());
+          CHECK(same(got, init));
+        }
+        // Run form equals scatter over the run's locations.
+        const std::uint64_t start = size / 4, count = (size - start) / 2;
+        std::vector<std::uint64_t> rl(count);
+        for (std::uint64_t k = 0; k < count; ++k) rl[k] = start + k;
+        const auto rv = words<W>(count, seed++);
+        auto a = init, b = init;
+        REQUIRE(device::scatter_run<W>({a.data() + c.base, device::to_device(c.l)}, start, rv, op).ok());
+        REQUIRE(device::scatter<W>({b.data() + c.base, device::to_device(c.l)}, rl, rv, op).ok());
+        CHECK(same(a, b));
+      }
+}
+
+TEST_CASE("scatter failures carry their errc and write nothing") {
+  std::vector<std::uint16_t> store = words<std::uint16_t>(100, 3);
+  const auto init = store;
+  const device::view<std::uint16_t> v{store.data(), device::linear(100)};
+  const std::vector<std::uint16_t> val = {1, 2, 3, 4};
+  auto code = [&](std::vector<std::uint64_t> loc) { return device::scatter<std::uint16_t>(v, loc, val).code; };
+  CHECK(code({1, 2, 3, 100}) == errc::index_out_of_range);
+  CHECK(code({1, 2, 2, 5}) == errc::not_increasing);
+  CHECK(code({5, 4, 6, 7}) == errc::not_increasing);
+  CHECK(code({1, 2, 3}) == errc::invalid_argument);
+  CHECK(device::scatter<std::uint16_t>(v, std::vector<std::uint64_t>{1, 2, 3, 100}, val).message ==
+        "record 3: location outside the view of 100 elements");
+  CHECK(same(store, init));
+
+  device::view<std::uint16_t> alias = v;
+  alias.shape = device::linear(10);
+  alias.shape.strides[0] = 0;
+  alias.shape.contiguous = false;
+  CHECK(device::scatter<std::uint16_t>(alias, std::vector<std::uint64_t>{1}, std::vector<std::uint16_t>{1}).code ==
+        errc::invalid_argument);
+  device::view<std::uint16_t> lie = v; // marked contiguous but strided
+  lie.shape.rank = 2, lie.shape.extents[0] = 10, lie.shape.extents[1] = 5, lie.shape.strides[0] = 10,
+  lie.shape.strides[1] = 1;
+  CHECK(device::scatter<std::uint16_t>(lie, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
+        errc::invalid_argument);
+  device::view<std::uint16_t> huge = v;
+  huge.shape.rank = 3, huge.shape.contiguous = false;
+  huge.shape.extents[0] = huge.shape.extents[1] = huge.shape.extents[2] = 1 << 22;
+  huge.shape.strides[0] = huge.shape.strides[1] = huge.shape.strides[2] = 1;
+  CHECK(device::scatter<std::uint16_t>(huge, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
+        errc::length_overflow);
+  CHECK(device::scatter<std::uint16_t>({nullptr, device::linear(3)}, std::vector<std::uint64_t>{},
+                                       std::vector<std::uint16_t>{})
+            .code == errc::invalid_argument);
+
+  CHECK(device::scatter_run<std::uint16_t>(v, 97, val).code == errc::index_out_of_range);
+  CHECK(device::scatter_run<std::uint16_t>(v, ~0ull - 1, val).code == errc::index_out_of_range);
+  CHECK(device::scatter_run<std::uint16_t>(v, ~0ull, std::vector<std::uint16_t>{}).ok());
+
+  const std::vector<std::uint8_t> g3 = {0, 0, 0};
+  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 3, std::vector<std::uint8_t>(9), val).code == errc::bad_location);
+  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 1, std::vector<std::uint8_t>(2), val).code ==
+        errc::offset_out_of_range);
+  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 1, g3, val).ok()); // locations 0,1,2,3
+  store = init;
+  std::vector<std::uint8_t> wrap(24, 0xFF); // gap+1 wraps to 0: a duplicate
+  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 8, wrap, val).code == errc::not_increasing);
+  wrap.assign(24, 0);
+  wrap[8] = 0xFE, std::fill(wrap.begin() + 9, wrap.begin() + 16, 0xFF); // huge gap: the sum wraps below
+  CHECK(device::scatter_gaps<std::uint16_t>(v, 5, 8, wrap, val).code == errc::not_increasing);
+  CHECK(device::scatter_gaps<std::uint16_t>(v, 50, 1, std::vector<std::uint8_t>{0, 60, 0}, val).code ==
+        errc::index_out_of_range);
+  CHECK(same(store, init));
+}
+
+TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_t, std::uint16_t, std::uint32_t) {
+  const W ph = static_cast<W>(0x7FC0);
+  std::uint64_t seed = 500;
+  const auto ls = layouts();
+  for (std::size_t i = 0; i < ls.size(); ++i)
+    for (double d : densities) {
+      const auto& dc = ls[i];
+      // Source: a row-major tensor with the destination's extents.
+      std::vector<std::uint64_t> ext(dc.l.extents.begin(), dc.l.extents.begin() + static_cast<std::ptrdiff_t>(dc.l.rank));
+      const auto sl = strided_layout::row_major(ext);
+      const auto n = static_cast<std::size_t>(sl.size());
+      auto src = words<W>(n, seed++);
+      std::vector<std::uint8_t> mask(n);
+      const auto act = locations(n, d, seed++);
+      std::vector<bool> active(n);
+      for (auto a : act) active[a] = true;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (!active[k]) src[k] = ph;
+        else if (src[k] == ph) src[k] = static_cast<W>(ph ^ 1);
+        mask[k] = active[k] ? static_cast<std::uint8_t>(1 + k % 200) : 0;
+      }
+      const auto init = words<W>(dc.storage, seed++);
+      for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_mask}) {
+        CAPTURE(dc.name);
+        CAPTURE(static_cast<int>(mode));
+        auto ref = init;
+        for (std::size_t k = 0; k < n; ++k) {
+          W& r = ref[static_cast<std::size_t>(dc.base + naive_offset(dc.l, k))];
+          if (mode == copy_mode::dense) r = src[k];
+          if (mode == copy_mode::xor_mask) r = static_cast<W>(r ^ src[k]);
+          if ((mode == copy_mode::overwrite || mode == copy_mode::overwrite_mask) && active[k]) r = src[k];
+        }
+        auto got = init;
+        const status s = device::copy<W>({got.data() + dc.base, device::to_device(dc.l)},
+                                         {src.data(), device::to_device(sl)}, mode, ph,
+                                         {mask.data(), device::to_device(sl)});
+        REQUIRE(s.ok());
+        CHECK(same(got, ref));
+      }
+    }
+}
+
+TEST_CASE("copy failures carry their errc") {
+  std::vector<std::uint16_t> a(64), b(64);
+  std::vector<std::uint8_t> m(64);
+  const device::view<std::uint16_t> da{a.data(), device::linear(64)};
+  const device::view<const std::uint16_t> sb{b.data(), device::linear(64)};
+  CHECK(device::copy<std::uint16_t>(da, {b.data(), device::linear(63)}, copy_mode::dense).code == errc::shape_mismatch);
+  CHECK(device::copy<std::uint16_t>(da, {a.data() + 63, device::linear(64)}, copy_mode::dense).code ==
+        errc::invalid_argument);
+  // Adjacent ranges do not overlap.
+  CHECK(device::copy<std::uint16_t>({a.data(), device::linear(32)}, {a.data() + 32, device::linear(32)},
+                                    copy_mode::dense)
+            .ok());
+  CHECK(device::copy<std::uint16_t>(da, sb, static_cast<copy_mode>(7)).code == errc::invalid_argument);
+  CHECK(device::masked_overwrite<std::uint16_t>(da, sb, device::view<const std::uint8_t>{m.data(), device::linear(8)})
+            .code == errc::shape_mismatch);
+  CHECK(device::masked_overwrite<std::uint16_t>(da, sb, device::view<const std::uint8_t>{nullptr, device::linear(64)})
+            .code == errc::invalid_argument);
+  device::view<std::uint16_t> alias = da;
+  alias.shape.strides[0] = 0;
+  alias.shape.contiguous = false;
+  CHECK(device::masked_overwrite<std::uint16_t>(alias, sb, std::uint16_t{0}).code == errc::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("detect twin equals a naive comparison and appends", W, std::uint8_t, std::uint16_t,
+                   std::uint32_t, std::uint64_t) {
+  std::uint64_t seed = 900;
+  for (std::size_t n : {0u, 1u, 7u, 63u, 64u, 65u, 4097u})
+    for (double d : densities) {
+      const auto a = words<W>(n, seed++);
+      auto b = a;
+      for (auto i : locations(n, d, seed++)) b[i] = static_cast<W>(b[i] ^ (1u << (i % (8 * sizeof(W) > 16 ? 16 : 8 * sizeof(W)))));
+      std::vector<std::uint64_t> want = {7};
+      for (std::size_t i = 0; i < n; ++i)
+        if (a[i] != b[i]) want.push_back(1000 + i);
+      std::vector<std::uint64_t> got = {7};
+      REQUIRE(device::detect_changes<W>(a, b, 1000, got).ok());
+      CHECK(got == want);
+    }
+  std::vector<W> a(4), b(3);
+  std::vector<std::uint64_t> out;
+  CHECK(device::detect_changes<W>(a, b, 0, out).code == errc::invalid_argument);
+  CHECK(device::detect_changes<W>(a, a, ~0ull - 2, out).code == errc::length_overflow);
+  CHECK(device::detect_changes<W>(a, a, ~0ull - 3, out).ok());
+  CHECK(out.empty());
+}
