@@ -26,7 +26,7 @@ struct trainer_layout {
   std::uint64_t ranks_per_stage() const noexcept { return tp * dp; }
   std::uint64_t world() const noexcept { return pp * tp * dp; }
   /// Expert-data-parallel degree: replicas of each expert shard per stage.
-  std::uint64_t edp() const noexcept { return ep * etp ? tp * dp / (ep * etp) : 0; }
+  std::uint64_t edp() const noexcept { return (ep * etp) != 0 ? tp * dp / (ep * etp) : 0; }
   std::uint64_t rank(std::uint64_t stage, std::uint64_t dp_rank, std::uint64_t tp_rank) const noexcept {
     return stage * ranks_per_stage() + dp_rank * tp + tp_rank;
   }

@@ -1,0 +1,288 @@
+#pragma once
+/// \file
+/// Residual conversion: rules that build canonical tensors from source parts
+/// with declared inputs, for conversions outside direct projection (scale and
+/// cast, FP8 block quantisation with scales, tied outputs, stacking, custom).
+///
+/// A rule sees its declared inputs' bytes (by position) and fills its output
+/// tensors. Geometry (which part lands where) belongs to the rule: parts are
+/// placed through `piecewise_map`s whose tensor ids are the rule's output
+/// slots, by a `part_assembler` that checks that the parts cover every output
+/// element (`errc::coverage`) and agree bit for bit where they overlap
+/// (`errc::parts_disagree`).
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcr/core/rounding.hpp"
+#include "dcr/core/tensor.hpp"
+#include "dcr/map/fp8.hpp"
+#include "dcr/map/index_map.hpp"
+
+namespace dcr {
+
+/// One declared input of a residual rule: a source shard's stored bytes.
+struct residual_input {
+  std::span<const std::byte> bytes;
+  dtype_id dtype = dtype_id::bf16;
+};
+
+/// A residual conversion task. `convert(inputs, outputs)` receives exactly
+/// `inputs` inputs and `outputs.size()` tensors allocated with the metas of
+/// `outputs` (zero-filled); it must be deterministic (same inputs, same bits).
+struct residual_rule {
+  std::string name;
+  std::vector<tensor_meta> outputs;
+  std::size_t inputs = 0;
+  std::function<status(std::span<const residual_input>, std::span<host_tensor>)> convert;
+};
+
+/// Runs `r` on `in`: allocates outputs, checks the input count, converts.
+inline status run_rule(const residual_rule& r, std::span<const residual_input> in, std::vector<host_tensor>& out) {
+  DCR_RETURN_ERROR_IF(in.size() != r.inputs, invalid_argument,
+                      r.name + ": expected " + std::to_string(r.inputs) + " inputs, got " + std::to_string(in.size()));
+  out.clear();
+  for (auto& m : r.outputs) out.emplace_back(m);
+  return r.convert(in, out);
+}
+
+/// Assembles parts into output tensors with coverage and overlap checks.
+class part_assembler {
+public:
+  explicit part_assembler(std::span<host_tensor> outputs) : out_(outputs), cover_(outputs.size()) {}
+
+  /// Copies `count` elements from `src` to `[start, start+count)` of slot
+  /// `slot`. Elements already written must hold the same bits.
+  status add_run(std::uint32_t slot, std::uint64_t start, const std::byte* src, std::uint64_t count,
+                 std::string_view part) {
+    DCR_RETURN_ERROR_IF(slot >= out_.size(), invalid_argument, std::string(part) + ": output slot out of range");
+    auto& t = out_[slot];
+    const std::uint64_t w = width_of(t.meta.dtype), n = t.meta.numel();
+    DCR_RETURN_ERROR_IF(start > n || count > n - start, index_out_of_range,
+                        std::string(part) + ": run outside " + t.meta.name);
+    auto& iv = cover_[slot];
+    if (iv.empty() || start >= iv.back().second) { // common case: parts arrive in order, no overlap
+      if (!iv.empty() && iv.back().second == start) iv.back().second = start + count;
+      else iv.emplace_back(start, start + count);
+      std::memcpy(t.bytes.data() + start * w, src, count * w);
+      return status::success();
+    }
+    for (auto& [a, b] : iv) { // overlap: compare the already-written range first
+      const std::uint64_t lo = std::max(a, start), hi = std::min(b, start + count);
+      if (lo < hi && std::memcmp(t.bytes.data() + lo * w, src + (lo - start) * w, (hi - lo) * w) != 0) {
+        std::uint64_t k = lo;
+        while (std::memcmp(t.bytes.data() + k * w, src + (k - start) * w, w) == 0) ++k;
+        return fail(errc::parts_disagree, std::string(part) + ": disagrees with an earlier part of " + t.meta.name +
+                                              " at flat index " + std::to_string(k));
+      }
+    }
+    std::memcpy(t.bytes.data() + start * w, src, count * w);
+    iv.emplace_back(start, start + count);
+    std::sort(iv.begin(), iv.end());
+    merge(iv);
+    return status::success();
+  }
+
+  /// Places a whole part through `m` (tensor ids = output slots).
+  status add(const piecewise_map& m, const residual_input& in, std::string_view part) {
+    const std::uint64_t dom = m.domain_size();
+    for (auto& p : m.pieces()) {
+      DCR_RETURN_ERROR_IF(p.tensor >= out_.size(), invalid_argument, std::string(part) + ": map slot out of range");
+      DCR_RETURN_ERROR_IF(out_[p.tensor].meta.dtype != in.dtype, bad_dtype,
+                          std::string(part) + ": dtype differs from " + out_[p.tensor].meta.name);
+    }
+    const std::uint64_t w = width_of(in.dtype);
+    DCR_RETURN_ERROR_IF(in.bytes.size() != dom * w, shape_mismatch,
+                        std::string(part) + ": " + std::to_string(in.bytes.size()) + " bytes, map expects " +
+                            std::to_string(dom * w));
+    status st;
+    m.map_run(0, dom, [&](const canonical_run& r) {
+      if (st.ok()) st = add_run(r.tensor, r.canonical_start, in.bytes.data() + r.local_start * w, r.count, part);
+    });
+    return st;
+  }
+
+  /// Fails with `errc::coverage` naming the first uncovered element.
+  status finish() {
+    for (std::size_t s = 0; s < out_.size(); ++s) {
+      auto& iv = cover_[s];
+      std::sort(iv.begin(), iv.end());
+      merge(iv);
+      const std::uint64_t n = out_[s].meta.numel();
+      if (n == 0) continue;
+      const std::uint64_t first_gap = iv.empty() || iv[0].first != 0 ? 0 : iv[0].second;
+      if (first_gap < n)
+        return fail(errc::coverage, out_[s].meta.name + ": parts leave flat index " + std::to_string(first_gap) +
+                                        " (of " + std::to_string(n) + ") uncovered");
+    }
+    return status::success();
+  }
+
+private:
+  static void merge(std::vector<std::pair<std::uint64_t, std::uint64_t>>& iv) {
+    std::size_t k = 0;
+    for (std::size_t i = 1; i < iv.size(); ++i) {
+      if (iv[i].first <= iv[k].second) iv[k].second = std::max(iv[k].second, iv[i].second);
+      else iv[++k] = iv[i];
+    }
+    if (!iv.empty()) iv.resize(k + 1);
+  }
+
+  std::span<host_tensor> out_;
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> cover_;
+};
+
+namespace detail {
+inline status assemble_all(const std::string& name, std::span<const piecewise_map> maps,
+                           std::span<const residual_input> in, std::span<host_tensor> out) {
+  part_assembler a(out);
+  for (std::size_t i = 0; i < maps.size(); ++i) DCR_TRY(a.add(maps[i], in[i], name + " input " + std::to_string(i)));
+  return a.finish();
+}
+
+/// Stored word of dtype `d` at element `k` widened to f32 (bf16, f16, f32).
+inline float load_f32(dtype_id d, const std::byte* p, std::uint64_t k) noexcept {
+  switch (d) {
+  case dtype_id::bf16: { std::uint16_t w; std::memcpy(&w, p + 2 * k, 2); return bf16_to_f32(w); }
+  case dtype_id::f16: { std::uint16_t w; std::memcpy(&w, p + 2 * k, 2); return f16_to_f32(w); }
+  case dtype_id::f32: { float f; std::memcpy(&f, p + 4 * k, 4); return f; }
+  case dtype_id::f8e4m3fn: return e4m3_to_f32(static_cast<std::uint8_t>(p[k]));
+  default: return std::nanf("");
+  }
+}
+/// Casts `x` to dtype `d` (RNE) and stores it at element `k`.
+inline void store_cast(dtype_id d, std::byte* p, std::uint64_t k, float x) noexcept {
+  switch (d) {
+  case dtype_id::bf16: { const std::uint16_t w = f32_to_bf16_rne(x); std::memcpy(p + 2 * k, &w, 2); break; }
+  case dtype_id::f16: { const std::uint16_t w = f32_to_f16_rne(x); std::memcpy(p + 2 * k, &w, 2); break; }
+  case dtype_id::f32: std::memcpy(p + 4 * k, &x, 4); break;
+  case dtype_id::f8e4m3fn: p[k] = static_cast<std::byte>(f32_to_e4m3_rne(x)); break;
+  default: break;
+  }
+}
+inline bool castable(dtype_id d) {
+  return d == dtype_id::bf16 || d == dtype_id::f16 || d == dtype_id::f32 || d == dtype_id::f8e4m3fn;
+}
+} // namespace detail
+
+/// Identity assembly: input `i` is placed through `maps[i]` (slots index
+/// `outputs`). Used for fused layouts left to residual conversion and for
+/// full conversion (assemble whole canonical tensors, then diff).
+inline residual_rule gather_rule(std::string name, std::vector<tensor_meta> outputs, std::vector<piecewise_map> maps) {
+  residual_rule r{std::move(name), std::move(outputs), maps.size(), {}};
+  r.convert = [maps = std::move(maps), nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+    return detail::assemble_all(nm, maps, in, out);
+  };
+  return r;
+}
+
+/// Tied outputs: one source placed through `maps` into `a`, and the same bits
+/// under a second canonical name `b` (same shape and dtype).
+inline residual_rule tied_rule(std::string name, tensor_meta a, tensor_meta b, std::vector<piecewise_map> maps) {
+  if (a.shape != b.shape || a.dtype != b.dtype) throw error(errc::shape_mismatch, name + ": tied outputs differ in shape or dtype");
+  residual_rule r{std::move(name), {std::move(a), std::move(b)}, maps.size(), {}};
+  r.convert = [maps = std::move(maps), nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+    DCR_TRY(detail::assemble_all(nm, maps, in, out.first(1)));
+    out[1].bytes = out[0].bytes;
+    return status::success();
+  };
+  return r;
+}
+
+/// Stacking: `n` whole source tensors of `output.numel() / n` elements each
+/// become slices `[i]` of `output` along a new leading dimension.
+inline residual_rule stack_rule(std::string name, tensor_meta output, std::size_t n) {
+  if (n == 0 || output.numel() % n) throw error(errc::invalid_argument, name + ": numel % n != 0");
+  residual_rule r{std::move(name), {std::move(output)}, n, {}};
+  r.convert = [n, nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+    part_assembler a(out);
+    const std::uint64_t each = out[0].meta.numel() / n, w = width_of(out[0].meta.dtype);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string part = nm + " input " + std::to_string(i);
+      DCR_RETURN_ERROR_IF(in[i].dtype != out[0].meta.dtype, bad_dtype, part + ": dtype differs from output");
+      DCR_RETURN_ERROR_IF(in[i].bytes.size() != each * w, shape_mismatch, part + ": wrong size for a stack slice");
+      DCR_TRY(a.add_run(0, i * each, in[i].bytes.data(), each, part));
+    }
+    return a.finish();
+  };
+  return r;
+}
+
+/// Scale and cast: input 0 is the scale λ (a one-element bf16/f16/f32 source
+/// tensor); inputs 1.. are parts of `x` placed through `maps` into a tensor of
+/// `output`'s shape and dtype `source_dtype`; then `out = cast(λ · x)` (FP32
+/// product, RNE cast to `output.dtype`). A change of λ changes many outputs.
+inline residual_rule scale_cast_rule(std::string name, tensor_meta output, dtype_id source_dtype,
+                                     std::vector<piecewise_map> maps) {
+  if (!detail::castable(source_dtype) || !detail::castable(output.dtype))
+    throw error(errc::bad_dtype, name + ": unsupported dtype for scale_cast");
+  residual_rule r{std::move(name), {std::move(output)}, maps.size() + 1, {}};
+  r.convert = [maps = std::move(maps), source_dtype, nm = r.name](std::span<const residual_input> in,
+                                                                  std::span<host_tensor> out) {
+    DCR_RETURN_ERROR_IF(!detail::castable(in[0].dtype) || in[0].bytes.size() != width_of(in[0].dtype), shape_mismatch,
+                        nm + ": scale must be one bf16/f16/f32 element");
+    const float lambda = detail::load_f32(in[0].dtype, in[0].bytes.data(), 0);
+    tensor_meta xm = out[0].meta;
+    xm.dtype = source_dtype;
+    host_tensor x(xm);
+    DCR_TRY(detail::assemble_all(nm, maps, in.subspan(1), std::span<host_tensor>(&x, 1)));
+    const std::uint64_t n = xm.numel();
+    for (std::uint64_t k = 0; k < n; ++k)
+      detail::store_cast(out[0].meta.dtype, out[0].bytes.data(), k, lambda * detail::load_f32(source_dtype, x.bytes.data(), k));
+    return status::success();
+  };
+  return r;
+}
+
+/// Name of the FP8 inverse-scale tensor of a weight ("x.weight" -> "x.weight_scale_inv").
+inline std::string scale_inv_name(const std::string& weight) { return weight + "_scale_inv"; }
+
+/// FP8 E4M3 block quantisation of a `rows x cols` weight with one f32
+/// `scale_inv` per `block x block` tile (DeepSeek-V3 style): per tile,
+/// `scale_inv = amax / 448` (1 for an all-zero tile) and
+/// `q = e4m3_rne(x / scale_inv)`. Parts of x (dtype `source_dtype`) are placed
+/// through `maps`. One changed element can rescale its whole tile.
+inline residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, std::uint64_t rows,
+                                          std::uint64_t cols, dtype_id source_dtype, std::vector<piecewise_map> maps,
+                                          std::uint64_t block = 128) {
+  if (!detail::castable(source_dtype) || block == 0) throw error(errc::invalid_argument, name + ": bad dtype or block");
+  const std::uint64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
+  std::vector<tensor_meta> outs{{weight_name, {rows, cols}, dtype_id::f8e4m3fn},
+                                {scale_inv_name(weight_name), {br, bc}, dtype_id::f32}};
+  residual_rule r{std::move(name), std::move(outs), maps.size(), {}};
+  r.convert = [maps = std::move(maps), source_dtype, rows, cols, block, br, bc,
+               nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+    tensor_meta xm{"x", {rows, cols}, source_dtype};
+    host_tensor x(xm);
+    DCR_TRY(detail::assemble_all(nm, maps, in, std::span<host_tensor>(&x, 1)));
+    auto* q = out[0].bytes.data();
+    auto* s = out[1].bytes.data();
+    for (std::uint64_t bi = 0; bi < br; ++bi)
+      for (std::uint64_t bj = 0; bj < bc; ++bj) {
+        const std::uint64_t r0 = bi * block, r1 = std::min(rows, r0 + block), c0 = bj * block, c1 = std::min(cols, c0 + block);
+        float amax = 0;
+        for (std::uint64_t i = r0; i < r1; ++i)
+          for (std::uint64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(detail::load_f32(source_dtype, x.bytes.data(), i * cols + j)));
+        const float sinv = amax > 0 ? amax / e4m3_max : 1.0f;
+        std::memcpy(s + 4 * (bi * bc + bj), &sinv, 4);
+        for (std::uint64_t i = r0; i < r1; ++i)
+          for (std::uint64_t j = c0; j < c1; ++j)
+            q[i * cols + j] = static_cast<std::byte>(f32_to_e4m3_rne(detail::load_f32(source_dtype, x.bytes.data(), i * cols + j) / sinv));
+      }
+    return status::success();
+  };
+  return r;
+}
+
+/// A user-defined rule: `fn` fills `outputs` from `inputs` declared inputs.
+inline residual_rule custom_rule(std::string name, std::vector<tensor_meta> outputs, std::size_t inputs,
+                                 std::function<status(std::span<const residual_input>, std::span<host_tensor>)> fn) {
+  return residual_rule{std::move(name), std::move(outputs), inputs, std::move(fn)};
+}
+
+} // namespace dcr

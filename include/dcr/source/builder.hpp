@@ -1,0 +1,448 @@
+#pragma once
+/// \file
+/// Baseline and delta builder of one owner (one training rank).
+///
+/// An `owner` holds its baseline: trackers (copies of the shards it owns, at
+/// the committed version) and the residual baseline (the committed canonical
+/// outputs of the residual tasks whose baseline it owns). Building a delta
+/// never changes the baseline; only `commit_baseline` does, after the joint
+/// commit. Construction, per attempt:
+///  1. flags: every owner compares the shards it owns that feed residual
+///     tasks (`flagged_inputs`); the union of flags selects the required set
+///     U_req (`make_required`), the same on every owner;
+///  2. `build_buckets`: the owner walks its tasks in plan order (owned affine
+///     shards, then owned required residual tasks), grouped into chunks of
+///     whole tasks (byte target: local shard bytes for affine tasks, converted
+///     canonical bytes for residual tasks). Affine: `detect_changes` against the
+///     tracker, then direct projection through the shard's map. Residual:
+///     convert from the candidate's inputs, then diff against the residual
+///     baseline. Records become `dcr::item`s (one per canonical tensor and
+///     encoding in a bucket); chunks that emit records fill buckets (byte
+///     target: full input bytes of those chunks); each bucket is one payload.
+/// Encodings: `mixed` uses XOR masks for affine items whose map is unique (the
+/// map preserves stored words, so old^new of the source is old^new of the
+/// canonical element) and overwrites for residual items; `overwrite_all`
+/// (retries) uses overwrites everywhere. Same candidate, baseline and options
+/// give byte-identical payloads.
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "dcr/codec/item.hpp"
+#include "dcr/codec/payload.hpp"
+#include "dcr/source/detect.hpp"
+#include "dcr/source/plan.hpp"
+#include "dcr/source/state.hpp"
+
+namespace dcr {
+
+/// Value encoding policy of one attempt.
+enum class delta_mode : std::uint8_t {
+  mixed,        ///< XOR for representation-preserving affine items, overwrite for residual items
+  overwrite_all ///< overwrite everywhere (retries after a failed attempt)
+};
+
+/// Chunk and bucket targets (bytes; tasks and chunks are never split, so a
+/// chunk or bucket can exceed its target) and the encoding policy.
+struct builder_options {
+  std::size_t chunk_bytes = std::size_t{64} << 20, bucket_bytes = std::size_t{512} << 20;
+  delta_mode mode = delta_mode::mixed;
+  encode_options encoding{};
+};
+
+/// The required set U_req: which residual tasks must be converted this attempt.
+struct required_set {
+  std::vector<std::uint8_t> task; ///< per residual task id: 1 when required
+  bool contains(std::uint32_t t) const noexcept { return t < task.size() && task[t]; }
+  std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for (auto x : task) n += x;
+    return n;
+  }
+  friend bool operator==(const required_set&, const required_set&) = default;
+};
+
+/// U_req from the union of all owners' flags (shard ids whose bits changed):
+/// every task with a flagged declared input.
+inline required_set make_required(const source_plan& p, std::span<const std::uint32_t> flagged) {
+  required_set r;
+  r.task.assign(p.tasks.size(), 0);
+  for (auto s : flagged)
+    for (auto t : p.shards.at(s).feeds) r.task[t] = 1;
+  return r;
+}
+
+/// The records one bucket carries, before encoding.
+struct delta_bucket {
+  std::uint32_t owner = 0, sequence = 0;
+  std::vector<item> items;
+  std::uint64_t input_bytes = 0; ///< full input bytes of the chunks that emitted records
+};
+
+/// What an owner holds and how much (baseline memory).
+struct baseline_memory {
+  std::uint64_t tracker_bytes = 0, residual_bytes = 0;
+  std::uint64_t total() const noexcept { return tracker_bytes + residual_bytes; }
+};
+
+/// One owner: its baseline and its delta builder (see the file comment).
+class owner {
+public:
+  /// Baseline at the committed source state `committed` (reads the shards
+  /// this owner owns and the inputs of its residual tasks).
+  owner(std::shared_ptr<const source_plan> plan, std::uint32_t id, const source_view& committed)
+      : plan_(std::move(plan)), id_(id), shards_(plan_->owned_shards(id)), tasks_(plan_->owned_tasks(id)) {
+    for (auto s : shards_) trackers_.emplace_back(copy_of(committed, s));
+    residual_.resize(tasks_.size());
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule, task_inputs(*plan_, tasks_[i], committed), residual_[i]));
+  }
+
+  std::uint32_t id() const noexcept { return id_; }
+  const source_plan& plan() const noexcept { return *plan_; }
+  std::span<const std::uint32_t> owned_shards() const noexcept { return shards_; }
+  std::span<const std::uint32_t> owned_tasks() const noexcept { return tasks_; }
+
+  /// Flags: owned shards that feed residual tasks and whose bits differ from
+  /// their trackers.
+  std::vector<std::uint32_t> flagged_inputs(const source_view& candidate) const {
+    std::vector<std::uint32_t> f;
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const auto s = shards_[i];
+      if (plan_->shards[s].feeds.empty()) continue;
+      auto c = view_of(candidate, s);
+      if (std::memcmp(c.data(), trackers_[i].data(), c.size()) != 0) f.push_back(s);
+    }
+    return f;
+  }
+
+  /// Builds this owner's buckets for one attempt and passes each to
+  /// `sink(delta_bucket&&)` in sequence order (so a pipeline can send bucket
+  /// l while l+1 is built). Does not touch the baseline. Throws `dcr::error`
+  /// (e.g. `errc::coverage`, `errc::parts_disagree` from a residual task).
+  template <class Sink>
+  void build_buckets(const source_view& candidate, const required_set& req, const builder_options& opt, Sink&& sink) const {
+    state st{opt, {}, {}, {}};
+    std::vector<std::uint64_t> idx;
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const auto& sh = plan_->shards[shards_[i]];
+      if (!sh.affine()) continue;
+      auto cand = view_of(candidate, shards_[i]);
+      const bool xor_ok = opt.mode == delta_mode::mixed && sh.map->is_unique();
+      visit_dtype(sh.dtype, [&](auto tag) {
+        using W = word_t<decltype(tag)>;
+        project_shard<W>(sh, as_words<W>(trackers_[i]), as_words<W>(cand), xor_ok, st, idx);
+      });
+      st.chunk_bytes += sh.nbytes();
+      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
+    }
+    std::vector<host_tensor> produced;
+    for (std::size_t i = 0; i < tasks_.size(); ++i) {
+      if (!req.contains(tasks_[i])) continue;
+      const auto& task = plan_->tasks[tasks_[i]];
+      throw_if_failed(run_rule(task.rule, task_inputs(*plan_, tasks_[i], candidate), produced));
+      for (std::size_t k = 0; k < produced.size(); ++k) {
+        const auto& meta = plan_->canonical[task.outputs[k]];
+        visit_dtype(meta.dtype, [&](auto tag) {
+          using W = word_t<decltype(tag)>;
+          diff_residual<W>(task.outputs[k], as_words<W>(residual_[i][k].bytes), as_words<W>(produced[k].bytes), st, idx);
+        });
+      }
+      st.chunk_bytes += task.output_bytes;
+      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
+    }
+    close_chunk(st, sink);
+    flush(st, sink);
+  }
+
+  /// All buckets of one attempt.
+  std::vector<delta_bucket> build_items(const source_view& candidate, const required_set& req,
+                                        const builder_options& opt = {}) const {
+    std::vector<delta_bucket> out;
+    build_buckets(candidate, req, opt, [&](delta_bucket&& b) { out.push_back(std::move(b)); });
+    return out;
+  }
+
+  /// Payloads of one attempt: bucket `l` becomes the payload with id
+  /// `{base_id.attempt, base_id.source_version, this owner, l}`.
+  std::vector<std::vector<std::byte>> build(const source_view& candidate, const required_set& req,
+                                            const payload_id& base_id, const builder_options& opt = {}) const {
+    std::vector<std::vector<std::byte>> out;
+    build_buckets(candidate, req, opt, [&](delta_bucket&& b) {
+      payload_id id = base_id;
+      id.owner = id_;
+      id.sequence = b.sequence;
+      out.push_back(encode_payload(id, b.items, opt.encoding));
+    });
+    return out;
+  }
+
+  /// Explicit post-commit update: trackers take the candidate's owned shards;
+  /// residual baselines of required tasks take their converted candidate.
+  void commit_baseline(const source_view& candidate, const required_set& req) {
+    std::vector<std::vector<host_tensor>> next(tasks_.size());
+    for (std::size_t i = 0; i < tasks_.size(); ++i) // convert first: a failure leaves the baseline untouched
+      if (req.contains(tasks_[i]))
+        throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule, task_inputs(*plan_, tasks_[i], candidate), next[i]));
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      auto c = view_of(candidate, shards_[i]);
+      std::memcpy(trackers_[i].data(), c.data(), c.size());
+    }
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      if (req.contains(tasks_[i])) residual_[i] = std::move(next[i]);
+  }
+
+  /// Bytes of this owner's baseline.
+  baseline_memory memory() const noexcept {
+    baseline_memory m;
+    for (auto& t : trackers_) m.tracker_bytes += t.size();
+    for (auto& r : residual_)
+      for (auto& t : r) m.residual_bytes += t.bytes.size();
+    return m;
+  }
+
+private:
+  struct builder {
+    std::uint32_t tensor;
+    value_encoding enc;
+    std::vector<std::uint64_t> indices;
+    std::vector<std::byte> values;
+  };
+  struct state {
+    const builder_options& opt;
+    std::vector<builder> chunk;    // records of the open chunk
+    std::vector<item> bucket;      // items of the open bucket
+    std::unordered_map<std::uint64_t, std::size_t> bucket_slot;
+    std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
+    std::uint32_t sequence = 0;
+    builder& get(std::uint32_t tensor, value_encoding e) {
+      for (auto it = chunk.rbegin(); it != chunk.rend(); ++it)
+        if (it->tensor == tensor && it->enc == e) return *it;
+      chunk.push_back({tensor, e, {}, {}});
+      return chunk.back();
+    }
+  };
+
+  std::span<const std::byte> view_of(const source_view& v, std::uint32_t s) const {
+    if (s >= v.shards.size()) throw error(errc::not_found, "source view lacks shard " + plan_->shards[s].key);
+    auto b = v.shards[s];
+    if (b.size() != plan_->shards[s].nbytes())
+      throw error(errc::shape_mismatch, plan_->shards[s].key + ": " + std::to_string(b.size()) + " bytes, plan says " +
+                                            std::to_string(plan_->shards[s].nbytes()));
+    return b;
+  }
+  std::vector<std::byte> copy_of(const source_view& v, std::uint32_t s) const {
+    auto b = view_of(v, s);
+    return {b.begin(), b.end()};
+  }
+  template <class W> static std::span<const W> as_words(std::span<const std::byte> b) noexcept {
+    return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
+  }
+
+  /// Changed local indices -> canonical records, piece by piece (indices are
+  /// sorted, pieces sorted by local row, so each piece owns a sub-range).
+  template <class W>
+  static void project_shard(const source_shard& sh, std::span<const W> old_w, std::span<const W> new_w, bool xor_ok,
+                            state& st, std::vector<std::uint64_t>& idx) {
+    idx.clear();
+    detect_changes<W>(old_w, new_w, 0, idx);
+    if (idx.empty()) return;
+    const auto& m = *sh.map;
+    const std::uint64_t cols = m.local_cols();
+    const auto enc = xor_ok ? value_encoding::xor_mask : value_encoding::overwrite;
+    auto it = idx.begin();
+    for (const auto& p : m.pieces()) {
+      const std::uint64_t lo = p.local_row * cols, hi = (p.local_row + p.rows) * cols;
+      it = std::lower_bound(it, idx.end(), lo);
+      auto end = std::lower_bound(it, idx.end(), hi);
+      const std::size_t n = static_cast<std::size_t>(end - it);
+      if (n == 0) continue;
+      auto& b = st.get(p.tensor, enc);
+      const std::size_t i0 = b.indices.size();
+      b.indices.resize(i0 + n);
+      b.values.resize((i0 + n) * sizeof(W));
+      std::uint64_t* out_i = b.indices.data() + i0;
+      W* out_v = reinterpret_cast<W*>(b.values.data()) + i0;
+      const W* o = old_w.data();
+      const W* c = new_w.data();
+      if (cols == p.canonical_cols) {
+        const std::uint64_t shift = p.canonical_row * cols - lo;
+        for (std::size_t k = 0; k < n; ++k) {
+          const std::uint64_t j = it[k];
+          out_i[k] = j + shift;
+          out_v[k] = xor_ok ? static_cast<W>(o[j] ^ c[j]) : c[j];
+        }
+      } else {
+        std::uint64_t row = it[0] / cols, row_start = row * cols;
+        for (std::size_t k = 0; k < n; ++k) {
+          const std::uint64_t j = it[k];
+          if (j >= row_start + cols) {
+            row = j < row_start + 2 * cols ? row + 1 : j / cols;
+            row_start = row * cols;
+          }
+          out_i[k] = (p.canonical_row + (row - p.local_row)) * p.canonical_cols + p.canonical_col + (j - row_start);
+          out_v[k] = xor_ok ? static_cast<W>(o[j] ^ c[j]) : c[j];
+        }
+      }
+      it = end;
+    }
+  }
+
+  /// Residual diff: overwrite records where converted bits differ from the residual baseline.
+  template <class W>
+  static void diff_residual(std::uint32_t tensor, std::span<const W> base, std::span<const W> cur, state& st,
+                            std::vector<std::uint64_t>& idx) {
+    idx.clear();
+    detect_changes<W>(base, cur, 0, idx);
+    if (idx.empty()) return;
+    auto& b = st.get(tensor, value_encoding::overwrite);
+    const std::size_t i0 = b.indices.size();
+    b.indices.insert(b.indices.end(), idx.begin(), idx.end());
+    b.values.resize((i0 + idx.size()) * sizeof(W));
+    W* out_v = reinterpret_cast<W*>(b.values.data()) + i0;
+    for (std::size_t k = 0; k < idx.size(); ++k) out_v[k] = cur[idx[k]];
+  }
+
+  /// Sorts a builder's records by canonical index when a map emitted them
+  /// out of order (maps that are not monotone per tensor).
+  template <class W> static void sort_records(builder& b) {
+    if (std::is_sorted(b.indices.begin(), b.indices.end())) return;
+    std::vector<std::size_t> order(b.indices.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return b.indices[x] < b.indices[y]; });
+    std::vector<std::uint64_t> ii(order.size());
+    std::vector<std::byte> vv(b.values.size());
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      ii[k] = b.indices[order[k]];
+      std::memcpy(vv.data() + k * sizeof(W), b.values.data() + order[k] * sizeof(W), sizeof(W));
+    }
+    b.indices = std::move(ii);
+    b.values = std::move(vv);
+  }
+
+  /// Merges two sorted record lists of one tensor (disjoint by construction:
+  /// each destination has one owner).
+  static void merge_into(item& dst, builder& src, std::size_t w) {
+    if (dst.indices.empty() || src.indices.front() > dst.indices.back()) {
+      dst.indices.insert(dst.indices.end(), src.indices.begin(), src.indices.end());
+      dst.values.insert(dst.values.end(), src.values.begin(), src.values.end());
+      return;
+    }
+    item m{dst.tensor, dst.encoding, {}, {}};
+    m.indices.reserve(dst.indices.size() + src.indices.size());
+    m.values.reserve(dst.values.size() + src.values.size());
+    std::size_t a = 0, b = 0;
+    auto take = [&](const std::vector<std::uint64_t>& ii, const std::vector<std::byte>& vv, std::size_t& k) {
+      m.indices.push_back(ii[k]);
+      m.values.insert(m.values.end(), vv.begin() + static_cast<std::ptrdiff_t>(k * w), vv.begin() + static_cast<std::ptrdiff_t>((k + 1) * w));
+      ++k;
+    };
+    while (a < dst.indices.size() || b < src.indices.size()) {
+      if (b == src.indices.size() || (a < dst.indices.size() && dst.indices[a] < src.indices[b])) take(dst.indices, dst.values, a);
+      else take(src.indices, src.values, b);
+    }
+    dst = std::move(m);
+  }
+
+  template <class Sink> void close_chunk(state& st, Sink& sink) const {
+    bool emitted = false;
+    for (auto& b : st.chunk) {
+      if (b.indices.empty()) continue;
+      emitted = true;
+      const auto& meta = plan_->canonical[b.tensor];
+      const std::size_t w = width_of(meta.dtype);
+      visit_dtype(meta.dtype, [&](auto tag) { sort_records<word_t<decltype(tag)>>(b); });
+      const std::uint64_t key = (std::uint64_t{b.tensor} << 8) | static_cast<std::uint8_t>(b.enc);
+      auto [pos, fresh] = st.bucket_slot.try_emplace(key, st.bucket.size());
+      if (fresh) st.bucket.push_back(item{meta, b.enc, std::move(b.indices), std::move(b.values)});
+      else merge_into(st.bucket[pos->second], b, w);
+    }
+    st.chunk.clear();
+    if (emitted) st.bucket_bytes += st.chunk_bytes;
+    st.chunk_bytes = 0;
+    if (emitted && st.bucket_bytes >= st.opt.bucket_bytes) flush(st, sink);
+  }
+
+  template <class Sink> void flush(state& st, Sink& sink) const {
+    if (st.bucket.empty()) return;
+    delta_bucket b{id_, st.sequence++, std::move(st.bucket), st.bucket_bytes};
+    st.bucket.clear();
+    st.bucket_slot.clear();
+    st.bucket_bytes = 0;
+    sink(std::move(b));
+  }
+
+  std::shared_ptr<const source_plan> plan_;
+  std::uint32_t id_;
+  std::vector<std::uint32_t> shards_, tasks_;
+  std::vector<std::vector<std::byte>> trackers_;
+  std::vector<std::vector<host_tensor>> residual_;
+};
+
+/// All owners of a plan in one process (tests, benches, the demo; a real
+/// trainer runs one `owner` per rank and all-gathers the flags).
+class training_side {
+public:
+  training_side(std::shared_ptr<const source_plan> plan, const source_view& committed) : plan_(std::move(plan)) {
+    for (std::uint32_t r = 0; r < plan_->world; ++r) owners_.emplace_back(plan_, r, committed);
+  }
+  const source_plan& plan() const noexcept { return *plan_; }
+  std::span<const owner> owners() const noexcept { return owners_; }
+
+  /// U_req of a candidate: union of every owner's flags.
+  required_set required(const source_view& candidate) const {
+    std::vector<std::uint32_t> flags;
+    for (auto& o : owners_)
+      for (auto s : o.flagged_inputs(candidate)) flags.push_back(s);
+    return make_required(*plan_, flags);
+  }
+  /// Every owner's buckets (owner-major).
+  std::vector<delta_bucket> build_items(const source_view& candidate, const builder_options& opt = {}) const {
+    const auto req = required(candidate);
+    std::vector<delta_bucket> out;
+    for (auto& o : owners_) o.build_buckets(candidate, req, opt, [&](delta_bucket&& b) { out.push_back(std::move(b)); });
+    return out;
+  }
+  /// Every owner's payloads, indexed by owner id.
+  std::vector<std::vector<std::vector<std::byte>>> build(const source_view& candidate, const payload_id& base_id,
+                                                         const builder_options& opt = {}) const {
+    const auto req = required(candidate);
+    std::vector<std::vector<std::vector<std::byte>>> out;
+    for (auto& o : owners_) out.push_back(o.build(candidate, req, base_id, opt));
+    return out;
+  }
+  /// Post-commit update of every owner's baseline.
+  void commit(const source_view& candidate) {
+    const auto req = required(candidate); // before trackers move: flags compare against them
+    for (auto& o : owners_) o.commit_baseline(candidate, req);
+  }
+  /// Baseline memory of all owners together and per owner.
+  baseline_memory memory() const noexcept {
+    baseline_memory m;
+    for (auto& o : owners_) {
+      auto x = o.memory();
+      m.tracker_bytes += x.tracker_bytes;
+      m.residual_bytes += x.residual_bytes;
+    }
+    return m;
+  }
+  balance_report memory_balance() const {
+    std::vector<std::uint64_t> b;
+    for (auto& o : owners_) b.push_back(o.memory().total());
+    return make_balance_report(std::move(b));
+  }
+  /// Baseline memory as a multiple of the canonical checkpoint.
+  double memory_vs_checkpoint() const noexcept {
+    const auto c = plan_->checkpoint_bytes();
+    return c ? static_cast<double>(memory().total()) / static_cast<double>(c) : 0.0;
+  }
+
+private:
+  std::shared_ptr<const source_plan> plan_;
+  std::vector<owner> owners_;
+};
+
+} // namespace dcr
