@@ -143,6 +143,18 @@ TEST_CASE("varint and escape decoders reject malformed, non-minimal and trailing
   CHECK(decode_locations(location_id::escape_u8, bytes({}), 0, 300, out).code == errc::bad_location);
   CHECK(decode_locations(location_id::escape_u8, bytes({1, 2}), 0, 300, out).code == errc::bad_location);
   CHECK(decode_locations(location_id::escape_u8, bytes({0xFF, 0x00}), 0, 256, out).code == errc::index_out_of_range);
+  // Blocks of eight plain gaps take a fast path: its range check must name the location.
+  std::vector<std::uint64_t> nine(9);
+  auto s = decode_locations(location_id::escape_u8, bytes({0, 0, 0, 0, 0, 0, 0, 0}), 0, 5, nine);
+  CHECK(s.code == errc::index_out_of_range);
+  CHECK(s.message.find("location 5") != std::string::npos);
+  CHECK(decode_locations(location_id::escape_u8, bytes({0, 0, 0, 0, 0, 0, 0, 0}), 0, 9, nine).ok());
+  CHECK(nine[8] == 8);
+  CHECK(decode_locations(location_id::escape_u8, bytes({0, 0, 0, 0, 0, 0, 0, 0, 0}), 0, 99, nine).code ==
+        errc::bad_location);
+  std::vector<std::uint64_t> wrap(9);
+  CHECK(decode_locations(location_id::escape_u8, bytes({9, 9, 9, 9, 9, 9, 9, 9}), ~0ull - 20, ~0ull, wrap).code ==
+        errc::index_out_of_range);
 }
 
 TEST_CASE("location ids are closed: known ids decode, unknown ones are rejected") {

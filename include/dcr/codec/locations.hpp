@@ -321,14 +321,35 @@ struct escape_u8 {
   }
   static status decode(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
                        std::span<std::uint64_t> out) {
-    std::size_t pos = 0;
+    DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
+                        "first index " + std::to_string(first) + " >= numel " + std::to_string(numel));
+    std::size_t pos = 0, k = 1;
     out[0] = first;
     std::uint64_t prev = first;
-    for (std::size_t k = 1; k < out.size(); ++k) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(in.data());
+    while (k < out.size()) {
+      // Fast path: 8 gaps without an escape byte, range checked once per block.
+      if (k + 8 <= out.size() && pos + 8 <= in.size()) {
+        const std::uint64_t w = detail::load_le<std::uint64_t>(in.data() + pos);
+        const std::uint64_t t = ~w; // an escape byte 0xFF becomes a zero byte
+        if (((t - 0x0101010101010101ull) & ~t & 0x8080808080808080ull) == 0) {
+          bool wrapped = false;
+          for (std::size_t j = 0; j < 8; ++j) {
+            const std::uint64_t next = prev + ((w >> (8 * j)) & 0xFF) + 1;
+            wrapped |= next <= prev;
+            out[k + j] = prev = next;
+          }
+          if (DCR_UNLIKELY(wrapped || prev >= numel))
+            return detail::range_error(out.first(k + 8), numel, wrapped);
+          k += 8;
+          pos += 8;
+          continue;
+        }
+      }
       const std::size_t at = pos;
       DCR_RETURN_ERROR_IF(pos >= in.size(), bad_location,
                           "escape_u8 locations end before location " + std::to_string(k));
-      std::uint64_t g = static_cast<std::uint8_t>(in[pos++]);
+      std::uint64_t g = p[pos++];
       if (g == 255) {
         std::uint64_t extra;
         DCR_RETURN_ERROR_IF(!detail::get_varint(in, pos, extra) || extra > ~std::uint64_t{0} - 255,
@@ -341,11 +362,9 @@ struct escape_u8 {
       DCR_RETURN_ERROR_IF(next <= prev || next >= numel, index_out_of_range,
                           "location " + std::to_string(k) + " (byte " + std::to_string(at) +
                               ") leaves [0, " + std::to_string(numel) + ")");
-      out[k] = prev = next;
+      out[k++] = prev = next;
     }
     if (pos != in.size()) return detail::length_error(name, in.size(), pos);
-    DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "first index " + std::to_string(first) + " >= numel " + std::to_string(numel));
     return status::success();
   }
 };

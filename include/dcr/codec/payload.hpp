@@ -39,11 +39,13 @@ struct payload_id {
   friend bool operator==(const payload_id&, const payload_id&) = default;
 };
 
-/// Encoder choices. The defaults are the measured best (docs/benchmarks.md):
-/// byte-plane gap words and byte-plane values, zstd level 1.
+/// Encoder choices. The defaults are the measured best (dcr-bench-payload,
+/// docs/wire-format.md "Choice of defaults"): escape-coded u8 gaps and
+/// byte-plane values, zstd level 1 (within 1.08x of the zeroth-order entropy
+/// of gaps and masks on every workload measured).
 struct encode_options {
   int zstd_level = 1;
-  codec::location_scheme locations = codec::location_scheme::planes;
+  codec::location_scheme locations = codec::location_scheme::escape_u8;
   codec::value_filter filter = codec::value_filter::byte_planes;
 };
 
