@@ -1,0 +1,393 @@
+#pragma once
+/// \file
+/// The coordinator: runs one transition v → v+1 as a sequence of attempts and
+/// publishes it by joint commit (state machine and failure table in
+/// docs/protocol.md).
+///
+/// Per attempt τ:
+///   membership (restore dead receivers densely) → prepare (τ, fences older
+///   attempts) → gate (sync: close) → begin(τ) at every receiver → owners
+///   build and upload payloads (bucket ℓ+1 built while ℓ uploads) and then
+///   their manifests; receivers fetch every payload as it appears and
+///   stage/apply it (ℓ applied while ℓ+1 is fetched; async: stage only, then
+///   close the gate and apply) → finish (flush, sync, check) → ACK(digest) →
+///   compare-and-set K^v → K^{v+1} → owners commit their baselines → GC of
+///   attempt objects → gate opens.
+/// A failed attempt is stopped and waited for (`stop_and_wait`: every thread
+/// of the attempt has ended, so none of its writes can land later; late
+/// deliveries are fenced by τ anyway), and the transition retries with every
+/// record an overwrite, computed again from the same candidate and the
+/// unchanged baseline.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dcr/core/error.hpp"
+#include "dcr/pipeline/bounded_queue.hpp"
+#include "dcr/protocol/commit_store.hpp"
+#include "dcr/protocol/endpoint.hpp"
+#include "dcr/protocol/request_gate.hpp"
+#include "dcr/protocol/roles.hpp"
+#include "dcr/transport/attempt_objects.hpp"
+#include "dcr/transport/object_store.hpp"
+
+namespace dcr::protocol {
+
+/// Points where a test makes the coordinator die (it stops acting; what it
+/// started is left exactly as it is at that point).
+enum class crash_point {
+  after_prepare,        ///< τ handed out, nothing streamed
+  after_first_ack,      ///< some receivers applied everything and acknowledged
+  after_commit,         ///< K^{v+1} written, owners' baselines not yet updated
+};
+
+/// Timings and sizes of one attempt (seconds are wall-clock maxima over the
+/// parallel workers of that kind).
+struct attempt_report {
+  std::uint64_t attempt = 0;
+  refit_mode mode = refit_mode::mixed;
+  status result;
+  std::size_t payloads = 0;
+  std::uint64_t payload_bytes = 0;
+  double construct_seconds = 0; ///< owners inside build, excluding upload waits
+  double upload_seconds = 0;    ///< owners' puts
+  double fetch_seconds = 0;     ///< receivers' gets (incl. polling)
+  double apply_seconds = 0;     ///< receivers staging + applying
+  double wall_seconds = 0;
+};
+
+/// Outcome of one transition.
+struct transition_report {
+  status result;
+  std::uint64_t committed_version = 0;
+  bool rolled_forward = false;  ///< found K^{v+1} committed, only finished the baselines
+  std::vector<attempt_report> attempts;
+  double restore_seconds = 0;   ///< dense restores of restarted receivers
+  double commit_seconds = 0;    ///< CAS + baseline update + GC
+  double wall_seconds = 0;
+  std::size_t collected_objects = 0;
+};
+
+/// Knobs of a coordinator (runtime values; what changes code paths is a template parameter).
+struct coordinator_options {
+  rl_mode mode = rl_mode::synchronous;
+  std::size_t upload_queue = 2;  ///< payloads built ahead of upload, per owner
+  std::size_t apply_queue = 8;   ///< fetched payloads waiting for apply, per receiver
+  int max_attempts = 4;
+  std::chrono::milliseconds attempt_deadline{120000};
+  bool collect_garbage = true;
+  /// Test hook: return true to make the coordinator die at that point.
+  std::function<bool(crash_point)> crash;
+};
+
+/// Drives owners and receiver endpoints over an object store, committing in a commit store.
+template <refit_owner Owner, refit_receiver Receiver, transport::object_store Store, commit_store Commits>
+class coordinator {
+public:
+  using endpoint = receiver_endpoint<Receiver>;
+
+  coordinator(Commits& commits, Store& store, std::vector<Owner*> owners, std::vector<endpoint*> receivers,
+              coordinator_options opt = {})
+      : commits_(&commits), store_(&store), owners_(std::move(owners)), receivers_(std::move(receivers)),
+        opt_(std::move(opt)) {}
+
+  /// Become the active coordinator; fences every older one.
+  status take_over() {
+    DCR_TRY(check_alive());
+    return commits_->take_over(epoch_);
+  }
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  bool dead() const noexcept { return dead_; }
+
+  /// First commit (version 0): every receiver restored densely from the
+  /// owners' baseline, then K^0 written by CAS on revision 0. A store that
+  /// already holds a record is left as it is.
+  status bootstrap() {
+    DCR_TRY(check_alive());
+    stored_record cur;
+    DCR_TRY(commits_->load(cur));
+    if (cur.revision != 0) return status::success();
+    std::uint64_t tau = 0;
+    DCR_TRY(commits_->prepare(epoch_, tau));
+    commit_record k;
+    k.version = 0;
+    k.attempt = tau;
+    k.source_baseline = baseline_digest();
+    for (auto* e : receivers_) {
+      DCR_TRY(e->ensure_member(nullptr));
+      e->begin(tau);
+      digest128 d{};
+      DCR_TRY(e->finish(tau, d));
+      k.receivers.push_back({e->id(), d});
+    }
+    k.time_unix_ns = unix_time_ns();
+    return commits_->compare_and_set(epoch_, tau, 0, k);
+  }
+
+  /// Run the transition to the owners' candidate (see file comment).
+  transition_report transition() {
+    transition_report rep;
+    const auto t0 = clock::now();
+    rep.result = run_transition(rep);
+    rep.wall_seconds = seconds_since(t0);
+    return rep;
+  }
+
+private:
+  using clock = std::chrono::steady_clock;
+  static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+
+  status check_alive() const {
+    DCR_RETURN_ERROR_IF(dead_, aborted, "coordinator is dead (crash injected)");
+    return status::success();
+  }
+  bool crash_at(crash_point p) {
+    if (opt_.crash && opt_.crash(p)) dead_ = true;
+    return dead_;
+  }
+
+  digest128 baseline_digest() const {
+    std::vector<digest128> d;
+    for (auto* o : owners_) d.push_back(o->baseline_digest());
+    return combine(d);
+  }
+  digest128 candidate_digest() const {
+    std::vector<digest128> d;
+    for (auto* o : owners_) d.push_back(o->candidate_digest());
+    return combine(d);
+  }
+
+  status run_transition(transition_report& rep) {
+    DCR_TRY(check_alive());
+    stored_record cur;
+    DCR_TRY(commits_->load(cur));
+    DCR_RETURN_ERROR_IF(cur.revision == 0, not_found, "no commit record: bootstrap first");
+    const auto base = baseline_digest(), cand = candidate_digest();
+    if (cur.record.source_baseline != base) {
+      // A coordinator died after committing and before the baseline update:
+      // roll forward, as the record already publishes the candidate.
+      DCR_RETURN_ERROR_IF(cur.record.source_baseline != cand, verification,
+                          "owners' baseline matches neither the committed record nor their candidate");
+      const auto tc = clock::now();
+      for (auto* o : owners_) o->commit_baseline();
+      finish_transition(cur.record.attempt, rep);
+      rep.commit_seconds = seconds_since(tc);
+      rep.rolled_forward = true;
+      rep.committed_version = cur.record.version;
+      return status::success();
+    }
+    // Any attempt prepared since the last commit may have left partial writes.
+    refit_mode mode = cur.attempt == cur.record.attempt ? refit_mode::mixed : refit_mode::overwrite_all;
+    std::map<std::string, digest128> committed;
+    for (auto& a : cur.record.receivers) committed[a.receiver] = a.state;
+    status last = fail(errc::aborted, "no attempt ran");
+    for (int i = 0; i < opt_.max_attempts; ++i) {
+      // Membership changes only here, between attempts.
+      for (auto* e : receivers_) {
+        auto it = committed.find(e->id());
+        const auto tr = clock::now();
+        const bool was_alive = e->alive();
+        DCR_TRY(e->ensure_member(it == committed.end() ? nullptr : &it->second));
+        if (!was_alive) rep.restore_seconds += seconds_since(tr);
+      }
+      std::uint64_t tau = 0;
+      DCR_TRY(commits_->prepare(epoch_, tau));
+      if (crash_at(crash_point::after_prepare)) return fail(errc::aborted, "coordinator died after prepare");
+      attempt_report ar;
+      ar.attempt = tau;
+      ar.mode = mode;
+      std::vector<receiver_ack> acks;
+      ar.result = run_attempt(tau, cur.record.version + 1, mode, ar, acks);
+      rep.attempts.push_back(ar);
+      if (dead_) return fail(errc::aborted, "coordinator died after some ACKs");
+      if (!ar.result) {
+        last = ar.result;
+        mode = refit_mode::overwrite_all;
+        continue;
+      }
+      const auto tc = clock::now();
+      commit_record next{cur.record.version + 1, cand, tau, std::move(acks), unix_time_ns()};
+      DCR_TRY(commits_->compare_and_set(epoch_, tau, cur.revision, next));
+      if (crash_at(crash_point::after_commit)) return fail(errc::aborted, "coordinator died after commit");
+      for (auto* o : owners_) o->commit_baseline();
+      finish_transition(tau, rep);
+      rep.commit_seconds = seconds_since(tc);
+      rep.committed_version = next.version;
+      return status::success();
+    }
+    return fail(last.code, "transition to version " + std::to_string(cur.record.version + 1) + " failed after " +
+                               std::to_string(opt_.max_attempts) + " attempts (operator intervention required); last: " +
+                               last.message);
+  }
+
+  void finish_transition(std::uint64_t tau, transition_report& rep) {
+    if (opt_.collect_garbage) (void)transport::collect_attempts(*store_, tau, &rep.collected_objects);
+    for (auto* e : receivers_) e->open_gate(tau);
+  }
+
+  /// One attempt; returns only after every thread it started has ended.
+  status run_attempt(std::uint64_t tau, std::uint64_t target, refit_mode mode, attempt_report& ar,
+                     std::vector<receiver_ack>& acks) {
+    const auto t0 = clock::now();
+    const auto deadline = t0 + opt_.attempt_deadline;
+    std::atomic<bool> stop{false};
+    std::mutex m;
+    status first = status::success();
+    auto record = [&](status s) {
+      if (s) return;
+      std::lock_guard l(m);
+      if (first) first = std::move(s);
+      stop = true;
+    };
+    std::vector<std::uint32_t> owner_ids;
+    for (auto* o : owners_) owner_ids.push_back(o->owner_id());
+    for (auto* e : receivers_) {
+      if (opt_.mode == rl_mode::synchronous) e->close_gate(tau);
+      e->begin(tau);
+    }
+
+    std::vector<std::thread> threads;
+    std::vector<double> construct(owners_.size()), upload(owners_.size());
+    std::vector<double> fetch(receivers_.size()), apply(receivers_.size());
+    std::atomic<std::size_t> payloads{0};
+    std::atomic<std::uint64_t> bytes{0};
+    std::atomic<std::size_t> acked{0};
+    acks.assign(receivers_.size(), {});
+
+    for (std::size_t k = 0; k < owners_.size(); ++k) {
+      threads.emplace_back([&, k] {
+        auto* o = owners_[k];
+        pipeline::bounded_queue<std::vector<std::byte>> q(opt_.upload_queue);
+        transport::attempt_writer<Store> w(*store_, tau, o->owner_id());
+        status up = status::success();
+        std::thread sender([&] {
+          while (auto p = q.pop()) {
+            const auto tp = clock::now();
+            auto s = stop ? fail(errc::aborted, "attempt stopped") : w.put_payload(*p);
+            upload[k] += seconds_since(tp);
+            if (!s) {
+              up = s;
+              q.close();
+              break;
+            }
+            payloads += 1;
+            bytes += p->size();
+          }
+        });
+        double blocked = 0;
+        const auto tb = clock::now();
+        auto s = o->build({tau, target, mode}, [&](std::vector<std::byte>&& p) -> status {
+          DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(tau) + " stopped");
+          const auto tq = clock::now();
+          const bool ok = q.push(std::move(p));
+          blocked += seconds_since(tq);
+          DCR_RETURN_ERROR_IF(!ok, aborted, "upload of attempt " + std::to_string(tau) + " failed");
+          return status::success();
+        });
+        construct[k] = seconds_since(tb) - blocked;
+        q.close();
+        sender.join();
+        if (!s) s.message = "owner " + std::to_string(o->owner_id()) + ": " + s.message;
+        record(std::move(s));
+        record(std::move(up));
+        if (!stop) {
+          const auto tp = clock::now();
+          record(w.finish());
+          upload[k] += seconds_since(tp);
+        }
+      });
+    }
+
+    for (std::size_t r = 0; r < receivers_.size(); ++r) {
+      threads.emplace_back([&, r] {
+        auto* e = receivers_[r];
+        const bool sync = opt_.mode == rl_mode::synchronous;
+        struct fetched {
+          std::string name;
+          std::vector<std::byte> bytes;
+        };
+        pipeline::bounded_queue<fetched> q(opt_.apply_queue);
+        status applied = status::success();
+        std::thread applier([&] {
+          while (auto p = q.pop()) {
+            const auto ta = clock::now();
+            auto s = e->deliver(tau, p->name, p->bytes, sync);
+            apply[r] += seconds_since(ta);
+            if (!s) {
+              applied = s;
+              q.close();
+              break;
+            }
+          }
+        });
+        transport::attempt_reader<Store> reader(*store_, tau, owner_ids);
+        const auto tf = clock::now();
+        auto s = reader.run(
+            [&](std::string_view name, std::span<const std::byte> b) -> status {
+              DCR_RETURN_ERROR_IF(!q.push(fetched{std::string(name), {b.begin(), b.end()}}), aborted,
+                                  "receiver " + e->id() + ": apply failed");
+              return status::success();
+            },
+            stop, deadline);
+        q.close();
+        applier.join();
+        fetch[r] = seconds_since(tf) - apply[r];
+        if (!applied) {
+          record(std::move(applied));
+          return;
+        }
+        if (!s) {
+          s.message = "receiver " + e->id() + ": " + s.message;
+          record(std::move(s));
+          return;
+        }
+        const auto ta = clock::now();
+        if (!sync) {
+          // Asynchronous RL: everything is staged; stop serving v, then apply.
+          e->close_gate(tau);
+          if (auto a = e->apply(tau); !a) {
+            record(std::move(a));
+            return;
+          }
+        }
+        digest128 d{};
+        auto f = e->finish(tau, d);
+        apply[r] += seconds_since(ta);
+        if (!f) {
+          record(std::move(f));
+          return;
+        }
+        acks[r] = {e->id(), d};
+        if (acked.fetch_add(1) == 0 && crash_at(crash_point::after_first_ack)) stop = true;
+      });
+    }
+    for (auto& t : threads) t.join(); // stop_and_wait: nothing of τ runs after this
+    ar.payloads = payloads;
+    ar.payload_bytes = bytes;
+    for (auto v : construct) ar.construct_seconds = std::max(ar.construct_seconds, v);
+    for (auto v : upload) ar.upload_seconds = std::max(ar.upload_seconds, v);
+    for (auto v : fetch) ar.fetch_seconds = std::max(ar.fetch_seconds, v);
+    for (auto v : apply) ar.apply_seconds = std::max(ar.apply_seconds, v);
+    ar.wall_seconds = seconds_since(t0);
+    if (dead_) return fail(errc::aborted, "coordinator died");
+    return first;
+  }
+
+  Commits* commits_;
+  Store* store_;
+  std::vector<Owner*> owners_;
+  std::vector<endpoint*> receivers_;
+  coordinator_options opt_;
+  std::uint64_t epoch_ = 0;
+  std::atomic<bool> dead_{false};
+};
+
+} // namespace dcr::protocol

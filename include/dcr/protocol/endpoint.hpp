@@ -1,0 +1,195 @@
+#pragma once
+/// \file
+/// The rollout-side endpoint of one receiver: owns the receiver, fences stale
+/// attempts (payloads, control calls and gate operations of a replaced attempt
+/// are ignored), suppresses duplicates, and handles membership (a killed
+/// receiver is recreated and restored to the committed version by dense refit
+/// before it joins the next attempt). Shared by every coordinator that drives
+/// this receiver; all calls are serialised.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "dcr/core/error.hpp"
+#include "dcr/protocol/request_gate.hpp"
+#include "dcr/protocol/roles.hpp"
+
+namespace dcr::protocol {
+
+/// Per-receiver accounting the endpoint keeps (read by benches and the demo).
+struct endpoint_counters {
+  std::uint64_t staged = 0, applied_calls = 0, duplicates = 0, stale = 0, restores = 0;
+  double apply_seconds = 0, restore_seconds = 0;
+};
+
+template <refit_receiver Receiver> class receiver_endpoint {
+public:
+  /// Creates a receiver at the committed version (dense refit from the committed state).
+  using factory = std::function<std::unique_ptr<Receiver>()>;
+  /// Dense refit of a receiver to the committed version.
+  using restorer = std::function<status(Receiver&)>;
+
+  /// `id` must equal the `receiver_id()` of every receiver this endpoint holds.
+  receiver_endpoint(std::string id, factory make, restorer restore, request_gate* gate = nullptr)
+      : id_(std::move(id)), make_(std::move(make)), restore_(std::move(restore)), gate_(gate) {}
+
+  /// Adopt an already-restored receiver (initial membership).
+  void adopt(std::unique_ptr<Receiver> r) {
+    std::lock_guard l(m_);
+    if (r && r->receiver_id() != id_)
+      throw error(errc::invalid_argument, "endpoint " + id_ + " got receiver " + r->receiver_id());
+    r_ = std::move(r);
+  }
+
+  /// The receiver died (its storage is lost). It rejoins only after a restore.
+  void kill() {
+    std::lock_guard l(m_);
+    r_.reset();
+  }
+  bool alive() const {
+    std::lock_guard l(m_);
+    return r_ != nullptr;
+  }
+  const std::string& id() const noexcept { return id_; }
+
+  /// Kill the receiver after it has staged `n` more payloads (fault injection;
+  /// models a process crash mid-refit). 0 disables.
+  void kill_after(std::uint64_t n) {
+    std::lock_guard l(m_);
+    kill_after_ = n;
+  }
+
+  /// Membership step between attempts: recreate and dense-restore a dead
+  /// receiver. `expected` (if non-null) is the committed digest this receiver
+  /// must reach; a mismatch is `errc::verification`.
+  status ensure_member(const digest128* expected) {
+    std::lock_guard l(m_);
+    if (r_) return status::success();
+    DCR_RETURN_ERROR_IF(!make_, aborted, "receiver " + id_ + " is down and has no factory");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto fresh = make_();
+    DCR_RETURN_ERROR_IF(!fresh, aborted, "receiver " + id_ + ": factory returned nothing");
+    if (restore_) DCR_TRY(restore_(*fresh));
+    if (expected && fresh->state_digest() != *expected)
+      return fail(errc::verification, "receiver " + id_ + ": dense restore does not match the committed digest");
+    DCR_RETURN_ERROR_IF(fresh->receiver_id() != id_, invalid_argument,
+                        "endpoint " + id_ + ": factory made receiver " + fresh->receiver_id());
+    r_ = std::move(fresh);
+    ++c_.restores;
+    c_.restore_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return status::success();
+  }
+
+  /// Control call: start attempt τ. Ignored (false) for τ older than the newest seen.
+  bool begin(std::uint64_t attempt) {
+    std::lock_guard l(m_);
+    if (attempt < attempt_) return false;
+    attempt_ = attempt;
+    seen_.clear();
+    if (r_) r_->begin_attempt(attempt);
+    return true;
+  }
+
+  /// Deliver one payload of attempt τ (object `name`). Stale or duplicate
+  /// payloads are ignored (counted, success). With `apply_now` the payload is
+  /// applied at once (synchronous RL), else only staged (asynchronous RL).
+  status deliver(std::uint64_t attempt, std::string_view name, std::span<const std::byte> bytes, bool apply_now) {
+    std::lock_guard l(m_);
+    if (attempt != attempt_) {
+      ++c_.stale;
+      return status::success();
+    }
+    DCR_RETURN_ERROR_IF(!r_, aborted, "receiver " + id_ + " is down");
+    if (!seen_.insert(std::string(name)).second) {
+      ++c_.duplicates;
+      return status::success();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto s = r_->stage(bytes);
+    if (s.code == errc::duplicate) {
+      ++c_.duplicates;
+      return status::success();
+    }
+    if (s.code == errc::stale_attempt) {
+      ++c_.stale;
+      return status::success();
+    }
+    if (!s) {
+      s.message = "receiver " + id_ + ", " + std::string(name) + ": " + s.message;
+      return s;
+    }
+    ++c_.staged;
+    if (kill_after_ && --kill_after_ == 0) {
+      r_.reset(); // crash: storage lost, whatever was applied
+      return fail(errc::aborted, "receiver " + id_ + " killed mid-refit");
+    }
+    if (apply_now) s = apply_locked();
+    c_.apply_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return s;
+  }
+
+  /// Apply everything staged for attempt τ (asynchronous RL, after the gate closed).
+  status apply(std::uint64_t attempt) {
+    std::lock_guard l(m_);
+    DCR_RETURN_ERROR_IF(attempt != attempt_, stale_attempt, "apply of replaced attempt " + std::to_string(attempt));
+    DCR_RETURN_ERROR_IF(!r_, aborted, "receiver " + id_ + " is down");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto s = apply_locked();
+    c_.apply_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return s;
+  }
+
+  /// Flush, sync and check; then the ACK digest of the target state.
+  status finish(std::uint64_t attempt, digest128& ack) {
+    std::lock_guard l(m_);
+    DCR_RETURN_ERROR_IF(attempt != attempt_, stale_attempt, "finish of replaced attempt " + std::to_string(attempt));
+    DCR_RETURN_ERROR_IF(!r_, aborted, "receiver " + id_ + " is down");
+    DCR_TRY(r_->finish());
+    ack = r_->state_digest();
+    return status::success();
+  }
+
+  /// Gate operations carry τ; the gate itself ignores replaced attempts.
+  bool close_gate(std::uint64_t attempt) { return gate_ ? gate_->close(attempt) : true; }
+  bool open_gate(std::uint64_t attempt) { return gate_ ? gate_->open(attempt) : true; }
+  request_gate* gate() const noexcept { return gate_; }
+
+  /// Run `f(receiver)` under the endpoint lock (verification, serving).
+  template <class F> decltype(auto) with_receiver(F&& f) {
+    std::lock_guard l(m_);
+    if (!r_) throw error(errc::aborted, "receiver " + id_ + " is down");
+    return f(*r_);
+  }
+  endpoint_counters counters() const {
+    std::lock_guard l(m_);
+    return c_;
+  }
+
+private:
+  status apply_locked() {
+    ++c_.applied_calls;
+    auto s = r_->apply_staged();
+    if (!s) s.message = "receiver " + id_ + ": " + s.message;
+    return s;
+  }
+
+  const std::string id_;
+  mutable std::mutex m_;
+  factory make_;
+  restorer restore_;
+  request_gate* gate_ = nullptr;
+  std::unique_ptr<Receiver> r_;
+  std::uint64_t attempt_ = 0;
+  std::uint64_t kill_after_ = 0;
+  std::set<std::string> seen_;
+  endpoint_counters c_;
+};
+
+} // namespace dcr::protocol

@@ -1,0 +1,658 @@
+// The fault-injection scenario table (docs/protocol.md): each scenario runs to
+// completion and is then checked: the committed version is what every
+// receiver serves, every receiver equals a dense refit of the committed
+// version byte for byte, and nothing committed is lost.
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "models.hpp"
+#include "dcr/protocol/coordinator.hpp"
+
+using namespace dcr;
+using namespace dcr::protocol;
+using namespace dcr::test_models;
+
+namespace {
+
+coordinator_options crash_at(std::function<bool(crash_point)> f) {
+  coordinator_options o;
+  o.crash = std::move(f);
+  return o;
+}
+
+/// Small enough for fast sweeps, with every tensor kind of a Llama model.
+model_config small_llama() {
+  model_config c;
+  c.hidden = 64;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn = 96;
+  c.vocab = 150;
+  return c;
+}
+
+using store_t = faulty_store;
+using commits_t = memory_commit_store;
+
+/// A small training side + rollout side over one object store and commit store.
+template <class Receiver = model_receiver> struct rig {
+  using endpoint_t = receiver_endpoint<Receiver>;
+  using coord_t = coordinator<model_owner, Receiver, store_t, commits_t>;
+
+  std::vector<tensor_meta> metas = canonical_tensors(small_llama());
+  trainer_state trainer = trainer_state::make(metas, 11);
+  std::vector<std::unique_ptr<model_owner>> owners;
+  transport::memory_object_store objects;
+  faulty_store store{objects};
+  commits_t commits;
+  std::vector<std::unique_ptr<request_gate>> gates;
+  std::vector<std::unique_ptr<endpoint_t>> endpoints;
+  std::function<std::unique_ptr<Receiver>(std::string)> make_receiver;
+
+  explicit rig(int n_owners = 3, int n_receivers = 3,
+                  std::function<std::unique_ptr<Receiver>(std::string)> make = nullptr) {
+    make_receiver = make ? make : [this](std::string id) {
+      if constexpr (std::is_same_v<Receiver, model_receiver>) return std::make_unique<model_receiver>(id, metas);
+      else return std::unique_ptr<Receiver>();
+    };
+    for (int k = 0; k < n_owners; ++k)
+      owners.push_back(std::make_unique<model_owner>(static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(n_owners), &trainer));
+    for (int r = 0; r < n_receivers; ++r) add_receiver("rank-" + std::to_string(r));
+  }
+
+  void add_receiver(const std::string& id) {
+    gates.push_back(std::make_unique<request_gate>());
+    endpoints.push_back(std::make_unique<endpoint_t>(
+        id, [this, id] { return make_receiver(id); }, [this](Receiver& r) { return dense_refit(r); },
+        gates.back().get()));
+  }
+
+  /// Dense refit from the owners' committed baselines (what a checkpoint of
+  /// the committed version holds).
+  status dense_refit(Receiver& r) {
+    auto& inner = unwrap(r);
+    for (std::size_t t = 0; t < metas.size(); ++t) {
+      const host_tensor* b = owners[t % owners.size()]->baseline(t);
+      DCR_RETURN_ERROR_IF(!b, not_found, "no owner for tensor");
+      inner.tensors()[t].bytes = b->bytes;
+    }
+    return status::success();
+  }
+  static model_receiver& unwrap(Receiver& r) {
+    if constexpr (std::is_same_v<Receiver, model_receiver>) return r;
+    else return r.inner();
+  }
+
+  coord_t coord(coordinator_options opt = {}) {
+    std::vector<model_owner*> o;
+    for (auto& p : owners) o.push_back(p.get());
+    std::vector<endpoint_t*> e;
+    for (auto& p : endpoints) e.push_back(p.get());
+    opt.attempt_deadline = std::chrono::milliseconds(5000);
+    return coord_t(commits, store, o, e, std::move(opt));
+  }
+
+  void start(coord_t& c) {
+    REQUIRE(c.take_over().ok());
+    REQUIRE(c.bootstrap().ok());
+  }
+
+  /// The invariant every scenario ends with.
+  void check_consistent(std::uint64_t expect_version, bool caught_up = true) {
+    stored_record cur;
+    REQUIRE(commits.load(cur).ok());
+    CHECK(cur.record.version == expect_version);
+    // The record binds the owners' baseline...
+    std::vector<digest128> d;
+    for (auto& o : owners) d.push_back(o->baseline_digest());
+    CHECK(cur.record.source_baseline == combine(d));
+    // ...and every receiver equals a dense refit of it, byte for byte, and
+    // serves what it acknowledged.
+    REQUIRE(cur.record.receivers.size() == endpoints.size());
+    for (std::size_t r = 0; r < endpoints.size(); ++r) {
+      auto& e = *endpoints[r];
+      INFO("receiver " << e.id());
+      REQUIRE(e.alive());
+      e.with_receiver([&](Receiver& rc) {
+        auto& inner = unwrap(rc);
+        for (std::size_t t = 0; t < metas.size(); ++t) {
+          const auto* b = owners[t % owners.size()]->baseline(t);
+          CHECK(inner.tensors()[t].bytes == b->bytes);
+        }
+        CHECK(cur.record.receivers[r].receiver == e.id());
+        CHECK(cur.record.receivers[r].state == rc.state_digest());
+      });
+    }
+    // The committed baseline is the trainer's current state (nothing lost).
+    if (caught_up)
+      for (std::size_t t = 0; t < metas.size(); ++t)
+      CHECK(owners[t % owners.size()]->baseline(t)->bytes == trainer.tensors[t].bytes);
+  }
+};
+
+} // namespace
+
+TEST_CASE("clean transitions: one mixed attempt each, receivers bit-exact, attempt objects collected") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.check_consistent(0);
+  for (std::uint64_t v = 1; v <= 4; ++v) {
+    s.trainer.step(0.05, v);
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    CHECK(rep.committed_version == v);
+    REQUIRE(rep.attempts.size() == 1);
+    CHECK(rep.attempts[0].mode == refit_mode::mixed);
+    CHECK(rep.attempts[0].payloads > 0);
+    s.check_consistent(v);
+    std::vector<std::string> left;
+    REQUIRE(s.objects.list("attempt/", left).ok());
+    CHECK(left.empty());
+  }
+  // An unchanged candidate still commits a version (empty delta).
+  auto rep = c.transition();
+  REQUIRE(rep.result.ok());
+  CHECK(rep.attempts[0].payloads == 0);
+  s.check_consistent(5);
+}
+
+TEST_CASE("a transition before bootstrap is refused") {
+  rig<> s;
+  auto c = s.coord();
+  REQUIRE(c.take_over().ok());
+  CHECK(c.transition().result.code == errc::not_found);
+}
+
+TEST_CASE("scenario: receiver fails mid-apply (alive, partial writes) -> overwrite retry repairs") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.endpoints[1]->with_receiver([](model_receiver& r) { r.fail_after(2); });
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  CHECK(rep.attempts[0].result.code == errc::loader_condition);
+  CHECK(rep.attempts[1].mode == refit_mode::overwrite_all);
+  CHECK(rep.attempts[1].attempt > rep.attempts[0].attempt);
+  s.check_consistent(1);
+  // The retry does not leak into the next transition's mode.
+  s.trainer.step(0.1, 2);
+  rep = c.transition();
+  REQUIRE(rep.result.ok());
+  CHECK(rep.attempts.size() == 1);
+  CHECK(rep.attempts[0].mode == refit_mode::mixed);
+  s.check_consistent(2);
+}
+
+TEST_CASE("scenario: receiver killed mid-refit -> restarted, dense restore of v, joins the retry") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.endpoints[2]->kill_after(2);
+  const auto restores = s.endpoints[2]->counters().restores;
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  CHECK(rep.attempts[0].result.code == errc::aborted);
+  CHECK(s.endpoints[2]->counters().restores == restores + 1);
+  s.check_consistent(1);
+}
+
+TEST_CASE("scenario: receiver dies between transitions -> restored to the committed digest before the attempt") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  REQUIRE(c.transition().result.ok());
+  s.endpoints[0]->kill();
+  s.trainer.step(0.1, 2);
+  const auto restores = s.endpoints[0]->counters().restores;
+  auto rep = c.transition();
+  REQUIRE(rep.result.ok());
+  CHECK(rep.attempts.size() == 1); // the restore happened before prepare
+  CHECK(s.endpoints[0]->counters().restores == restores + 1);
+  s.check_consistent(2);
+}
+
+TEST_CASE("scenario: a restore that does not reach the committed digest fails the transition") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.endpoints[0]->kill();
+  s.trainer.step(0.1, 1);
+  s.make_receiver = [&](std::string id) {
+    auto r = std::make_unique<model_receiver>(id, s.metas);
+    return r;
+  };
+  // Corrupt the restore source: dense refit from the candidate, not the committed baseline.
+  receiver_endpoint<model_receiver> bad(
+      "rank-0", [&] { return s.make_receiver("rank-0"); },
+      [&](model_receiver& r) {
+        for (std::size_t t = 0; t < s.metas.size(); ++t) r.tensors()[t].bytes = s.trainer.tensors[t].bytes;
+        return status::success();
+      });
+  coordinator<model_owner, model_receiver, store_t, commits_t> c2(
+      s.commits, s.store, {s.owners[0].get(), s.owners[1].get(), s.owners[2].get()}, {&bad});
+  REQUIRE(c2.take_over().ok());
+  auto rep = c2.transition();
+  CHECK(rep.result.code == errc::verification);
+}
+
+TEST_CASE("scenario: new receiver joins between attempts (membership change)") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  REQUIRE(c.transition().result.ok());
+  s.add_receiver("rank-new");
+  auto c2 = s.coord();
+  REQUIRE(c2.take_over().ok());
+  s.trainer.step(0.1, 2);
+  auto rep = c2.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  CHECK(s.endpoints.back()->counters().restores == 1);
+  s.check_consistent(2);
+}
+
+TEST_CASE("scenario: payload dropped in transit -> not_found -> overwrite retry") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.store.mode = faulty_store::fault::drop;
+  s.store.remaining = 1;
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  CHECK(rep.attempts[0].result.code == errc::not_found);
+  CHECK(rep.attempts[1].mode == refit_mode::overwrite_all);
+  s.check_consistent(1);
+}
+
+TEST_CASE("scenario: payload corrupted (digest) -> rejected before apply -> retry") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.store.mode = faulty_store::fault::corrupt;
+  s.store.remaining = 1;
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  CHECK(rep.attempts[0].result.code == errc::digest_mismatch);
+  s.check_consistent(1);
+}
+
+TEST_CASE("scenario: payload truncated -> typed rejection -> retry") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.store.mode = faulty_store::fault::truncate;
+  s.store.remaining = 1;
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  CHECK(rep.attempts[0].result.code == errc::truncated);
+  s.check_consistent(1);
+}
+
+TEST_CASE("scenario: payloads reordered -> same result in one attempt") {
+  rig<> s(2, 2);
+  auto c = s.coord();
+  s.start(c);
+  s.store.mode = faulty_store::fault::reverse_list;
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    s.trainer.step(0.2, v);
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    CHECK(rep.attempts.size() == 1);
+    CHECK(rep.attempts[0].payloads >= 4);
+    s.check_consistent(v);
+  }
+}
+
+TEST_CASE("scenario: payloads duplicated -> suppressed (XOR applied once) in one attempt") {
+  rig<duplicating_receiver> s(3, 2, [&](std::string id) {
+    return std::make_unique<duplicating_receiver>(std::make_unique<model_receiver>(id, canonical_tensors(small_llama())));
+  });
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  CHECK(rep.attempts.size() == 1);
+  CHECK(rep.attempts[0].mode == refit_mode::mixed);
+  s.endpoints[0]->with_receiver([&](duplicating_receiver& r) { CHECK(r.duplicates == int(rep.attempts[0].payloads)); });
+  s.check_consistent(1);
+}
+
+TEST_CASE("endpoint: duplicates (same object, or same payload id) and stale attempts are ignored") {
+  rig<> s(1, 1);
+  auto c = s.coord();
+  s.start(c);
+  auto& e = *s.endpoints[0];
+  const std::uint64_t tau = 1000;
+  REQUIRE(e.begin(tau));
+  CHECK_FALSE(e.begin(tau - 1)); // a replaced attempt's control call
+  item it;
+  it.tensor = s.metas[1];
+  it.encoding = value_encoding::xor_mask;
+  it.indices = {0, 5};
+  it.values = {std::byte{1}, std::byte{0}, std::byte{0}, std::byte{0x80}};
+  const std::vector<item> items{it};
+  auto p = encode_payload({tau, 1, 0, 0}, items);
+  auto before = e.with_receiver([](model_receiver& r) { return r.tensors()[1].bytes; });
+  REQUIRE(e.deliver(tau, "attempt/a/payload/one", p, true).ok());
+  REQUIRE(e.deliver(tau, "attempt/a/payload/one", p, true).ok());   // same object again
+  REQUIRE(e.deliver(tau, "attempt/a/payload/copy", p, true).ok());  // same payload id, other name
+  auto stale = encode_payload({tau - 1, 1, 0, 1}, items);
+  REQUIRE(e.deliver(tau, "attempt/a/payload/stale", stale, true).ok()); // payload of a replaced attempt
+  REQUIRE(e.deliver(tau - 1, "attempt/b/payload/late", p, true).ok());  // late delivery of a replaced attempt
+  auto after = e.with_receiver([](model_receiver& r) { return r.tensors()[1].bytes; });
+  before[0] ^= std::byte{1};
+  before[11] ^= std::byte{0x80};
+  CHECK(after == before); // XOR applied exactly once
+  const auto k = e.counters();
+  CHECK(k.staged == 1);
+  CHECK(k.duplicates == 2);
+  CHECK(k.stale == 2);
+  // Invalid payloads are typed failures, not ignored.
+  auto bad = p;
+  bad.back() ^= std::byte{1};
+  CHECK(e.deliver(tau, "attempt/a/payload/bad", bad, true).code == errc::digest_mismatch);
+  CHECK(e.apply(tau - 1).code == errc::stale_attempt);
+  digest128 d{};
+  CHECK(e.finish(tau - 1, d).code == errc::stale_attempt);
+  e.kill();
+  CHECK(e.deliver(tau, "attempt/a/payload/two", p, true).code == errc::aborted);
+  CHECK(e.finish(tau, d).code == errc::aborted);
+}
+
+TEST_CASE("scenario: a stale attempt's payload appears under the current attempt -> ignored, one attempt") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.store.mode = faulty_store::fault::inject_stale;
+  s.endpoints[0]->with_receiver([](model_receiver& r) { r.fail_after(1); }); // attempt 1 fails, leaves payloads
+  s.store.remaining = 1;
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  std::uint64_t stale = 0;
+  for (auto& e : s.endpoints) stale += e->counters().stale;
+  CHECK(stale >= s.endpoints.size()); // every receiver saw and ignored it
+  s.check_consistent(1);
+}
+
+TEST_CASE("scenario: coordinator dies after prepare -> successor fences it and commits with overwrite") {
+  rig<> s;
+  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_prepare;}));
+  s.start(c1);
+  s.trainer.step(0.1, 1);
+  auto r1 = c1.transition();
+  CHECK(r1.result.code == errc::aborted);
+  CHECK(c1.dead());
+  s.check_consistent(0, false); // v stays committed; nothing was streamed
+  auto c2 = s.coord();
+  REQUIRE(c2.take_over().ok());
+  auto r2 = c2.transition();
+  REQUIRE_MESSAGE(r2.result.ok(), r2.result.message);
+  REQUIRE(r2.attempts.size() == 1);
+  CHECK(r2.attempts[0].mode == refit_mode::overwrite_all); // an attempt was prepared since the commit
+  s.check_consistent(1);
+}
+
+TEST_CASE("scenario: coordinator dies after some ACKs -> successor repairs every receiver") {
+  rig<> s;
+  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_first_ack;}));
+  s.start(c1);
+  s.trainer.step(0.1, 1);
+  auto r1 = c1.transition();
+  CHECK(r1.result.code == errc::aborted);
+  stored_record cur;
+  REQUIRE(s.commits.load(cur).ok());
+  CHECK(cur.record.version == 0); // v stays committed...
+  for (auto& g : s.gates) CHECK_FALSE(g->is_open()); // ...and partial weights are not served
+  auto c2 = s.coord();
+  REQUIRE(c2.take_over().ok());
+  auto r2 = c2.transition();
+  REQUIRE_MESSAGE(r2.result.ok(), r2.result.message);
+  CHECK(r2.attempts[0].mode == refit_mode::overwrite_all);
+  s.check_consistent(1);
+}
+
+TEST_CASE("scenario: coordinator dies after commit, before the baseline update -> successor rolls forward") {
+  rig<> s;
+  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_commit;}));
+  s.start(c1);
+  s.trainer.step(0.1, 1);
+  auto r1 = c1.transition();
+  CHECK(r1.result.code == errc::aborted);
+  stored_record cur;
+  REQUIRE(s.commits.load(cur).ok());
+  CHECK(cur.record.version == 1); // committed; nothing may lose it
+  auto c2 = s.coord();
+  REQUIRE(c2.take_over().ok());
+  auto r2 = c2.transition();
+  REQUIRE_MESSAGE(r2.result.ok(), r2.result.message);
+  CHECK(r2.rolled_forward);
+  CHECK(r2.attempts.empty());
+  s.check_consistent(1);
+  // The dead coordinator cannot act; a fenced live one gets conflict.
+  CHECK(c1.transition().result.code == errc::aborted);
+  s.trainer.step(0.1, 2);
+  auto c3 = s.coord();
+  REQUIRE(c3.take_over().ok());
+  CHECK(c2.transition().result.code == errc::conflict);
+  auto r3 = c3.transition();
+  REQUIRE(r3.result.ok());
+  s.check_consistent(2);
+}
+
+TEST_CASE("scenario: two coordinators race -> the replaced one gets conflict, one version commits") {
+  for (int round = 0; round < 4; ++round) {
+    CAPTURE(round);
+    rig<> s;
+    auto setup = s.coord();
+    s.start(setup);
+    s.trainer.step(0.1, 1);
+    std::atomic<bool> a_streaming{false};
+    std::atomic<bool> b_done{false};
+    // A pauses after its first ACK until B has finished, so B's attempt
+    // replaces A's while A is mid-transition.
+    auto a = s.coord(crash_at([&](crash_point p) {
+      if (p == crash_point::after_first_ack) {
+        a_streaming = true;
+        for (int i = 0; i < 5000 && !b_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return false;
+    }));
+    auto b = s.coord();
+    REQUIRE(a.take_over().ok());
+    transition_report ra, rb;
+    std::thread ta([&] { ra = a.transition(); });
+    std::thread tb([&] {
+      for (int i = 0; i < 5000 && !a_streaming; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (round % 2) std::this_thread::sleep_for(std::chrono::milliseconds(round));
+      REQUIRE(b.take_over().ok());
+      rb = b.transition();
+      b_done = true;
+    });
+    ta.join();
+    tb.join();
+    REQUIRE_MESSAGE(rb.result.ok(), rb.result.message);
+    CHECK(ra.result.code == errc::conflict);
+    s.check_consistent(1);
+  }
+}
+
+TEST_CASE("scenario: a persistent fault exhausts the attempts; v stays committed; a later transition repairs") {
+  rig<> s;
+  auto c = s.coord([] { coordinator_options o; o.max_attempts = 2; return o; }());
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.store.mode = faulty_store::fault::corrupt;
+  s.store.remaining = 1000;
+  auto rep = c.transition();
+  CHECK(rep.result.code == errc::digest_mismatch);
+  CHECK(rep.attempts.size() == 2);
+  CHECK(rep.result.message.find("operator intervention") != std::string::npos);
+  stored_record cur;
+  REQUIRE(s.commits.load(cur).ok());
+  CHECK(cur.record.version == 0);
+  CHECK_FALSE(s.gates[0]->is_open()); // partial weights are never served
+  s.store.remaining = 0;
+  rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  CHECK(rep.attempts[0].mode == refit_mode::overwrite_all);
+  CHECK(s.gates[0]->is_open());
+  s.check_consistent(1);
+}
+
+namespace {
+/// Serve requests on every receiver while transitions run; each request reads
+/// the complete storage under a gate ticket. Returns the digests it saw.
+template <class Sys> struct request_load {
+  Sys& s;
+  std::atomic<bool> stop{false};
+  std::mutex m;
+  std::vector<digest128> seen;
+  std::atomic<int> served{0};
+  std::vector<std::thread> ts;
+  explicit request_load(Sys& sys) : s(sys) {
+    for (std::size_t r = 0; r < s.endpoints.size(); ++r)
+      ts.emplace_back([this, r] {
+        while (!stop) {
+          auto t = s.gates[r]->admit();
+          if (stop) break;
+          auto d = s.endpoints[r]->with_receiver([](model_receiver& rc) { return rc.state_digest(); });
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          {
+            std::lock_guard l(m);
+            seen.push_back(d);
+          }
+          ++served;
+        }
+      });
+  }
+  void finish() {
+    stop = true;
+    for (auto& g : s.gates) g->open(~0ull); // release admit() waiters at the end
+    for (auto& t : ts) t.join();
+  }
+};
+} // namespace
+
+TEST_CASE("request gate: requests only ever see a committed version (sync and async RL)") {
+  for (auto mode : {rl_mode::synchronous, rl_mode::asynchronous}) {
+    CAPTURE(int(mode));
+    rig<> s;
+    auto c = s.coord([&] { coordinator_options o; o.mode = mode; return o; }());
+    s.start(c);
+    std::set<digest128> committed;
+    auto note_committed = [&] {
+      stored_record cur;
+      REQUIRE(s.commits.load(cur).ok());
+      for (auto& a : cur.record.receivers) committed.insert(a.state);
+    };
+    note_committed();
+    request_load load(s);
+    for (std::uint64_t v = 1; v <= 3; ++v) {
+      s.trainer.step(0.2, v);
+      if (v == 2) s.endpoints[1]->with_receiver([](model_receiver& r) { r.fail_after(3); });
+      auto rep = c.transition();
+      REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+      note_committed();
+    }
+    while (load.served < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    load.finish();
+    std::size_t mixed = 0;
+    for (auto& d : load.seen) mixed += !committed.count(d);
+    CHECK(mixed == 0);
+    CHECK(load.seen.size() >= 20);
+    s.check_consistent(3);
+  }
+}
+
+TEST_CASE("request gate: close waits for in-flight requests; replaced attempts' operations are ignored") {
+  request_gate g;
+  auto t = g.admit();
+  std::atomic<bool> closed{false};
+  std::thread closer([&] {
+    CHECK(g.close(5));
+    closed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(closed); // a request is still in flight
+  CHECK_FALSE(g.try_admit());
+  t = {};
+  closer.join();
+  CHECK(closed);
+  CHECK(g.in_flight() == 0);
+  CHECK_FALSE(g.open(4)); // replaced attempt
+  CHECK_FALSE(g.is_open());
+  CHECK(g.open(5));
+  CHECK(g.is_open());
+  CHECK_FALSE(g.close(3));
+  CHECK(g.is_open());
+  CHECK(g.try_admit());
+}
+
+TEST_CASE("file-backed run: filesystem object store + file commit store, crash and successor") {
+  char tmpl[] = "/tmp/dcr-proto-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  {
+    auto metas = canonical_tensors(tiny_qwen3_moe());
+    auto trainer = trainer_state::make(metas, 5);
+    std::vector<std::unique_ptr<model_owner>> owners;
+    std::vector<model_owner*> op;
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      owners.push_back(std::make_unique<model_owner>(k, 4, &trainer, 8));
+      op.push_back(owners.back().get());
+    }
+    transport::fs_object_store objects(dir / "objects");
+    file_commit_store commits(dir / "control");
+    auto dense = [&](model_receiver& r) {
+      for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
+      return status::success();
+    };
+    std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
+    std::vector<receiver_endpoint<model_receiver>*> ep;
+    for (int r = 0; r < 2; ++r) {
+      auto id = "tp" + std::to_string(r);
+      eps.push_back(std::make_unique<receiver_endpoint<model_receiver>>(
+          id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
+      ep.push_back(eps.back().get());
+    }
+    using C = coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
+    C c1(commits, objects, op, ep, crash_at([](crash_point p) { return p == crash_point::after_first_ack;}));
+    REQUIRE(c1.take_over().ok());
+    REQUIRE(c1.bootstrap().ok());
+    trainer.step(0.05, 1);
+    CHECK(c1.transition().result.code == errc::aborted);
+    file_commit_store reopened(dir / "control"); // the successor reads the durable record
+    C c2(reopened, objects, op, ep);
+    REQUIRE(c2.take_over().ok());
+    auto rep = c2.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    CHECK(rep.collected_objects > 0);
+    stored_record cur;
+    REQUIRE(reopened.load(cur).ok());
+    CHECK(cur.record.version == 1);
+    for (auto* e : ep)
+      e->with_receiver([&](model_receiver& r) {
+        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
+      });
+    std::vector<std::string> left;
+    REQUIRE(objects.list("attempt/", left).ok());
+    CHECK(left.empty());
+  }
+  std::filesystem::remove_all(dir);
+}
