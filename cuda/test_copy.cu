@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dcr/cuda/copy.cuh"
+#include "dcr/cuda/loader_sink.cuh"
 #include "dcr/device/copy.hpp"
 #include "test_common.cuh"
 
@@ -57,6 +58,32 @@ template <class W> std::vector<W> scratch_words(std::size_t n, double density, W
   return s;
 }
 
+/// Dtype whose NaN patterns the NaN mode uses for words of W.
+template <class W> dtype_id nan_dtype_for() {
+  if constexpr (sizeof(W) == 1) return dtype_id::f8e4m3fn;
+  else if constexpr (sizeof(W) == 2) return dtype_id::bf16;
+  else return dtype_id::f32;
+}
+
+/// Source for the NaN mode: active words are not NaN, inactive ones are NaN
+/// patterns with random sign and payload.
+template <class W> std::vector<W> nan_scratch(std::size_t n, double density, std::uint64_t seed) {
+  const auto r = device::nan_rule_of(nan_dtype_for<W>());
+  auto v = random_words<W>(n, seed);
+  std::vector<bool> act(n);
+  for (auto i : random_locations(n, density, seed + 1)) act[i] = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (act[i]) {
+      while (device::is_nan_by(v[i], r)) v[i] = static_cast<W>(v[i] + 1);
+    } else {
+      std::uint64_t w = v[i] | r.exponent;
+      if ((w & r.mantissa) == 0) w |= 1;
+      v[i] = static_cast<W>(w);
+    }
+  }
+  return v;
+}
+
 template <device::word W> void host_side_checks() {
   std::vector<W> a(64), b(64);
   const device::view<W> da{a.data(), device::linear(64)};
@@ -82,6 +109,35 @@ template <device::word W> void host_side_checks() {
                   "sink: width 3");
   DCR_EXPECT_CODE(sink.copy(t1, {b.data(), 1, device::linear(64)}), invalid_argument, "sink: placeholder too wide");
   DCR_EXPECT(sink.copies() == 0, "failed copies are not counted");
+  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, sb, copy_mode::overwrite_nan, W{0}, {}, dtype_id::f32 == nan_dtype_for<W>() ? dtype_id::bf16 : dtype_id::f32),
+                  bad_dtype, "NaN mode with a dtype of another width");
+  DCR_EXPECT_CODE(device::masked_overwrite_nan<W>(da, sb, sizeof(W) == 4 ? dtype_id::bf16 : dtype_id::f32), bad_dtype,
+                  "twin: NaN mode with a dtype of another width");
+
+  // The loader-facing sink: dtype mismatch is a loader condition; it never throws from copy.
+  {
+    dcr::cuda::device_loader_sink ls(copy_mode::xor_mask, dtype_id::bf16);
+    std::vector<std::byte> p(64), q(64);
+    const tensor_view tb{p.data(), dtype_id::bf16, strided_layout::row_major({8})};
+    const tensor_view tf{q.data(), dtype_id::f16, strided_layout::row_major({8})};
+    ls.copy(tb, tf);
+    ls.copy(tb, tb); // not applied after a failure
+    ls.skip("model.layers.0.mlp.experts.3.up_proj.weight");
+    DCR_EXPECT_CODE(ls.finish(), loader_condition, "loader sink: dtype mismatch");
+    DCR_EXPECT(ls.copies() == 0 && ls.skipped().size() == 1, "loader sink counts");
+    bool threw = false;
+    try {
+      dcr::cuda::device_loader_sink bad(copy_mode::overwrite_mask, dtype_id::bf16);
+    } catch (const error& e) {
+      threw = e.code() == errc::invalid_argument;
+    }
+    DCR_EXPECT(threw, "loader sink refuses the per-copy mask mode");
+    if (dcr::cuda::device_count() == 0) {
+      dcr::cuda::device_loader_sink nd(copy_mode::dense, dtype_id::f16);
+      nd.copy(tf, {q.data() + 32, dtype_id::f16, strided_layout::row_major({8})});
+      DCR_EXPECT_CODE(nd.finish(), device, "no device: loader sink");
+    }
+  }
   if (dcr::cuda::device_count() == 0) {
     DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, sb, copy_mode::dense), device, "no device: copy");
     DCR_EXPECT_CODE(dcr::cuda::masked_overwrite<W>(da, sb, W{0}), device, "no device: masked overwrite");
@@ -107,11 +163,24 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
     const device::view<W> dd{d_dst.get() + c.dst_base, c.dst};
     const device::view<const W> ds{d_src.get() + c.src_base, c.src};
     const device::view<const std::uint8_t> dm{d_mask.get() + c.src_base, c.src};
-    const status h = device::copy<W>(hd, hs, mode, ph, hm);
-    const status d = dcr::cuda::copy<W>(dd, ds, mode, ph, dm);
+    const status h = device::copy<W>(hd, hs, mode, ph, hm, nan_dtype_for<W>());
+    const status d = dcr::cuda::copy<W>(dd, ds, mode, ph, dm, nan_dtype_for<W>());
     const std::string m = what + " mode " + std::to_string(static_cast<int>(mode));
     DCR_EXPECT(h.ok() && d.ok(), m + ": status " + h.message + d.message);
     DCR_EXPECT(dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host), m + ": bytes");
+  }
+  // NaN mode over a source whose inactive words are NaN patterns.
+  {
+    const auto ns = nan_scratch<W>(c.src_storage, density, seed + 4);
+    dbuf<W> d_ns(ns);
+    d_dst.upload(init);
+    auto host = init;
+    const status h = device::masked_overwrite_nan<W>({host.data() + c.dst_base, c.dst}, {ns.data() + c.src_base, c.src},
+                                                     nan_dtype_for<W>());
+    const status d = dcr::cuda::masked_overwrite_nan<W>({d_dst.get() + c.dst_base, c.dst},
+                                                        {d_ns.get() + c.src_base, c.src}, nan_dtype_for<W>());
+    DCR_EXPECT(h.ok() && d.ok() && dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host),
+               what + ": NaN mode " + h.message + d.message);
   }
   // The sink in overwrite mode does what masked_overwrite does.
   {
@@ -123,6 +192,38 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
     const status s = sink.copy({d_dst.get() + c.dst_base, sizeof(W), c.dst}, {d_src.get() + c.src_base, sizeof(W), c.src});
     DCR_EXPECT(s.ok() && sink.synchronize().ok() && same_bytes(d_dst.download(), host), what + ": sink " + s.message);
     DCR_EXPECT(sink.copies() == 1 && sink.elements() == static_cast<std::uint64_t>(c.dst.size()), what + ": sink counts");
+  }
+}
+
+// A loader's copies through the loader-facing sink: two canonical tensors
+// fused row-wise into one device parameter, one of them transposed.
+void loader_sink_case() {
+  const std::uint64_t rows = 300, cols = 257;
+  const auto init = random_words<std::uint16_t>(2 * rows * cols, 31);
+  const auto a = random_words<std::uint16_t>(rows * cols, 32);
+  const auto b = random_words<std::uint16_t>(rows * cols, 33);
+  for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_nan}) {
+    dbuf<std::uint16_t> d_param(init), d_a(a), d_b(b);
+    auto host = init;
+    auto as_bytes = [](std::uint16_t* p) { return reinterpret_cast<std::byte*>(p); };
+    const tensor_view pd{as_bytes(d_param.get()), dtype_id::bf16, strided_layout::row_major({2 * rows, cols})};
+    const tensor_view ph{as_bytes(host.data()), dtype_id::bf16, strided_layout::row_major({2 * rows, cols})};
+    const tensor_view ad{as_bytes(d_a.get()), dtype_id::bf16, strided_layout::row_major({rows, cols})};
+    const tensor_view bd{as_bytes(d_b.get()), dtype_id::bf16, strided_layout::row_major({cols, rows}).transposed(0, 1)};
+    dcr::cuda::device_loader_sink sink(mode, dtype_id::bf16);
+    sink.copy(pd.slice(0, 0, static_cast<std::int64_t>(rows)), ad);
+    sink.copy(pd.slice(0, static_cast<std::int64_t>(rows), static_cast<std::int64_t>(rows)), bd);
+    const status s = sink.finish();
+    DCR_EXPECT(s.ok() && sink.copies() == 2 && sink.elements() == 2 * rows * cols, "loader sink: " + s.message);
+    const std::uint16_t phw = dtype_traits<bf16>::placeholder;
+    auto twin = [&](const tensor_view& dst, const std::vector<std::uint16_t>& src, const strided_layout& sl) {
+      return device::copy<std::uint16_t>(device::to_device_as<std::uint16_t>(dst), {src.data(), device::to_device(sl)},
+                                         mode, phw, {}, dtype_id::bf16);
+    };
+    DCR_EXPECT(twin(ph.slice(0, 0, static_cast<std::int64_t>(rows)), a, ad.layout).ok() &&
+                   twin(ph.slice(0, static_cast<std::int64_t>(rows), static_cast<std::int64_t>(rows)), b, bd.layout).ok(),
+               "loader sink twin");
+    DCR_EXPECT(same_bytes(d_param.download(), host), "loader sink bytes, mode " + std::to_string(static_cast<int>(mode)));
   }
 }
 
@@ -170,6 +271,7 @@ int main() {
       run_case<std::uint16_t>(c, d, seed++);
       run_case<std::uint32_t>(c, d, seed++);
     }
+  loader_sink_case();
   large_case();
   return finish("test_copy");
 }

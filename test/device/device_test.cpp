@@ -119,6 +119,27 @@ TEST_CASE("device layout agrees with the core layout on every coordinate") {
   CHECK(device::row_major(ext, 2).contiguous);
 }
 
+TEST_CASE("NaN rules equal the dtype NaN test on every word") {
+  for (auto id : {dtype_id::bf16, dtype_id::f16, dtype_id::f8e4m3fn, dtype_id::f8e5m2}) {
+    CAPTURE(name_of(id));
+    const auto r = device::nan_rule_of(id);
+    const std::uint32_t words = width_of(id) == 1 ? 0x100u : 0x10000u;
+    visit_dtype(id, [&](auto tag) {
+      using D = decltype(tag);
+      for (std::uint32_t w = 0; w < words; ++w)
+        REQUIRE(device::is_nan_by(static_cast<word_t<D>>(w), r) == is_nan_word<D>(static_cast<word_t<D>>(w)));
+    });
+  }
+  const auto r = device::nan_rule_of(dtype_id::f32);
+  std::mt19937_64 g(5);
+  for (int i = 0; i < 200000; ++i) {
+    auto w = static_cast<std::uint32_t>(g());
+    if (i % 2) w |= 0x7F800000u; // half of them with a full exponent
+    REQUIRE(device::is_nan_by(w, r) == is_nan_word<f32>(w));
+  }
+  CHECK_FALSE(device::is_nan_by(std::uint16_t{0x7FC0}, device::nan_rule_of(static_cast<dtype_id>(99))));
+}
+
 TEST_CASE("gap words: width selection, little-endian loads, decode round trip") {
   CHECK(device::gap_width_for(0) == 1);
   CHECK(device::gap_width_for(0xFF) == 1);
@@ -268,7 +289,9 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
         mask[k] = active[k] ? static_cast<std::uint8_t>(1 + k % 200) : 0;
       }
       const auto init = words<W>(dc.storage, seed++);
-      for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_mask}) {
+      const dtype_id nd = sizeof(W) == 1 ? dtype_id::f8e5m2 : sizeof(W) == 2 ? dtype_id::f16 : dtype_id::f32;
+      for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_mask,
+                        copy_mode::overwrite_nan}) {
         CAPTURE(dc.name);
         CAPTURE(static_cast<int>(mode));
         auto ref = init;
@@ -277,11 +300,18 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
           if (mode == copy_mode::dense) r = src[k];
           if (mode == copy_mode::xor_mask) r = static_cast<W>(r ^ src[k]);
           if ((mode == copy_mode::overwrite || mode == copy_mode::overwrite_mask) && active[k]) r = src[k];
+          if (mode == copy_mode::overwrite_nan) {
+            const bool nan = visit_dtype(nd, [&](auto tag) {
+              using D = decltype(tag);
+              return is_nan_word<D>(static_cast<word_t<D>>(src[k]));
+            });
+            if (!nan) r = src[k];
+          }
         }
         auto got = init;
         const status s = device::copy<W>({got.data() + dc.base, device::to_device(dc.l)},
                                          {src.data(), device::to_device(sl)}, mode, ph,
-                                         {mask.data(), device::to_device(sl)});
+                                         {mask.data(), device::to_device(sl)}, nd);
         REQUIRE(s.ok());
         CHECK(same(got, ref));
       }
@@ -301,6 +331,8 @@ TEST_CASE("copy failures carry their errc") {
                                     copy_mode::dense)
             .ok());
   CHECK(device::copy<std::uint16_t>(da, sb, static_cast<copy_mode>(7)).code == errc::invalid_argument);
+  CHECK(device::masked_overwrite_nan<std::uint16_t>(da, sb, dtype_id::f32).code == errc::bad_dtype);
+  CHECK(device::masked_overwrite_nan<std::uint16_t>(da, sb, static_cast<dtype_id>(42)).code == errc::bad_dtype);
   CHECK(device::masked_overwrite<std::uint16_t>(da, sb, device::view<const std::uint8_t>{m.data(), device::linear(8)})
             .code == errc::shape_mismatch);
   CHECK(device::masked_overwrite<std::uint16_t>(da, sb, device::view<const std::uint8_t>{nullptr, device::linear(64)})

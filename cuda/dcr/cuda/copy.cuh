@@ -33,7 +33,7 @@ namespace detail {
 template <device::word W>
 __global__ void copy_strided_kernel(device::view<W> dst, device::view<const W> src,
                                     device::view<const std::uint8_t> mask, device::copy_mode mode,
-                                    W placeholder, std::uint64_t n) {
+                                    W placeholder, device::nan_rule nan, std::uint64_t n) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const auto i = static_cast<std::int64_t>(k);
     const W s = src.at(i);
@@ -50,6 +50,9 @@ __global__ void copy_strided_kernel(device::view<W> dst, device::view<const W> s
     case device::copy_mode::overwrite_mask:
       if (mask.at(i) != 0) dst.at(i) = s;
       break;
+    case device::copy_mode::overwrite_nan:
+      if (!device::is_nan_by(s, nan)) dst.at(i) = s;
+      break;
     }
   }
 }
@@ -60,11 +63,18 @@ template <device::word W> union chunk {
   W w[16 / sizeof(W)];
 };
 
+/// Active word of the placeholder overwrite modes.
+template <device::word W>
+__device__ inline bool is_active(W s, device::copy_mode mode, W placeholder, device::nan_rule nan) {
+  return mode == device::copy_mode::overwrite ? s != placeholder : !device::is_nan_by(s, nan);
+}
+
 /// Contiguous, 16-byte aligned copy over `chunks` 16-byte chunks (dense,
-/// XOR, overwrite); the tail of fewer than one chunk goes to the strided kernel.
+/// XOR, overwrite, overwrite_nan); the tail of fewer than one chunk goes to
+/// the strided kernel.
 template <device::word W>
 __global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT src, device::copy_mode mode,
-                                   W placeholder, std::uint64_t chunks) {
+                                   W placeholder, device::nan_rule nan, std::uint64_t chunks) {
   constexpr int per = 16 / sizeof(W);
   auto* d4 = reinterpret_cast<uint4*>(dst);
   const auto* s4 = reinterpret_cast<const uint4*>(src);
@@ -80,13 +90,13 @@ __global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT sr
     } else {
       int active = 0;
 #pragma unroll
-      for (int j = 0; j < per; ++j) active += s.w[j] != placeholder;
+      for (int j = 0; j < per; ++j) active += is_active(s.w[j], mode, placeholder, nan);
       if (active == per) {
         d4[c] = s.v;
       } else if (active != 0) {
 #pragma unroll
         for (int j = 0; j < per; ++j)
-          if (s.w[j] != placeholder) dst[c * per + j] = s.w[j];
+          if (is_active(s.w[j], mode, placeholder, nan)) dst[c * per + j] = s.w[j];
       }
     }
   }
@@ -94,7 +104,8 @@ __global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT sr
 
 template <device::word W>
 status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_mode mode, W placeholder,
-                   device::view<const std::uint8_t> mask, const device_facts& f, cudaStream_t stream) {
+                   device::view<const std::uint8_t> mask, device::nan_rule nan, const device_facts& f,
+                   cudaStream_t stream) {
   const auto n = static_cast<std::uint64_t>(dst.size());
   if (n == 0) return status::success();
   const bool aligned = (reinterpret_cast<std::uintptr_t>(dst.data) | reinterpret_cast<std::uintptr_t>(src.data)) % 16 == 0;
@@ -105,7 +116,7 @@ status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_
     if (chunks > 0) {
       const tuning t = select_tuning(kernel_kind::copy_vector, f.cc_major);
       copy_vector_kernel<W><<<grid_for(chunks, 1, t, f), t.block_threads, 0, stream>>>(
-          dst.data, src.data, mode, placeholder, chunks);
+          dst.data, src.data, mode, placeholder, nan, chunks);
       DCR_TRY(check_launch("copy_vector_kernel"));
     }
     done = chunks * per;
@@ -116,7 +127,7 @@ status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_
   }
   const tuning t = select_tuning(kernel_kind::copy_scalar, f.cc_major);
   copy_strided_kernel<W><<<grid_for(n - done, 1, t, f), t.block_threads, 0, stream>>>(
-      dst, src, mask, mode, placeholder, n - done);
+      dst, src, mask, mode, placeholder, nan, n - done);
   return check_launch("copy_strided_kernel");
 }
 
@@ -124,33 +135,36 @@ status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_
 
 /// Copy device view `src` into device view `dst` in `mode`; `placeholder`
 /// is used by `overwrite`, `mask` (same extents as `src`) by
-/// `overwrite_mask`. Returns after the launch.
+/// `overwrite_mask`, `nan_dtype` by `overwrite_nan`. Returns after the launch.
 template <device::word W>
 status copy(device::view<W> dst, std::type_identity_t<device::view<const W>> src, device::copy_mode mode,
-            W placeholder = 0, device::view<const std::uint8_t> mask = {}, cudaStream_t stream = 0) {
-  DCR_RETURN_ERROR_IF(static_cast<unsigned>(mode) > 3, invalid_argument, "unknown copy mode");
-  DCR_TRY(device::check_copy_pair(dst.shape, dst.data, src.shape, src.data, sizeof(W)));
-  if (mode == device::copy_mode::overwrite_mask) {
-    DCR_TRY(device::check_source_view(mask.shape, mask.data, "copy mask"));
-    DCR_RETURN_ERROR_IF(!mask.shape.same_extents(src.shape), shape_mismatch, "copy mask and source extents differ");
-  }
+            W placeholder = 0, device::view<const std::uint8_t> mask = {}, dtype_id nan_dtype = dtype_id::bf16,
+            cudaStream_t stream = 0) {
+  DCR_TRY(device::check_copy(dst, src, mode, mask, nan_dtype));
   detail::device_facts f;
   DCR_TRY(detail::prepare(dst.data, src.data, mode == device::copy_mode::overwrite_mask ? mask.data : nullptr, f));
-  return detail::launch_copy(dst, src, mode, placeholder, mask, f, stream);
+  return detail::launch_copy(dst, src, mode, placeholder, mask, device::nan_rule_of(nan_dtype), f, stream);
 }
 
 /// Write `src` into `dst` where `src != placeholder` (device memory).
 template <device::word W>
 status masked_overwrite(device::view<W> dst, std::type_identity_t<device::view<const W>> src, W placeholder,
                         cudaStream_t stream = 0) {
-  return copy(dst, src, device::copy_mode::overwrite, placeholder, {}, stream);
+  return copy(dst, src, device::copy_mode::overwrite, placeholder, {}, dtype_id::bf16, stream);
+}
+
+/// Write `src` into `dst` where `src` is not a NaN of `dtype` (device memory).
+template <device::word W>
+status masked_overwrite_nan(device::view<W> dst, std::type_identity_t<device::view<const W>> src, dtype_id dtype,
+                            cudaStream_t stream = 0) {
+  return copy(dst, src, device::copy_mode::overwrite_nan, W{0}, {}, dtype, stream);
 }
 
 /// Write `src` into `dst` where `mask != 0` (device memory; for NaN-valued items).
 template <device::word W>
 status masked_overwrite(device::view<W> dst, std::type_identity_t<device::view<const W>> src,
                         device::view<const std::uint8_t> mask, cudaStream_t stream = 0) {
-  return copy(dst, src, device::copy_mode::overwrite_mask, W{0}, mask, stream);
+  return copy(dst, src, device::copy_mode::overwrite_mask, W{0}, mask, dtype_id::bf16, stream);
 }
 
 /// Untyped device view: what a native loader hands the sink. `width` is
@@ -166,11 +180,13 @@ struct device_tensor {
 /// its mode on `stream` and counts what it did, so the receiver can compare
 /// intercepted copies with the loader's reported loads. The overwrite mode
 /// takes the placeholder word (zero-extended) of the item's dtype; the
-/// masked mode takes, per copy, a mask view shaped like `src`.
+/// masked mode takes, per copy, a mask view shaped like `src`; the NaN mode
+/// takes the dtype whose NaN patterns are placeholders.
 class device_copy_sink {
 public:
-  explicit device_copy_sink(device::copy_mode mode, std::uint64_t placeholder = 0, cudaStream_t stream = 0)
-      : mode_(mode), placeholder_(placeholder), stream_(stream) {}
+  explicit device_copy_sink(device::copy_mode mode, std::uint64_t placeholder = 0, cudaStream_t stream = 0,
+                            dtype_id nan_dtype = dtype_id::bf16)
+      : mode_(mode), placeholder_(placeholder), stream_(stream), nan_dtype_(nan_dtype) {}
 
   /// Apply one intercepted copy; both views must have the same word width.
   status copy(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask = {}) {
@@ -207,12 +223,13 @@ private:
     DCR_RETURN_ERROR_IF(mode_ == device::copy_mode::overwrite && placeholder_ > static_cast<W>(~W{0}),
                         invalid_argument, "sink: placeholder wider than the words");
     return cuda::copy<W>({static_cast<W*>(dst.data), dst.shape}, {static_cast<const W*>(src.data), src.shape},
-                         mode_, static_cast<W>(placeholder_), mask, stream_);
+                         mode_, static_cast<W>(placeholder_), mask, nan_dtype_, stream_);
   }
 
   device::copy_mode mode_;
   std::uint64_t placeholder_;
   cudaStream_t stream_;
+  dtype_id nan_dtype_;
   std::uint64_t copies_ = 0, elements_ = 0;
 };
 

@@ -71,6 +71,26 @@ inline status check_copy_pair(const layout& dst, const void* dst_data, const lay
   return status::success();
 }
 
+/// Checks of a copy in `mode` (shared by the copy kernels and their twin);
+/// `mask` is only looked at for `overwrite_mask`, `nan_dtype` only for
+/// `overwrite_nan` (its width must be the word width).
+template <word W>
+status check_copy(const view<W>& dst, const view<const W>& src, copy_mode mode,
+                  const view<const std::uint8_t>& mask, dtype_id nan_dtype) {
+  DCR_RETURN_ERROR_IF(static_cast<unsigned>(mode) > 4, invalid_argument,
+                      "unknown copy mode " + std::to_string(static_cast<unsigned>(mode)));
+  DCR_TRY(check_copy_pair(dst.shape, dst.data, src.shape, src.data, sizeof(W)));
+  if (mode == copy_mode::overwrite_mask) {
+    DCR_TRY(check_source_view(mask.shape, mask.data, "copy mask"));
+    DCR_RETURN_ERROR_IF(!mask.shape.same_extents(src.shape), shape_mismatch,
+                        "copy mask and source extents differ");
+  }
+  DCR_RETURN_ERROR_IF(mode == copy_mode::overwrite_nan && width_of(nan_dtype) != sizeof(W), bad_dtype,
+                      "overwrite_nan: dtype " + std::string(name_of(nan_dtype)) + " does not have " +
+                          std::to_string(sizeof(W)) + "-byte words");
+  return status::success();
+}
+
 /// Status for a failed location check (`code` from `check_location`) at record `k`.
 inline status location_failure(int code, std::uint64_t k, std::uint64_t size) {
   if (code == 1)

@@ -10,10 +10,14 @@
 /// | `xor_mask`       | `dst[k] ^= src[k]`                                  |
 /// | `overwrite`      | `dst[k] = src[k]` only where `src[k] != placeholder` |
 /// | `overwrite_mask` | `dst[k] = src[k]` only where `mask[k] != 0`         |
+/// | `overwrite_nan`  | `dst[k] = src[k]` only where `src[k]` is not NaN    |
 ///
 /// Inactive positions are never written. `masked_overwrite` is the rollout
 /// side's overwrite path: scratch holds values and placeholders; the
-/// explicit-mask form serves items whose values may themselves be NaN.
+/// explicit-mask form serves items whose values may themselves be NaN; the
+/// NaN form treats every NaN pattern of the dtype as the placeholder (what
+/// the receiver's overwrite sink does for loader temporaries, whose casts may
+/// change a NaN's payload).
 /// Checks (shared with the kernels): destination unique, same extents,
 /// non-overlapping storage, mask extents equal to the source's.
 
@@ -27,25 +31,11 @@
 
 namespace dcr::device {
 
-/// Checks of a copy in `mode`; `mask` is only looked at for `overwrite_mask`.
-template <word W>
-status check_copy(const view<W>& dst, const view<const W>& src, copy_mode mode,
-                  const view<const std::uint8_t>& mask) {
-  DCR_RETURN_ERROR_IF(static_cast<unsigned>(mode) > 3, invalid_argument, "unknown copy mode");
-  DCR_TRY(check_copy_pair(dst.shape, dst.data, src.shape, src.data, sizeof(W)));
-  if (mode == copy_mode::overwrite_mask) {
-    DCR_TRY(check_source_view(mask.shape, mask.data, "copy mask"));
-    DCR_RETURN_ERROR_IF(!mask.shape.same_extents(src.shape), shape_mismatch,
-                        "copy mask and source extents differ");
-  }
-  return status::success();
-}
-
 /// Copy `src` into `dst` in `mode` (see the table above).
 template <word W>
 status copy(view<W> dst, std::type_identity_t<view<const W>> src, copy_mode mode, W placeholder = 0,
-            view<const std::uint8_t> mask = {}) {
-  DCR_TRY(check_copy(dst, src, mode, mask));
+            view<const std::uint8_t> mask = {}, dtype_id nan_dtype = dtype_id::bf16) {
+  DCR_TRY(check_copy(dst, src, mode, mask, nan_dtype));
   const std::int64_t n = dst.size();
   // One loop per mode keeps each plain and vectorisable.
   switch (mode) {
@@ -63,6 +53,12 @@ status copy(view<W> dst, std::type_identity_t<view<const W>> src, copy_mode mode
     for (std::int64_t k = 0; k < n; ++k)
       if (mask.at(k) != 0) dst.at(k) = src.at(k);
     break;
+  case copy_mode::overwrite_nan: {
+    const nan_rule r = nan_rule_of(nan_dtype);
+    for (std::int64_t k = 0; k < n; ++k)
+      if (const W s = src.at(k); !is_nan_by(s, r)) dst.at(k) = s;
+    break;
+  }
   }
   return status::success();
 }
@@ -71,6 +67,12 @@ status copy(view<W> dst, std::type_identity_t<view<const W>> src, copy_mode mode
 template <word W>
 status masked_overwrite(view<W> dst, std::type_identity_t<view<const W>> src, W placeholder) {
   return copy(dst, src, copy_mode::overwrite, placeholder);
+}
+
+/// Write `src` into `dst` at every position where `src` is not a NaN of `dtype`.
+template <word W>
+status masked_overwrite_nan(view<W> dst, std::type_identity_t<view<const W>> src, dtype_id dtype) {
+  return copy(dst, src, copy_mode::overwrite_nan, W{0}, {}, dtype);
 }
 
 /// Write `src` into `dst` at every position where `mask != 0`.

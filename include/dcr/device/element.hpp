@@ -174,7 +174,34 @@ enum class copy_mode : std::uint8_t {
   xor_mask = 1,       ///< dst ^= src
   overwrite = 2,      ///< dst = src where src != placeholder
   overwrite_mask = 3, ///< dst = src where mask != 0 (NaN-valued items)
+  overwrite_nan = 4,  ///< dst = src where src is not a NaN of the dtype (any NaN is the placeholder)
 };
+
+/// NaN test of a dtype as two masks: a word is NaN when all `exponent` bits
+/// are set and some `mantissa` bit is set. For f8e4m3fn (NaN only at
+/// S.1111.111) both masks are 0x7F, which states exactly that.
+struct nan_rule {
+  std::uint64_t exponent = 0;
+  std::uint64_t mantissa = 0;
+};
+
+/// NaN rule of a dtype (an unknown id gives a rule that matches nothing).
+constexpr DCR_HOST_DEVICE nan_rule nan_rule_of(dtype_id id) noexcept {
+  switch (id) {
+  case dtype_id::bf16: return {dtype_traits<bf16>::exponent_mask, dtype_traits<bf16>::mantissa_mask};
+  case dtype_id::f16: return {dtype_traits<f16>::exponent_mask, dtype_traits<f16>::mantissa_mask};
+  case dtype_id::f32: return {dtype_traits<f32>::exponent_mask, dtype_traits<f32>::mantissa_mask};
+  case dtype_id::f8e4m3fn: return {0x7F, 0x7F};
+  case dtype_id::f8e5m2: return {dtype_traits<f8e5m2>::exponent_mask, dtype_traits<f8e5m2>::mantissa_mask};
+  }
+  return {0, 0};
+}
+
+/// True when `w` is NaN under `r`.
+template <class W> constexpr DCR_HOST_DEVICE bool is_nan_by(W w, nan_rule r) noexcept {
+  const auto v = static_cast<std::uint64_t>(w);
+  return r.mantissa != 0 && (v & r.exponent) == r.exponent && (v & r.mantissa) != 0;
+}
 
 /// Result of scattering `value` onto resident word `dst`.
 template <word W> constexpr DCR_HOST_DEVICE W scatter_word(W dst, W value, scatter_op op) noexcept {
