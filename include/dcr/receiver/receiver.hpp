@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <set>
+#include <tuple>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "dcr/codec/item.hpp"
+#include "dcr/codec/payload.hpp"
 #include "dcr/core/dtype.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
@@ -58,6 +61,15 @@ inline status check_item(const item& it, const tensor_meta& meta) {
 }
 
 /// One serving rank. `L` is the native loader (held by value).
+///
+/// Attempts: payloads carry the attempt that produced them. The receiver
+/// holds one current attempt; a payload of an older attempt is stale, a
+/// payload of a newer attempt (or `begin_attempt`) starts that attempt and
+/// drops everything staged for older ones. Within an attempt, payloads are
+/// deduplicated by (attempt, owner, sequence): applying an XOR payload twice
+/// would revert it. A failed apply fails the attempt; its remaining payloads
+/// are refused (`errc::aborted`) until a newer attempt begins (typically an
+/// all-overwrite retry, which repairs any partial state).
 template <native_loader L> class receiver {
 public:
   /// Prewarm. Throws `dcr::error(unsupported_loader)` when a loader path
@@ -189,6 +201,65 @@ public:
     return status::success();
   }
 
+  /// Start attempt `attempt`: staged payloads of older attempts are dropped
+  /// and their late arrivals become stale. An older or equal id is ignored.
+  void begin_attempt(std::uint64_t attempt) {
+    if (attempt <= attempt_ && started_) return;
+    started_ = true;
+    attempt_ = attempt;
+    staged_.clear();
+    seen_.clear();
+    failure_ = {};
+  }
+  /// The current attempt.
+  std::uint64_t attempt() const noexcept { return attempt_; }
+  /// Why the current attempt failed (ok while it has not).
+  const status& attempt_failure() const noexcept { return failure_; }
+  /// Payloads staged and not yet applied.
+  std::size_t staged_count() const noexcept { return staged_.size(); }
+
+  /// Validate a payload's header and digest (no decompression), fence stale
+  /// attempts (`stale_attempt`), suppress duplicates (`duplicate`; nothing
+  /// changes) and keep its bytes for `apply_staged`. Errors of the payload
+  /// decoder pass through unchanged.
+  status stage(std::span<const std::byte> payload) {
+    payload_id id;
+    DCR_TRY(read_payload_id(payload, id));
+    DCR_RETURN_ERROR_IF(started_ && id.attempt < attempt_, stale_attempt,
+                        "payload of attempt " + std::to_string(id.attempt) + " (owner " + std::to_string(id.owner) +
+                            ", sequence " + std::to_string(id.sequence) + "), current attempt " +
+                            std::to_string(attempt_));
+    begin_attempt(id.attempt);
+    DCR_RETURN_ERROR_IF(!failure_.ok(), aborted,
+                        "attempt " + std::to_string(attempt_) + " failed: " + failure_.message);
+    DCR_RETURN_ERROR_IF(!seen_.emplace(id.owner, id.sequence).second, duplicate,
+                        "payload (attempt " + std::to_string(id.attempt) + ", owner " + std::to_string(id.owner) +
+                            ", sequence " + std::to_string(id.sequence) + ") seen before");
+    staged_.push_back({id, std::vector<std::byte>(payload.begin(), payload.end())});
+    return status::success();
+  }
+
+  /// Decode (validating every byte) and apply every staged payload of the
+  /// current attempt, in staging order. The first failure fails the attempt.
+  status apply_staged() {
+    DCR_RETURN_ERROR_IF(!failure_.ok(), aborted, "attempt " + std::to_string(attempt_) + " failed: " + failure_.message);
+    auto staged = std::move(staged_);
+    staged_.clear();
+    for (auto& p : staged) {
+      decoded_payload d;
+      status s = decode_payload(p.bytes, d);
+      if (s.ok() && !(d.id == p.id)) s = fail(errc::bad_format, "decoded payload id differs from its header");
+      if (s.ok()) s = apply_items(d.items);
+      if (!s.ok()) {
+        s.message = "payload (owner " + std::to_string(p.id.owner) + ", sequence " + std::to_string(p.id.sequence) +
+                    "): " + s.message;
+        failure_ = s;
+        return s;
+      }
+    }
+    return status::success();
+  }
+
   /// BLAKE2b-128 of all rank storage (see `parameter_store::digest`).
   digest128 state_digest() const { return store_.digest(); }
 
@@ -230,6 +301,15 @@ private:
   copy_plan plan_;
   std::vector<std::uint64_t> scratch_;
   std::vector<std::vector<std::byte>> captures_;
+  struct staged_payload {
+    payload_id id;
+    std::vector<std::byte> bytes;
+  };
+  bool started_ = false;
+  std::uint64_t attempt_ = 0;
+  std::vector<staged_payload> staged_;
+  std::set<std::pair<std::uint32_t, std::uint32_t>> seen_; ///< (owner, sequence) of the current attempt
+  status failure_;
 };
 
 } // namespace dcr
