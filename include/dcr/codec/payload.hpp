@@ -95,7 +95,7 @@ struct item_row {
 
 /// Bounds the decoder enforces on top of what the bytes themselves allow.
 struct decode_limits {
-  std::uint64_t max_raw_body = std::uint64_t{1} << 36; ///< decompressed body bytes
+  std::uint64_t max_raw_body = std::uint64_t{1} << 32; ///< decompressed body bytes (4 GiB)
 };
 
 namespace detail {
@@ -345,8 +345,11 @@ inline status read_payload_header(std::span<const std::byte> bytes, payload_head
 /// Decompress the body of a payload whose header and digest checked out.
 inline status decompress_body(std::span<const std::byte> bytes, const payload_header& h,
                               std::vector<std::byte>& body) {
+  const auto frame = compressed_body(bytes);
+  if (auto s = zstd_check_frame(frame, h.raw_length); !s)
+    return fail(s.code, "body (payload byte " + std::to_string(payload_header_size) + "): " + s.message);
   body.resize(h.raw_length);
-  if (auto s = zstd_decompress(compressed_body(bytes), body); !s)
+  if (auto s = zstd_decompress(frame, body); !s)
     return fail(s.code, "body (payload byte " + std::to_string(payload_header_size) + "): " + s.message);
   return status::success();
 }

@@ -61,10 +61,10 @@ inline status zstd_compress(std::span<const std::byte> in, int level, std::vecto
   return status::success();
 }
 
-/// Decompress exactly one zstd frame `in` into `out`, which must be filled
-/// exactly: a frame that is shorter, longer, declares another content size,
-/// or is followed by more bytes is an error. Never writes outside `out`.
-inline status zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out) {
+/// Check, without decompressing, that `in` is exactly one zstd frame whose
+/// declared content size (when present) is `size`: callers run it before
+/// allocating the output.
+inline status zstd_check_frame(std::span<const std::byte> in, std::uint64_t size) {
   const std::size_t frame = ZSTD_findFrameCompressedSize(in.data(), in.size());
   DCR_RETURN_ERROR_IF(ZSTD_isError(frame), compression,
                       std::string("body is not a complete zstd frame: ") + ZSTD_getErrorName(frame));
@@ -73,9 +73,17 @@ inline status zstd_decompress(std::span<const std::byte> in, std::span<std::byte
                           std::to_string(in.size()));
   const unsigned long long declared = ZSTD_getFrameContentSize(in.data(), in.size());
   DCR_RETURN_ERROR_IF(declared == ZSTD_CONTENTSIZE_ERROR, compression, "bad zstd frame header");
-  DCR_RETURN_ERROR_IF(declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != out.size(), length_overflow,
+  DCR_RETURN_ERROR_IF(declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != size, length_overflow,
                       "zstd frame declares " + std::to_string(declared) + " bytes, expected " +
-                          std::to_string(out.size()));
+                          std::to_string(size));
+  return status::success();
+}
+
+/// Decompress exactly one zstd frame `in` into `out`, which must be filled
+/// exactly: a frame that is shorter, longer, declares another content size,
+/// or is followed by more bytes is an error. Never writes outside `out`.
+inline status zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out) {
+  DCR_TRY(zstd_check_frame(in, out.size()));
   ZSTD_DCtx* d = detail::thread_dctx();
   DCR_RETURN_ERROR_IF(d == nullptr, compression, "ZSTD_createDCtx failed");
   // out.data() may be null for an empty span; zstd accepts (nullptr, 0).
