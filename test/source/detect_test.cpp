@@ -5,8 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "dcr/source/detect.hpp"
@@ -211,4 +213,37 @@ TEST_CASE("spans of different lengths are rejected with invalid_argument") {
         errc::invalid_argument);
   CHECK(idx.empty());
   CHECK(runs.empty());
+}
+
+TEST_CASE_TEMPLATE("change_masks: every available instruction set equals the scalar definition", W,
+                   std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
+  splitmix g{101 + sizeof(W)};
+  for (detect_isa isa : {detect_isa::portable, detect_isa::avx512}) {
+    if (!detect_isa_available(isa)) {
+      MESSAGE("instruction set " << int(isa) << " not on this CPU; its kernel is not run");
+      continue;
+    }
+    for (double p : densities) {
+      const std::size_t blocks = 37;
+      auto buf = make_pair_of<W>(blocks * 64 + 5, p, g.next());
+      for (std::size_t offset : {0, 1, 5}) { // unaligned block starts
+        std::vector<std::uint64_t> masks(blocks, 0xDEAD);
+        change_masks(buf.old_words.data() + offset, buf.new_words.data() + offset, blocks, masks.data(), isa);
+        for (std::size_t k = 0; k < blocks; ++k) {
+          std::uint64_t want = 0;
+          for (std::size_t i = 0; i < 64; ++i)
+            want |= std::uint64_t{buf.old_words[offset + 64 * k + i] != buf.new_words[offset + 64 * k + i]} << i;
+          CHECK(masks[k] == want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("DCR_DETECT_ISA=portable selects the portable scan") {
+  const char* env = std::getenv("DCR_DETECT_ISA");
+  const bool forced = env != nullptr && std::string_view(env) == "portable";
+  MESSAGE("scan instruction set: " << (active_detect_isa() == detect_isa::avx512 ? "avx512" : "portable"));
+  if (forced) CHECK(active_detect_isa() == detect_isa::portable);
+  else CHECK(active_detect_isa() == (detect_isa_available(detect_isa::avx512) ? detect_isa::avx512 : detect_isa::portable));
 }

@@ -6,7 +6,8 @@
 ///
 /// Layering: `change_mask` turns up to 64 words into a 64-bit mask (bit i set
 /// when word i differs; SSE2 on x86-64, a plain loop elsewhere);
-/// `for_each_change_mask` walks a span block by block; `detect_changes` and
+/// `change_masks` does many blocks with prefetching, on AVX-512BW when the
+/// CPU has it (chosen at run time); `for_each_change_mask` walks a span; `detect_changes` and
 /// `detect_runs` extract indices or runs from the masks. All of them work on
 /// any sub-span, so a caller streams over a large tensor chunk by chunk by
 /// passing consecutive sub-spans with the matching `base`.
@@ -16,9 +17,11 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <ranges>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -27,6 +30,9 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
 #endif
 
 namespace dcr {
@@ -106,13 +112,132 @@ inline std::uint64_t change_mask(const W* old_words, const W* new_words, std::si
   return detail::change_mask_scalar(old_words, new_words, n);
 }
 
+/// Bytes ahead of the compare position that the scan prefetches (into L2):
+/// far enough to cover DRAM latency at streaming rate, small enough to stay
+/// within the L2 miss queue.
+inline constexpr std::size_t detect_prefetch_bytes = 8192;
+
+/// Instruction sets the scans can use.
+enum class detect_isa : std::uint8_t {
+  portable = 0, ///< SSE2 on x86-64, a plain loop elsewhere
+  avx512 = 1,   ///< AVX-512BW compare-to-mask, chosen at run time when the CPU has it
+};
+
+namespace detail {
+
+inline void prefetch_block(const void* p, std::size_t bytes) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  // Integer arithmetic: the address may lie past the end of the span, which
+  // prefetch tolerates but pointer arithmetic would not.
+  const auto at = reinterpret_cast<std::uintptr_t>(p) + detect_prefetch_bytes;
+  for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const void*>(at + off), 0, 2);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+/// The block scan: `f(first, mask)` for `blocks` whole 64-word blocks. The
+/// visitor is inlined into each instruction-set variant, so the extraction
+/// code it carries is compiled for that instruction set too.
+template <class W, class F>
+void scan_blocks_portable(const W* a, const W* b, std::size_t blocks, std::uint64_t first, F& f) {
+  for (std::size_t k = 0; k < blocks; ++k, a += change_block_words, b += change_block_words) {
+    prefetch_block(a, sizeof(W) * change_block_words);
+    prefetch_block(b, sizeof(W) * change_block_words);
+    f(first + k * change_block_words, change_mask(a, b, change_block_words));
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#define DCR_DETECT_HAVE_AVX512 1
+/// AVX-512BW variant; popcnt/bmi for the visitor's bit extraction (every
+/// AVX-512 CPU has them).
+template <class W, class F>
+__attribute__((target("avx512f,avx512bw,popcnt,bmi,bmi2,lzcnt"))) void
+scan_blocks_avx512(const W* a, const W* b, std::size_t blocks, std::uint64_t first, F& f) {
+  constexpr int per_vec = 64 / static_cast<int>(sizeof(W)); // words per 512-bit vector
+  for (std::size_t k = 0; k < blocks; ++k, a += change_block_words, b += change_block_words) {
+    prefetch_block(a, sizeof(W) * change_block_words);
+    prefetch_block(b, sizeof(W) * change_block_words);
+    std::uint64_t m = 0;
+    for (int v = 0; v < static_cast<int>(change_block_words) / per_vec; ++v) {
+      const __m512i x = _mm512_loadu_si512(a + v * per_vec);
+      const __m512i y = _mm512_loadu_si512(b + v * per_vec);
+      std::uint64_t part;
+      if constexpr (sizeof(W) == 1) part = _mm512_cmpneq_epi8_mask(x, y);
+      else if constexpr (sizeof(W) == 2) part = _mm512_cmpneq_epi16_mask(x, y);
+      else if constexpr (sizeof(W) == 4) part = _mm512_cmpneq_epi32_mask(x, y);
+      else part = _mm512_cmpneq_epi64_mask(x, y);
+      m |= part << (v * per_vec);
+    }
+    f(first + k * change_block_words, m);
+  }
+}
+
+inline bool cpu_has_avx512bw() noexcept {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+}
+#endif
+
+} // namespace detail
+
+/// True when `isa` can run on this CPU.
+inline bool detect_isa_available(detect_isa isa) noexcept {
+#if defined(DCR_DETECT_HAVE_AVX512)
+  static const bool avx512 = detail::cpu_has_avx512bw();
+  return isa == detect_isa::portable || (isa == detect_isa::avx512 && avx512);
+#else
+  return isa == detect_isa::portable;
+#endif
+}
+
+/// The instruction set the scans use, decided once: the best one this CPU
+/// has, unless the environment variable `DCR_DETECT_ISA=portable` asks for
+/// the portable code (to test or measure it on any machine).
+inline detect_isa active_detect_isa() noexcept {
+  static const detect_isa isa = [] {
+    const char* env = std::getenv("DCR_DETECT_ISA");
+    if (env != nullptr && std::string_view(env) == "portable") return detect_isa::portable;
+    return detect_isa_available(detect_isa::avx512) ? detect_isa::avx512 : detect_isa::portable;
+  }();
+  return isa;
+}
+
 namespace detail {
 inline void check_same_size(std::size_t a, std::size_t b, const char* what) {
   if (a != b)
     throw error(errc::invalid_argument, std::string(what) + ": old span has " + std::to_string(a) +
                                             " words, new span has " + std::to_string(b));
 }
+
+/// Whole blocks with the chosen instruction set, then the short tail.
+template <class W, class F>
+void scan(const W* a, const W* b, std::size_t n, std::uint64_t base, F& f, detect_isa isa) {
+  const std::size_t blocks = n / change_block_words;
+#if defined(DCR_DETECT_HAVE_AVX512)
+  if (isa == detect_isa::avx512) scan_blocks_avx512(a, b, blocks, base, f);
+  else scan_blocks_portable(a, b, blocks, base, f);
+#else
+  (void)isa;
+  scan_blocks_portable(a, b, blocks, base, f);
+#endif
+  const std::size_t i = blocks * change_block_words;
+  if (i < n) f(base + i, change_mask(a + i, b + i, n - i));
+}
 } // namespace detail
+
+/// Masks of `blocks` consecutive 64-word blocks: `masks[k]` is
+/// `change_mask(old_words + 64k, new_words + 64k, 64)`, computed with `isa`,
+/// which must be available (`detect_isa_available`).
+template <detect_word W>
+void change_masks(const W* old_words, const W* new_words, std::size_t blocks, std::uint64_t* masks,
+                  detect_isa isa = active_detect_isa()) {
+  auto store = [masks](std::uint64_t first, std::uint64_t m) { masks[first / change_block_words] = m; };
+  detail::scan(old_words, new_words, blocks * change_block_words, 0, store, isa);
+}
 
 /// Calls `f(first, mask)` for every 64-word block of the spans, in order,
 /// including clean blocks (mask 0): `first` is `base` plus the block's offset
@@ -123,13 +248,7 @@ template <detect_word W, class F>
 void for_each_change_mask(std::span<const W> old_words, std::span<const W> new_words,
                           std::uint64_t base, F&& f) {
   detail::check_same_size(old_words.size(), new_words.size(), "for_each_change_mask");
-  const std::size_t n = old_words.size();
-  const W* a = old_words.data();
-  const W* b = new_words.data();
-  std::size_t i = 0;
-  for (; i + change_block_words <= n; i += change_block_words)
-    f(base + i, change_mask(a + i, b + i, change_block_words));
-  if (i < n) f(base + i, change_mask(a + i, b + i, n - i));
+  detail::scan(old_words.data(), new_words.data(), old_words.size(), base, f, active_detect_isa());
 }
 
 /// Appends `base + i` to `out` for every i where the words' bits differ, in
@@ -143,36 +262,32 @@ void detect_changes(std::span<const W> old_words, std::span<const W> new_words, 
   // Indices go to a small buffer that stays in L1 and is appended in bulk:
   // growing `out` per element would test capacity per element, and resizing
   // ahead would zero-fill memory that mostly goes unused.
-  constexpr std::size_t chunk_blocks = 16;
-  constexpr std::size_t slack = 8; // unconditional writes past the last index
-  std::uint64_t buf[chunk_blocks * change_block_words + slack];
-  const std::size_t n = old_words.size();
-  const W* a = old_words.data();
-  const W* b = new_words.data();
-  std::size_t i = 0;
-  while (i < n) {
-    std::size_t k = 0;
-    for (std::size_t blk = 0; blk < chunk_blocks && i < n; ++blk, i += change_block_words) {
-      const std::size_t len = std::min(change_block_words, n - i);
-      std::uint64_t m = change_mask(a + i, b + i, len);
-      const std::uint64_t first = base + i;
-      const auto cnt = static_cast<std::size_t>(std::popcount(m));
-      // Write eight candidates whatever the count: at sparse densities this
-      // keeps the loop free of data-dependent branches; countr_zero(0) is 64,
-      // and entries past `cnt` are overwritten or never appended.
-      std::uint64_t* p = buf + k;
-      for (std::size_t j = 0; j < slack; ++j) {
-        p[j] = first + static_cast<std::uint64_t>(std::countr_zero(m));
-        m &= m - 1;
-      }
-      for (std::size_t j = slack; j < cnt; ++j) {
-        p[j] = first + static_cast<std::uint64_t>(std::countr_zero(m));
-        m &= m - 1;
-      }
-      k += cnt;
+  constexpr std::size_t cap = 1024;
+  std::uint64_t buf[cap];
+  std::size_t k = 0;
+  auto visit = [&](std::uint64_t first, std::uint64_t m) {
+    if (m == 0) return; // the common case at sparse densities
+    if (k > cap - change_block_words) {
+      out.insert(out.end(), buf, buf + k);
+      k = 0;
     }
-    out.insert(out.end(), buf, buf + k);
-  }
+    const auto cnt = static_cast<std::size_t>(std::popcount(m));
+    // Four candidates are written whatever the count (countr_zero(0) is 64;
+    // entries past `cnt` are overwritten or never appended), so blocks with
+    // up to four changes take no data-dependent branch.
+    std::uint64_t* p = buf + k;
+    for (std::size_t j = 0; j < 4; ++j) {
+      p[j] = first + static_cast<std::uint64_t>(std::countr_zero(m));
+      m &= m - 1;
+    }
+    for (std::size_t j = 4; j < cnt; ++j) {
+      p[j] = first + static_cast<std::uint64_t>(std::countr_zero(m));
+      m &= m - 1;
+    }
+    k += cnt;
+  };
+  detail::scan(old_words.data(), new_words.data(), old_words.size(), base, visit, active_detect_isa());
+  out.insert(out.end(), buf, buf + k);
 }
 
 /// Appends the maximal runs of changed words (bitwise) to `out`, as
@@ -184,29 +299,53 @@ template <detect_word W>
 void detect_runs(std::span<const W> old_words, std::span<const W> new_words, std::uint64_t base,
                  std::vector<index_run>& out) {
   detail::check_same_size(old_words.size(), new_words.size(), "detect_runs");
-  index_run cur{};
+  // Runs collect in an L1 buffer whose last entry is the run that may still
+  // grow; it starts as out.back() so that a chunked caller's runs merge.
+  constexpr std::size_t cap = 512;
+  index_run buf[cap];
+  std::size_t k = 0;
   if (!out.empty()) {
-    cur = out.back();
+    buf[k++] = out.back();
     out.pop_back();
   }
-  for_each_change_mask(old_words, new_words, base, [&](std::uint64_t first, std::uint64_t m) {
-    std::uint64_t shift = 0; // bits of m below `shift` are consumed
-    while (m != 0) {
-      const auto s = static_cast<std::uint64_t>(std::countr_zero(m));
-      const auto len = static_cast<std::uint64_t>(std::countr_one(m >> s));
-      const std::uint64_t start = first + shift + s;
-      if (cur.count != 0 && cur.start + cur.count == start) {
-        cur.count += len;
-      } else {
-        if (cur.count != 0) out.push_back(cur);
-        cur = {start, len};
-      }
-      const std::uint64_t used = s + len; // ≤ 64
-      m = used == 64 ? 0 : m >> used;
-      shift += used;
+  auto visit = [&](std::uint64_t first, std::uint64_t m) {
+    if (m == 0) return;
+    if (k > cap - change_block_words / 2) { // a block holds at most 32 runs
+      out.insert(out.end(), buf, buf + k - 1);
+      buf[0] = buf[k - 1];
+      k = 1;
     }
-  });
-  if (cur.count != 0) out.push_back(cur);
+    // Bit i of `starts` (`ends`) is set when a run starts (ends) at word i of
+    // the block; runs pair up in order.
+    std::uint64_t starts = m & ~(m << 1);
+    std::uint64_t ends = m & ~(m >> 1);
+    if ((m & 1u) && k != 0 && buf[k - 1].start + buf[k - 1].count == first) { // continues across blocks
+      buf[k - 1].count += static_cast<std::uint64_t>(std::countr_zero(ends)) + 1;
+      starts &= starts - 1;
+      ends &= ends - 1;
+    }
+    const auto cnt = static_cast<std::size_t>(std::popcount(starts));
+    index_run* p = buf + k;
+    // As in detect_changes: four runs written unconditionally (garbage past
+    // `cnt` is overwritten or never appended).
+    for (std::size_t j = 0; j < 4; ++j) {
+      const auto s = static_cast<std::uint64_t>(std::countr_zero(starts));
+      const auto e = static_cast<std::uint64_t>(std::countr_zero(ends));
+      p[j] = {first + s, e - s + 1};
+      starts &= starts - 1;
+      ends &= ends - 1;
+    }
+    for (std::size_t j = 4; j < cnt; ++j) {
+      const auto s = static_cast<std::uint64_t>(std::countr_zero(starts));
+      const auto e = static_cast<std::uint64_t>(std::countr_zero(ends));
+      p[j] = {first + s, e - s + 1};
+      starts &= starts - 1;
+      ends &= ends - 1;
+    }
+    k += cnt;
+  };
+  detail::scan(old_words.data(), new_words.data(), old_words.size(), base, visit, active_detect_isa());
+  out.insert(out.end(), buf, buf + k);
 }
 
 /// Convenience overloads for contiguous ranges (vectors, arrays, mutable spans).
