@@ -1,0 +1,406 @@
+// dcr-demo: delta refits of a synthetic Qwen3-MoE-style model on the embedded
+// defaults (no servers). Megatron-style trainer owners (TP2 x EP2 x DP2) train
+// with AdamW (lr 1e-6); after every step the changed weights travel as
+// compressed payloads through a filesystem object store to vLLM-style
+// receivers (TP4 x EP2), which apply them through their native loader; a
+// joint commit in a file commit store publishes each version. The run ends by
+// checking every receiver byte for byte against a dense refit.
+//
+//   dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]
+//            [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "bench/bench_common.hpp"
+#include "dcr/loaders/vllm_style.hpp"
+#include "dcr/model/config.hpp"
+#include "dcr/model/trainer_layout.hpp"
+#include "dcr/protocol/adapters.hpp"
+#include "dcr/protocol/commit_store.hpp"
+#include "dcr/protocol/coordinator.hpp"
+#include "dcr/receiver/receiver.hpp"
+#include "dcr/receiver/tensor_set.hpp"
+#include "dcr/source/plan.hpp"
+#include "dcr/source/simulator.hpp"
+#include "dcr/source/state.hpp"
+#include "dcr/transport/object_store.hpp"
+
+using namespace dcr;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+struct options {
+  std::string size = "1GB";
+  int steps = 3;
+  std::string checkpoint;
+  int kill_every = 0;
+  bool json = false;
+  std::string workdir;
+  std::uint64_t seed = 42;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::cerr << "dcr-demo: " << why << "\n"
+            << "usage: dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]\n"
+            << "                [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]\n";
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    auto integer = [&](const std::string& v) {
+      char* end = nullptr;
+      long x = std::strtol(v.c_str(), &end, 10);
+      if (!end || *end || x < 0) usage(a + ": not a non-negative integer: " + v);
+      return x;
+    };
+    if (a == "--size") o.size = value();
+    else if (a == "--steps") o.steps = static_cast<int>(integer(value()));
+    else if (a == "--checkpoint") o.checkpoint = value();
+    else if (a == "--kill-receiver-every") o.kill_every = static_cast<int>(integer(value()));
+    else if (a == "--json") o.json = true;
+    else if (a == "--workdir") o.workdir = value();
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(value()));
+    else if (a == "--help" || a == "-h") usage("help");
+    else usage("unknown argument " + a);
+  }
+  return o;
+}
+
+/// Bytes from "small", "800MB", "1GB", "1.5GB", "123456".
+std::uint64_t parse_size(const std::string& s) {
+  if (s == "small") return 0;
+  char* end = nullptr;
+  const double x = std::strtod(s.c_str(), &end);
+  const std::string unit = end ? end : "";
+  double mul = 1;
+  if (unit == "GB" || unit == "G") mul = 1e9;
+  else if (unit == "MB" || unit == "M") mul = 1e6;
+  else if (unit == "KB" || unit == "K") mul = 1e3;
+  else if (!unit.empty()) usage("--size: unknown unit " + unit);
+  if (!(x > 0)) usage("--size: not a positive size: " + s);
+  return static_cast<std::uint64_t>(x * mul);
+}
+
+/// Qwen3-MoE-style config near `bytes` of BF16 weights (0: the small model).
+model_config model_for(std::uint64_t bytes) {
+  model_config c;
+  c.family = "qwen3_moe";
+  c.qk_norm = true;
+  c.ffn = 0;
+  if (bytes == 0) {
+    c.hidden = 256, c.heads = 8, c.kv_heads = 2, c.head_dim = 32, c.experts = 8, c.moe_ffn = 128, c.vocab = 4096;
+    c.layers = 2;
+    return c;
+  }
+  c.hidden = 1024, c.heads = 16, c.kv_heads = 4, c.head_dim = 64, c.experts = 16, c.moe_ffn = 512, c.vocab = 32000;
+  c.layers = 1;
+  const auto one = [&] {
+    std::uint64_t n = 0;
+    for (auto& m : canonical_tensors(c)) n += m.nbytes();
+    return n;
+  };
+  const auto b1 = one();
+  c.layers = 2;
+  const auto per_layer = one() - b1;
+  const auto fixed = b1 - per_layer;
+  c.layers = bytes > fixed ? std::max<std::uint64_t>(1, (bytes - fixed + per_layer / 2) / per_layer) : 1;
+  return c;
+}
+
+void parallel_for(std::size_t n, const std::function<void(std::size_t)>& f) {
+  const std::size_t t = std::max(1u, std::thread::hardware_concurrency());
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> ts;
+  for (std::size_t k = 0; k < t; ++k)
+    ts.emplace_back([&] {
+      for (std::size_t i; (i = next++) < n;) f(i);
+    });
+  for (auto& x : ts) x.join();
+}
+
+double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+struct progress {
+  bool quiet_json;
+  void operator()(const std::string& s) const { std::cerr << "[dcr-demo] " << s << std::endl; }
+};
+
+using loader_t = loaders::vllm_style_loader;
+using rank_receiver = receiver<loader_t>;
+using staged = protocol::staged_receiver<rank_receiver>;
+using endpoint_t = protocol::receiver_endpoint<staged>;
+using member_t = protocol::training_round::member;
+using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store, protocol::file_commit_store>;
+
+struct step_row {
+  int step = 0;
+  std::size_t attempts = 0;
+  double change_pct = 0, payload_pct = 0, payload_mb = 0;
+  double construct = 0, transport = 0, apply = 0, commit = 0, refit = 0, speedup = 0;
+  bool killed = false;
+};
+
+std::string fmt_bytes(std::uint64_t b) {
+  if (b >= 1'000'000'000) return bench::fmt(b / 1e9, 2) + " GB";
+  return bench::fmt(b / 1e6, 1) + " MB";
+}
+
+} // namespace
+
+int main(int argc, char** argv) try {
+  const auto opt = parse(argc, argv);
+  progress say{opt.json};
+  const auto t_start = clk::now();
+
+  // ---- model, trainer layout, rollout layout --------------------------------
+  model_config cfg;
+  std::vector<host_tensor> initial;
+  if (!opt.checkpoint.empty()) usage("--checkpoint is not available in this build");
+  cfg = model_for(parse_size(opt.size));
+  const trainer_layout tl{2, 1, cfg.is_moe() ? 2u : 1u, 1, 2};
+  auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
+  const auto metas = plan->canonical;
+  const std::uint64_t ckpt_bytes = plan->checkpoint_bytes();
+  std::uint64_t ckpt_elems = 0;
+  for (auto& m : metas) ckpt_elems += m.numel();
+  const std::uint64_t rtp = 4, rep = cfg.is_moe() ? 2 : 1;
+  say("model: " + cfg.family + ", " + std::to_string(cfg.layers) + " layers, " + std::to_string(cfg.experts) +
+      " experts, " + std::to_string(metas.size()) + " tensors, " + fmt_bytes(ckpt_bytes) + " BF16");
+  say("trainer: TP" + std::to_string(tl.tp) + " x EP" + std::to_string(tl.ep) + " x DP" + std::to_string(tl.dp) +
+      " (" + std::to_string(plan->world) + " owners); rollout: vLLM-style TP" + std::to_string(rtp) + " x EP" +
+      std::to_string(rep) + " (" + std::to_string(rtp * rep) + " receivers)");
+
+  // ---- initial weights and the trainer --------------------------------------
+  auto t0 = clk::now();
+  if (initial.empty()) {
+    initial.resize(metas.size());
+    parallel_for(metas.size(), [&](std::size_t i) {
+      host_tensor h(metas[i]);
+      const bool norm = metas[i].shape.size() == 1;
+      auto w = norm ? std::vector<std::uint16_t>(metas[i].numel(), 0x3F80) // norms start at 1.0
+                    : sim::normal_bf16(metas[i].numel(), 0.02f, opt.seed * 7919 + i);
+      std::memcpy(h.bytes.data(), w.data(), h.bytes.size());
+      initial[i] = std::move(h);
+    });
+  }
+  source_state state = source_from_canonical(*plan, initial);
+  initial.clear();
+  initial.shrink_to_fit();
+  std::vector<std::unique_ptr<sim::adamw_trainer>> trainers(plan->shards.size());
+  parallel_for(plan->shards.size(), [&](std::size_t s) {
+    auto& b = state.shards[s];
+    std::span<const std::uint16_t> w(reinterpret_cast<const std::uint16_t*>(b.data()), b.size() / 2);
+    trainers[s] = std::make_unique<sim::adamw_trainer>(w, opt.seed * 104729 + s);
+  });
+  say("initial weights and AdamW state ready (" + bench::fmt(since(t0), 1) + " s)");
+
+  // ---- embedded infrastructure ----------------------------------------------
+  std::filesystem::path work = opt.workdir;
+  bool own_work = false;
+  if (work.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "dcr-demo-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw error(errc::io, "mkdtemp failed");
+    work = tmpl;
+    own_work = true;
+  }
+  transport::fs_object_store objects(work / "objects");
+  protocol::file_commit_store commits(work / "control");
+
+  protocol::training_round round(plan, state.view());
+  auto members = round.members();
+  std::vector<member_t*> owner_ptrs;
+  for (auto& m : members) owner_ptrs.push_back(&m);
+
+  std::vector<loader_t> layouts;
+  for (std::uint64_t e = 0; e < rep; ++e)
+    for (std::uint64_t r = 0; r < rtp; ++r) layouts.emplace_back(cfg, loaders::vllm_layout{rtp, r, rep, e, {}});
+
+  // The committed canonical tensors, kept only while a restart may need them.
+  tensor_set committed_canon;
+  auto export_committed = [&] {
+    std::vector<host_tensor> canon;
+    throw_if_failed(export_canonical(*plan, state.view(), canon));
+    tensor_set s;
+    for (auto& t : canon) s.add(std::move(t));
+    return s;
+  };
+  auto make_rank = [&](std::size_t k) { return std::make_unique<rank_receiver>(layouts[k], metas); };
+  auto rank_id = [&](std::size_t k) { return "tp" + std::to_string(k % rtp) + "-ep" + std::to_string(k / rtp); };
+
+  std::vector<std::unique_ptr<endpoint_t>> endpoints;
+  for (std::size_t k = 0; k < layouts.size(); ++k)
+    endpoints.push_back(std::make_unique<endpoint_t>(
+        rank_id(k), [&, k] { return std::make_unique<staged>(rank_id(k), make_rank(k)); },
+        [&](staged& s) {
+          s.inner().dense_refit(committed_canon); // dense restore of the committed version
+          return status::success();
+        }));
+
+  // ---- version 0 by dense refit (also the dense reference timing) -----------
+  say("dense refit of version 0 to " + std::to_string(layouts.size()) + " receivers...");
+  t0 = clk::now();
+  double dense_seconds = 0;
+  {
+    auto canon = export_committed();
+    // The dense path ships every tensor through the same object store once
+    // per rollout node, then loads it into every rank.
+    for (auto& t : canon.tensors()) throw_if_failed(objects.put("dense/v0/" + t.meta.name, t.bytes));
+    tensor_set fetched;
+    for (auto& m : metas) {
+      host_tensor h(m);
+      throw_if_failed(objects.get("dense/v0/" + m.name, h.bytes));
+      fetched.add(std::move(h));
+    }
+    std::vector<std::unique_ptr<staged>> ranks(layouts.size());
+    parallel_for(layouts.size(), [&](std::size_t k) {
+      auto r = make_rank(k);
+      r->dense_refit(fetched);
+      ranks[k] = std::make_unique<staged>(rank_id(k), std::move(r));
+    });
+    dense_seconds = since(t0);
+    for (std::size_t k = 0; k < ranks.size(); ++k) endpoints[k]->adopt(std::move(ranks[k]));
+    std::vector<std::string> names;
+    throw_if_failed(objects.list("dense/", names));
+    for (auto& n : names) (void)objects.remove(n);
+  }
+  std::vector<endpoint_t*> ep_ptrs;
+  for (auto& e : endpoints) ep_ptrs.push_back(e.get());
+  protocol::coordinator_options copt;
+  coordinator_t coord(commits, objects, owner_ptrs, ep_ptrs, copt);
+  throw_if_failed(coord.take_over());
+  throw_if_failed(coord.bootstrap());
+  say("version 0 committed (dense refit " + bench::fmt(dense_seconds, 2) + " s)");
+
+  // ---- training steps, each followed by a delta refit ------------------------
+  std::vector<step_row> rows;
+  bool ok = true;
+  for (int step = 1; step <= opt.steps; ++step) {
+    const bool kill = opt.kill_every > 0 && step % opt.kill_every == 0;
+    say("step " + std::to_string(step) + "/" + std::to_string(opt.steps) + ": AdamW step...");
+    if (kill) committed_canon = export_committed(); // what a restarted receiver restores
+    t0 = clk::now();
+    parallel_for(plan->shards.size(), [&](std::size_t s) {
+      trainers[s]->step();
+      auto w = trainers[s]->bf16();
+      std::memcpy(state.shards[s].data(), w.data(), w.size_bytes());
+    });
+    const double train_s = since(t0);
+    round.set_candidate(state.view());
+    if (kill) {
+      const auto victim = static_cast<std::size_t>(step / opt.kill_every - 1) % endpoints.size();
+      endpoints[victim]->kill_after(1);
+      say("step " + std::to_string(step) + ": receiver " + endpoints[victim]->id() + " will be killed mid-refit");
+    }
+    say("step " + std::to_string(step) + ": delta refit (trained in " + bench::fmt(train_s, 1) + " s)...");
+    auto rep_t = coord.transition();
+    if (!rep_t.result) {
+      std::cerr << "dcr-demo: step " << step << " failed: " << to_string(rep_t.result.code) << ": "
+                << rep_t.result.message << "\n";
+      ok = false;
+      break;
+    }
+    committed_canon = {};
+    step_row r;
+    r.step = step;
+    r.attempts = rep_t.attempts.size();
+    r.killed = kill;
+    std::uint64_t bytes = 0;
+    for (auto& a : rep_t.attempts) {
+      r.construct += a.construct_seconds;
+      r.transport += a.upload_seconds + a.fetch_seconds;
+      r.apply += a.apply_seconds;
+      bytes += a.payload_bytes;
+    }
+    r.payload_mb = static_cast<double>(bytes) / 1e6;
+    r.payload_pct = 100.0 * static_cast<double>(rep_t.attempts.back().payload_bytes) / static_cast<double>(ckpt_bytes);
+    r.change_pct = 100.0 * static_cast<double>(round.emitted_records(rep_t.attempts.back().attempt)) /
+                   static_cast<double>(ckpt_elems);
+    r.commit = rep_t.commit_seconds;
+    r.refit = rep_t.wall_seconds;
+    r.speedup = r.refit > 0 ? dense_seconds / r.refit : 0;
+    rows.push_back(r);
+    say("step " + std::to_string(step) + ": committed version " + std::to_string(rep_t.committed_version) + " in " +
+        bench::fmt(r.refit, 2) + " s (" + std::to_string(r.attempts) + " attempt" + (r.attempts > 1 ? "s" : "") + ")");
+  }
+
+  // ---- final check: every receiver vs a dense refit of the committed version -
+  say("verifying every receiver byte for byte against a dense refit...");
+  std::size_t checked = 0;
+  bool exact = ok;
+  {
+    auto canon = export_committed();
+    protocol::stored_record cur;
+    throw_if_failed(commits.load(cur));
+    if (cur.record.version != static_cast<std::uint64_t>(rows.size())) exact = false;
+    for (std::size_t k = 0; k < endpoints.size(); ++k) {
+      rank_receiver ref(layouts[k], metas);
+      ref.dense_refit(canon);
+      endpoints[k]->with_receiver([&](staged& s) {
+        const auto diff = first_difference(s.inner().storage(), ref.storage());
+        if (!diff.empty()) {
+          std::cerr << "dcr-demo: receiver " << endpoints[k]->id() << " differs from dense refit: " << diff << "\n";
+          exact = false;
+        }
+        if (k >= cur.record.receivers.size() || cur.record.receivers[k].state != s.state_digest()) {
+          std::cerr << "dcr-demo: receiver " << endpoints[k]->id() << " does not serve its committed digest\n";
+          exact = false;
+        }
+      });
+      ++checked;
+    }
+  }
+
+  // ---- report ---------------------------------------------------------------
+  if (opt.json) {
+    std::cout << "{\"steps\":[";
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::cout << (i ? "," : "") << "{\"step\":" << rows[i].step << ",\"change_pct\":" << bench::fmt(rows[i].change_pct, 4)
+                << ",\"payload_pct\":" << bench::fmt(rows[i].payload_pct, 4)
+                << ",\"speedup_vs_dense\":" << bench::fmt(rows[i].speedup, 3) << "}";
+    std::cout << "],\"bit_exact\":" << (exact ? "true" : "false") << ",\"receivers_checked\":" << checked << "}\n";
+  } else {
+    std::cout << "\ndcr-demo: " << cfg.family << " model, " << fmt_bytes(ckpt_bytes) << " BF16 checkpoint ("
+              << metas.size() << " tensors); " << plan->world << " trainer owners (TP" << tl.tp << " x EP" << tl.ep
+              << " x DP" << tl.dp << "), " << endpoints.size() << " vLLM-style receivers (TP" << rtp << " x EP" << rep
+              << ")\n"
+              << "transport: filesystem object store; commit: file commit store; machine: "
+              << bench::machine_description() << "\n"
+              << "dense refit reference (export + store + fetch + load, all receivers): " << bench::fmt(dense_seconds, 2)
+              << " s\n\n";
+    bench::table t({"step", "attempts", "change %", "payload MB", "% of ckpt", "construct s", "transport s", "apply s",
+                    "commit s", "refit s", "vs dense"});
+    for (auto& r : rows)
+      t.add({std::to_string(r.step) + (r.killed ? " (kill)" : ""), std::to_string(r.attempts), bench::fmt(r.change_pct, 3),
+             bench::fmt(r.payload_mb, 2), bench::fmt(r.payload_pct, 3), bench::fmt(r.construct, 2),
+             bench::fmt(r.transport, 2), bench::fmt(r.apply, 2), bench::fmt(r.commit, 2), bench::fmt(r.refit, 2),
+             bench::fmt(r.speedup, 1) + "x"});
+    t.print(std::cout, false);
+    std::cout << "\nverification: " << checked << " receivers " << (exact ? "equal" : "DIFFER FROM")
+              << " a dense refit of version " << rows.size() << " byte for byte: " << (exact ? "PASS" : "FAIL") << "\n"
+              << "total " << bench::fmt(since(t_start), 1) << " s\n";
+  }
+  if (own_work) std::filesystem::remove_all(work);
+  return exact ? 0 : 1;
+} catch (const std::exception& e) {
+  std::cerr << "dcr-demo: " << e.what() << "\n";
+  return 1;
+}

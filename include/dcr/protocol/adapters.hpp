@@ -1,0 +1,232 @@
+#pragma once
+/// \file
+/// Adapters that make the library's training side (`dcr::owner`) and rollout
+/// side (`dcr::receiver<L>`) models of `refit_owner` and `refit_receiver`.
+///
+/// `training_round` holds every in-process owner of one source plan, the
+/// candidate the next transition publishes and its required set U_req (the
+/// union of all owners' flags; a multi-process trainer all-gathers them).
+/// Owner state digests are XXH3-128 fingerprints of the owned shards: the
+/// fault model has no adversary, and the digest of a 1 GB candidate must not
+/// dominate the refit.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcr/codec/payload.hpp"
+#include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
+#include "dcr/protocol/roles.hpp"
+#include "dcr/source/builder.hpp"
+
+namespace dcr::protocol {
+
+/// XXH3-128 of a sequence of byte spans (as one concatenation).
+class fingerprint {
+public:
+  fingerprint() : s_(XXH3_createState()) {
+    if (!s_ || XXH3_128bits_reset(s_) != XXH_OK) throw error(errc::invalid_argument, "XXH3 state");
+  }
+  ~fingerprint() { XXH3_freeState(s_); }
+  fingerprint(const fingerprint&) = delete;
+  fingerprint& operator=(const fingerprint&) = delete;
+  fingerprint& update(std::span<const std::byte> b) {
+    XXH3_128bits_update(s_, b.data(), b.size());
+    return *this;
+  }
+  digest128 final() const {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(s_));
+    digest128 d{};
+    std::memcpy(d.data(), c.digest, d.size());
+    return d;
+  }
+
+private:
+  XXH3_state_t* s_;
+};
+
+/// Every owner of one plan in this process, and the candidate being published.
+class training_round {
+public:
+  /// Owners whose baselines start at `committed`.
+  training_round(std::shared_ptr<const source_plan> plan, const source_view& committed, builder_options opt = {})
+      : plan_(std::move(plan)), opt_(opt) {
+    for (std::uint32_t r = 0; r < plan_->world; ++r) owners_.emplace_back(plan_, r, committed);
+    for (std::uint32_t r = 0; r < plan_->world; ++r) baseline_digest_.push_back(shard_digest(r, committed));
+    set_candidate(committed);
+  }
+
+  /// The candidate of the next transition (the trainer's current state; must
+  /// stay valid and unchanged until the transition ends). Computes U_req and
+  /// the owners' candidate digests.
+  void set_candidate(const source_view& candidate) {
+    candidate_ = candidate;
+    std::vector<std::uint32_t> flags;
+    for (auto& o : owners_)
+      for (auto s : o.flagged_inputs(candidate_)) flags.push_back(s);
+    req_ = make_required(*plan_, flags);
+    candidate_digest_.clear();
+    for (std::uint32_t r = 0; r < plan_->world; ++r) candidate_digest_.push_back(shard_digest(r, candidate_));
+  }
+
+  const source_plan& plan() const noexcept { return *plan_; }
+  std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(owners_.size()); }
+  const source_view& candidate() const noexcept { return candidate_; }
+  const required_set& required() const noexcept { return req_; }
+  builder_options& options() noexcept { return opt_; }
+
+  /// Protocol view of owner `r` (a `refit_owner`).
+  class member {
+  public:
+    member(training_round& t, std::uint32_t r) : t_(&t), r_(r) {}
+    std::uint32_t owner_id() const { return r_; }
+    status build(const build_request& rq, const payload_sink& emit) {
+      builder_options opt = t_->opt_;
+      opt.mode = rq.mode == refit_mode::mixed ? delta_mode::mixed : delta_mode::overwrite_all;
+      struct stop_build {
+        status s;
+      };
+      std::uint64_t records = 0;
+      struct count_on_exit {
+        training_round* t;
+        std::uint64_t attempt;
+        std::uint64_t& n;
+        ~count_on_exit() { t->add_records(attempt, n); }
+      } counter{t_, rq.attempt, records};
+      try {
+        t_->owners_[r_].build_buckets(t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
+          for (auto& it : b.items) records += it.indices.size();
+          std::vector<std::byte> bytes;
+          auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence}, b.items, opt.encoding, bytes);
+          if (s) s = emit(std::move(bytes));
+          if (!s) throw stop_build{std::move(s)};
+        });
+      } catch (stop_build& e) {
+        return std::move(e.s);
+      } catch (const error& e) {
+        return fail(e.code(), "owner " + std::to_string(r_) + ": " + e.what());
+      }
+      return status::success();
+    }
+    void commit_baseline() {
+      t_->owners_[r_].commit_baseline(t_->candidate_, t_->req_);
+      t_->baseline_digest_[r_] = t_->candidate_digest_[r_];
+    }
+    digest128 baseline_digest() const { return t_->baseline_digest_[r_]; }
+    digest128 candidate_digest() const { return t_->candidate_digest_[r_]; }
+
+  private:
+    training_round* t_;
+    std::uint32_t r_;
+  };
+
+  /// Records (changed canonical elements) all owners emitted in attempt τ.
+  std::uint64_t emitted_records(std::uint64_t attempt) const {
+    std::lock_guard l(m_);
+    auto it = records_.find(attempt);
+    return it == records_.end() ? 0 : it->second;
+  }
+
+  /// One protocol member per owner (stable addresses: keep the vector alive).
+  std::vector<member> members() {
+    std::vector<member> m;
+    for (std::uint32_t r = 0; r < size(); ++r) m.emplace_back(*this, r);
+    return m;
+  }
+
+private:
+  void add_records(std::uint64_t attempt, std::uint64_t n) {
+    std::lock_guard l(m_);
+    records_[attempt] += n;
+  }
+  digest128 shard_digest(std::uint32_t r, const source_view& v) const {
+    fingerprint f;
+    for (auto s : plan_->owned_shards(r)) f.update(v.shards.at(s));
+    return f.final();
+  }
+
+  std::shared_ptr<const source_plan> plan_;
+  builder_options opt_;
+  std::vector<owner> owners_;
+  source_view candidate_;
+  required_set req_;
+  std::vector<digest128> baseline_digest_, candidate_digest_;
+  mutable std::mutex m_;
+  std::map<std::uint64_t, std::uint64_t> records_;
+};
+static_assert(refit_owner<training_round::member>);
+
+/// Adds attempt fencing, payload dedupe and staging to a receiver that
+/// applies decoded items (`apply_item(const item&) -> status`,
+/// `state_digest()`), e.g. `dcr::receiver<L>`.
+template <class R> class staged_receiver {
+public:
+  /// Optional post-apply check run by `finish` (e.g. `verify` against a reference).
+  using check = std::function<status(R&)>;
+
+  staged_receiver(std::string id, std::unique_ptr<R> r, check post_apply = {})
+      : id_(std::move(id)), r_(std::move(r)), check_(std::move(post_apply)) {
+    if (!r_) throw error(errc::invalid_argument, "staged_receiver " + id_ + ": no receiver");
+  }
+  std::string receiver_id() const { return id_; }
+  void begin_attempt(std::uint64_t a) {
+    attempt_ = a;
+    seen_.clear();
+    staged_.clear();
+  }
+  status stage(std::span<const std::byte> bytes) {
+    payload_id pid;
+    DCR_TRY(read_payload_id(bytes, pid));
+    DCR_RETURN_ERROR_IF(pid.attempt != attempt_, stale_attempt,
+                        "payload of attempt " + std::to_string(pid.attempt) + " during attempt " + std::to_string(attempt_));
+    DCR_RETURN_ERROR_IF(seen_.count({pid.owner, pid.sequence}), duplicate,
+                        "payload owner " + std::to_string(pid.owner) + " seq " + std::to_string(pid.sequence) + " seen before");
+    decoded_payload d;
+    DCR_TRY(decode_payload(bytes, d));
+    seen_.insert({pid.owner, pid.sequence});
+    staged_.push_back(std::move(d));
+    return status::success();
+  }
+  status apply_staged() {
+    for (auto& d : staged_) {
+      for (auto& it : d.items) {
+        auto s = r_->apply_item(it);
+        if (!s) {
+          staged_.clear();
+          s.message = "owner " + std::to_string(d.id.owner) + " seq " + std::to_string(d.id.sequence) + ": " + s.message;
+          return s;
+        }
+      }
+      ++applied_payloads_;
+    }
+    staged_.clear();
+    return status::success();
+  }
+  status finish() { return check_ ? check_(*r_) : status::success(); }
+  digest128 state_digest() const { return r_->state_digest(); }
+
+  R& inner() noexcept { return *r_; }
+  const R& inner() const noexcept { return *r_; }
+  std::uint64_t applied_payloads() const noexcept { return applied_payloads_; }
+
+private:
+  std::string id_;
+  std::unique_ptr<R> r_;
+  check check_;
+  std::uint64_t attempt_ = 0;
+  std::set<std::pair<std::uint32_t, std::uint32_t>> seen_;
+  std::vector<decoded_payload> staged_;
+  std::uint64_t applied_payloads_ = 0;
+};
+
+} // namespace dcr::protocol
