@@ -6,11 +6,13 @@
 /// the reference for bit-exactness); `apply_item` applies one decoded item
 /// through scratch -> loader -> intercepting sink.
 ///
-/// Scratch invariant: between calls the scratch is all zero. A mapped
-/// (direct) tensor writes only the item's active positions into it and
-/// resets only those; a tensor with unmapped copies (loader temporaries)
-/// fills its extent with the placeholder, which costs O(tensor) like the
-/// loader's own transform.
+/// Scratch: the loader always runs over the scratch view of the item's
+/// tensor. For a direct tensor (every copy maps the scratch through a unique
+/// view) the sinks read the item's words instead of the scratch, so apply
+/// costs O(entries) and the scratch is never written. A tensor with unmapped
+/// copies (loader temporaries such as casts) gets its extent filled with the
+/// placeholder, the entries scattered, and the extent reset after the load:
+/// O(tensor), like the loader's own transform.
 
 #include <cstddef>
 #include <cstdint>
@@ -125,23 +127,17 @@ public:
       for (std::size_t k = 0; k < it.indices.size(); ++k)
         std::memcpy(s + it.indices[k] * w, it.values.data() + k * w, w);
     };
+    const active_entries active{it.indices, it.values};
     if (tp->skipped || tp->direct) {
-      scatter();
-      status st;
+      // Every copy aliases the scratch through a unique view: the sinks read
+      // the item's words directly (see `active_entries`), so the scratch is
+      // neither written nor reset and the work is O(entries).
       if (it.encoding == value_encoding::xor_mask) {
-        xor_sink sink(store_, *tp, input, it.indices);
-        st = run(*tp, input, sink);
-      } else {
-        overwrite_sink sink(store_, *tp, input, it.indices, overwrite_pass::placeholder, nullptr);
-        st = run(*tp, input, sink);
+        xor_sink sink(store_, *tp, input, active);
+        return run(*tp, input, sink);
       }
-      bool intact = true;
-      for (std::size_t k = 0; k < it.indices.size(); ++k) {
-        intact = intact && std::memcmp(s + it.indices[k] * w, it.values.data() + k * w, w) == 0;
-        std::memset(s + it.indices[k] * w, 0, w);
-      }
-      if (st.ok() && !intact) return fail(errc::loader_condition, "tensor " + tp->meta.name + ": loader modified its input");
-      return st;
+      overwrite_sink sink(store_, *tp, input, active, overwrite_pass::placeholder, nullptr);
+      return run(*tp, input, sink);
     }
     // Unmapped copies read whole (transformed) tensors: inactive positions
     // must hold a placeholder distinct from every value.
@@ -156,18 +152,18 @@ public:
     if (!has_nan) {
       fill_placeholder(tp->meta, s);
       scatter();
-      overwrite_sink sink(store_, *tp, input, it.indices, overwrite_pass::placeholder, nullptr);
+      overwrite_sink sink(store_, *tp, input, active, overwrite_pass::placeholder, nullptr);
       st = run(*tp, input, sink);
     } else {
       captures_.clear();
       std::memset(s, 0, nbytes);
       scatter();
-      overwrite_sink first(store_, *tp, input, it.indices, overwrite_pass::capture, &captures_);
+      overwrite_sink first(store_, *tp, input, active, overwrite_pass::capture, &captures_);
       st = run(*tp, input, first);
       if (st.ok()) {
         fill_placeholder(tp->meta, s);
         scatter();
-        overwrite_sink second(store_, *tp, input, it.indices, overwrite_pass::compare, &captures_);
+        overwrite_sink second(store_, *tp, input, active, overwrite_pass::compare, &captures_);
         st = run(*tp, input, second);
       }
       captures_.clear();

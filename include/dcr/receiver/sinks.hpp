@@ -165,12 +165,27 @@ inline std::span<const std::uint64_t> active_in(std::span<const std::uint64_t> a
   return {b, e};
 }
 
-/// XOR delta: the scratch holds masks at the item's active indices; each
-/// mapped copy XORs those masks into storage. Requires `xor_allowed`.
+/// The item's entries as the sinks see them: sorted active canonical indices
+/// and their words. For a mapped copy the source aliases the scratch bit for
+/// bit, so the word the copy would read at active index `indices[k]` is
+/// `values[k]`: the sinks read it there and never touch the scratch.
+struct active_entries {
+  std::span<const std::uint64_t> indices;
+  std::span<const std::byte> values;
+};
+
+/// Visit (value index, destination element) of every active entry a mapped copy reaches.
+template <class F> void for_each_active(const active_entries& a, const planned_copy& c, F&& f) {
+  auto sub = active_in(a.indices, c);
+  const auto first = static_cast<std::size_t>(sub.data() - a.indices.data());
+  c.inverse.for_each_sorted(sub.data(), sub.size(), [&](std::size_t j, std::int64_t e) { f(first + j, e); });
+}
+
+/// XOR delta: each mapped copy XORs the item's masks into storage at the
+/// destinations of its active indices. Requires `xor_allowed`.
 class xor_sink final : public checked_sink {
 public:
-  xor_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
-           std::span<const std::uint64_t> active)
+  xor_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input, active_entries active)
       : checked_sink(store, plan, input), active_(active) {}
   void copy(const tensor_view& dst, const tensor_view& src) override {
     const planned_copy* c = next(dst, src);
@@ -182,16 +197,13 @@ public:
     visit_word(dst.width(), [&](auto word) {
       using W = decltype(word);
       auto* D = reinterpret_cast<W*>(param_data(c->param));
-      auto* S = reinterpret_cast<const W*>(input_.data);
-      for (std::uint64_t i : active_in(active_, *c)) {
-        const std::int64_t e = c->inverse.map(static_cast<std::int64_t>(i));
-        if (e >= 0) D[e] ^= S[i];
-      }
+      auto* V = reinterpret_cast<const W*>(active_.values.data());
+      for_each_active(active_, *c, [&](std::size_t k, std::int64_t e) { D[e] ^= V[k]; });
     });
   }
 
 private:
-  std::span<const std::uint64_t> active_;
+  active_entries active_;
 };
 
 /// How the overwrite sink finds the active positions of unmapped copies.
@@ -212,7 +224,7 @@ enum class overwrite_pass {
 class overwrite_sink final : public checked_sink {
 public:
   overwrite_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
-                 std::span<const std::uint64_t> active, overwrite_pass pass,
+                 active_entries active, overwrite_pass pass,
                  std::vector<std::vector<std::byte>>* captures)
       : checked_sink(store, plan, input), active_(active), pass_(pass), captures_(captures) {}
 
@@ -225,11 +237,10 @@ public:
       auto* D = reinterpret_cast<W*>(param_data(c->param));
       if (c->mapped) {
         if (pass_ == overwrite_pass::capture) return;
-        auto* S = reinterpret_cast<const W*>(input_.data);
-        for (std::uint64_t i : active_in(active_, *c)) {
-          const std::int64_t e = c->inverse.map(static_cast<std::int64_t>(i));
-          if (e >= 0) put(D, c->param, e, S[i]);
-        }
+        auto* V = reinterpret_cast<const W*>(active_.values.data());
+        const auto p = c->param;
+        if (plan_.self_overlap) for_each_active(active_, *c, [&](std::size_t k, std::int64_t e) { put(D, p, e, V[k]); });
+        else for_each_active(active_, *c, [&](std::size_t k, std::int64_t e) { D[e] = V[k]; });
         return;
       }
       auto* S = reinterpret_cast<const W*>(src.data);
@@ -267,7 +278,7 @@ public:
   }
 
 private:
-  std::span<const std::uint64_t> active_;
+  active_entries active_;
   overwrite_pass pass_;
   std::vector<std::vector<std::byte>>* captures_;
 };

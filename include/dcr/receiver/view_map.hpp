@@ -63,6 +63,42 @@ struct view_inverse {
     }
     return rel == 0 ? d : -1;
   }
+
+  /// Calls `f(j, map(idx[j]))` for every `j < n` whose offset the view
+  /// reaches, for strictly increasing `idx`. Views whose innermost source
+  /// stride is 1 (row or column blocks of a row-major tensor, any
+  /// destination layout) take a division only when the walk enters a new
+  /// row; other views fall back to `map`.
+  template <class F> void for_each_sorted(const std::uint64_t* idx, std::size_t count, F&& f) const {
+    if (n == 1 && src_stride[0] == 1) {
+      for (std::size_t j = 0; j < count; ++j) {
+        const std::int64_t rel = static_cast<std::int64_t>(idx[j]) - src_base;
+        if (rel >= 0 && rel < extent[0]) f(j, dst_base + rel * dst_stride[0]);
+      }
+      return;
+    }
+    if (n == 2 && src_stride[1] == 1) {
+      const std::int64_t s0 = src_stride[0], e1 = extent[1], d0 = dst_stride[0], d1 = dst_stride[1];
+      std::int64_t row_start = 0, row_end = -1, row_dst = 0;
+      for (std::size_t j = 0; j < count; ++j) {
+        const std::int64_t rel = static_cast<std::int64_t>(idx[j]) - src_base;
+        if (rel < 0 || rel >= span) continue;
+        if (rel >= row_end) {
+          const std::int64_t row = rel / s0;
+          row_start = row * s0;
+          row_end = row_start + s0;
+          row_dst = dst_base + row * d0;
+        }
+        const std::int64_t col = rel - row_start;
+        if (col < e1) f(j, row_dst + col * d1);
+      }
+      return;
+    }
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::int64_t e = map(static_cast<std::int64_t>(idx[j]));
+      if (e >= 0) f(j, e);
+    }
+  }
 };
 
 /// Calls `f(dst_offset, src_offset)` for every coordinate of two layouts with
