@@ -164,3 +164,31 @@ TEST_CASE("location ids are closed: known ids decode, unknown ones are rejected"
     CHECK(is_known_location(static_cast<std::uint8_t>(raw)) == listed);
   }
 }
+
+// The location_coding laws, instantiated for every model.
+TEST_CASE_TEMPLATE("location_coding laws hold for every model", C, run, gap_u8, gap_u16, gap_u32, gap_u64,
+                   planes_u16, planes_u32, planes_u64, varint_gaps, escape_u8) {
+  static_assert(location_coding<C>);
+  std::mt19937_64 rng(static_cast<std::uint64_t>(C::id) * 7919);
+  int checked = 0;
+  for (int r = 0; r < 300; ++r) {
+    const std::uint64_t numel = 1 + rng() % 5000;
+    auto idx = test::random_indices(rng, numel, std::array{0.002, 0.02, 0.3, 1.0}[r % 4], r % 5 == 0);
+    if (idx.empty() || !C::can_encode(idx)) continue;
+    std::vector<std::byte> bytes;
+    C::encode(idx, bytes);
+    std::vector<std::uint64_t> back(idx.size());
+    // decode(encode(idx)) == idx ...
+    REQUIRE(C::decode(bytes, idx[0], numel, back).ok());
+    CHECK(back == idx);
+    // ... and a tensor one element too small is always rejected.
+    CHECK(C::decode(bytes, idx[0], idx.back(), back).code == errc::index_out_of_range);
+    // Appending a byte is never accepted as the same item.
+    bytes.push_back(std::byte{0});
+    CHECK_FALSE(C::decode(bytes, idx[0], numel, back).ok());
+    ++checked;
+  }
+  CHECK(checked > 50);
+  std::vector<std::uint64_t> none;
+  CHECK(C::decode({}, 0, 10, none).code == errc::invalid_argument);
+}

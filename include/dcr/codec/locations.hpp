@@ -124,9 +124,15 @@ inline status range_error(std::span<const std::uint64_t> out, std::uint64_t nume
   return fail(errc::index_out_of_range, wrapped_any ? "index overflow" : "index out of range");
 }
 
+/// Decoders need room for the first index; a caller passing none is a bug, reported not crashed.
+inline status empty_output() {
+  return fail(errc::invalid_argument, "location decode needs at least one output index");
+}
+
 /// Prefix-sum gaps into indices; branch-light (wrap and range checked once).
 template <class Gap>
 inline status finish(std::span<std::uint64_t> out, std::uint64_t first, std::uint64_t numel, Gap&& gap) {
+  if (out.empty()) return empty_output();
   out[0] = first;
   std::uint64_t prev = first;
   bool wrapped = false;
@@ -181,6 +187,7 @@ struct run {
   static void encode(std::span<const std::uint64_t>, std::vector<std::byte>&) {}
   static status decode(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
                        std::span<std::uint64_t> out) {
+    if (out.empty()) return detail::empty_output();
     if (!in.empty()) return detail::length_error(name, in.size(), 0);
     const std::uint64_t n = out.size();
     DCR_RETURN_ERROR_IF(first >= numel || n > numel - first, index_out_of_range,
@@ -212,6 +219,7 @@ template <class W> struct gap_words {
   }
   static status decode(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
                        std::span<std::uint64_t> out) {
+    if (out.empty()) return detail::empty_output();
     const std::uint64_t gaps = out.size() - 1;
     if (in.size() / sizeof(W) != gaps || in.size() % sizeof(W) != 0)
       return detail::length_error(name, in.size(), gaps * sizeof(W));
@@ -252,6 +260,7 @@ template <class W> struct gap_planes {
   }
   static status decode(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
                        std::span<std::uint64_t> out) {
+    if (out.empty()) return detail::empty_output();
     const std::uint64_t n = out.size() - 1;
     if (in.size() / sizeof(W) != n || in.size() % sizeof(W) != 0)
       return detail::length_error(name, in.size(), n * sizeof(W));
@@ -278,6 +287,7 @@ struct varint_gaps {
   }
   static status decode(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
                        std::span<std::uint64_t> out) {
+    if (out.empty()) return detail::empty_output();
     std::size_t pos = 0;
     out[0] = first;
     std::uint64_t prev = first;
@@ -321,6 +331,7 @@ struct escape_u8 {
   }
   static status decode(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
                        std::span<std::uint64_t> out) {
+    if (out.empty()) return detail::empty_output();
     DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
                         "first index " + std::to_string(first) + " >= numel " + std::to_string(numel));
     std::size_t pos = 0, k = 1;
