@@ -245,3 +245,42 @@ TEST_CASE("owner errors: missing or mis-sized candidate shards") {
     CHECK(e.code() == errc::shape_mismatch);
   }
 }
+
+TEST_CASE("AdamW-trained versions (lr 1e-6, BF16 RNE storage): several steps, each committed") {
+  model_config c = tiny_qwen3_moe();
+  c.layers = 2;
+  c.hidden = 64;
+  c.moe_ffn = 32;
+  c.experts = 4;
+  auto plan = std::make_shared<const source_plan>(megatron_plan(c, {2, 1, 2, 1, 2, 8}));
+  std::vector<host_tensor> canon;
+  std::vector<sim::adamw_trainer> trainers;
+  for (std::size_t i = 0; i < plan->canonical.size(); ++i) {
+    host_tensor t(plan->canonical[i]);
+    auto w = sim::normal_bf16(t.meta.numel(), 0.02f, 900 + i);
+    std::memcpy(t.bytes.data(), w.data(), t.bytes.size());
+    trainers.emplace_back(std::span<const std::uint16_t>(w), 100 + i);
+    canon.push_back(std::move(t));
+  }
+  training_side side(plan, source_from_canonical(*plan, canon).view());
+  std::size_t emitted_total = 0;
+  for (int step = 0; step < 3; ++step) {
+    auto next = canon;
+    for (std::size_t i = 0; i < trainers.size(); ++i) {
+      trainers[i].step();
+      std::memcpy(next[i].bytes.data(), trainers[i].bf16().data(), next[i].bytes.size());
+    }
+    auto cand = source_from_canonical(*plan, next);
+    std::vector<item> items;
+    for (auto& b : side.build_items(cand.view()))
+      for (auto& it : b.items) items.push_back(it);
+    auto applied = canon;
+    auto emitted = test::apply_items(items, applied);
+    CHECK(emitted == test::changed_set(canon, next));
+    CHECK(test::same_bytes(applied, next));
+    emitted_total += emitted.size();
+    side.commit(cand.view());
+    canon = std::move(next);
+  }
+  CHECK(emitted_total > 0);
+}

@@ -16,6 +16,7 @@
 #include "dcr/core/rounding.hpp"
 #include "dcr/core/tensor.hpp"
 #include "dcr/map/fp8.hpp"
+#include "dcr/source/simulator.hpp"
 
 namespace dcr::test {
 
@@ -44,18 +45,11 @@ inline std::vector<host_tensor> random_checkpoint(std::span<const tensor_meta> m
   return v;
 }
 
-/// Stress update of 16-bit float tensors: a `fraction` of elements, chosen
-/// uniformly, is multiplied by (1 + amp N(0,1)) in FP32 and rounded back (RNE).
+/// Stress update (the simulator's): in each bf16 tensor, round(fraction n)
+/// uniformly chosen elements get new bits, x -> RNE(x (1 + amp N(0,1))).
 inline void stress(std::vector<host_tensor>& ts, double fraction, double amp, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(0, 1);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& t : ts) {
-    if (t.meta.dtype != dtype_id::bf16) continue;
-    auto w = t.words<bf16>();
-    for (auto& x : w)
-      if (u(rng) < fraction) x = f32_to_bf16_rne(bf16_to_f32(x) * (1.0f + static_cast<float>(amp) * nd(rng)));
-  }
+  for (std::size_t i = 0; i < ts.size(); ++i)
+    if (ts[i].meta.dtype == dtype_id::bf16) sim::stress_update(ts[i].words<bf16>(), fraction, amp, seed * 7777 + i);
 }
 
 /// Destination = (canonical tensor name, flat index).
