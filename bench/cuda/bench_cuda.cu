@@ -16,7 +16,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -86,8 +88,13 @@ std::uint64_t sectors(const std::vector<std::uint64_t>& loc) {
 
 int main(int argc, char** argv) {
   const auto opt = bench::options::parse(argc, argv);
+  std::string json_file; // --json-file=PATH: also write the JSON there (one run, both outputs)
+  for (const auto& a : opt.rest)
+    if (a.rfind("--json-file=", 0) == 0) json_file = a.substr(12);
   if (dcr::cuda::device_count() == 0) {
-    if (opt.json) std::cout << "{\"device\":null,\"unmeasured\":\"no CUDA device\",\"rows\":[]}\n";
+    const char* none = "{\"device\":null,\"unmeasured\":\"no CUDA device\",\"rows\":[]}\n";
+    if (opt.json) std::cout << none;
+    if (!json_file.empty()) std::ofstream(json_file) << none;
     std::cerr << "dcr-bench-cuda: no CUDA device on this machine: unmeasured (run scripts/gpu-check.sh on a GPU machine)\n";
     return 77;
   }
@@ -208,18 +215,24 @@ int main(int argc, char** argv) {
     rows.push_back({"detect_changes", d * 100, n, bytes, bytes, s, hs});
   }
 
-  if (opt.json) {
-    std::cout << "{\"device\":" << bench::json_string(device_name) << ",\"peak_GBps\":" << peak / 1e9
+  std::ostringstream js;
+  {
+    std::ostream& out = js;
+    out << "{\"device\":" << bench::json_string(device_name) << ",\"peak_GBps\":" << peak / 1e9
               << ",\"memcpy_GBps\":" << memcpy_bw / 1e9 << ",\"weights_GiB\":" << gib << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      std::cout << (i ? "," : "") << "{\"kernel\":" << bench::json_string(r.kernel) << ",\"density_pct\":" << r.density_pct
+      out << (i ? "," : "") << "{\"kernel\":" << bench::json_string(r.kernel) << ",\"density_pct\":" << r.density_pct
                 << ",\"pct_of_peak\":" << 100.0 * r.sector_bytes / r.seconds / peak
                 << ",\"pct_of_memcpy\":" << 100.0 * r.sector_bytes / r.seconds / memcpy_bw
                 << ",\"GBps\":" << r.sector_bytes / r.seconds / 1e9
                 << ",\"host_twin_GBps\":" << r.sector_bytes / r.host_seconds / 1e9 << "}";
     }
-    std::cout << "]}\n";
+    out << "]}\n";
+  }
+  if (!json_file.empty()) std::ofstream(json_file) << js.str();
+  if (opt.json) {
+    std::cout << js.str();
     return 0;
   }
   bench::table t({"kernel", "density %", "weights GiB", "touched GiB", "logical GiB", "ms", "GB/s", "% of peak",

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: builds the CUDA kernel tests and
+# dcr-bench-cuda in build/ (CUDA enabled), runs the tests and the bench, and
+# writes everything to gpu-results/<UTC time>-<host>/ (test log, bench table
+# as Markdown, bench JSON, device facts). Meant to finish in under 5 minutes.
+# Usage: scripts/gpu-check.sh [--quick]   (--quick: small bench inputs)
+# Exits 77 when no CUDA device is visible.
+set -euo pipefail
+DCR_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$DCR_ROOT"
+if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+command -v nvcc >/dev/null || { echo "gpu-check: nvcc not found" >&2; exit 1; }
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no CUDA device visible (nvidia-smi -L failed): nothing measured" >&2
+  exit 77
+fi
+
+out="gpu-results/$(date -u +%Y%m%dT%H%M%SZ)-$(hostname -s)"
+mkdir -p "$out"
+{
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv
+  nvcc --version | tail -n 2
+} > "$out/device.txt" 2>&1 || true
+
+jobs=${DCR_JOBS:-$(nproc)}
+if [ ! -f build/build.ninja ]; then
+  meson setup build -Dcuda=enabled
+elif ! meson introspect build --buildoptions | python3 -c \
+    'import json,sys; sys.exit(0 if any(o["name"] == "cuda" and o["value"] == "enabled" for o in json.load(sys.stdin)) else 1)'; then
+  meson configure build -Dcuda=enabled
+fi
+# Only the CUDA targets: the rest of the project is not needed here.
+ninja -C build -j "$jobs" cuda/test_scatter cuda/test_copy cuda/test_detect bench/cuda/dcr-bench-cuda \
+  2>&1 | tee "$out/build.log" | tail -n 3
+
+set +e
+meson test -C build --no-rebuild --suite cuda --print-errorlogs 2>&1 | tee "$out/tests.log"
+test_rc=${PIPESTATUS[0]}
+cp build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
+timeout 240 build/bench/cuda/dcr-bench-cuda --markdown --json-file="$out/bench.json" "$@" \
+  > "$out/bench.md" 2> "$out/bench.err"
+bench_rc=$?
+set -e
+cat "$out/bench.md"
+{
+  echo "tests: exit $test_rc"
+  echo "bench: exit $bench_rc"
+} > "$out/summary.txt"
+echo "gpu-check: results in $out (tests exit $test_rc, bench exit $bench_rc)"
+[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
