@@ -8,8 +8,9 @@
 /// polar method (a Box–Muller variant) on 53-bit uniforms; uniform integers
 /// from Lemire's unbiased multiply-and-reject. None of the standard library's
 /// engines or distributions is used, so results do not depend on its
-/// implementation; only `std::log` and `std::sqrt` are called (sqrt is exact
-/// by IEEE 754; glibc's log is the same on every x86-64 and aarch64 build).
+/// implementation. The only library math is `std::sqrt` (exact by IEEE 754)
+/// and `std::log` in the polar transform, so results are bit-identical
+/// wherever the C library's `log` agrees (e.g. any glibc on x86-64).
 
 #include <cmath>
 #include <concepts>
