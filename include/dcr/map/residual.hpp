@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,26 +67,35 @@ public:
     const std::uint64_t w = width_of(t.meta.dtype), n = t.meta.numel();
     DCR_RETURN_ERROR_IF(start > n || count > n - start, index_out_of_range,
                         std::string(part) + ": run outside " + t.meta.name);
-    auto& iv = cover_[slot];
-    if (iv.empty() || start >= iv.back().second) { // common case: parts arrive in order, no overlap
-      if (!iv.empty() && iv.back().second == start) iv.back().second = start + count;
-      else iv.emplace_back(start, start + count);
-      std::memcpy(t.bytes.data() + start * w, src, count * w);
-      return status::success();
-    }
-    for (auto& [a, b] : iv) { // overlap: compare the already-written range first
-      const std::uint64_t lo = std::max(a, start), hi = std::min(b, start + count);
-      if (lo < hi && std::memcmp(t.bytes.data() + lo * w, src + (lo - start) * w, (hi - lo) * w) != 0) {
-        std::uint64_t k = lo;
-        while (std::memcmp(t.bytes.data() + k * w, src + (k - start) * w, w) == 0) ++k;
-        return fail(errc::parts_disagree, std::string(part) + ": disagrees with an earlier part of " + t.meta.name +
-                                              " at flat index " + std::to_string(k));
+    if (count == 0) return status::success();
+    const std::uint64_t end = start + count;
+    auto& iv = cover_[slot]; // disjoint, non-adjacent intervals: start -> end
+    if (iv.empty() || start > std::prev(iv.end())->second) { // common case: parts arrive in order
+      iv.emplace_hint(iv.end(), start, end);
+    } else if (start == std::prev(iv.end())->second) {
+      std::prev(iv.end())->second = end;
+    } else {
+      auto it = iv.upper_bound(start);
+      if (it != iv.begin() && std::prev(it)->second > start) --it;
+      std::uint64_t lo = start, hi = end;
+      for (auto j = it; j != iv.end() && j->first < end; ++j) { // compare every overlap before writing
+        const std::uint64_t a = std::max(j->first, start), b = std::min(j->second, end);
+        if (a < b && std::memcmp(t.bytes.data() + a * w, src + (a - start) * w, (b - a) * w) != 0) {
+          std::uint64_t k = a;
+          while (std::memcmp(t.bytes.data() + k * w, src + (k - start) * w, w) == 0) ++k;
+          return fail(errc::parts_disagree, std::string(part) + ": disagrees with an earlier part of " + t.meta.name +
+                                                " at flat index " + std::to_string(k));
+        }
       }
+      if (it != iv.begin() && std::prev(it)->second == start) --it; // merge with an adjacent left neighbour
+      while (it != iv.end() && it->first <= hi) {
+        lo = std::min(lo, it->first);
+        hi = std::max(hi, it->second);
+        it = iv.erase(it);
+      }
+      iv.emplace(lo, hi);
     }
     std::memcpy(t.bytes.data() + start * w, src, count * w);
-    iv.emplace_back(start, start + count);
-    std::sort(iv.begin(), iv.end());
-    merge(iv);
     return status::success();
   }
 
@@ -110,12 +121,10 @@ public:
   /// Fails with `errc::coverage` naming the first uncovered element.
   status finish() {
     for (std::size_t s = 0; s < out_.size(); ++s) {
-      auto& iv = cover_[s];
-      std::sort(iv.begin(), iv.end());
-      merge(iv);
+      const auto& iv = cover_[s];
       const std::uint64_t n = out_[s].meta.numel();
       if (n == 0) continue;
-      const std::uint64_t first_gap = iv.empty() || iv[0].first != 0 ? 0 : iv[0].second;
+      const std::uint64_t first_gap = iv.empty() || iv.begin()->first != 0 ? 0 : iv.begin()->second;
       if (first_gap < n)
         return fail(errc::coverage, out_[s].meta.name + ": parts leave flat index " + std::to_string(first_gap) +
                                         " (of " + std::to_string(n) + ") uncovered");
@@ -124,17 +133,8 @@ public:
   }
 
 private:
-  static void merge(std::vector<std::pair<std::uint64_t, std::uint64_t>>& iv) {
-    std::size_t k = 0;
-    for (std::size_t i = 1; i < iv.size(); ++i) {
-      if (iv[i].first <= iv[k].second) iv[k].second = std::max(iv[k].second, iv[i].second);
-      else iv[++k] = iv[i];
-    }
-    if (!iv.empty()) iv.resize(k + 1);
-  }
-
   std::span<host_tensor> out_;
-  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> cover_;
+  std::vector<std::map<std::uint64_t, std::uint64_t>> cover_;
 };
 
 namespace detail {
