@@ -218,9 +218,9 @@ TEST_CASE("spans of different lengths are rejected with invalid_argument") {
 TEST_CASE_TEMPLATE("change_masks: every available instruction set equals the scalar definition", W,
                    std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
   splitmix g{101 + sizeof(W)};
-  for (detect_isa isa : {detect_isa::portable, detect_isa::avx512}) {
+  for (detect_isa isa : {detect_isa::portable, detect_isa::avx2, detect_isa::avx512}) {
     if (!detect_isa_available(isa)) {
-      MESSAGE("instruction set " << int(isa) << " not on this CPU; its kernel is not run");
+      MESSAGE("instruction set " << to_string(isa) << " not on this CPU; its kernel is not run");
       continue;
     }
     for (double p : densities) {
@@ -240,10 +240,13 @@ TEST_CASE_TEMPLATE("change_masks: every available instruction set equals the sca
   }
 }
 
-TEST_CASE("DCR_DETECT_ISA=portable selects the portable scan") {
+TEST_CASE("DCR_DETECT_ISA selects an available scan, otherwise the best one") {
   const char* env = std::getenv("DCR_DETECT_ISA");
-  const bool forced = env != nullptr && std::string_view(env) == "portable";
-  MESSAGE("scan instruction set: " << (active_detect_isa() == detect_isa::avx512 ? "avx512" : "portable"));
-  if (forced) CHECK(active_detect_isa() == detect_isa::portable);
-  else CHECK(active_detect_isa() == (detect_isa_available(detect_isa::avx512) ? detect_isa::avx512 : detect_isa::portable));
+  MESSAGE("scan instruction set: " << to_string(active_detect_isa()));
+  detect_isa want = detect_isa_available(detect_isa::avx512) ? detect_isa::avx512
+                    : detect_isa_available(detect_isa::avx2) ? detect_isa::avx2
+                                                             : detect_isa::portable;
+  for (detect_isa i : {detect_isa::portable, detect_isa::avx2, detect_isa::avx512})
+    if (env != nullptr && std::string_view(env) == to_string(i) && detect_isa_available(i)) want = i;
+  CHECK(active_detect_isa() == want);
 }

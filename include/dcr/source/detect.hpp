@@ -6,8 +6,8 @@
 ///
 /// Layering: `change_mask` turns up to 64 words into a 64-bit mask (bit i set
 /// when word i differs; SSE2 on x86-64, a plain loop elsewhere);
-/// `change_masks` does many blocks with prefetching, on AVX-512BW when the
-/// CPU has it (chosen at run time); `for_each_change_mask` walks a span; `detect_changes` and
+/// `change_masks` does many blocks with prefetching, on AVX-512BW or AVX2
+/// when the CPU has them (chosen at run time); `for_each_change_mask` walks a span; `detect_changes` and
 /// `detect_runs` extract indices or runs from the masks. All of them work on
 /// any sub-span, so a caller streams over a large tensor chunk by chunk by
 /// passing consecutive sub-spans with the matching `base`.
@@ -121,7 +121,18 @@ inline constexpr std::size_t detect_prefetch_bytes = 8192;
 enum class detect_isa : std::uint8_t {
   portable = 0, ///< SSE2 on x86-64, a plain loop elsewhere
   avx512 = 1,   ///< AVX-512BW compare-to-mask, chosen at run time when the CPU has it
+  avx2 = 2,     ///< AVX2 compares + movemask, for x86-64 CPUs without AVX-512BW
 };
+
+/// Short name of an instruction set ("portable", "avx2", "avx512").
+constexpr std::string_view to_string(detect_isa isa) noexcept {
+  switch (isa) {
+  case detect_isa::portable: return "portable";
+  case detect_isa::avx512: return "avx512";
+  case detect_isa::avx2: return "avx2";
+  }
+  return "unknown";
+}
 
 namespace detail {
 
@@ -175,10 +186,55 @@ scan_blocks_avx512(const W* a, const W* b, std::size_t blocks, std::uint64_t fir
   }
 }
 
+/// AVX2 variant; movemask gives one bit per byte (u8), per word after a
+/// saturating pack (u16), per float/double lane (u32/u64).
+template <class W, class F>
+__attribute__((target("avx2,popcnt,bmi,bmi2,lzcnt"))) void
+scan_blocks_avx2(const W* a, const W* b, std::size_t blocks, std::uint64_t first, F& f) {
+  for (std::size_t k = 0; k < blocks; ++k, a += change_block_words, b += change_block_words) {
+    prefetch_block(a, sizeof(W) * change_block_words);
+    prefetch_block(b, sizeof(W) * change_block_words);
+    const auto* va = reinterpret_cast<const __m256i*>(a); // 2, 4, 8 or 16 vectors per block
+    const auto* vb = reinterpret_cast<const __m256i*>(b);
+    std::uint64_t eq = 0;
+    if constexpr (sizeof(W) == 1) {
+      for (int v = 0; v < 2; ++v) {
+        const __m256i e = _mm256_cmpeq_epi8(_mm256_loadu_si256(va + v), _mm256_loadu_si256(vb + v));
+        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(e))} << (32 * v);
+      }
+    } else if constexpr (sizeof(W) == 2) {
+      for (int v = 0; v < 2; ++v) {
+        const __m256i e0 = _mm256_cmpeq_epi16(_mm256_loadu_si256(va + 2 * v), _mm256_loadu_si256(vb + 2 * v));
+        const __m256i e1 = _mm256_cmpeq_epi16(_mm256_loadu_si256(va + 2 * v + 1), _mm256_loadu_si256(vb + 2 * v + 1));
+        // packs works per 128-bit lane; the permute restores word order.
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi16(e0, e1), 0xD8);
+        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(p))} << (32 * v);
+      }
+    } else if constexpr (sizeof(W) == 4) {
+      for (int v = 0; v < 8; ++v) {
+        const __m256i e = _mm256_cmpeq_epi32(_mm256_loadu_si256(va + v), _mm256_loadu_si256(vb + v));
+        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(e)))} << (8 * v);
+      }
+    } else {
+      for (int v = 0; v < 16; ++v) {
+        const __m256i e = _mm256_cmpeq_epi64(_mm256_loadu_si256(va + v), _mm256_loadu_si256(vb + v));
+        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_pd(_mm256_castsi256_pd(e)))} << (4 * v);
+      }
+    }
+    f(first + k * change_block_words, ~eq);
+  }
+}
+
+inline bool cpu_has_bit_ops() noexcept {
+  return __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+}
 inline bool cpu_has_avx512bw() noexcept {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && cpu_has_bit_ops();
+}
+inline bool cpu_has_avx2() noexcept {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && cpu_has_bit_ops();
 }
 #endif
 
@@ -188,20 +244,25 @@ inline bool cpu_has_avx512bw() noexcept {
 inline bool detect_isa_available(detect_isa isa) noexcept {
 #if defined(DCR_DETECT_HAVE_AVX512)
   static const bool avx512 = detail::cpu_has_avx512bw();
-  return isa == detect_isa::portable || (isa == detect_isa::avx512 && avx512);
+  static const bool avx2 = detail::cpu_has_avx2();
+  return isa == detect_isa::portable || (isa == detect_isa::avx512 && avx512) || (isa == detect_isa::avx2 && avx2);
 #else
   return isa == detect_isa::portable;
 #endif
 }
 
 /// The instruction set the scans use, decided once: the best one this CPU
-/// has, unless the environment variable `DCR_DETECT_ISA=portable` asks for
-/// the portable code (to test or measure it on any machine).
+/// has (AVX-512BW, then AVX2, then portable), unless the environment variable
+/// `DCR_DETECT_ISA` names another available one ("portable", "avx2",
+/// "avx512") to test or measure it.
 inline detect_isa active_detect_isa() noexcept {
   static const detect_isa isa = [] {
-    const char* env = std::getenv("DCR_DETECT_ISA");
-    if (env != nullptr && std::string_view(env) == "portable") return detect_isa::portable;
-    return detect_isa_available(detect_isa::avx512) ? detect_isa::avx512 : detect_isa::portable;
+    if (const char* env = std::getenv("DCR_DETECT_ISA"))
+      for (detect_isa i : {detect_isa::portable, detect_isa::avx2, detect_isa::avx512})
+        if (std::string_view(env) == to_string(i) && detect_isa_available(i)) return i;
+    for (detect_isa i : {detect_isa::avx512, detect_isa::avx2})
+      if (detect_isa_available(i)) return i;
+    return detect_isa::portable;
   }();
   return isa;
 }
@@ -219,6 +280,7 @@ void scan(const W* a, const W* b, std::size_t n, std::uint64_t base, F& f, detec
   const std::size_t blocks = n / change_block_words;
 #if defined(DCR_DETECT_HAVE_AVX512)
   if (isa == detect_isa::avx512) scan_blocks_avx512(a, b, blocks, base, f);
+  else if (isa == detect_isa::avx2) scan_blocks_avx2(a, b, blocks, base, f);
   else scan_blocks_portable(a, b, blocks, base, f);
 #else
   (void)isa;
