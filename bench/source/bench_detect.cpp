@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   auto gbps = [&](double s) { return 2.0 * static_cast<double>(bytes) / s / 1e9; };
   if (opt.json) {
     std::cout << "{\"machine\":" << bench::json_string(bench::machine_description())
-              << ",\"words\":" << n << ",\"bytes_per_buffer\":" << bytes << ",\"rows\":[";
+              << ",\"isa\":" << bench::json_string(to_string(active_detect_isa())) << ",\"words\":" << n << ",\"bytes_per_buffer\":" << bytes << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       std::cout << (i ? "," : "") << "{\"change_pct\":" << r.change_pct << ",\"changed\":" << r.changed
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
             << " BF16 words (" << bytes / (1 << 20) << " MiB per buffer, old and new) versus memcpy of one "
             << bytes / (1 << 20) << " MiB buffer (and of both buffers) in the same run; best of " << reps + 1
             << " interleaved runs; scan instruction set: "
-            << (active_detect_isa() == detect_isa::avx512 ? "AVX-512BW" : "portable (SSE2)") << ".\n"
+            << to_string(active_detect_isa()) << ".\n"
             << (opt.markdown ? "\n" : "") << "Machine: " << bench::machine_description() << ".\n\n";
   t.print(std::cout, opt.markdown);
   std::cout << (opt.markdown ? "\n" : "")
