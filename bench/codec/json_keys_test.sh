@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The --json keys scripts depend on (issue contract) are present.
+set -euo pipefail
+table2=$1 payload=$2
+t=$("$table2" --quick --json)
+for k in a changed_pct overwrite_bytes xor_bytes ratio xor_filtered_bytes ratio_filtered; do
+  grep -q "\"$k\":" <<<"$t" || { echo "dcr-bench-table2: missing key $k"; exit 1; }
+done
+[ "$(grep -o '"a":' <<<"$t" | wc -l)" -eq 3 ]
+p=$("$payload" --quick --json)
+for k in workload coding payload_pct bytes_per_change; do
+  grep -q "\"$k\":" <<<"$p" || { echo "dcr-bench-payload: missing key $k"; exit 1; }
+done
+for c in v1 default full_xor_zstd index_value_zstd entropy_bound; do
+  [ "$(grep -o "\"coding\":\"$c\"" <<<"$p" | wc -l)" -eq 4 ] || { echo "dcr-bench-payload: coding $c not in every workload"; exit 1; }
+done
+echo "bench json keys: ok"
