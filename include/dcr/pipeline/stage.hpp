@@ -15,6 +15,7 @@
 /// stops every stage (queues close, pending items are dropped) and `run`
 /// rethrows it after joining all threads, so no stage outlives `run`.
 
+#include <array>
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -105,9 +106,9 @@ void run(chain<S...> c, Source&& source, Sink&& sink) {
   }(std::make_index_sequence<n + 1>{});
   std::apply([&](auto&... q) { (fail_state.closers.push_back([p = q.get()] { p->close(); }), ...); }, storage);
 
-  std::vector<std::thread> threads;
+  std::array<std::thread, n> threads; // fixed count: no reallocation
   auto launch = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
-    threads.emplace_back([&] {
+    threads[I] = std::thread([&] {
       auto& in = *std::get<I>(storage);
       auto& out = *std::get<I + 1>(storage);
       auto& st = std::get<I>(c.stages);
