@@ -1,6 +1,6 @@
 #pragma once
 // Test-only workloads for receiver tests: canonical BF16 models, version
-// transitions (AdamW-like steps, stress updates, NaN injection) and items
+// transitions (AdamW steps and stress updates via dcr::sim, NaN injection) and items
 // built from the bitwise canonical diff of two versions.
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "dcr/core/hash.hpp"
 #include "dcr/core/rounding.hpp"
 #include "dcr/receiver/tensor_set.hpp"
+#include "dcr/source/simulator.hpp"
 
 namespace dcr::test {
 
@@ -42,41 +43,23 @@ inline tensor_set clone(const tensor_set& s) {
   return c;
 }
 
-/// AdamW-like training steps on BF16 stored weights with FP32 master copies
-/// (lr 1e-6, betas 0.9/0.999, N(0,1) gradients): changes a small, random
-/// fraction of BF16 words per step, like real RL updates.
-inline void adamw_steps(tensor_set& s, int steps, std::uint64_t seed, float lr = 1e-6f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1.0f);
+/// AdamW steps (dcr::sim trainer: FP32 master, lr 1e-6, N(0,1) gradients,
+/// BF16 RNE stored words), one trainer per tensor seeded from `seed`.
+inline void adamw_steps(tensor_set& s, int steps, std::uint64_t seed) {
+  std::uint64_t k = 0;
   for (auto& t : s.tensors()) {
-    auto* w = bf16_words(t);
-    const auto n = t.meta.numel();
-    std::vector<float> master(n), m(n, 0.0f), v(n, 0.0f);
-    for (std::uint64_t i = 0; i < n; ++i) master[i] = bf16_to_f32(w[i]);
-    for (int k = 1; k <= steps; ++k) {
-      const float bc1 = 1.0f - std::pow(0.9f, static_cast<float>(k)), bc2 = 1.0f - std::pow(0.999f, static_cast<float>(k));
-      for (std::uint64_t i = 0; i < n; ++i) {
-        const float gi = g(rng);
-        m[i] = 0.9f * m[i] + 0.1f * gi;
-        v[i] = 0.999f * v[i] + 0.001f * gi * gi;
-        master[i] -= lr * ((m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8f) + 0.01f * master[i]);
-      }
-    }
-    for (std::uint64_t i = 0; i < n; ++i)
-      if (!std::isnan(master[i])) w[i] = f32_to_bf16_rne(master[i]);
+    auto w = t.words<bf16>();
+    sim::adamw_trainer tr(std::span<const std::uint16_t>(w.data(), w.size()), seed + 1000 * ++k);
+    for (int i = 0; i < steps; ++i) tr.step();
+    std::copy(tr.bf16().begin(), tr.bf16().end(), w.begin());
   }
 }
 
-/// Scale a uniform `fraction` of elements by (1 + amp·N(0,1)) in FP32, RNE to BF16.
+/// Stress update of every tensor (dcr::sim::stress_update: a uniform
+/// `fraction` of elements scaled by (1 + amp·N(0,1)) in FP32, RNE to BF16).
 inline void stress(tensor_set& s, double fraction, double amp, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& t : s.tensors()) {
-    auto* w = bf16_words(t);
-    for (std::uint64_t i = 0; i < t.meta.numel(); ++i)
-      if (u(rng) < fraction) w[i] = f32_to_bf16_rne(bf16_to_f32(w[i]) * (1.0f + static_cast<float>(amp) * nd(rng)));
-  }
+  std::uint64_t k = 0;
+  for (auto& t : s.tensors()) sim::stress_update(t.words<bf16>(), fraction, amp, seed + 1000 * ++k);
 }
 
 /// Put NaN patterns (the default placeholder 0x7FC0 among them) at `per_tensor`

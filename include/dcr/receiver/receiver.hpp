@@ -52,6 +52,12 @@ inline status check_item(const item& it, const tensor_meta& meta) {
   DCR_RETURN_ERROR_IF(it.values.size() != it.indices.size() * w, offset_out_of_range,
                       "item for " + meta.name + ": " + std::to_string(it.values.size()) + " value bytes for " +
                           std::to_string(it.indices.size()) + " indices");
+  // Branch-free scan first; the slow loop below only runs to name the entry.
+  bool bad = false;
+  const std::uint64_t* ix = it.indices.data();
+  for (std::size_t k = 1; k < it.indices.size(); ++k) bad |= ix[k] <= ix[k - 1];
+  if (!it.indices.empty()) bad |= it.indices.back() >= n;
+  if (!bad) return status::success();
   for (std::size_t k = 0; k < it.indices.size(); ++k) {
     DCR_RETURN_ERROR_IF(it.indices[k] >= n, index_out_of_range,
                         "item for " + meta.name + ": index " + std::to_string(it.indices[k]) + " at entry " +

@@ -29,6 +29,9 @@ struct view_inverse {
   std::size_t n = 0; ///< dimensions with extent > 1, by decreasing source stride
   std::array<std::int64_t, max_rank> src_stride{}, extent{}, dst_stride{};
   std::int64_t src_base = 0, span = 0, dst_base = 0;
+  /// Both views are contiguous blocks with the same row-major order: the map
+  /// is `o - src_base + dst_base` on `[src_base, src_base + span)`.
+  bool shift_only = false;
 
   static view_inverse make(const strided_layout& src, std::int64_t src_base_, const strided_layout& dst,
                            std::int64_t dst_base_) {
@@ -47,6 +50,14 @@ struct view_inverse {
       v.extent[k] = src.extents[order[k]];
       v.dst_stride[k] = dst.strides[order[k]];
     }
+    // Contiguous when the sorted strides are the suffix products of the extents.
+    bool contiguous = true;
+    std::int64_t s = 1;
+    for (std::size_t k = v.n; k-- > 0;) {
+      contiguous = contiguous && v.src_stride[k] == s && v.dst_stride[k] == s;
+      s *= v.extent[k];
+    }
+    v.shift_only = contiguous;
     return v;
   }
 
@@ -70,6 +81,16 @@ struct view_inverse {
   /// destination layout) take a division only when the walk enters a new
   /// row; other views fall back to `map`.
   template <class F> void for_each_sorted(const std::uint64_t* idx, std::size_t count, F&& f) const {
+    if (shift_only) { // whole rows on both sides: every offset inside the span maps
+      const std::int64_t shift = dst_base - src_base;
+      const auto lo = static_cast<std::uint64_t>(src_base), hi = static_cast<std::uint64_t>(src_base + span);
+      std::size_t j = 0;
+      while (j < count && idx[j] < lo) ++j;
+      std::size_t end = count;
+      while (end > j && idx[end - 1] >= hi) --end;
+      for (; j < end; ++j) f(j, static_cast<std::int64_t>(idx[j]) + shift);
+      return;
+    }
     if (n == 1 && src_stride[0] == 1) {
       for (std::size_t j = 0; j < count; ++j) {
         const std::int64_t rel = static_cast<std::int64_t>(idx[j]) - src_base;

@@ -1,0 +1,219 @@
+// dcr-bench-apply: receiver apply time of a delta versus a dense refit
+// through the same native loader, measured in the same run.
+//
+// Input: a Llama-style BF16 model (hidden 1024, 8 layers, 16 query / 4 KV
+// heads of 64, FFN 2816, vocab 32000: 155M values, 310 MB; --quick: the
+// tiny test model). A delta changes a uniform random fraction (1.2, 3, 5 %)
+// of every canonical tensor's values; one item per canonical tensor. The
+// receiver is a vLLM-style rank (TP 1 and TP 2 rank 0); every receiver
+// gets every item, as when payloads are broadcast.
+// Reference: `dense_refit` of full canonical tensors through the same loader
+// into the same storage. Also shown: memcpy of the rank's storage bytes, the
+// apply of overwrite items, and ingestion of the same delta as zstd payloads
+// (stage + decode + apply). A second table uses the cast/transpose loader,
+// whose FP32 casts make overwrite items O(tensor) (measured separately).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "dcr/codec/payload.hpp"
+#include "dcr/loaders/cast_transpose.hpp"
+#include "dcr/loaders/vllm_style.hpp"
+#include "dcr/model/config.hpp"
+#include "dcr/receiver/receiver.hpp"
+#include "dcr/receiver/tensor_set.hpp"
+
+namespace {
+
+using namespace dcr;
+
+struct splitmix {
+  std::uint64_t s;
+  std::uint64_t next() {
+    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+};
+
+model_config bench_model(bool quick) {
+  if (quick) return tiny_llama();
+  model_config c;
+  c.hidden = 1024;
+  c.layers = 8;
+  c.heads = 16;
+  c.kv_heads = 4;
+  c.head_dim = 64;
+  c.ffn = 2816;
+  c.vocab = 32000;
+  return c;
+}
+
+tensor_set random_set(const std::vector<tensor_meta>& metas, splitmix& g) {
+  tensor_set s(metas);
+  for (auto& t : s.tensors())
+    for (auto& w : t.words<bf16>()) w = static_cast<std::uint16_t>(0x3C00 | (g.next() & 0x03FF)); // finite values
+  return s;
+}
+
+/// One XOR and one overwrite item per tensor at a uniform `pct` % of positions.
+void make_delta(const tensor_set& v, double pct, splitmix& g, std::vector<item>& xors, std::vector<item>& ows) {
+  const auto threshold = static_cast<std::uint64_t>(pct / 100.0 * 0x1p53);
+  xors.clear();
+  ows.clear();
+  for (auto& t : v.tensors()) {
+    item x, o;
+    x.tensor = o.tensor = t.meta;
+    x.encoding = value_encoding::xor_mask;
+    o.encoding = value_encoding::overwrite;
+    const auto* w = reinterpret_cast<const std::uint16_t*>(t.bytes.data());
+    for (std::uint64_t i = 0; i < t.meta.numel(); ++i) {
+      const auto r = g.next();
+      if ((r >> 11) >= threshold) continue;
+      const auto mask = static_cast<std::uint16_t>(1u << (r & 7)); // a low mantissa/exponent bit
+      const auto nw = static_cast<std::uint16_t>(w[i] ^ mask);
+      x.indices.push_back(i);
+      o.indices.push_back(i);
+      const std::byte mb[2] = {static_cast<std::byte>(mask & 0xFF), static_cast<std::byte>(mask >> 8)};
+      const std::byte nb[2] = {static_cast<std::byte>(nw & 0xFF), static_cast<std::byte>(nw >> 8)};
+      x.values.insert(x.values.end(), mb, mb + 2);
+      o.values.insert(o.values.end(), nb, nb + 2);
+    }
+    if (!x.indices.empty()) {
+      xors.push_back(std::move(x));
+      ows.push_back(std::move(o));
+    }
+  }
+}
+
+std::vector<std::vector<std::byte>> to_payloads(const std::vector<item>& items, std::uint64_t attempt) {
+  std::vector<std::vector<std::byte>> out;
+  std::uint32_t seq = 0;
+  for (std::size_t k = 0; k < items.size(); k += 4) {
+    const auto n = std::min<std::size_t>(4, items.size() - k);
+    out.push_back(encode_payload({attempt, 1, 0, seq++}, std::span<const item>(items.data() + k, n)));
+  }
+  return out;
+}
+
+void must(const status& s) {
+  if (!s.ok()) {
+    std::cerr << "bench failed: " << s.message << "\n";
+    std::exit(1);
+  }
+}
+
+struct row {
+  std::string loader;
+  std::uint64_t tp;
+  double pct;
+  std::uint64_t entries, storage_bytes;
+  double dense_s, xor_s, ow_s, ingest_s, memcpy_s;
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const auto opt = bench::options::parse(argc, argv);
+  const int reps = opt.quick ? 2 : 3;
+  const auto cfg = bench_model(opt.quick);
+  const auto metas = canonical_tensors(cfg);
+  splitmix g{0xA9917};
+  const auto v = random_set(metas, g);
+  std::uint64_t values = 0;
+  for (auto& m : metas) values += m.numel();
+
+  std::vector<row> rows;
+  std::vector<item> xors, ows;
+  std::uint64_t attempt = 0;
+  for (double pct : {1.2, 3.0, 5.0}) {
+    make_delta(v, pct, g, xors, ows);
+    std::uint64_t entries = 0;
+    for (auto& it : xors) entries += it.size();
+    const auto payloads = to_payloads(xors, 0);
+    for (std::uint64_t tp : {1, 2}) {
+      receiver<loaders::vllm_style_loader> r(loaders::vllm_style_loader(cfg, {tp, 0}), metas);
+      row x{"vllm_style", tp, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
+      x.dense_s = bench::best_seconds(reps, [&] { r.dense_refit(v); });
+      x.xor_s = bench::best_seconds(reps, [&] { must(r.apply_items(xors)); });
+      x.ow_s = bench::best_seconds(reps, [&] { must(r.apply_items(ows)); });
+      // Ingestion: fresh payloads per run (a new attempt each), built outside the timed region.
+      std::vector<std::vector<std::byte>> fresh;
+      x.ingest_s = 1e300;
+      for (int k = 0; k < reps + 1; ++k) {
+        fresh = to_payloads(xors, ++attempt);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (auto& p : fresh) must(r.stage(p));
+        must(r.apply_staged());
+        const auto t1 = std::chrono::steady_clock::now();
+        if (k > 0) x.ingest_s = std::min(x.ingest_s, std::chrono::duration<double>(t1 - t0).count());
+      }
+      x.memcpy_s = bench::memcpy_seconds(static_cast<std::size_t>(x.storage_bytes), reps);
+      rows.push_back(x);
+    }
+    // Cast/transpose loader: XOR where allowed, overwrite on the FP32 casts.
+    {
+      receiver<loaders::cast_transpose_loader> r(loaders::cast_transpose_loader(cfg), metas);
+      std::vector<item> mixed;
+      for (std::size_t k = 0; k < xors.size(); ++k) mixed.push_back(r.xor_allowed(xors[k].tensor.name) ? xors[k] : ows[k]);
+      row x{"cast_transpose", 1, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
+      x.dense_s = bench::best_seconds(reps, [&] { r.dense_refit(v); });
+      x.xor_s = bench::best_seconds(reps, [&] { must(r.apply_items(mixed)); });
+      x.ow_s = bench::best_seconds(reps, [&] { must(r.apply_items(ows)); });
+      x.ingest_s = 0;
+      x.memcpy_s = bench::memcpy_seconds(static_cast<std::size_t>(x.storage_bytes), reps);
+      rows.push_back(x);
+    }
+  }
+
+  if (opt.json) {
+    std::cout << "{\"machine\":" << bench::json_string(bench::machine_description()) << ",\"values\":" << values
+              << ",\"rows\":[";
+    bool first = true;
+    for (auto& x : rows) {
+      if (x.loader != "vllm_style" || x.tp != 1) continue;
+      std::cout << (first ? "" : ",") << "{\"change_pct\":" << x.pct << ",\"ratio_to_dense\":" << x.xor_s / x.dense_s
+                << ",\"overwrite_ratio_to_dense\":" << x.ow_s / x.dense_s
+                << ",\"ingest_ratio_to_dense\":" << x.ingest_s / x.dense_s << ",\"apply_s\":" << x.xor_s
+                << ",\"dense_s\":" << x.dense_s << ",\"entries\":" << x.entries << "}";
+      first = false;
+    }
+    std::cout << "]}\n";
+    return 0;
+  }
+  std::ostream& os = std::cout;
+  if (opt.markdown) os << "\n## Receiver apply vs dense refit (`dcr-bench-apply`)\n\n";
+  os << "Model: Llama-style BF16, " << values << " values (" << bench::fmt(values * 2 / 1e6, 1)
+     << " MB); uniform random changes, one item per canonical tensor, every item sent to every rank.\n"
+     << "Machine: " << bench::machine_description() << ". Best of " << reps << " runs.\n";
+  if (opt.markdown) os << "\n";
+  os << "\nvLLM-style loader (all paths representation preserving; XOR items):\n\n";
+  bench::table t({"TP", "change %", "entries", "storage MB", "dense ms", "memcpy ms", "XOR apply ms", "XOR / dense",
+                  "overwrite ms", "overwrite / dense", "stage+decode+apply ms", "ingest / dense"});
+  for (auto& x : rows)
+    if (x.loader == "vllm_style")
+      t.add({std::to_string(x.tp), bench::fmt(x.pct, 1), std::to_string(x.entries), bench::fmt(x.storage_bytes / 1e6, 1),
+             bench::fmt(x.dense_s * 1e3), bench::fmt(x.memcpy_s * 1e3), bench::fmt(x.xor_s * 1e3),
+             bench::fmt(x.xor_s / x.dense_s, 3), bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3),
+             bench::fmt(x.ingest_s * 1e3), bench::fmt(x.ingest_s / x.dense_s, 3)});
+  t.print(os, opt.markdown);
+  os << "\nCast/transpose loader (transposed fused QKV, o_proj, down_proj: XOR; FP32 norms and lm_head: overwrite, "
+        "O(tensor) per item):\n\n";
+  bench::table t2({"change %", "entries", "storage MB", "dense ms", "mixed apply ms", "mixed / dense", "all-overwrite ms",
+                   "all-overwrite / dense"});
+  for (auto& x : rows)
+    if (x.loader == "cast_transpose")
+      t2.add({bench::fmt(x.pct, 1), std::to_string(x.entries), bench::fmt(x.storage_bytes / 1e6, 1),
+              bench::fmt(x.dense_s * 1e3), bench::fmt(x.xor_s * 1e3), bench::fmt(x.xor_s / x.dense_s, 3),
+              bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3)});
+  t2.print(os, opt.markdown);
+  return 0;
+}
