@@ -25,6 +25,7 @@
 /// (retries) uses overwrites everywhere. Same candidate, baseline and options
 /// give byte-identical payloads.
 
+#include <bit>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -242,52 +243,52 @@ private:
     return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
   }
 
-  /// Changed local indices -> canonical records, piece by piece (indices are
-  /// sorted, pieces sorted by local row, so each piece owns a sub-range).
+  /// Change detection fused with direct projection: each piece is scanned
+  /// as segments of local indices with a constant local -> canonical shift
+  /// (the whole piece when its rows are contiguous in the canonical tensor,
+  /// else one segment per row), and a changed word's record is written while
+  /// its cache line is still hot from the compare.
   template <class W>
   static void project_shard(const source_shard& sh, std::span<const W> old_w, std::span<const W> new_w, bool xor_ok,
-                            state& st, std::vector<std::uint64_t>& idx) {
-    idx.clear();
-    detect_changes<W>(old_w, new_w, 0, idx);
-    if (idx.empty()) return;
+                            state& st, std::vector<std::uint64_t>&) {
     const auto& m = *sh.map;
     const std::uint64_t cols = m.local_cols();
     const auto enc = xor_ok ? value_encoding::xor_mask : value_encoding::overwrite;
-    auto it = idx.begin();
+    constexpr std::size_t cap = 1024;
+    std::uint64_t ib[cap];
+    W vb[cap];
+    std::size_t k = 0;
+    builder* b = nullptr;
+    const W* o = old_w.data();
+    const W* c = new_w.data();
+    auto flush = [&] {
+      b->indices.insert(b->indices.end(), ib, ib + k);
+      const auto* vp = reinterpret_cast<const std::byte*>(vb);
+      b->values.insert(b->values.end(), vp, vp + k * sizeof(W));
+      k = 0;
+    };
+    auto segment = [&](std::uint64_t lo, std::uint64_t len, std::uint64_t canonical_lo) {
+      const std::uint64_t shift = canonical_lo - lo; // modular: canonical = local + shift
+      for_each_change_mask<W>(old_w.subspan(lo, len), new_w.subspan(lo, len), lo, [&](std::uint64_t first, std::uint64_t mask) {
+        if (mask == 0) return;
+        if (k > cap - change_block_words) flush();
+        while (mask) {
+          const std::uint64_t j = first + static_cast<std::uint64_t>(std::countr_zero(mask));
+          mask &= mask - 1;
+          ib[k] = j + shift;
+          vb[k] = xor_ok ? static_cast<W>(o[j] ^ c[j]) : c[j];
+          ++k;
+        }
+      });
+    };
     for (const auto& p : m.pieces()) {
-      const std::uint64_t lo = p.local_row * cols, hi = (p.local_row + p.rows) * cols;
-      it = std::lower_bound(it, idx.end(), lo);
-      auto end = std::lower_bound(it, idx.end(), hi);
-      const std::size_t n = static_cast<std::size_t>(end - it);
-      if (n == 0) continue;
-      auto& b = st.get(p.tensor, enc);
-      const std::size_t i0 = b.indices.size();
-      b.indices.resize(i0 + n);
-      b.values.resize((i0 + n) * sizeof(W));
-      std::uint64_t* out_i = b.indices.data() + i0;
-      W* out_v = reinterpret_cast<W*>(b.values.data()) + i0;
-      const W* o = old_w.data();
-      const W* c = new_w.data();
-      if (cols == p.canonical_cols) {
-        const std::uint64_t shift = p.canonical_row * cols - lo;
-        for (std::size_t k = 0; k < n; ++k) {
-          const std::uint64_t j = it[k];
-          out_i[k] = j + shift;
-          out_v[k] = xor_ok ? static_cast<W>(o[j] ^ c[j]) : c[j];
-        }
-      } else {
-        std::uint64_t row = it[0] / cols, row_start = row * cols;
-        for (std::size_t k = 0; k < n; ++k) {
-          const std::uint64_t j = it[k];
-          if (j >= row_start + cols) {
-            row = j < row_start + 2 * cols ? row + 1 : j / cols;
-            row_start = row * cols;
-          }
-          out_i[k] = (p.canonical_row + (row - p.local_row)) * p.canonical_cols + p.canonical_col + (j - row_start);
-          out_v[k] = xor_ok ? static_cast<W>(o[j] ^ c[j]) : c[j];
-        }
-      }
-      it = end;
+      b = &st.get(p.tensor, enc);
+      const std::uint64_t lo = p.local_row * cols;
+      if (cols == p.canonical_cols) segment(lo, p.rows * cols, p.canonical_row * cols);
+      else
+        for (std::uint64_t i = 0; i < p.rows; ++i)
+          segment(lo + i * cols, cols, (p.canonical_row + i) * p.canonical_cols + p.canonical_col);
+      if (k) flush();
     }
   }
 
