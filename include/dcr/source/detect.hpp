@@ -328,7 +328,9 @@ void detect_changes(std::span<const W> old_words, std::span<const W> new_words, 
   std::uint64_t buf[cap];
   std::size_t k = 0;
   auto visit = [&](std::uint64_t first, std::uint64_t m) {
-    if (m == 0) return; // the common case at sparse densities
+    // No early exit for m == 0: at 1% density half the blocks are clean, in
+    // no predictable pattern, and a mispredicted branch costs more than the
+    // four stores below.
     if (k > cap - change_block_words) {
       out.insert(out.end(), buf, buf + k);
       k = 0;
@@ -371,7 +373,6 @@ void detect_runs(std::span<const W> old_words, std::span<const W> new_words, std
     out.pop_back();
   }
   auto visit = [&](std::uint64_t first, std::uint64_t m) {
-    if (m == 0) return;
     if (k > cap - change_block_words / 2) { // a block holds at most 32 runs
       out.insert(out.end(), buf, buf + k - 1);
       buf[0] = buf[k - 1];
