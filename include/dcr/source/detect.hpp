@@ -5,12 +5,14 @@
 /// +0 vs -0 is a change, and two NaNs are equal only when their bits are.
 ///
 /// Layering: `change_mask` turns up to 64 words into a 64-bit mask (bit i set
-/// when word i differs; SSE2 on x86-64, a plain loop elsewhere);
-/// `change_masks` does many blocks with prefetching, on AVX-512BW or AVX2
-/// when the CPU has them (chosen at run time); `for_each_change_mask` walks a span; `detect_changes` and
-/// `detect_runs` extract indices or runs from the masks. All of them work on
-/// any sub-span, so a caller streams over a large tensor chunk by chunk by
-/// passing consecutive sub-spans with the matching `base`.
+/// when word i differs; SSE2 on x86-64, a plain loop elsewhere). The scan
+/// behind `change_masks`, `for_each_change_mask`, `detect_changes` and
+/// `detect_runs` walks a span in 64-word blocks with L2 prefetching, on
+/// AVX-512BW or AVX2 when the CPU has them (chosen once at run time), and
+/// hands each mask to an inlined visitor that extracts indices or runs with
+/// bit tricks. All of them work on any sub-span, so a caller streams over a
+/// large tensor chunk by chunk by passing consecutive sub-spans with the
+/// matching `base`.
 
 #include <algorithm>
 #include <bit>
@@ -161,7 +163,7 @@ void scan_blocks_portable(const W* a, const W* b, std::size_t blocks, std::uint6
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
-#define DCR_DETECT_HAVE_AVX512 1
+#define DCR_DETECT_HAVE_X86_DISPATCH 1
 /// AVX-512BW variant; popcnt/bmi for the visitor's bit extraction (every
 /// AVX-512 CPU has them).
 template <class W, class F>
@@ -242,7 +244,7 @@ inline bool cpu_has_avx2() noexcept {
 
 /// True when `isa` can run on this CPU.
 inline bool detect_isa_available(detect_isa isa) noexcept {
-#if defined(DCR_DETECT_HAVE_AVX512)
+#if defined(DCR_DETECT_HAVE_X86_DISPATCH)
   static const bool avx512 = detail::cpu_has_avx512bw();
   static const bool avx2 = detail::cpu_has_avx2();
   return isa == detect_isa::portable || (isa == detect_isa::avx512 && avx512) || (isa == detect_isa::avx2 && avx2);
@@ -278,7 +280,7 @@ inline void check_same_size(std::size_t a, std::size_t b, const char* what) {
 template <class W, class F>
 void scan(const W* a, const W* b, std::size_t n, std::uint64_t base, F& f, detect_isa isa) {
   const std::size_t blocks = n / change_block_words;
-#if defined(DCR_DETECT_HAVE_AVX512)
+#if defined(DCR_DETECT_HAVE_X86_DISPATCH)
   if (isa == detect_isa::avx512) scan_blocks_avx512(a, b, blocks, base, f);
   else if (isa == detect_isa::avx2) scan_blocks_avx2(a, b, blocks, base, f);
   else scan_blocks_portable(a, b, blocks, base, f);
