@@ -17,6 +17,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include "bench/bench_common.hpp"
+#include "dcr/io/safetensors.hpp"
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/config.hpp"
 #include "dcr/model/trainer_layout.hpp"
@@ -49,13 +51,15 @@ struct options {
   int kill_every = 0;
   bool json = false;
   std::string workdir;
+  std::string save_checkpoint;
   std::uint64_t seed = 42;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "dcr-demo: " << why << "\n"
             << "usage: dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]\n"
-            << "                [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]\n";
+            << "                [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]\n"
+            << "                [--save-checkpoint FILE.safetensors]   (write the initial weights and exit)\n";
   std::exit(2);
 }
 
@@ -79,6 +83,7 @@ options parse(int argc, char** argv) {
     else if (a == "--kill-receiver-every") o.kill_every = static_cast<int>(integer(value()));
     else if (a == "--json") o.json = true;
     else if (a == "--workdir") o.workdir = value();
+    else if (a == "--save-checkpoint") o.save_checkpoint = value();
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(value()));
     else if (a == "--help" || a == "-h") usage("help");
     else usage("unknown argument " + a);
@@ -145,12 +150,61 @@ struct progress {
   void operator()(const std::string& s) const { std::cerr << "[dcr-demo] " << s << std::endl; }
 };
 
-using loader_t = loaders::vllm_style_loader;
-using rank_receiver = receiver<loader_t>;
-using staged = protocol::staged_receiver<rank_receiver>;
-using endpoint_t = protocol::receiver_endpoint<staged>;
 using member_t = protocol::training_round::member;
-using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store, protocol::file_commit_store>;
+
+/// A checkpoint's rollout side: every tensor row-split across the ranks
+/// where its first dimension divides, else replicated.
+class row_split_loader {
+public:
+  row_split_loader(std::uint64_t parts, std::uint64_t rank, std::span<const tensor_meta> metas) : parts_(parts), rank_(rank) {
+    for (auto& m : metas)
+      if (!m.shape.empty() && m.shape[0] >= parts && m.shape[0] % parts == 0) split_.insert(m.name);
+  }
+  void declare(parameter_store& s, std::span<const tensor_meta> canonical) const {
+    for (auto& m : canonical) {
+      auto shape = m.shape;
+      if (split_.count(m.name)) shape[0] /= parts_;
+      s.add(m.name, shape, m.dtype);
+    }
+  }
+  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) const {
+    const std::string n(name);
+    if (!s.index_of(n)) return {};
+    if (split_.count(n)) {
+      const auto rows = src.layout.extents[0] / static_cast<std::int64_t>(parts_);
+      sink.copy(s.view(n), src.slice(0, static_cast<std::int64_t>(rank_) * rows, rows));
+    } else {
+      sink.copy(s.view(n), src);
+    }
+    return {{n}};
+  }
+
+private:
+  std::uint64_t parts_, rank_;
+  std::set<std::string> split_;
+};
+static_assert(native_loader<row_split_loader>);
+
+/// A checkpoint's training side: TP2 x DP2 owners, each tensor row-split over
+/// TP where it divides (column-parallel), else replicated on every rank.
+source_plan checkpoint_plan(std::span<const tensor_meta> metas) {
+  source_plan p(4);
+  for (auto& m : metas) p.add_canonical(m);
+  for (std::uint32_t i = 0; i < metas.size(); ++i) {
+    const auto& m = metas[i];
+    const std::uint64_t rows = m.shape.empty() ? 1 : m.shape[0], cols = rows ? m.numel() / rows : 0;
+    if (rows >= 2 && rows % 2 == 0) {
+      for (std::uint64_t r = 0; r < 2; ++r)
+        p.add_shard(m.name + "@tp" + std::to_string(r) + "/2", m.name, {rows / 2, cols}, m.dtype,
+                    {static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(r + 2)},
+                    column_parallel_map(i, rows, cols, 2, r).pieces());
+    } else {
+      p.add_shard(m.name, m.name, {rows, cols}, m.dtype, {0, 1, 2, 3}, replicated_map(i, rows, cols).pieces());
+    }
+  }
+  p.finalize();
+  return p;
+}
 
 struct step_row {
   int step = 0;
@@ -165,63 +219,40 @@ std::string fmt_bytes(std::uint64_t b) {
   return bench::fmt(b / 1e6, 1) + " MB";
 }
 
-} // namespace
+/// What the rollout side looks like: one loader per rank, ids, a description.
+template <class Loader> struct rollout {
+  std::vector<Loader> layouts;
+  std::vector<std::string> ids;
+  std::string description;
+};
 
-int main(int argc, char** argv) try {
-  const auto opt = parse(argc, argv);
-  progress say{opt.json};
-  const auto t_start = clk::now();
-
-  // ---- model, trainer layout, rollout layout --------------------------------
-  model_config cfg;
-  std::vector<host_tensor> initial;
-  if (!opt.checkpoint.empty()) usage("--checkpoint is not available in this build");
-  cfg = model_for(parse_size(opt.size));
-  const trainer_layout tl{2, 1, cfg.is_moe() ? 2u : 1u, 1, 2};
-  auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
+template <class Loader>
+int run_demo(const options& opt, const progress& say, clk::time_point t_start, std::shared_ptr<const source_plan> plan,
+             std::vector<host_tensor> initial, rollout<Loader> ro, const std::string& model_desc,
+             const std::string& trainer_desc) {
+  using rank_receiver = receiver<Loader>;
+  using staged = protocol::staged_receiver<rank_receiver>;
+  using endpoint_t = protocol::receiver_endpoint<staged>;
+  using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store, protocol::file_commit_store>;
   const auto metas = plan->canonical;
   const std::uint64_t ckpt_bytes = plan->checkpoint_bytes();
   std::uint64_t ckpt_elems = 0;
   for (auto& m : metas) ckpt_elems += m.numel();
-  const std::uint64_t rtp = 4, rep = cfg.is_moe() ? 2 : 1;
-  say("model: " + cfg.family + ", " + std::to_string(cfg.layers) + " layers, " + std::to_string(cfg.experts) +
-      " experts, " + std::to_string(metas.size()) + " tensors, " + fmt_bytes(ckpt_bytes) + " BF16");
-  say("trainer: TP" + std::to_string(tl.tp) + " x EP" + std::to_string(tl.ep) + " x DP" + std::to_string(tl.dp) +
-      " (" + std::to_string(plan->world) + " owners); rollout: vLLM-style TP" + std::to_string(rtp) + " x EP" +
-      std::to_string(rep) + " (" + std::to_string(rtp * rep) + " receivers)");
+  auto& layouts = ro.layouts;
 
-  // ---- initial weights and the trainer --------------------------------------
   auto t0 = clk::now();
-  if (initial.empty()) {
-    // N(0, 0.02) BF16 words: random windows of one pool of normals (the
-    // demo needs realistic magnitudes, not independent draws per element).
-    const auto pool = sim::normal_bf16(std::size_t{1} << 22, 0.02f, opt.seed);
-    constexpr std::size_t window = 4096;
-    initial.resize(metas.size());
-    parallel_for(metas.size(), [&](std::size_t i) {
-      host_tensor h(metas[i]);
-      auto* w = reinterpret_cast<std::uint16_t*>(h.bytes.data());
-      const auto n = metas[i].numel();
-      if (metas[i].shape.size() == 1) {
-        std::fill_n(w, n, std::uint16_t{0x3F80}); // norms start at 1.0
-      } else {
-        sim::xoshiro256ss rng(opt.seed * 7919 + i);
-        for (std::size_t k = 0; k < n; k += window)
-          std::memcpy(w + k, pool.data() + rng.below(pool.size() - window), std::min(window, n - k) * 2);
-      }
-      initial[i] = std::move(h);
-    });
-  }
   source_state state = source_from_canonical(*plan, initial);
   initial.clear();
   initial.shrink_to_fit();
+  // AdamW on every BF16 shard (other dtypes are carried unchanged).
   std::vector<std::unique_ptr<sim::adamw_trainer>> trainers(plan->shards.size());
   parallel_for(plan->shards.size(), [&](std::size_t s) {
+    if (plan->shards[s].dtype != dtype_id::bf16) return;
     auto& b = state.shards[s];
     std::span<const std::uint16_t> w(reinterpret_cast<const std::uint16_t*>(b.data()), b.size() / 2);
     trainers[s] = std::make_unique<sim::adamw_trainer>(w, opt.seed * 104729 + s);
   });
-  say("initial weights and AdamW state ready (" + bench::fmt(since(t0), 1) + " s)");
+  say("source shards and AdamW state ready (" + bench::fmt(since(t0), 1) + " s)");
 
   // ---- embedded infrastructure ----------------------------------------------
   std::filesystem::path work = opt.workdir;
@@ -240,10 +271,6 @@ int main(int argc, char** argv) try {
   std::vector<member_t*> owner_ptrs;
   for (auto& m : members) owner_ptrs.push_back(&m);
 
-  std::vector<loader_t> layouts;
-  for (std::uint64_t e = 0; e < rep; ++e)
-    for (std::uint64_t r = 0; r < rtp; ++r) layouts.emplace_back(cfg, loaders::vllm_layout{rtp, r, rep, e, {}});
-
   // The committed canonical tensors, kept only while a restart may need them.
   tensor_set committed_canon;
   auto export_committed = [&] {
@@ -254,7 +281,7 @@ int main(int argc, char** argv) try {
     return s;
   };
   auto make_rank = [&](std::size_t k) { return std::make_unique<rank_receiver>(layouts[k], metas); };
-  auto rank_id = [&](std::size_t k) { return "tp" + std::to_string(k % rtp) + "-ep" + std::to_string(k / rtp); };
+  auto rank_id = [&](std::size_t k) { return ro.ids[k]; };
 
   std::vector<std::unique_ptr<endpoint_t>> endpoints;
   for (std::size_t k = 0; k < layouts.size(); ++k)
@@ -313,6 +340,7 @@ int main(int argc, char** argv) try {
     if (kill) committed_canon = export_committed(); // what a restarted receiver restores
     t0 = clk::now();
     parallel_for(plan->shards.size(), [&](std::size_t s) {
+      if (!trainers[s]) return;
       trainers[s]->step();
       auto w = trainers[s]->bf16();
       std::memcpy(state.shards[s].data(), w.data(), w.size_bytes());
@@ -395,10 +423,8 @@ int main(int argc, char** argv) try {
                 << ",\"speedup_vs_dense\":" << bench::fmt(rows[i].speedup, 3) << "}";
     std::cout << "],\"bit_exact\":" << (exact ? "true" : "false") << ",\"receivers_checked\":" << checked << "}\n";
   } else {
-    std::cout << "\ndcr-demo: " << cfg.family << " model, " << fmt_bytes(ckpt_bytes) << " BF16 checkpoint ("
-              << metas.size() << " tensors); " << plan->world << " trainer owners (TP" << tl.tp << " x EP" << tl.ep
-              << " x DP" << tl.dp << "), " << endpoints.size() << " vLLM-style receivers (TP" << rtp << " x EP" << rep
-              << ")\n"
+    std::cout << "\ndcr-demo: " << model_desc << ", " << fmt_bytes(ckpt_bytes) << " checkpoint (" << metas.size()
+              << " tensors); " << trainer_desc << "; " << ro.description << "\n"
               << "transport: filesystem object store; commit: file commit store; machine: "
               << bench::machine_description() << "\n"
               << "dense refit reference (export + store + fetch + load, all receivers): " << bench::fmt(dense_seconds, 2)
@@ -417,6 +443,89 @@ int main(int argc, char** argv) try {
   }
   if (own_work) std::filesystem::remove_all(work);
   return exact ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) try {
+  const auto opt = parse(argc, argv);
+  progress say{opt.json};
+  const auto t_start = clk::now();
+
+  if (!opt.checkpoint.empty()) {
+    // A real checkpoint: its tensors are the initial weights.
+    auto file = io::safetensors_file::open_or_throw(opt.checkpoint);
+    const auto& metas = file.tensors();
+    std::vector<host_tensor> initial;
+    for (auto& m : metas) {
+      host_tensor h(m);
+      auto b = file.bytes(m.name);
+      std::memcpy(h.bytes.data(), b.data(), b.size());
+      initial.push_back(std::move(h));
+    }
+    auto plan = std::make_shared<const source_plan>(checkpoint_plan(metas));
+    rollout<row_split_loader> ro;
+    for (std::uint64_t r = 0; r < 4; ++r) {
+      ro.layouts.emplace_back(4, r, metas);
+      ro.ids.push_back("rank" + std::to_string(r));
+    }
+    ro.description = "4 receivers (each tensor row-split where it divides, else replicated)";
+    say("checkpoint " + opt.checkpoint + ": " + std::to_string(metas.size()) + " tensors, " +
+        fmt_bytes(plan->checkpoint_bytes()));
+    say("trainer: TP2 x DP2 (4 owners); rollout: " + ro.description);
+    return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro), "checkpoint " + opt.checkpoint,
+                    "4 trainer owners (TP2 x DP2)");
+  }
+
+  const model_config cfg = model_for(parse_size(opt.size));
+  const trainer_layout tl{2, 1, cfg.is_moe() ? 2u : 1u, 1, 2};
+  auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
+  const auto& metas = plan->canonical;
+  const std::uint64_t rtp = 4, rep = cfg.is_moe() ? 2 : 1;
+  rollout<loaders::vllm_style_loader> ro;
+  for (std::uint64_t e = 0; e < rep; ++e)
+    for (std::uint64_t r = 0; r < rtp; ++r) {
+      ro.layouts.emplace_back(cfg, loaders::vllm_layout{rtp, r, rep, e, {}});
+      ro.ids.push_back("tp" + std::to_string(r) + "-ep" + std::to_string(e));
+    }
+  ro.description = std::to_string(rtp * rep) + " vLLM-style receivers (TP" + std::to_string(rtp) + " x EP" +
+                   std::to_string(rep) + ")";
+  const std::string trainer_desc = std::to_string(plan->world) + " trainer owners (TP" + std::to_string(tl.tp) + " x EP" +
+                                   std::to_string(tl.ep) + " x DP" + std::to_string(tl.dp) + ")";
+  say("model: " + cfg.family + ", " + std::to_string(cfg.layers) + " layers, " + std::to_string(cfg.experts) +
+      " experts, " + std::to_string(metas.size()) + " tensors, " + fmt_bytes(plan->checkpoint_bytes()) + " BF16");
+  say("trainer: " + trainer_desc + "; rollout: " + ro.description);
+
+  auto t0 = clk::now();
+  std::vector<host_tensor> initial(metas.size());
+  {
+    // N(0, 0.02) BF16 words: random windows of one pool of normals (the
+    // demo needs realistic magnitudes, not independent draws per element).
+    const auto pool = sim::normal_bf16(std::size_t{1} << 22, 0.02f, opt.seed);
+    constexpr std::size_t window = 4096;
+    parallel_for(metas.size(), [&](std::size_t i) {
+      host_tensor h(metas[i]);
+      auto* w = reinterpret_cast<std::uint16_t*>(h.bytes.data());
+      const auto n = metas[i].numel();
+      if (metas[i].shape.size() == 1) {
+        std::fill_n(w, n, std::uint16_t{0x3F80}); // norms start at 1.0
+      } else {
+        sim::xoshiro256ss rng(opt.seed * 7919 + i);
+        for (std::size_t k = 0; k < n; k += window)
+          std::memcpy(w + k, pool.data() + rng.below(pool.size() - window), std::min(window, n - k) * 2);
+      }
+      initial[i] = std::move(h);
+    });
+  }
+  say("initial weights ready (" + bench::fmt(since(t0), 1) + " s)");
+  if (!opt.save_checkpoint.empty()) {
+    std::vector<std::span<const std::byte>> data;
+    for (auto& t : initial) data.emplace_back(t.bytes);
+    throw_if_failed(io::write_safetensors(opt.save_checkpoint, metas, data));
+    say("wrote " + opt.save_checkpoint);
+    return 0;
+  }
+  return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro), cfg.family + " model", trainer_desc);
 } catch (const std::exception& e) {
   std::cerr << "dcr-demo: " << e.what() << "\n";
   return 1;

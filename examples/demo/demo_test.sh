@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# dcr-demo end to end: --json keys and verdict, the --checkpoint path (with a
+# receiver killed every step), and a usage error exits non-zero.
+set -euo pipefail
+demo=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+out=$("$demo" --size small --steps 2 --json 2>"$tmp/err")
+echo "$out"
+for key in '"steps":[' '"step":1' '"step":2' '"change_pct":' '"payload_pct":' '"speedup_vs_dense":' \
+           '"bit_exact":true' '"receivers_checked":8'; do
+  grep -qF -- "$key" <<<"$out" || { echo "missing $key in --json output"; exit 1; }
+done
+[ "$(grep -c . <<<"$out")" -eq 1 ] || { echo "--json must print one line on stdout"; exit 1; }
+
+"$demo" --size small --save-checkpoint "$tmp/ck.safetensors" 2>/dev/null
+[ -s "$tmp/ck.safetensors" ] || { echo "no checkpoint written"; exit 1; }
+"$demo" --checkpoint "$tmp/ck.safetensors" --steps 2 --kill-receiver-every 1 --workdir "$tmp/work" >"$tmp/table" 2>/dev/null
+cat "$tmp/table"
+grep -q "byte for byte: PASS" "$tmp/table" || { echo "checkpoint run did not verify"; exit 1; }
+grep -q "(kill)" "$tmp/table" || { echo "no receiver was killed"; exit 1; }
+
+set +e
+"$demo" --no-such-flag >/dev/null 2>&1
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || { echo "usage error returned 0"; exit 1; }
+echo "demo checks passed"
