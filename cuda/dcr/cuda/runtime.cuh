@@ -75,6 +75,9 @@ inline status synchronize(cudaStream_t stream = 0) {
 
 /// Device memory reused across calls (CUB temporary storage, decoded
 /// locations, check flags). Grows, never shrinks; freed in the destructor.
+/// Use one workspace per stream: calls on one stream are ordered, so a call
+/// may reuse what the previous call's kernels still read; calls on two
+/// streams sharing a workspace would race.
 class workspace {
 public:
   workspace() = default;

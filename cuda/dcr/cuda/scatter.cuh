@@ -30,11 +30,14 @@ namespace dcr::cuda {
 namespace detail {
 
 /// Smallest `(k << 2) | code` over failing records (see `device::check_location`).
+/// A template only so that the header can be included by several translation
+/// units of one program (templates have vague linkage).
+template <class Key = unsigned long long>
 __global__ void check_locations_kernel(const std::uint64_t* DCR_RESTRICT loc, std::uint64_t n,
-                                       std::uint64_t size, unsigned long long* DCR_RESTRICT fail_key) {
+                                       std::uint64_t size, Key* DCR_RESTRICT fail_key) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const int c = device::check_location(loc, k, size);
-    if (c != 0) atomicMin(fail_key, static_cast<unsigned long long>((k << 2) | static_cast<unsigned>(c)));
+    if (c != 0) atomicMin(fail_key, static_cast<Key>((k << 2) | static_cast<unsigned>(c)));
   }
 }
 
@@ -81,7 +84,7 @@ inline status check_device_locations(const std::uint64_t* loc, std::uint64_t n, 
   auto* key = reinterpret_cast<unsigned long long*>(ws.data());
   DCR_TRY(check(cudaMemsetAsync(key, 0xFF, sizeof *key, stream), "cudaMemsetAsync(check flag)"));
   const tuning t = select_tuning(kernel_kind::check, f.cc_major);
-  check_locations_kernel<<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(loc, n, size, key);
+  check_locations_kernel<unsigned long long><<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(loc, n, size, key);
   DCR_TRY(check_launch("check_locations_kernel"));
   unsigned long long host_key = 0;
   DCR_TRY(check(cudaMemcpyAsync(&host_key, key, sizeof host_key, cudaMemcpyDeviceToHost, stream),
