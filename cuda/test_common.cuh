@@ -83,6 +83,12 @@ public:
     if (n_ > 0) must(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "download");
     return h;
   }
+  /// The first `count` elements (count <= size()).
+  std::vector<T> download_prefix(std::size_t count) const {
+    std::vector<T> h(count < n_ ? count : n_);
+    if (!h.empty()) must(cudaMemcpy(h.data(), p_, h.size() * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
   T* get() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
 

@@ -53,8 +53,7 @@ template <device::word W> void run_case(std::uint64_t n, double density, std::ui
   const std::string what = "n=" + std::to_string(n) + " W=" + std::to_string(sizeof(W)) + " density=" +
                            std::to_string(density) + " base=" + std::to_string(base);
   DCR_EXPECT(s.ok(), what + ": " + s.message);
-  auto got = d_out.download();
-  got.resize(changed);
+  const auto got = d_out.download_prefix(changed);
   DCR_EXPECT(changed == want.size() && got == want, what + ": indices");
 }
 
