@@ -257,3 +257,35 @@ TEST_CASE("a residual conversion failure is a typed error and leaves the baselin
   // the failed commit changed nothing: the zero state is still the baseline
   CHECK(o.flagged_inputs(z.view()).empty());
 }
+
+TEST_CASE("owners read only their owned shards and their residual tasks' inputs") {
+  auto p = residual_plan();
+  auto s0 = random_source(*p, 4);
+  auto s1 = s0;
+  for (std::uint32_t i = 0; i < p->shards.size(); ++i)
+    if (p->shards[i].dtype == dtype_id::bf16) stress_shard(s1, i, 0.2, 300 + i);
+  training_side side(p, s0.view());
+  const auto req = side.required(s1.view());
+  for (std::uint32_t r = 0; r < p->world; ++r) {
+    owner o(p, r, owned_view(*p, s0.view(), r));
+    auto full = side.owners()[r].build_items(s1.view(), req);
+    auto mine = o.build_items(owned_view(*p, s1.view(), r), req);
+    REQUIRE(full.size() == mine.size());
+    for (std::size_t b = 0; b < full.size(); ++b) CHECK(full[b].items == mine[b].items);
+    // a rank's own view holds every shard it owns
+    auto rv = rank_view(*p, s1.view(), r);
+    for (auto s : p->owned_shards(r)) CHECK(rv.shards[s].size() == p->shards[s].nbytes());
+  }
+  // a view that lacks an owned shard is a typed error
+  const auto victim = p->owned_shards(0);
+  if (!victim.empty()) {
+    auto v = owned_view(*p, s1.view(), 0);
+    v.shards[victim[0]] = {};
+    try {
+      (void)side.owners()[0].build_items(v, req);
+      FAIL_CHECK("expected not_found");
+    } catch (const dcr::error& e) {
+      CHECK(e.code() == errc::not_found);
+    }
+  }
+}

@@ -230,6 +230,7 @@ private:
   std::span<const std::byte> view_of(const source_view& v, std::uint32_t s) const {
     if (s >= v.shards.size()) throw error(errc::not_found, "source view lacks shard " + plan_->shards[s].key);
     auto b = v.shards[s];
+    if (b.empty() && plan_->shards[s].nbytes() != 0) throw error(errc::not_found, "source view lacks shard " + plan_->shards[s].key);
     if (b.size() != plan_->shards[s].nbytes())
       throw error(errc::shape_mismatch, plan_->shards[s].key + ": " + std::to_string(b.size()) + " bytes, plan says " +
                                             std::to_string(plan_->shards[s].nbytes()));

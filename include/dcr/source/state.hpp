@@ -82,6 +82,27 @@ inline source_state source_from_canonical(const source_plan& p, std::span<const 
   return st;
 }
 
+/// What one owner needs from a candidate: spans for the shards it owns and
+/// for the declared inputs of the residual tasks whose baseline it owns;
+/// every other span is empty. (On a real rank this is what its own storage
+/// plus the residual-part gather provide.)
+inline source_view owned_view(const source_plan& p, const source_view& all, std::uint32_t owner) {
+  source_view v;
+  v.shards.resize(p.shards.size());
+  for (auto s : p.owned_shards(owner)) v.shards[s] = all.shards.at(s);
+  for (auto t : p.owned_tasks(owner))
+    for (auto s : p.tasks[t].inputs) v.shards[s] = all.shards.at(s);
+  return v;
+}
+
+/// The shards rank `rank` holds (its replicas of each unique shard), by shard id.
+inline source_view rank_view(const source_plan& p, const source_view& all, std::uint32_t rank) {
+  source_view v;
+  v.shards.resize(p.shards.size());
+  for (auto s : p.rank_shards.at(rank)) v.shards[s] = all.shards.at(s);
+  return v;
+}
+
 /// Inputs of residual task `t` from a view.
 inline std::vector<residual_input> task_inputs(const source_plan& p, std::uint32_t t, const source_view& v) {
   std::vector<residual_input> in;
