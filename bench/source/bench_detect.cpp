@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
            bench::fmt(r.runs_s / r.memcpy_s, 3), bench::fmt(r.memcpy2_s * 1e3, 1),
            bench::fmt(r.detect_s / r.memcpy2_s, 3), bench::fmt(gbps(r.detect_s), 1)});
   if (opt.markdown) std::cout << "\n## Change detection (`dcr-bench-detect`)\n\n";
-  std::cout << (opt.markdown ? "" : "dcr-bench-detect: ") << "bitwise change detection of " << n
+  std::cout << (opt.markdown ? "" : "dcr-bench-detect: ") << (opt.markdown ? "Bitwise" : "bitwise") << " change detection of " << n
             << " BF16 words (" << bytes / (1 << 20) << " MiB per buffer, old and new) versus memcpy of one "
             << bytes / (1 << 20) << " MiB buffer (and of both buffers) in the same run; best of " << reps + 1
             << " interleaved runs; scan instruction set: "
