@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dcr/cuda/item.cuh"
 #include "dcr/cuda/scatter.cuh"
 #include "dcr/device/scatter.hpp"
 #include "test_common.cuh"
@@ -221,6 +222,29 @@ template <device::word W> void device_failure_checks(dcr::cuda::workspace& ws) {
                   "host destination");
 }
 
+// Whole items (indices + little-endian values) through the upload path.
+void item_checks(dcr::cuda::workspace& ws) {
+  for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite}) {
+    item it;
+    it.tensor = {"model.layers.0.self_attn.q_proj.weight", {300, 77}, dtype_id::bf16};
+    it.encoding = enc;
+    it.indices = random_locations(300 * 77, 0.05, 41);
+    const auto w = random_words<std::uint16_t>(it.indices.size(), 42);
+    for (auto x : w) it.values.push_back(std::byte(x & 0xFF)), it.values.push_back(std::byte(x >> 8));
+    const auto init = random_words<std::uint16_t>(300 * 77, 43);
+    auto host = init;
+    // A transposed storage view with the canonical extents.
+    const auto l = device::to_device(strided_layout::row_major({77, 300}).transposed(0, 1));
+    DCR_EXPECT(device::scatter_item<std::uint16_t>({host.data(), l}, it).ok(), "item twin");
+    dbuf<std::uint16_t> d(init);
+    const status s = dcr::cuda::scatter_item<std::uint16_t>({d.get(), l}, it, ws);
+    DCR_EXPECT(s.ok() && same_bytes(d.download(), host), "item bytes: " + s.message);
+    item bad = it;
+    bad.tensor.dtype = dtype_id::f32;
+    DCR_EXPECT_CODE(dcr::cuda::scatter_item<std::uint16_t>({d.get(), l}, bad, ws), bad_dtype, "item dtype");
+  }
+}
+
 // More than 2^31 elements: 64-bit locations and grid-stride indices.
 void large_case(dcr::cuda::workspace& ws) {
   const std::uint64_t n = (1ull << 31) + 13;
@@ -279,6 +303,7 @@ int main() {
   device_failure_checks<std::uint8_t>(ws);
   device_failure_checks<std::uint16_t>(ws);
   device_failure_checks<std::uint32_t>(ws);
+  item_checks(ws);
   large_case(ws);
   return finish("test_scatter");
 }

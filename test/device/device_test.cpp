@@ -365,3 +365,46 @@ TEST_CASE_TEMPLATE("detect twin equals a naive comparison and appends", W, std::
   CHECK(device::detect_changes<W>(a, a, ~0ull - 3, out).ok());
   CHECK(out.empty());
 }
+
+TEST_CASE("scatter_item applies an item's little-endian words by its encoding") {
+  for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite}) {
+    item it;
+    it.tensor = {"w", {6, 7}, dtype_id::f16};
+    it.encoding = enc;
+    it.indices = locations(42, 0.3, 8);
+    const auto w = words<std::uint16_t>(it.indices.size(), 9);
+    for (auto x : w) it.values.push_back(std::byte(x & 0xFF)), it.values.push_back(std::byte(x >> 8));
+    const auto init = words<std::uint16_t>(42, 10);
+    const auto l = strided_layout::row_major({7, 6}).transposed(0, 1);
+    auto got = init, ref = init;
+    REQUIRE(device::scatter_item<std::uint16_t>({got.data(), device::to_device(l)}, it).ok());
+    for (std::size_t k = 0; k < it.indices.size(); ++k) {
+      auto& r = ref[static_cast<std::size_t>(naive_offset(l, it.indices[k]))];
+      r = enc == value_encoding::xor_mask ? static_cast<std::uint16_t>(r ^ w[k]) : w[k];
+    }
+    CHECK(same(got, ref));
+    CHECK(device::op_of(enc) == (enc == value_encoding::xor_mask ? scatter_op::xor_mask : scatter_op::overwrite));
+  }
+  item it;
+  it.tensor = {"w", {4}, dtype_id::bf16};
+  it.indices = {1, 2};
+  it.values.resize(4);
+  std::vector<std::uint16_t> s(4);
+  const device::view<std::uint16_t> v{s.data(), device::linear(4)};
+  auto bad = it;
+  bad.tensor.dtype = dtype_id::f8e5m2;
+  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::bad_dtype);
+  bad = it;
+  bad.encoding = static_cast<value_encoding>(9);
+  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::bad_encoding);
+  bad = it;
+  bad.values.resize(3);
+  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::length_overflow);
+  bad = it;
+  bad.tensor.shape = {5};
+  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::shape_mismatch);
+  bad = it;
+  bad.indices = {2, 1};
+  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::not_increasing);
+  CHECK(device::scatter_item<std::uint16_t>(v, it).ok());
+}

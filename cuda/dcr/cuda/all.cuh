@@ -6,6 +6,7 @@
 
 #include "dcr/cuda/copy.cuh"
 #include "dcr/cuda/detect.cuh"
+#include "dcr/cuda/item.cuh"
 #include "dcr/cuda/loader_sink.cuh"
 #include "dcr/cuda/runtime.cuh"
 #include "dcr/cuda/scatter.cuh"

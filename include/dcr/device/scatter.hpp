@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dcr/codec/item.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/device/check.hpp"
 #include "dcr/device/element.hpp"
@@ -107,6 +108,50 @@ status scatter_gaps(view<W> dst, std::uint64_t first, unsigned width, std::span<
     d = scatter_word(d, values[k], op);
   }
   return status::success();
+}
+
+/// Scatter op of a value encoding (`xor_mask` → XOR, `overwrite` → write).
+constexpr scatter_op op_of(value_encoding e) noexcept {
+  return e == value_encoding::overwrite ? scatter_op::overwrite : scatter_op::xor_mask;
+}
+
+/// Checks that item `it` fits words of `W` over a view of `size` elements:
+/// a known dtype of that width (`bad_dtype`), a known encoding
+/// (`bad_encoding`), one little-endian word per index (`length_overflow`).
+template <word W> status check_item(const item& it) {
+  DCR_RETURN_ERROR_IF(width_of(it.tensor.dtype) != sizeof(W), bad_dtype,
+                      it.tensor.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + " is not " +
+                          std::to_string(sizeof(W)) + "-byte words");
+  DCR_RETURN_ERROR_IF(it.encoding != value_encoding::xor_mask && it.encoding != value_encoding::overwrite,
+                      bad_encoding, it.tensor.name + ": unknown value encoding");
+  DCR_RETURN_ERROR_IF(it.values.size() != it.indices.size() * sizeof(W), length_overflow,
+                      it.tensor.name + ": " + std::to_string(it.values.size()) + " value bytes for " +
+                          std::to_string(it.indices.size()) + " indices");
+  return status::success();
+}
+
+/// Little-endian value words of an item.
+template <word W> std::vector<W> item_words(const item& it) {
+  std::vector<W> w(it.indices.size());
+  for (std::size_t k = 0; k < w.size(); ++k) {
+    W v = 0;
+    for (std::size_t b = 0; b < sizeof(W); ++b)
+      v = static_cast<W>(v | static_cast<W>(std::to_integer<unsigned>(it.values[k * sizeof(W) + b]) << (8 * b)));
+    w[k] = v;
+  }
+  return w;
+}
+
+/// Apply one decoded item to `dst` (XOR or overwrite by its encoding); a
+/// location is the item's canonical flat index read in `dst`'s row-major
+/// order, so `dst` has the canonical extents (possibly strided storage).
+template <word W> status scatter_item(view<W> dst, const item& it) {
+  DCR_TRY(check_item<W>(it));
+  DCR_RETURN_ERROR_IF(static_cast<std::uint64_t>(dst.size()) != it.tensor.numel(), shape_mismatch,
+                      it.tensor.name + ": view of " + std::to_string(dst.size()) + " elements, tensor of " +
+                          std::to_string(it.tensor.numel()));
+  const auto w = item_words<W>(it);
+  return scatter<W>(dst, it.indices, w, op_of(it.encoding));
 }
 
 /// Overloads on core views.

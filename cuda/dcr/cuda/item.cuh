@@ -1,0 +1,48 @@
+#pragma once
+/// \file
+/// Apply one decoded `dcr::item` (codec/item.hpp) to a device view: its
+/// indices and little-endian value words are copied to the device and
+/// scattered (XOR or overwrite by the item's encoding). Same checks and
+/// errors as the twin `dcr::device::scatter_item`.
+///
+/// Needs `--expt-relaxed-constexpr` (it includes core/tensor.hpp via item.hpp).
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dcr/codec/item.hpp"
+#include "dcr/cuda/runtime.cuh"
+#include "dcr/cuda/scatter.cuh"
+#include "dcr/device/scatter.hpp"
+
+namespace dcr::cuda {
+
+/// Upload `it` into `ws` and scatter it onto device view `dst`; synchronises
+/// `stream` (the host buffers of `it` must outlive the copies).
+template <device::word W>
+status scatter_item(device::view<W> dst, const item& it, workspace& ws, cudaStream_t stream = 0) {
+  DCR_TRY(device::check_item<W>(it));
+  DCR_RETURN_ERROR_IF(static_cast<std::uint64_t>(dst.size()) != it.tensor.numel(), shape_mismatch,
+                      it.tensor.name + ": view of " + std::to_string(dst.size()) + " elements, tensor of " +
+                          std::to_string(it.tensor.numel()));
+  DCR_TRY(detail::check_scatter_args(dst, it.values.data(), it.size()));
+  DCR_TRY(require_device());
+  if (it.size() == 0) return status::success();
+  // Items own their upload area after the 256-byte flag and a CUB-sized gap
+  // that `scatter` does not use: [256, +8n) locations, then the words.
+  const std::size_t loc_bytes = align256(it.indices.size() * sizeof(std::uint64_t));
+  DCR_TRY(ws.reserve(256 + loc_bytes + it.values.size()));
+  auto* loc = reinterpret_cast<std::uint64_t*>(ws.data() + 256);
+  auto* val = reinterpret_cast<W*>(ws.data() + 256 + loc_bytes);
+  DCR_TRY(check(cudaMemcpyAsync(loc, it.indices.data(), it.indices.size() * sizeof(std::uint64_t),
+                                cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(item indices)"));
+  DCR_TRY(check(cudaMemcpyAsync(val, it.values.data(), it.values.size(), cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync(item values)"));
+  DCR_TRY(scatter(dst, loc, val, it.size(), device::op_of(it.encoding), ws, stream));
+  return synchronize(stream);
+}
+
+} // namespace dcr::cuda
