@@ -214,9 +214,14 @@ TEST_CASE("vLLM-style placement: Qwen3-MoE with EP, linear and round-robin exper
   auto c = tiny_qwen3_moe();
   c.dtype = dtype_id::f32;
   c.layers = 1;
-  for (auto map : {expert_map::linear, expert_map::round_robin})
-    for (std::uint64_t ep : {1, 2, 4})
-      for (std::uint64_t t : {1, 2, 4}) check_layout(c, t, ep, map);
+  struct lay {
+    std::uint64_t t, ep;
+    expert_map map;
+  };
+  for (auto l : {lay{1, 1, expert_map::linear}, lay{2, 2, expert_map::linear}, lay{4, 4, expert_map::linear},
+                 lay{1, 2, expert_map::round_robin}, lay{2, 4, expert_map::round_robin},
+                 lay{4, 2, expert_map::round_robin}})
+    check_layout(c, l.t, l.ep, l.map);
 }
 
 TEST_CASE("vLLM-style loader rejects layouts that do not divide the model") {
