@@ -31,14 +31,14 @@ elif ! meson introspect build --buildoptions | python3 -c \
   meson configure build -Dcuda=enabled
 fi
 # Only the CUDA targets: the rest of the project is not needed here.
-ninja -C build -j "$jobs" cuda/test_scatter cuda/test_copy cuda/test_detect bench/cuda/dcr-bench-cuda \
+ninja -C build -j "$jobs" cuda/test_scatter cuda/test_copy cuda/test_detect bench/dcr-bench-cuda \
   2>&1 | tee "$out/build.log" | tail -n 3
 
 set +e
 meson test -C build --no-rebuild --suite cuda --print-errorlogs 2>&1 | tee "$out/tests.log"
 test_rc=${PIPESTATUS[0]}
 cp build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
-timeout 240 build/bench/cuda/dcr-bench-cuda --markdown --json-file="$out/bench.json" "$@" \
+timeout 240 build/bench/dcr-bench-cuda --markdown --json-file="$out/bench.json" "$@" \
   > "$out/bench.md" 2> "$out/bench.err"
 bench_rc=$?
 set -e
