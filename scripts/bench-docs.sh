@@ -16,7 +16,10 @@ tmp=$(mktemp)
   for b in dcr-bench-table2 dcr-bench-payload dcr-bench-detect dcr-bench-construct \
            dcr-bench-apply dcr-bench-cuda dcr-bench-refit; do
     exe=$(find build/bench -name "$b" -type f -perm -u+x 2>/dev/null | head -n1)
-    [ -n "$exe" ] || continue
+    if [ -z "$exe" ]; then
+      echo; echo "_${b}: not built in build/ (for dcr-bench-cuda: no CUDA; see docs/cuda.md), not measured._"
+      continue
+    fi
     echo
     echo "== $b" >&2
     set +e
