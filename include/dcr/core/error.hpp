@@ -44,6 +44,7 @@ enum class errc : std::uint16_t {
   device = 27,             ///< a CUDA runtime error
   verification = 28,       ///< a post-apply check found bits that differ
   aborted = 29,            ///< work stopped because its attempt was stopped
+  unavailable = 30,        ///< a remote service could not be reached, timed out or refused the request
 };
 
 /// Short stable name of an error code, e.g. "digest_mismatch".
@@ -79,6 +80,7 @@ constexpr std::string_view to_string(errc e) noexcept {
   case errc::device: return "device";
   case errc::verification: return "verification";
   case errc::aborted: return "aborted";
+  case errc::unavailable: return "unavailable";
   }
   return "unknown";
 }
