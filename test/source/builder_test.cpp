@@ -135,6 +135,7 @@ TEST_CASE("delta construction == brute-force diff over random configs and layout
     const int mode = static_cast<int>(rng() % 4);
     k.o.qkv_residual = mode == 1;
     k.o.full_conversion = mode == 2;
+    k.o.ownership = i % 3 == 2 ? ownership_policy::balanced : ownership_policy::key_hash;
     k.b.mode = rng() % 3 == 0 ? delta_mode::overwrite_all : delta_mode::mixed;
     k.b.chunk_bytes = std::vector<std::size_t>{1, 512, 4096, std::size_t{64} << 20}[rng() % 4];
     k.b.bucket_bytes = std::vector<std::size_t>{1, 2048, 65536, std::size_t{512} << 20}[rng() % 4];
@@ -142,6 +143,7 @@ TEST_CASE("delta construction == brute-force diff over random configs and layout
     CAPTURE(i);
     CAPTURE(k.l.tp); CAPTURE(k.l.pp); CAPTURE(k.l.ep); CAPTURE(k.l.etp); CAPTURE(k.l.dp);
     CAPTURE(k.c.heads); CAPTURE(k.c.kv_heads); CAPTURE(k.c.vocab); CAPTURE(k.c.tied_embeddings); CAPTURE(mode);
+    CAPTURE(static_cast<int>(k.o.ownership));
     total += run_case(k, 1000 + i);
   }
   CHECK(total > 0);

@@ -28,6 +28,21 @@ inline std::uint32_t residual_owner_of(std::string_view canonical_name, std::uin
   return static_cast<std::uint32_t>(name_hash(canonical_name) % world);
 }
 
+/// How a plan assigns owners (`source_plan::ownership`).
+///  - `key_hash` (the default): `owner_of` / `residual_owner_of`. Needs only
+///    the key and the replica list, so a rank can compute the owner of a shard
+///    without knowing the rest of the plan; uneven when a stage has few large
+///    shards.
+///  - `balanced`: longest-processing-time greedy over the whole plan: shards
+///    in decreasing size (ties by key hash, then key) each go to the replica
+///    that owns the fewest bytes so far (ties by the hash of key and rank);
+///    residual tasks then go, by decreasing output size, to the rank holding
+///    the fewest owned bytes. The result is a function of the plan's contents
+///    only (not of the order shards were added), so it is stable across
+///    attempts and processes provided every rank builds the same plan, as
+///    `megatron_plan` does from the model config and layout.
+enum class ownership_policy : std::uint8_t { key_hash, balanced };
+
 /// Bytes per owner and how even they are.
 struct balance_report {
   std::vector<std::uint64_t> bytes; ///< per owner

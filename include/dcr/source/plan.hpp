@@ -8,6 +8,7 @@
 /// from a `model_config` and a `trainer_layout`; other trainers build plans
 /// with `add_canonical` / `add_shard` / `add_task` / `finalize`.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <numeric>
@@ -65,6 +66,7 @@ public:
   std::vector<source_shard> shards;        ///< unique shards (ids are positions)
   std::vector<residual_task> tasks;        ///< residual tasks (ids are positions)
   std::vector<std::vector<std::uint32_t>> rank_shards; ///< per rank: shard ids it holds
+  ownership_policy ownership = ownership_policy::key_hash; ///< how `finalize` assigns owners
 
   explicit source_plan(std::uint32_t world_size = 1) : world(world_size) {}
 
@@ -118,7 +120,8 @@ public:
         if (r >= world) throw error(errc::invalid_argument, sh.key + ": replica rank out of range");
         rank_shards[r].push_back(s);
       }
-      sh.owner = owner_of(sh.key, sh.replicas);
+      if (sh.replicas.empty()) throw error(errc::invalid_argument, sh.key + ": no replicas");
+      if (ownership == ownership_policy::key_hash) sh.owner = owner_of(sh.key, sh.replicas);
       if (!sh.map) continue;
       if (sh.map->domain_size() != sh.numel())
         throw error(errc::shape_mismatch, sh.key + ": map domain " + std::to_string(sh.map->domain_size()) +
@@ -131,7 +134,10 @@ public:
           throw error(errc::index_out_of_range, sh.key + ": map piece outside " + c.name);
       }
     }
-    for (auto& t : tasks) t.owner = residual_owner_of(canonical[t.outputs.at(0)].name, world);
+    if (ownership == ownership_policy::key_hash)
+      for (auto& t : tasks) t.owner = residual_owner_of(canonical[t.outputs.at(0)].name, world);
+    else
+      assign_balanced();
   }
 
   std::uint32_t tensor_id(const std::string& name) const {
@@ -178,6 +184,47 @@ public:
   }
 
 private:
+  // LPT greedy (see ownership_policy::balanced). Sorting by content, not by
+  // id, makes the result independent of the order the plan was built in.
+  void assign_balanced() {
+    std::vector<std::uint64_t> load(world, 0);
+    std::vector<std::uint32_t> order(shards.size());
+    std::iota(order.begin(), order.end(), 0u);
+    std::vector<std::uint64_t> key_hash(shards.size());
+    for (std::uint32_t s = 0; s < shards.size(); ++s) key_hash[s] = name_hash(shards[s].key);
+    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+      const auto na = shards[a].nbytes(), nb = shards[b].nbytes();
+      if (na != nb) return na > nb;
+      if (key_hash[a] != key_hash[b]) return key_hash[a] < key_hash[b];
+      return shards[a].key < shards[b].key;
+    });
+    auto tie = [](std::string_view key, std::uint32_t rank) {
+      return name_hash(std::string(key) + "#" + std::to_string(rank));
+    };
+    for (auto s : order) {
+      auto& sh = shards[s];
+      std::uint32_t best = sh.replicas.front();
+      for (auto r : sh.replicas)
+        if (load[r] < load[best] || (load[r] == load[best] && tie(sh.key, r) < tie(sh.key, best))) best = r;
+      sh.owner = best;
+      load[best] += sh.nbytes();
+    }
+    std::vector<std::uint32_t> torder(tasks.size());
+    std::iota(torder.begin(), torder.end(), 0u);
+    auto tname = [&](std::uint32_t t) -> const std::string& { return canonical[tasks[t].outputs.at(0)].name; };
+    std::sort(torder.begin(), torder.end(), [&](std::uint32_t a, std::uint32_t b) {
+      if (tasks[a].output_bytes != tasks[b].output_bytes) return tasks[a].output_bytes > tasks[b].output_bytes;
+      return tname(a) < tname(b);
+    });
+    for (auto t : torder) {
+      std::uint32_t best = 0;
+      for (std::uint32_t r = 1; r < world; ++r)
+        if (load[r] < load[best] || (load[r] == load[best] && tie(tname(t), r) < tie(tname(t), best))) best = r;
+      tasks[t].owner = best;
+      load[best] += tasks[t].output_bytes;
+    }
+  }
+
   std::unordered_map<std::string, std::uint32_t> tensor_ids_, shard_ids_;
 };
 
@@ -185,6 +232,7 @@ private:
 struct megatron_options {
   bool qkv_residual = false;    ///< fused QKV assembled and diffed instead of projected
   bool full_conversion = false; ///< every tensor assembled and diffed (the reference the paper calls F)
+  ownership_policy ownership = ownership_policy::key_hash; ///< see `ownership_policy`
 };
 
 namespace detail {
@@ -363,6 +411,7 @@ inline source_plan megatron_plan(const model_config& c, const trainer_layout& l,
   if (o.full_conversion) detail::convert_to_residual(p, [](const source_shard&) { return true; });
   else if (o.qkv_residual)
     detail::convert_to_residual(p, [](const source_shard& s) { return s.param.find("linear_qkv.weight") != std::string::npos || s.param.find("linear_qkv.bias") != std::string::npos; });
+  p.ownership = o.ownership;
   p.finalize();
   return p;
 }
