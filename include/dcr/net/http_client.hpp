@@ -210,7 +210,10 @@ public:
         last.message += " (the request may have been applied: outcome unknown)";
         return last;
       }
-      if (reused) continue; // same endpoint, fresh connection, does not count as a try
+      // A reused connection that broke (rather than timed out) was most
+      // likely closed by the server while idle: same endpoint, fresh
+      // connection, not counted as a try. A timeout moves on.
+      if (reused && !timed_out_) continue;
       current_ = (current_ + 1) % n;
       ++tried;
     }
@@ -292,6 +295,7 @@ private:
       req.content_length(0); // some servers insist on a length for bodiless PUT/POST
 
     boost::beast::error_code ec;
+    timed_out_ = false;
     stream_->expires_after(opt_.request_timeout);
     std::size_t written = 0;
     http::async_write(*stream_, req, [&](const boost::beast::error_code& e, std::size_t n) {
@@ -331,8 +335,9 @@ private:
     return status::success();
   }
 
-  status transport_error(const http_request& rq, const char* phase, const boost::beast::error_code& ec) const {
+  status transport_error(const http_request& rq, const char* phase, const boost::beast::error_code& ec) {
     const bool timeout = ec == boost::beast::error::timeout;
+    timed_out_ = timeout;
     return fail(errc::unavailable,
                 where(&rq) + ": " + phase + " failed: " +
                     (timeout ? "timed out after " + std::to_string(opt_.request_timeout.count()) + " ms"
@@ -342,6 +347,7 @@ private:
   std::vector<http_endpoint> endpoints_;
   http_options opt_;
   std::size_t current_ = 0;
+  bool timed_out_ = false; ///< the last exchange failed by its deadline
   boost::asio::io_context ioc_{1};
   std::optional<boost::beast::tcp_stream> stream_;
   boost::beast::flat_buffer buffer_;

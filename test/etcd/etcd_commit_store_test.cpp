@@ -1,0 +1,364 @@
+// etcd_commit_store against a real etcd server (started here): the commit
+// store laws shared with the other models, the documented key layout, racing
+// store objects, a killed / frozen / restarted server, endpoint failover, and
+// one joint commit through the coordinator. Skips (exit 77) only when
+// /usr/bin/etcd is not installed (Debian package etcd-server).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <array>
+#include <atomic>
+#include <barrier>
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include <unistd.h>
+
+#include "etcd_server.hpp"
+#include "protocol/commit_store_laws.hpp"
+#include "protocol/models.hpp"
+#include "dcr/protocol/coordinator.hpp"
+#include "dcr/protocol/etcd_commit_store.hpp"
+#include "dcr/transport/object_store.hpp"
+
+using namespace dcr;
+using namespace dcr::protocol;
+using dcr::test_etcd::etcd_server;
+using dcr::test_laws::check_laws;
+using dcr::test_laws::sample_record;
+
+namespace {
+
+/// One server for the tests that do not stop it; each test uses its own prefix.
+etcd_server& shared_server() {
+  static etcd_server s;
+  return s;
+}
+
+etcd_options options_for(const etcd_server& s, std::string prefix) {
+  etcd_options o;
+  o.endpoints = {s.url()};
+  o.prefix = std::move(prefix);
+  o.http.connect_timeout = std::chrono::milliseconds(1000);
+  o.http.request_timeout = std::chrono::milliseconds(5000);
+  return o;
+}
+
+/// Raw range of one key through the gateway: {exists, value, version}.
+struct raw_kv {
+  bool exists = false;
+  std::string value;
+  std::uint64_t version = 0;
+};
+raw_kv raw_get(const etcd_server& s, const std::string& key) {
+  net::http_client c(net::http_endpoint{"127.0.0.1", s.client_port()});
+  net::http_request rq;
+  rq.method = "POST";
+  rq.target = "/v3/kv/range";
+  rq.body = R"({"key":")" + net::base64_encode(key) + R"("})";
+  net::http_response res;
+  REQUIRE(c.request(rq, res).ok());
+  REQUIRE(res.status == 200);
+  net::json_value doc;
+  REQUIRE(net::parse_json(res.body, doc).ok());
+  raw_kv out;
+  if (auto* kvs = doc.get("kvs"); kvs && !kvs->items.empty()) {
+    out.exists = true;
+    auto& kv = kvs->items[0];
+    if (auto* v = kv.get("value")) REQUIRE(net::base64_decode(v->text, out.value).ok());
+    REQUIRE(kv.get("version"));
+    REQUIRE(kv.get("version")->as_u64(out.version));
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("etcd store: commit_store laws") {
+  etcd_commit_store s(options_for(shared_server(), "laws/"));
+  check_laws(s);
+}
+
+TEST_CASE("etcd store: keys, values and the record's revision as documented") {
+  auto& srv = shared_server();
+  etcd_commit_store s(options_for(srv, "layout/"));
+  CHECK(s.record_key() == "layout/record");
+  CHECK(s.epoch_key() == "layout/epoch");
+  CHECK(s.attempt_key() == "layout/attempt");
+  std::uint64_t e = 0, a = 0;
+  REQUIRE(s.take_over(e).ok());
+  REQUIRE(s.take_over(e).ok());
+  REQUIRE(s.prepare(e, a).ok());
+  CHECK_FALSE(raw_get(srv, s.record_key()).exists);
+  CHECK(raw_get(srv, s.epoch_key()).value == std::to_string(e));
+  CHECK(raw_get(srv, s.attempt_key()).value == std::to_string(a));
+  const auto k = sample_record(3, a, 42);
+  REQUIRE(s.compare_and_set(e, a, 0, k).ok());
+  REQUIRE(s.compare_and_set(e, a, 1, k).ok());
+  const auto rec = raw_get(srv, s.record_key());
+  CHECK(rec.version == 2);
+  stored_record parsed;
+  REQUIRE(parse(rec.value, parsed).ok());
+  CHECK(parsed == stored_record{k, 2, e, a});
+  // A record key written by something else is reported, not misread.
+  {
+    net::http_client c(net::http_endpoint{"127.0.0.1", srv.client_port()});
+    net::http_request rq;
+    rq.method = "POST";
+    rq.target = "/v3/kv/put";
+    rq.body = R"({"key":")" + net::base64_encode(s.record_key()) + R"(","value":")" +
+              net::base64_encode(serialize(parsed)) + R"("})"; // version 3, record says 2
+    net::http_response res;
+    REQUIRE(c.request(rq, res).ok());
+    REQUIRE(res.status == 200);
+  }
+  stored_record r;
+  auto st = s.load(r);
+  CHECK(st.code == errc::bad_format);
+  CHECK(st.message.find("layout/record") != std::string::npos);
+  // Other prefixes are untouched.
+  etcd_commit_store other(options_for(srv, "layout-other/"));
+  REQUIRE(other.load(r).ok());
+  CHECK(r == stored_record{});
+}
+
+TEST_CASE("etcd store: store objects racing take_over and prepare get unique, increasing ids") {
+  auto& srv = shared_server();
+  constexpr int threads = 4, per = 25;
+  std::uint64_t epoch = 0;
+  {
+    etcd_commit_store s(options_for(srv, "race-prepare/"));
+    REQUIRE(s.take_over(epoch).ok());
+  }
+  std::vector<std::vector<std::uint64_t>> got(threads);
+  std::vector<std::thread> ts;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      etcd_commit_store s(options_for(srv, "race-prepare/"));
+      for (int i = 0; i < per; ++i) {
+        std::uint64_t a = 0;
+        if (!s.prepare(epoch, a).ok()) ++failures;
+        got[static_cast<std::size_t>(t)].push_back(a);
+      }
+    });
+  for (auto& t : ts) t.join();
+  REQUIRE(failures == 0);
+  std::set<std::uint64_t> all;
+  for (auto& v : got) {
+    for (std::size_t i = 1; i < v.size(); ++i) CHECK(v[i] > v[i - 1]);
+    for (auto a : v) CHECK(all.insert(a).second);
+  }
+  // No call was lost or applied twice: the ids are exactly 1..N.
+  CHECK(all.size() == std::size_t{threads * per});
+  CHECK(*all.begin() == 1);
+  CHECK(*all.rbegin() == std::uint64_t{threads * per});
+
+  // Racing take_over: unique epochs, and only the newest may prepare.
+  std::vector<std::uint64_t> epochs(threads);
+  ts.clear();
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      etcd_commit_store s(options_for(srv, "race-prepare/"));
+      if (!s.take_over(epochs[static_cast<std::size_t>(t)]).ok()) ++failures;
+    });
+  for (auto& t : ts) t.join();
+  REQUIRE(failures == 0);
+  std::set<std::uint64_t> es(epochs.begin(), epochs.end());
+  CHECK(es.size() == std::size_t{threads});
+  CHECK(*es.begin() == epoch + 1);
+  CHECK(*es.rbegin() == epoch + threads);
+  etcd_commit_store s(options_for(srv, "race-prepare/"));
+  for (auto e : es) {
+    std::uint64_t a = 0;
+    CHECK(s.prepare(e, a).code == (e == *es.rbegin() ? errc::ok : errc::conflict));
+  }
+}
+
+TEST_CASE("etcd store: two store objects racing compare-and-set: exactly one wins each round") {
+  auto& srv = shared_server();
+  std::uint64_t epoch = 0, attempt = 0;
+  {
+    etcd_commit_store s(options_for(srv, "race-cas/"));
+    REQUIRE(s.take_over(epoch).ok());
+    REQUIRE(s.prepare(epoch, attempt).ok());
+  }
+  constexpr int rounds = 30;
+  std::barrier sync(2);
+  std::array<std::vector<errc>, 2> results;
+  std::array<std::vector<std::uint64_t>, 2> seen_revision;
+  auto racer = [&](int who) {
+    etcd_commit_store s(options_for(srv, "race-cas/"));
+    for (int r = 0; r < rounds; ++r) {
+      stored_record cur;
+      auto l = s.load(cur);
+      sync.arrive_and_wait(); // both loaded the same revision before either writes
+      auto next = cur.record;
+      ++next.version;
+      next.receivers = {{"racer-" + std::to_string(who), {}}};
+      results[static_cast<std::size_t>(who)].push_back(
+          l.ok() ? s.compare_and_set(epoch, attempt, cur.revision, next).code : l.code);
+      seen_revision[static_cast<std::size_t>(who)].push_back(cur.revision);
+      sync.arrive_and_wait();
+    }
+  };
+  std::thread t0(racer, 0), t1(racer, 1);
+  t0.join();
+  t1.join();
+  for (int r = 0; r < rounds; ++r) {
+    INFO("round " << r);
+    const auto a = results[0][static_cast<std::size_t>(r)], b = results[1][static_cast<std::size_t>(r)];
+    CHECK(seen_revision[0][static_cast<std::size_t>(r)] == std::uint64_t(r));
+    CHECK(seen_revision[1][static_cast<std::size_t>(r)] == std::uint64_t(r));
+    CHECK(((a == errc::ok && b == errc::conflict) || (a == errc::conflict && b == errc::ok)));
+  }
+  etcd_commit_store s(options_for(srv, "race-cas/"));
+  stored_record cur;
+  REQUIRE(s.load(cur).ok());
+  CHECK(cur.revision == rounds);
+  CHECK(cur.record.version == rounds);
+}
+
+TEST_CASE("etcd store: server killed -> typed errors; frozen -> timeout; restarted -> state persisted") {
+  etcd_server srv;
+  auto opt = options_for(srv, "crash/");
+  opt.http.request_timeout = std::chrono::milliseconds(1500);
+  etcd_commit_store s(opt);
+  std::uint64_t e = 0, a = 0;
+  REQUIRE(s.take_over(e).ok());
+  REQUIRE(s.prepare(e, a).ok());
+  const auto k = sample_record(1, a, 5);
+  REQUIRE(s.compare_and_set(e, a, 0, k).ok());
+  stored_record before;
+  REQUIRE(s.load(before).ok());
+
+  // Frozen server: connections are accepted by the kernel but never answered.
+  srv.kill(SIGSTOP);
+  {
+    stored_record r;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto st = s.load(r);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(st.code == errc::unavailable);
+    CHECK(st.message.find("timed out") != std::string::npos);
+    CHECK(took < std::chrono::seconds(6)); // request timeout, not a hang
+    // The server may still act on a request it never answered, so this one
+    // expects a wrong revision: whenever etcd gets to it, it changes nothing.
+    auto cas = s.compare_and_set(e, a, 7, sample_record(2, a, 6));
+    CHECK(cas.code == errc::unavailable);
+    CHECK(cas.message.find("outcome unknown") != std::string::npos);
+  }
+  srv.kill(SIGCONT);
+  stored_record after_freeze;
+  REQUIRE(s.load(after_freeze).ok());
+  CHECK(after_freeze == before);
+
+  srv.kill(SIGKILL);
+  {
+    stored_record r;
+    std::uint64_t x = 0;
+    auto l = s.load(r);
+    CHECK(l.code == errc::unavailable);
+    CHECK(l.message.find(srv.url().substr(7)) != std::string::npos);
+    CHECK(s.take_over(x).code == errc::unavailable);
+    CHECK(s.prepare(e, x).code == errc::unavailable);
+    CHECK(s.compare_and_set(e, a, after_freeze.revision, k).code == errc::unavailable);
+  }
+  srv.start();
+  stored_record r;
+  REQUIRE(s.load(r).ok()); // the same object reconnects
+  CHECK(r == after_freeze);
+  etcd_commit_store fresh(opt);
+  REQUIRE(fresh.load(r).ok());
+  CHECK(r == after_freeze);
+  // Counters keep increasing across the restart.
+  std::uint64_t e2 = 0, a2 = 0;
+  REQUIRE(fresh.take_over(e2).ok());
+  CHECK(e2 > e);
+  REQUIRE(fresh.prepare(e2, a2).ok());
+  CHECK(a2 > a);
+  REQUIRE(fresh.compare_and_set(e2, a2, r.revision, sample_record(9, a2, 9)).ok());
+  CHECK(s.compare_and_set(e, a, r.revision + 1, k).code == errc::conflict); // the old coordinator is fenced
+}
+
+TEST_CASE("etcd store: a dead endpoint first in the list fails over to the live one") {
+  auto& srv = shared_server();
+  auto opt = options_for(srv, "failover/");
+  opt.endpoints = {"http://127.0.0.1:" + std::to_string(test_etcd::free_port()), srv.url()};
+  etcd_commit_store s(opt);
+  check_laws(s);
+  // Only dead endpoints: a typed error naming the last one tried.
+  opt.endpoints = {"http://127.0.0.1:" + std::to_string(test_etcd::free_port())};
+  etcd_commit_store dead(opt);
+  stored_record r;
+  auto st = dead.load(r);
+  CHECK(st.code == errc::unavailable);
+  CHECK(st.message.find("cannot connect") != std::string::npos);
+  CHECK_THROWS_AS(etcd_commit_store(etcd_options{{"https://x:1"}, "p/", {}, 1}), dcr::error);
+  CHECK_THROWS_AS(etcd_commit_store(etcd_options{{}, "p/", {}, 1}), dcr::error);
+}
+
+TEST_CASE("etcd store: a joint commit through the coordinator, crash and successor") {
+  using namespace dcr::test_models;
+  auto& srv = shared_server();
+  auto metas = canonical_tensors(tiny_qwen3_moe());
+  auto trainer = trainer_state::make(metas, 5);
+  std::vector<std::unique_ptr<model_owner>> owners;
+  std::vector<model_owner*> op;
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    owners.push_back(std::make_unique<model_owner>(k, 4, &trainer, 8));
+    op.push_back(owners.back().get());
+  }
+  transport::memory_object_store objects;
+  etcd_commit_store commits(options_for(srv, "coordinator/"));
+  auto dense = [&](model_receiver& r) {
+    for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
+    return status::success();
+  };
+  std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
+  std::vector<receiver_endpoint<model_receiver>*> ep;
+  for (int r = 0; r < 2; ++r) {
+    auto id = "tp" + std::to_string(r);
+    eps.push_back(std::make_unique<receiver_endpoint<model_receiver>>(
+        id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
+    ep.push_back(eps.back().get());
+  }
+  using C = coordinator<model_owner, model_receiver, transport::memory_object_store, etcd_commit_store>;
+  coordinator_options crash;
+  crash.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
+  C c1(commits, objects, op, ep, crash);
+  REQUIRE(c1.take_over().ok());
+  REQUIRE(c1.bootstrap().ok());
+  trainer.step(0.05, 1);
+  CHECK(c1.transition().result.code == errc::aborted);
+  etcd_commit_store reopened(options_for(srv, "coordinator/")); // the successor reads the durable record
+  C c2(reopened, objects, op, ep);
+  REQUIRE(c2.take_over().ok());
+  auto rep = c2.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  CHECK(rep.committed_version == 1);
+  stored_record cur;
+  REQUIRE(reopened.load(cur).ok());
+  CHECK(cur.record.version == 1);
+  CHECK(cur.revision == 2); // bootstrap, then v1
+  REQUIRE(cur.record.receivers.size() == 2);
+  for (std::size_t i = 0; i < ep.size(); ++i)
+    ep[i]->with_receiver([&](model_receiver& r) {
+      CHECK(cur.record.receivers[i].state == r.state_digest());
+      for (std::size_t t = 0; t < metas.size(); ++t) CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
+    });
+  // The first coordinator was fenced by the successor's take_over.
+  std::uint64_t a = 0;
+  CHECK(commits.prepare(1, a).code == errc::conflict);
+}
+
+int main(int argc, char** argv) {
+  if (::access(test_etcd::etcd_binary, X_OK) != 0) {
+    std::printf("skip: %s not found (install the Debian package etcd-server)\n", test_etcd::etcd_binary);
+    return 77;
+  }
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}

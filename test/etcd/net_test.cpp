@@ -1,0 +1,340 @@
+// net/: base64 and the JSON reader as laws and edge cases; the HTTP client
+// against an in-process peer that misbehaves on purpose (idle close,
+// Connection: close, silence, garbage, oversized bodies, dropped requests).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dcr/net/base64.hpp"
+#include "dcr/net/http_client.hpp"
+#include "dcr/net/json.hpp"
+
+using namespace dcr;
+using namespace dcr::net;
+
+TEST_CASE("base64: round trip over every length and byte; strict decoding") {
+  std::mt19937_64 rng(1);
+  for (std::size_t n = 0; n < 70; ++n) {
+    std::string bytes(n, '\0');
+    for (auto& b : bytes) b = static_cast<char>(rng());
+    const auto text = base64_encode(bytes);
+    CHECK(text.size() == (n + 2) / 3 * 4);
+    std::string back;
+    REQUIRE(base64_decode(text, back).ok());
+    CHECK(back == bytes);
+  }
+  CHECK(base64_encode("foobar") == "Zm9vYmFy");
+  CHECK(base64_encode("fo") == "Zm8=");
+  CHECK(base64_encode("f") == "Zg==");
+  std::string out;
+  for (const char* bad : {"Zg=", "Zg=a", "Z===", "Zh==", "Zm9=", "Zm9v!mFy", "Zg==Zg==", "=Zg="})
+    CHECK_MESSAGE(base64_decode(bad, out).code == errc::bad_format, bad);
+}
+
+TEST_CASE("json: values, escapes, integers as strings, and malformed input") {
+  json_value v;
+  REQUIRE(parse_json(R"( {"a":"x\u00e9\ud83d\ude00\n","n":-1.5e3,"i":"18446744073709551615","b":true,
+                          "z":null,"arr":[1,[],{}],"a":"second"} )",
+                     v)
+              .ok());
+  REQUIRE(v.is_object());
+  CHECK(v.get("a")->text == "x\xc3\xa9\xf0\x9f\x98\x80\n"); // the first of repeated keys
+  CHECK(v.get("n")->type == json_value::kind::number);
+  CHECK(v.get("n")->text == "-1.5e3");
+  std::uint64_t u = 0;
+  CHECK_FALSE(v.get("n")->as_u64(u));
+  REQUIRE(v.get("i")->as_u64(u));
+  CHECK(u == UINT64_MAX);
+  CHECK(v.get("b")->boolean);
+  CHECK(v.get("z")->type == json_value::kind::null);
+  CHECK(v.get("arr")->items.size() == 3);
+  CHECK(v.get("missing") == nullptr);
+  CHECK(v.get("arr")->get("x") == nullptr);
+  json_value w;
+  REQUIRE(parse_json("\"18446744073709551616\"", w).ok());
+  CHECK_FALSE(w.as_u64(u)); // overflow
+  REQUIRE(parse_json("\"012\"", w).ok());
+  CHECK_FALSE(w.as_u64(u)); // leading zero
+  for (const char* bad : {"", "{", "{\"a\"}", "{\"a\":1,}", "[1 2]", "01", "1.", "-", "tru", "\"\\x\"", "\"a",
+                          "\"\\ud800\"", "{} {}", "\"\x01\"", "1e"})
+    CHECK_MESSAGE(parse_json(bad, w, "input").code == errc::bad_format, bad);
+  std::string deep(100, '[');
+  deep += std::string(100, ']');
+  auto st = parse_json(deep, w, "deep");
+  CHECK(st.code == errc::bad_format);
+  CHECK(st.message.find("deep") != std::string::npos);
+}
+
+TEST_CASE("parse_endpoint: accepted and rejected forms") {
+  http_endpoint e;
+  REQUIRE(parse_endpoint("http://127.0.0.1:2379", e).ok());
+  CHECK(e == http_endpoint{"127.0.0.1", 2379});
+  REQUIRE(parse_endpoint("localhost:80/", e).ok());
+  CHECK(e == http_endpoint{"localhost", 80});
+  REQUIRE(parse_endpoint("http://[::1]:9000", e).ok());
+  CHECK(e == http_endpoint{"::1", 9000});
+  CHECK(e.authority() == "[::1]:9000");
+  for (const char* bad : {"https://h:1", "h", "h:", ":1", "h:0", "h:65536", "h:12a", "http://h:1/path", "[::1:5"})
+    CHECK_MESSAGE(parse_endpoint(bad, e).code == errc::invalid_argument, bad);
+}
+
+namespace {
+
+/// A one-connection-at-a-time TCP peer on a loopback port; `handle` serves
+/// one accepted connection (its index counts connections) and closes it.
+class fake_server {
+public:
+  using handler = std::function<void(int fd, int connection)>;
+  explicit fake_server(handler h) : handle_(std::move(h)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd_, 8) == 0);
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      for (int n = 0; !stop_; ) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 20) <= 0) continue;
+        const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        connections = ++n;
+        handle_(c, n);
+        ::close(c);
+      }
+    });
+  }
+  ~fake_server() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  http_endpoint endpoint() const { return {"127.0.0.1", port_}; }
+  bool stopping() const { return stop_; }
+
+  /// Read one request (head and Content-Length body); empty at EOF.
+  static std::string read_request(int fd) {
+    std::string s;
+    char buf[4096];
+    for (;;) {
+      const auto head = s.find("\r\n\r\n");
+      if (head != std::string::npos) {
+        std::size_t len = 0;
+        const auto cl = s.find("Content-Length: ");
+        if (cl != std::string::npos && cl < head) len = std::stoul(s.substr(cl + 16));
+        if (s.size() >= head + 4 + len) return s;
+      }
+      const auto n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) return {};
+      s.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  static void write_all(int fd, std::string_view s) {
+    while (!s.empty()) {
+      const auto n = ::write(fd, s.data(), s.size());
+      if (n <= 0) return;
+      s.remove_prefix(static_cast<std::size_t>(n));
+    }
+  }
+  static std::string ok(std::string_view body, std::string_view extra = "") {
+    return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + std::string(extra) +
+           "\r\n" + std::string(body);
+  }
+
+  std::atomic<int> connections{0};
+
+private:
+  handler handle_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+http_request post(std::string body, bool idempotent = false) {
+  http_request rq;
+  rq.method = "POST";
+  rq.target = "/echo?x=1";
+  rq.headers = {{"X-Test", "yes"}};
+  rq.body = std::move(body);
+  rq.idempotent = idempotent;
+  return rq;
+}
+
+} // namespace
+
+TEST_CASE("http_client: keep-alive reuse; request line, headers and body arrive; response headers") {
+  std::string seen;
+  fake_server srv([&](int fd, int) {
+    for (std::string rq; !(rq = fake_server::read_request(fd)).empty();) {
+      seen = rq;
+      const auto body = rq.substr(rq.find("\r\n\r\n") + 4);
+      fake_server::write_all(fd, fake_server::ok("echo:" + body, "X-Reply: 1\r\n"));
+    }
+  });
+  http_client c(srv.endpoint());
+  for (int i = 0; i < 5; ++i) {
+    http_response res;
+    REQUIRE(c.request(post("body" + std::to_string(i)), res).ok());
+    CHECK(res.status == 200);
+    CHECK(res.body == "echo:body" + std::to_string(i));
+    CHECK(res.header("x-reply") == std::optional<std::string_view>("1"));
+    CHECK_FALSE(res.header("x-none"));
+  }
+  CHECK(srv.connections == 1);
+  CHECK(seen.rfind("POST /echo?x=1 HTTP/1.1\r\n", 0) == 0);
+  CHECK(seen.find("X-Test: yes\r\n") != std::string::npos);
+  CHECK(seen.find("Host: " + srv.endpoint().authority() + "\r\n") != std::string::npos);
+  c.close();
+}
+
+TEST_CASE("http_client: a connection closed by the server (idle close or Connection: close) is replaced") {
+  fake_server srv([&](int fd, int n) {
+    if (fake_server::read_request(fd).empty()) return;
+    // Odd connections say nothing and close; even ones announce it.
+    fake_server::write_all(fd, fake_server::ok("r", n % 2 ? "" : "Connection: close\r\n"));
+  });
+  http_client c(srv.endpoint());
+  for (int i = 0; i < 4; ++i) {
+    http_response res;
+    auto st = c.request(post("x"), res); // not idempotent: works only if staleness is seen before sending
+    REQUIRE_MESSAGE(st.ok(), st.message);
+    CHECK(res.body == "r");
+    std::this_thread::sleep_for(std::chrono::milliseconds(30)); // let the server's close arrive
+  }
+  CHECK(srv.connections == 4);
+}
+
+TEST_CASE("http_client: silence -> timeout; garbage -> bad_format; big body -> length_overflow") {
+  SUBCASE("silent server") {
+    fake_server srv([&](int fd, int) {
+      (void)fake_server::read_request(fd);
+      while (!srv.stopping()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    });
+    http_options o;
+    o.request_timeout = std::chrono::milliseconds(300);
+    http_client c(srv.endpoint(), o);
+    http_response res;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto st = c.request(post("x"), res);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+    CHECK(st.code == errc::unavailable);
+    CHECK(st.message.find("timed out after 300 ms") != std::string::npos);
+    CHECK(st.message.find("outcome unknown") != std::string::npos);
+    CHECK(st.message.find("POST http://" + srv.endpoint().authority() + "/echo?x=1") != std::string::npos);
+  }
+  SUBCASE("not HTTP") {
+    fake_server srv([&](int fd, int) {
+      (void)fake_server::read_request(fd);
+      fake_server::write_all(fd, "SSH-2.0-OpenSSH\r\n\r\n");
+    });
+    http_client c(srv.endpoint());
+    http_response res;
+    CHECK(c.request(post("x"), res).code == errc::bad_format);
+  }
+  SUBCASE("oversized body") {
+    fake_server srv([&](int fd, int) {
+      (void)fake_server::read_request(fd);
+      fake_server::write_all(fd, fake_server::ok(std::string(5000, 'b')));
+    });
+    http_options o;
+    o.max_body = 4096;
+    http_client c(srv.endpoint(), o);
+    http_response res;
+    CHECK(c.request(post("x"), res).code == errc::length_overflow);
+  }
+  SUBCASE("error statuses are answers, not failures") {
+    fake_server srv([&](int fd, int) {
+      (void)fake_server::read_request(fd);
+      fake_server::write_all(fd, "HTTP/1.1 503 Slow Down\r\nContent-Length: 2\r\n\r\nno");
+    });
+    http_client c(srv.endpoint());
+    http_response res;
+    REQUIRE(c.request(post("x"), res).ok());
+    CHECK(res.status == 503);
+    CHECK(res.reason == "Slow Down");
+    CHECK(res.body == "no");
+  }
+}
+
+TEST_CASE("http_client: a request dropped after it was read: idempotent ones move on, others report unknown") {
+  // Connection 1 serves one request and keeps the connection; the second
+  // request on it is read and dropped. Connection 2 answers.
+  fake_server srv([&](int fd, int n) {
+    if (n == 1) {
+      if (fake_server::read_request(fd).empty()) return;
+      fake_server::write_all(fd, fake_server::ok("first"));
+      (void)fake_server::read_request(fd);
+      return; // close without answering
+    }
+    for (std::string rq; !(rq = fake_server::read_request(fd)).empty();) fake_server::write_all(fd, fake_server::ok("again"));
+  });
+  {
+    http_client c(srv.endpoint());
+    http_response res;
+    REQUIRE(c.request(post("a"), res).ok());
+    auto st = c.request(post("b", /*idempotent=*/true), res);
+    REQUIRE_MESSAGE(st.ok(), st.message);
+    CHECK(res.body == "again");
+  }
+  CHECK(srv.connections == 2);
+}
+
+TEST_CASE("http_client: a non-idempotent request dropped after it was read is an unknown outcome") {
+  fake_server srv([&](int fd, int n) {
+    if (fake_server::read_request(fd).empty()) return;
+    if (n == 1) fake_server::write_all(fd, fake_server::ok("first"));
+    else return;
+    (void)fake_server::read_request(fd);
+  });
+  http_client c(srv.endpoint());
+  http_response res;
+  REQUIRE(c.request(post("a"), res).ok());
+  auto st = c.request(post("b"), res);
+  CHECK(st.code == errc::unavailable);
+  CHECK(st.message.find("outcome unknown") != std::string::npos);
+  CHECK(srv.connections == 1); // not sent again
+}
+
+TEST_CASE("http_client: failover past dead endpoints; all dead -> unavailable") {
+  fake_server srv([&](int fd, int) {
+    for (std::string rq; !(rq = fake_server::read_request(fd)).empty();) fake_server::write_all(fd, fake_server::ok("up"));
+  });
+  // A port nobody listens on: bind, read the port, close.
+  auto dead_port = [] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    ::close(fd);
+    return ntohs(a.sin_port);
+  };
+  const http_endpoint d1{"127.0.0.1", dead_port()}, d2{"127.0.0.1", dead_port()};
+  http_client c({d1, d2, srv.endpoint()});
+  http_response res;
+  REQUIRE(c.request(post("x"), res).ok());
+  CHECK(res.body == "up");
+  CHECK(c.current_endpoint() == srv.endpoint());
+  http_client none({d1, d2});
+  auto st = none.request(post("x"), res);
+  CHECK(st.code == errc::unavailable);
+  CHECK(st.message.find("cannot connect") != std::string::npos);
+  CHECK_THROWS_AS(http_client(std::vector<http_endpoint>{}), dcr::error);
+}
