@@ -250,4 +250,190 @@ constexpr DCR_HOST_DEVICE int check_location(const std::uint64_t* loc, std::uint
   return 0;
 }
 
+// ---------------------------------------------------------------------------
+// Location codings of the wire format (docs/wire-format.md 4.3) read from the
+// raw, decompressed location bytes of one item. The reference decoder is
+// `codec/locations.hpp`; these pieces let a kernel read every coding in
+// parallel phases: find where each value ends, give each end its value
+// number by a scan, assemble each value from at most 10 bytes, prefix-sum
+// `gap + 1` into indices, and check every index. The twin runs the same
+// functions in the same phases.
+
+/// How the gaps of a location coding are laid out (`run` has no bytes).
+enum class gap_form : std::uint8_t {
+  words = 0,  ///< little-endian gap words of `width` bytes
+  planes = 1, ///< gap words split into byte planes, high plane first
+  varint = 2, ///< minimal LEB128 per gap
+  escape = 3, ///< a byte per gap < 255; the byte 255 then minimal LEB128 of `gap - 255`
+};
+
+/// True for the forms whose values have varying byte lengths.
+constexpr DCR_HOST_DEVICE bool is_variable(gap_form f) noexcept {
+  return f == gap_form::varint || f == gap_form::escape;
+}
+
+/// Word `j` of `width` bytes stored as byte planes of `m` words: byte `b`
+/// (0 = least significant) of word `j` is at plane `width - 1 - b`, i.e. at
+/// `(width - 1 - b) * m + j`. Also the layout of `byte_planes` values.
+constexpr DCR_HOST_DEVICE std::uint64_t load_plane_word(const std::uint8_t* planes, unsigned width,
+                                                        std::uint64_t m, std::uint64_t j) noexcept {
+  std::uint64_t g = 0;
+  for (unsigned p = 0; p < width; ++p) g = (g << 8) | planes[p * m + j];
+  return g;
+}
+
+/// Most bytes of a LEB128 value that holds 64 bits.
+inline constexpr std::uint64_t leb128_max_bytes = 10;
+
+/// True when the `len` LEB128 bytes at `p` (continuation bytes, then a
+/// terminator below 0x80 at `p[len-1]`) are rejected by the reference
+/// reader: more than 10 bytes, a 10th byte other than 0x01 (bits beyond
+/// 64), or a trailing 0x00 after the first byte (not minimal).
+constexpr DCR_HOST_DEVICE bool leb128_malformed(const std::uint8_t* p, std::uint64_t len) noexcept {
+  const std::uint8_t last = p[len - 1];
+  return len > leb128_max_bytes || (len == leb128_max_bytes && last != 1) || (len > 1 && last == 0);
+}
+
+/// Value of the `len` LEB128 bytes at `p` (only the first 10 are read; a
+/// longer value is malformed anyway).
+constexpr DCR_HOST_DEVICE std::uint64_t leb128_value(const std::uint8_t* p, std::uint64_t len) noexcept {
+  std::uint64_t v = 0;
+  const std::uint64_t n = len < leb128_max_bytes ? len : leb128_max_bytes;
+  for (std::uint64_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[i] & 0x7F) << (7 * i);
+  return v;
+}
+
+/// State of the escape_u8 reader before a byte: at the start of a value, or
+/// inside the LEB128 that follows an escape byte 0xFF. The role of a byte
+/// depends on it (0xFF starts an escape at a value start but is a
+/// continuation byte inside one), so a kernel resolves states with a scan
+/// over per-byte transition maps.
+enum : std::uint8_t { escape_at_start = 0, escape_inside = 1 };
+
+/// A map {start, inside} -> {start, inside}: bit `s` is the image of state `s`.
+using escape_map = std::uint8_t;
+
+/// The map that changes nothing (the scan's initial value).
+inline constexpr escape_map escape_identity = 0b10;
+
+/// Transition map of byte `b`.
+constexpr DCR_HOST_DEVICE escape_map escape_step(std::uint8_t b) noexcept {
+  const unsigned from_start = b == 0xFF ? escape_inside : escape_at_start;
+  const unsigned from_inside = b >= 0x80 ? escape_inside : escape_at_start;
+  return static_cast<escape_map>(from_start | (from_inside << 1));
+}
+
+/// Image of state `s` under `m`.
+constexpr DCR_HOST_DEVICE std::uint8_t escape_apply(escape_map m, std::uint8_t s) noexcept {
+  return static_cast<std::uint8_t>((m >> s) & 1u);
+}
+
+/// `a` then `b` (associative: composition of functions), the scan operator.
+constexpr DCR_HOST_DEVICE escape_map escape_then(escape_map a, escape_map b) noexcept {
+  return static_cast<escape_map>(escape_apply(b, escape_apply(a, 0)) | (escape_apply(b, escape_apply(a, 1)) << 1));
+}
+
+/// True when byte `b`, read in state `state` (ignored by varint), is the last
+/// byte of a value of form `f` (`varint` or `escape`).
+constexpr DCR_HOST_DEVICE bool ends_value(gap_form f, std::uint8_t b, std::uint8_t state) noexcept {
+  if (f == gap_form::varint || state == escape_inside) return b < 0x80;
+  return b != 0xFF;
+}
+
+/// The location bytes of one item, as the phases read them. `ends[j]` is
+/// the byte that ends value `j` (written for `j < values` by the end scan),
+/// `*present` the number of values the bytes hold (complete or not; only
+/// the first `values` have an entry in `ends`). Fixed-width forms use
+/// neither.
+struct coded_gaps {
+  gap_form form = gap_form::words;
+  unsigned width = 1;                  ///< word width of `words` / `planes`
+  const std::uint8_t* bytes = nullptr; ///< the location bytes
+  std::uint64_t size = 0;              ///< their number
+  std::uint64_t values = 0;            ///< gaps the item needs: count - 1
+  const std::uint64_t* ends = nullptr;
+  const std::uint64_t* present = nullptr;
+};
+
+/// First byte of variable-length value `j` (requires `j <= *present`).
+constexpr DCR_HOST_DEVICE std::uint64_t value_start(const coded_gaps& c, std::uint64_t j) noexcept {
+  return j == 0 ? 0 : c.ends[j - 1] + 1;
+}
+
+/// True when `j` is a complete value inside the bytes.
+constexpr DCR_HOST_DEVICE bool value_present(const coded_gaps& c, std::uint64_t j) noexcept {
+  return !is_variable(c.form) || j < *c.present;
+}
+
+/// Gap `j` (0 <= j < values). A missing or malformed value gives an
+/// arbitrary gap; the check below reports it before the gap can matter.
+constexpr DCR_HOST_DEVICE std::uint64_t coded_gap(const coded_gaps& c, std::uint64_t j) noexcept {
+  switch (c.form) {
+  case gap_form::words: return load_gap(c.bytes, c.width, j);
+  case gap_form::planes: return load_plane_word(c.bytes, c.width, c.values, j);
+  case gap_form::varint:
+  case gap_form::escape: {
+    if (!value_present(c, j)) return 0;
+    const std::uint64_t s = value_start(c, j), e = c.ends[j];
+    if (c.form == gap_form::varint) return leb128_value(c.bytes + s, e - s + 1);
+    if (c.bytes[s] != 0xFF) return c.bytes[s];
+    return 255 + leb128_value(c.bytes + s + 1, e - s);
+  }
+  }
+  return 0;
+}
+
+/// Term `k` of the inclusive scan that yields the indices: `first` for
+/// k = 0, else `gap_{k-1} + 1` (wrapping; a wrap is reported by the check).
+constexpr DCR_HOST_DEVICE std::uint64_t coded_scan_term(const coded_gaps& c, std::uint64_t first,
+                                                        std::uint64_t k) noexcept {
+  return k == 0 ? first : coded_gap(c, k - 1) + 1;
+}
+
+/// Why location `k` of a coded list fails, smallest first (the reference
+/// decoder reads values in order and reports the first of these it meets).
+enum : unsigned {
+  coded_ok = 0,
+  coded_malformed = 1, ///< LEB128 or escape rejected, or a varint value cut off
+  coded_truncated = 2, ///< escape_u8: the bytes end before the value starts
+  coded_range = 3,     ///< index not above its predecessor (64-bit wrap) or >= numel
+};
+
+/// Failure of location `k` (1 <= k < values + 1) given the decoded indices
+/// `idx` (whose entries up to `k` are the prefix sums of the terms).
+constexpr DCR_HOST_DEVICE unsigned coded_fault(const coded_gaps& c, const std::uint64_t* idx, std::uint64_t k,
+                                               std::uint64_t numel) noexcept {
+  const std::uint64_t j = k - 1;
+  if (is_variable(c.form)) {
+    if (!value_present(c, j)) {
+      if (c.form == gap_form::escape && value_start(c, j) >= c.size) return coded_truncated;
+      return coded_malformed;
+    }
+    const std::uint64_t s = value_start(c, j), e = c.ends[j];
+    if (c.form == gap_form::varint) {
+      if (leb128_malformed(c.bytes + s, e - s + 1)) return coded_malformed;
+    } else if (c.bytes[s] == 0xFF) {
+      if (leb128_malformed(c.bytes + s + 1, e - s) || leb128_value(c.bytes + s + 1, e - s) > ~std::uint64_t{0} - 255)
+        return coded_malformed;
+    }
+  }
+  if (idx[k] <= idx[k - 1] || idx[k] >= numel) return coded_range;
+  return coded_ok;
+}
+
+/// Key that orders failures by location, then by reason (`atomicMin` keeps the first).
+constexpr DCR_HOST_DEVICE std::uint64_t fault_key(std::uint64_t k, unsigned reason) noexcept {
+  return (k << 2) | reason;
+}
+
+/// Little-endian value word `k` of `n` words of `W` stored as plain words
+/// (`planes` false) or as byte planes; read bytewise (the value buffer is a
+/// slice of a body and carries no alignment).
+template <word W>
+constexpr DCR_HOST_DEVICE W load_value_word(const std::uint8_t* bytes, std::uint64_t n, std::uint64_t k,
+                                            bool planes) noexcept {
+  if (planes) return static_cast<W>(load_plane_word(bytes, sizeof(W), n, k));
+  return static_cast<W>(load_gap(bytes, sizeof(W), k));
+}
+
 } // namespace dcr::device
