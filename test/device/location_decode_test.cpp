@@ -17,7 +17,10 @@
 #include "dcr/codec/locations.hpp"
 #include "dcr/codec/values.hpp"
 #include "dcr/device/element.hpp"
+#include "dcr/codec/payload.hpp"
 #include "dcr/device/locations.hpp"
+#include "dcr/device/row.hpp"
+#include "dcr/device/scatter.hpp"
 
 using namespace dcr;
 using codec::location_id;
@@ -386,4 +389,95 @@ TEST_CASE_TEMPLATE("scatter_encoded twin equals reference decode + scatter; noth
   alias.shape.contiguous = false;
   CHECK(device::scatter_encoded<W>(alias, 0, 1, location_id::run, {}, std::vector<std::uint8_t>(sizeof(W)), false)
             .code == errc::invalid_argument);
+}
+
+namespace {
+
+/// Items over bf16 and f32 tensors with scattered, contiguous and empty
+/// index sets, so that the encoder picks every coding of a scheme.
+std::vector<item> row_items(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<item> items;
+  const auto add = [&](const char* name, dtype_id dt, std::vector<std::uint64_t> shape, std::vector<std::uint64_t> idx) {
+    item it;
+    it.tensor = {name, std::move(shape), dt};
+    it.encoding = rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite;
+    it.indices = std::move(idx);
+    it.values.resize(it.indices.size() * width_of(dt));
+    for (auto& b : it.values) b = static_cast<std::byte>(rng());
+    items.push_back(std::move(it));
+  };
+  std::vector<std::uint64_t> sparse, dense, wide;
+  for (std::uint64_t i = 0; i < 4096; ++i)
+    if (rng() % 100 < 3) sparse.push_back(i);
+  for (std::uint64_t i = 100; i < 400; ++i) dense.push_back(i);
+  for (std::uint64_t i = 0; i < (1u << 20); i += 1 + rng() % 70000) wide.push_back(i);
+  add("a.weight", dtype_id::bf16, {64, 64}, sparse);
+  add("b.weight", dtype_id::f32, {1000}, dense);
+  add("c.weight", dtype_id::bf16, {1024, 1024}, wide);
+  add("d.weight", dtype_id::f32, {8}, {});
+  add("e.weight", dtype_id::bf16, {4096}, std::vector<std::uint64_t>(sparse.begin(), sparse.begin() + 1));
+  add("f.weight", dtype_id::f32, {1u << 20}, wide);
+  add("g.weight", dtype_id::f32, {64, 64}, sparse);
+  return items;
+}
+
+} // namespace
+
+TEST_CASE_TEMPLATE("scatter_row twin equals decode_row + scatter_item, errors worded as decode_row", W, std::uint16_t,
+                   std::uint32_t) {
+  const codec::location_scheme schemes[] = {codec::location_scheme::gaps, codec::location_scheme::planes,
+                                            codec::location_scheme::varint, codec::location_scheme::escape_u8};
+  std::uint64_t seed = 3;
+  int rows_applied = 0, corrupt_compared = 0;
+  for (const auto scheme : schemes)
+    for (const auto filter : {codec::value_filter::none, codec::value_filter::byte_planes}) {
+      const auto items = row_items(seed++);
+      encode_options opt;
+      opt.locations = scheme;
+      opt.filter = filter;
+      const auto bytes = encode_payload(payload_id{1, 2, 3, 4}, items, opt);
+      codec::payload_info pi;
+      REQUIRE(codec::inspect_payload(bytes, pi));
+      for (std::size_t i = 0; i < pi.rows.size(); ++i) {
+        const auto& row = pi.rows[i];
+        if (width_of(row.tensor.dtype) != sizeof(W)) {
+          std::vector<W> s(row.tensor.numel());
+          CHECK(device::scatter_row<W>(device::view<W>{s.data(), device::linear(static_cast<std::int64_t>(s.size()))},
+                                       pi.body, pi.header, row, i)
+                    .code == errc::bad_dtype);
+          continue;
+        }
+        item it;
+        REQUIRE(codec::decode_row(pi.body, pi.header, row, i, it));
+        std::vector<W> got(row.tensor.numel());
+        std::mt19937_64 rng(i);
+        for (auto& w : got) w = static_cast<W>(rng());
+        auto want = got;
+        const auto n = static_cast<std::int64_t>(got.size());
+        REQUIRE(device::scatter_item<W>(device::view<W>{want.data(), device::linear(n)}, it));
+        REQUIRE(device::scatter_row<W>(device::view<W>{got.data(), device::linear(n)}, pi.body, pi.header, row, i));
+        CHECK(got == want);
+        ++rows_applied;
+        // Corrupt each location section: same code and message as decode_row.
+        if (row.location_length == 0) continue;
+        std::mt19937_64 crng(seed * 31 + i);
+        for (int t = 0; t < 20; ++t) {
+          auto body = pi.body;
+          const std::size_t at = pi.header.table_length + row.location_offset + crng() % row.location_length;
+          body[at] = static_cast<std::byte>(crng());
+          item ref;
+          const status r = codec::decode_row(body, pi.header, row, i, ref);
+          const auto before = got;
+          const status s = device::scatter_row<W>(device::view<W>{got.data(), device::linear(n)}, body, pi.header, row, i);
+          CHECK(s.code == r.code);
+          CHECK(s.message == r.message);
+          if (!s) CHECK(got == before);
+          if (!s) ++corrupt_compared;
+          got = before;
+        }
+      }
+    }
+  CHECK(rows_applied > 8);
+  CHECK(corrupt_compared > 20);
 }
