@@ -1,0 +1,63 @@
+#pragma once
+/// \file
+/// Apply one item table row of a decompressed payload body to a device view
+/// straight from its wire sections: the row's location bytes (any coding)
+/// and value bytes (plain or byte planes) are uploaded as they are, decoded
+/// and scattered on the device. Twin: `dcr::device::scatter_row`
+/// (`dcr/device/row.hpp`); same checks, same errors, same bits.
+///
+/// Includes codec/payload.hpp (Boost.Endian, zstd, BLAKE2), which pulls
+/// core/tensor.hpp; unlike `item.cuh` it uploads only the wire bytes (about
+/// 1-2 bytes per location instead of 8).
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "dcr/codec/payload.hpp"
+#include "dcr/cuda/locations.cuh"
+#include "dcr/cuda/runtime.cuh"
+#include "dcr/device/row.hpp"
+
+namespace dcr::cuda {
+
+/// Upload row `i`'s sections of `body` (host memory) into `ws` and scatter
+/// them onto device view `dst`; synchronises `stream`.
+template <device::word W>
+status scatter_row(device::view<W> dst, std::span<const std::byte> body, const codec::payload_header& h,
+                   const codec::item_row& row, std::size_t i, workspace& ws, cudaStream_t stream = 0) {
+  std::span<const std::uint8_t> loc, val;
+  DCR_TRY(device::row_sections<W>(body, h, row, static_cast<std::uint64_t>(dst.size()), loc, val));
+  const auto fail_row = [&](const status& s) { return device::row_error(s, h, row, i); };
+  DCR_TRY(fail_row(device::check_encoded_args(dst, val.data(), val.size(), row.count)));
+  if (row.count == 0) {
+    if (!loc.empty()) return fail_row(codec::detail::length_error(codec::to_string(row.location), loc.size(), 0));
+    return status::success();
+  }
+  bool done = false;
+  DCR_TRY(fail_row(device::precheck_locations(row.location, loc.size(), row.first,
+                                              static_cast<std::uint64_t>(dst.size()), row.count, done)));
+  detail::device_facts f;
+  DCR_TRY(detail::prepare(dst.data, nullptr, nullptr, f));
+  // Workspace: [0, +loc) location bytes, [.., +val) value bytes, then the decode.
+  const std::size_t val_at = align256(loc.size());
+  const std::size_t base = val_at + align256(val.size());
+  detail::decode_layout L;
+  DCR_TRY(detail::plan_encoded(row.location, loc.size(), row.count, base, L, stream));
+  DCR_TRY(ws.reserve(L.total));
+  auto* d_loc = reinterpret_cast<std::uint8_t*>(ws.data());
+  auto* d_val = reinterpret_cast<std::uint8_t*>(ws.data() + val_at);
+  if (!loc.empty())
+    DCR_TRY(check(cudaMemcpyAsync(d_loc, loc.data(), loc.size(), cudaMemcpyHostToDevice, stream),
+                  "cudaMemcpyAsync(row locations)"));
+  DCR_TRY(check(cudaMemcpyAsync(d_val, val.data(), val.size(), cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync(row values)"));
+  DCR_TRY(fail_row(detail::scatter_encoded_planned(dst, row.first, row.count, row.location, d_loc, loc.size(), d_val,
+                                                   device::row_planes(row), device::op_of(row.encoding), done, L, f,
+                                                   ws, stream)));
+  return synchronize(stream);
+}
+
+} // namespace dcr::cuda
