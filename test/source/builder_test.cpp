@@ -3,7 +3,8 @@
 // destinations equals the bitwise diff of the full canonical tensors before
 // and after, each destination is emitted once, and applying the items (XOR or
 // overwrite) to the old canonical tensors gives the new ones byte for byte.
-// Built with -DDCR_TRAIN_SLOW for the larger 'slow' sweep.
+// The 400-config sweep is in the test suite "slow": the 'unit' registration
+// excludes it, the 'slow' registration runs only it (test/source/meson.build).
 #include "training_fixture.hpp"
 
 #include "dcr/codec/payload.hpp"
@@ -118,14 +119,9 @@ std::size_t run_case(const sweep_case& k, std::uint64_t seed) {
   return emitted.size();
 }
 
-} // namespace
-
-TEST_CASE("delta construction == brute-force diff over random configs and layouts") {
-#ifdef DCR_TRAIN_SLOW
-  const int n = 400;
-#else
-  const int n = 36;
-#endif
+/// `n` random configurations, layouts, ownership policies, modes and chunk
+/// and bucket sizes (the same sequence for every `n`); records emitted.
+std::size_t sweep(int n) {
   std::mt19937_64 rng(20260412);
   std::size_t total = 0;
   for (int i = 0; i < n; ++i) {
@@ -146,7 +142,16 @@ TEST_CASE("delta construction == brute-force diff over random configs and layout
     CAPTURE(static_cast<int>(k.o.ownership));
     total += run_case(k, 1000 + i);
   }
-  CHECK(total > 0);
+  return total;
+}
+
+} // namespace
+
+TEST_CASE("delta construction == brute-force diff over random configs and layouts") { CHECK(sweep(36) > 0); }
+
+TEST_CASE("delta construction == brute-force diff over 400 random configs and layouts" *
+          doctest::test_suite("slow")) {
+  CHECK(sweep(400) > 0);
 }
 
 TEST_CASE("payloads: byte-identical across builds, decode to the built items, one sequence per bucket") {
