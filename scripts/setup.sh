@@ -6,7 +6,7 @@ DCR_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$DCR_ROOT"
 
 packages=(g++ pkg-config cmake meson ninja-build libboost1.81-dev libzstd-dev libxxhash-dev
-          libb2-dev doctest-dev zstd xxhash coreutils ${DCR_EXTRA_PACKAGES:-})
+          libb2-dev libssl-dev doctest-dev zstd xxhash coreutils ${DCR_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
