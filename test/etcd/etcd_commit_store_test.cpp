@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "etcd_server.hpp"
+#include "fake_server.hpp"
 #include "protocol/commit_store_laws.hpp"
 #include "protocol/models.hpp"
 #include "dcr/protocol/coordinator.hpp"
@@ -281,6 +282,71 @@ TEST_CASE("etcd store: server killed -> typed errors; frozen -> timeout; restart
   CHECK(a2 > a);
   REQUIRE(fresh.compare_and_set(e2, a2, r.revision, sample_record(9, a2, 9)).ok());
   CHECK(s.compare_and_set(e, a, r.revision + 1, k).code == errc::conflict); // the old coordinator is fenced
+}
+
+TEST_CASE("etcd store: a compare-and-set whose answer is lost is resolved by reading the state back") {
+  auto& srv = shared_server();
+  // A proxy in front of etcd that can lose one record put: either after
+  // etcd applied it (answer lost) or before forwarding it (request lost).
+  enum class lose { nothing, answer, request };
+  std::atomic<lose> mode{lose::nothing};
+  std::atomic<int> lost{0};
+  etcd_commit_store direct(options_for(srv, "lost-answer/"));
+  const std::string record_put = R"("request_put":{"key":")" + net::base64_encode(direct.record_key()) + "\"";
+  test_net::fake_server proxy([&](int fd, int) {
+    net::http_client up(net::http_endpoint{"127.0.0.1", srv.client_port()});
+    for (std::string rq; !(rq = test_net::fake_server::read_request(fd)).empty();) {
+      const auto sp1 = rq.find(' '), sp2 = rq.find(' ', sp1 + 1);
+      net::http_request fwd;
+      fwd.method = rq.substr(0, sp1);
+      fwd.target = rq.substr(sp1 + 1, sp2 - sp1 - 1);
+      fwd.body = rq.substr(rq.find("\r\n\r\n") + 4);
+      const bool is_put = fwd.body.find(record_put) != std::string::npos;
+      const lose m = mode;
+      if (is_put && m == lose::request) {
+        mode = lose::nothing;
+        ++lost;
+        return;
+      }
+      net::http_response res;
+      if (!up.request(fwd, res).ok()) return;
+      if (is_put && m == lose::answer) {
+        mode = lose::nothing;
+        ++lost;
+        return;
+      }
+      test_net::fake_server::write_all(fd, "HTTP/1.1 " + std::to_string(res.status) + " " + res.reason +
+                                               "\r\nContent-Length: " + std::to_string(res.body.size()) +
+                                               "\r\n\r\n" + res.body);
+    }
+  });
+  auto opt = options_for(srv, "lost-answer/");
+  opt.endpoints = {"http://" + proxy.endpoint().authority()};
+  etcd_commit_store s(opt);
+  std::uint64_t e = 0, a = 0;
+  REQUIRE(s.take_over(e).ok());
+  REQUIRE(s.prepare(e, a).ok());
+  REQUIRE(s.compare_and_set(e, a, 0, sample_record(1, a, 1)).ok());
+
+  // Applied, answer lost: the read-back finds this very record at r + 1.
+  mode = lose::answer;
+  const auto k2 = sample_record(2, a, 2);
+  auto st = s.compare_and_set(e, a, 1, k2);
+  CHECK(lost == 1);
+  CHECK_MESSAGE(st.ok(), st.message);
+  stored_record r;
+  REQUIRE(direct.load(r).ok());
+  CHECK(r == stored_record{k2, 2, e, a});
+
+  // Lost before etcd saw it: nothing changed, and the store does not claim success.
+  mode = lose::request;
+  st = s.compare_and_set(e, a, 2, sample_record(3, a, 3));
+  CHECK(lost == 2);
+  CHECK(st.code == errc::unavailable);
+  CHECK(st.message.find("outcome unknown") != std::string::npos);
+  REQUIRE(direct.load(r).ok());
+  CHECK(r == stored_record{k2, 2, e, a});
+  REQUIRE(s.compare_and_set(e, a, 2, sample_record(3, a, 3)).ok()); // and the next try works
 }
 
 TEST_CASE("etcd store: a dead endpoint first in the list fails over to the live one") {
