@@ -406,6 +406,9 @@ constexpr DCR_HOST_DEVICE unsigned coded_fault(const coded_gaps& c, const std::u
   const std::uint64_t j = k - 1;
   if (is_variable(c.form)) {
     if (!value_present(c, j)) {
+      // Only the first missing value can be the first failure; later ones
+      // have no `ends` entry to start from.
+      if (j > *c.present) return coded_malformed;
       if (c.form == gap_form::escape && value_start(c, j) >= c.size) return coded_truncated;
       return coded_malformed;
     }
