@@ -4,8 +4,6 @@
 /// indices and little-endian value words are copied to the device and
 /// scattered (XOR or overwrite by the item's encoding). Same checks and
 /// errors as the twin `dcr::device::scatter_item`.
-///
-/// Needs `--expt-relaxed-constexpr` (it includes core/tensor.hpp via item.hpp).
 
 #include <cuda_runtime.h>
 

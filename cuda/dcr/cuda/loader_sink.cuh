@@ -8,7 +8,6 @@
 /// `copy`: the first failure is kept and reported by `finish()`, and later
 /// copies are not applied (the attempt fails anyway).
 ///
-/// Needs `--expt-relaxed-constexpr` (it includes core/tensor.hpp).
 
 #include <cuda_runtime.h>
 

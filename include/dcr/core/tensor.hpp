@@ -64,21 +64,24 @@ struct strided_layout {
     return row_major(v);
   }
 
+  // Members are host-only: kernels take `dcr::device::layout` (C arrays),
+  // so CUDA code needs no relaxed constexpr for std::array.
+
   /// Number of coordinates.
-  constexpr DCR_HOST_DEVICE std::int64_t size() const noexcept {
+  constexpr std::int64_t size() const noexcept {
     std::int64_t n = 1;
     for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
     return n;
   }
   /// Offset of a coordinate.
-  constexpr DCR_HOST_DEVICE std::int64_t offset(const std::int64_t* c) const noexcept {
+  constexpr std::int64_t offset(const std::int64_t* c) const noexcept {
     std::int64_t o = 0;
     for (std::size_t i = 0; i < rank; ++i) o += c[i] * strides[i];
     return o;
   }
   /// Offset of the `k`-th coordinate in row-major enumeration order of the
   /// view's own extents (0 <= k < size()).
-  constexpr DCR_HOST_DEVICE std::int64_t offset_of_linear(std::int64_t k) const noexcept {
+  constexpr std::int64_t offset_of_linear(std::int64_t k) const noexcept {
     std::int64_t o = 0;
     for (std::size_t i = rank; i-- > 0;) {
       const std::int64_t e = extents[i];
@@ -88,7 +91,7 @@ struct strided_layout {
     return o;
   }
   /// Smallest number of elements the underlying storage must hold (0 if empty).
-  constexpr DCR_HOST_DEVICE std::int64_t required_span_size() const noexcept {
+  constexpr std::int64_t required_span_size() const noexcept {
     std::int64_t hi = 0;
     for (std::size_t i = 0; i < rank; ++i) {
       if (extents[i] == 0) return 0;
@@ -161,8 +164,8 @@ template <class T> struct strided_view {
   T* data = nullptr;
   strided_layout layout;
 
-  constexpr DCR_HOST_DEVICE std::int64_t size() const noexcept { return layout.size(); }
-  template <class... I> constexpr DCR_HOST_DEVICE T& operator()(I... idx) const noexcept {
+  constexpr std::int64_t size() const noexcept { return layout.size(); }
+  template <class... I> constexpr T& operator()(I... idx) const noexcept {
     const std::int64_t c[] = {static_cast<std::int64_t>(idx)...};
     return data[layout.offset(c)];
   }

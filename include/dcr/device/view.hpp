@@ -1,9 +1,8 @@
 #pragma once
 /// \file
 /// Conversions from the core views (`dcr::strided_view`, `dcr::tensor_view`)
-/// to the kernel-side `dcr::device::view`. Host code; CUDA translation units
-/// that include it need `--expt-relaxed-constexpr` because core/tensor.hpp
-/// calls `std::array` members from host-device functions.
+/// to the kernel-side `dcr::device::view`. Host code (the core layouts'
+/// members are host-only; kernels take `device::layout`).
 
 #include <cstdint>
 #include <string>
