@@ -241,7 +241,9 @@ TEST_CASE("s3_object_store: options are checked at construction") {
   o.bucket = "bk1";
   o.credentials = {"AK", "SK", ""};
   CHECK_NOTHROW(s3_object_store{o});
-  for (auto b : {"", "ab", "Upper", "-ab", "ab-", "a_b", std::string(64, 'a').c_str()}) {
+  std::string const too_long(64, 'a');
+  for (std::string const& b : {std::string{}, std::string{"ab"}, std::string{"Upper"}, std::string{"-ab"},
+                               std::string{"ab-"}, std::string{"a_b"}, too_long}) {
     auto bad = o;
     bad.bucket = b;
     CHECK_THROWS_AS(s3_object_store{bad}, dcr::error);
