@@ -13,6 +13,7 @@
 /// Encoding is deterministic: the same items and options give the same bytes.
 
 #include <array>
+#include <concepts>
 #include <boost/endian/conversion.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -452,6 +453,21 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
   return status::success();
 }
 
+/// Decode and check the locations of row `i` (of a parsed table) into
+/// `out`, which holds `row.count > 0` entries.
+inline status decode_row_locations(std::span<const std::byte> body, const payload_header& h, const item_row& row,
+                                   std::size_t i, std::span<std::uint64_t> out) {
+  std::uint64_t numel;
+  detail::checked_numel(row.tensor.shape, numel);
+  const std::uint64_t loc_at = h.table_length + row.location_offset;
+  if (auto s = decode_locations(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out); !s)
+    return fail(s.code, "item " + std::to_string(i) + " '" + row.tensor.name + "' (" +
+                            std::string(to_string(row.location)) + " locations at body bytes [" +
+                            std::to_string(loc_at) + ", +" + std::to_string(row.location_length) +
+                            ")): " + s.message);
+  return status::success();
+}
+
 /// Expand one row into an item (locations decoded and checked, values unfiltered).
 inline status decode_row(std::span<const std::byte> body, const payload_header& h, const item_row& row,
                          std::size_t i, item& out) {
@@ -460,16 +476,7 @@ inline status decode_row(std::span<const std::byte> body, const payload_header& 
   out.indices.assign(row.count, 0);
   out.values.assign(row.value_length, std::byte{0});
   if (row.count == 0) return status::success();
-  std::uint64_t numel;
-  detail::checked_numel(row.tensor.shape, numel);
-  const std::uint64_t loc_at = h.table_length + row.location_offset;
-  if (auto s = decode_locations(row.location, body.subspan(loc_at, row.location_length), row.first, numel,
-                                out.indices);
-      !s)
-    return fail(s.code, "item " + std::to_string(i) + " '" + row.tensor.name + "' (" +
-                            std::string(to_string(row.location)) + " locations at body bytes [" +
-                            std::to_string(loc_at) + ", +" + std::to_string(row.location_length) +
-                            ")): " + s.message);
+  DCR_TRY(decode_row_locations(body, h, row, i, out.indices));
   const std::uint64_t val_at = h.table_length + h.location_length + row.value_offset;
   remove_filter(row.filter, body.subspan(val_at, row.value_length), width_of(row.tensor.dtype), out.values);
   return status::success();
@@ -500,6 +507,40 @@ inline status decode_payload(std::span<const std::byte> bytes, decoded_payload& 
   out.items.clear();
   out.items.resize(pi.rows.size());
   for (std::size_t i = 0; i < pi.rows.size(); ++i) DCR_TRY(decode_row(pi.body, pi.header, pi.rows[i], i, out.items[i]));
+  return status::success();
+}
+
+/// Decode and validate a whole payload like `decode_payload`, expanding only
+/// the items whose table row `keep(row)` accepts (e.g. the tensors a receiver
+/// stores anything of). A rejected item is checked like every other (header,
+/// digest, its table row and the tiling of both buffers by `parse_table`, its
+/// locations decoded into one reused buffer and checked), so a payload is
+/// refused exactly when, and with the status with which, `decode_payload`
+/// refuses it. A rejected item comes back with its tensor and encoding but no
+/// indices and no values: what it changes is not read out, because the
+/// caller said it has nowhere to put it.
+template <class Keep>
+  requires std::predicate<Keep&, const item_row&>
+inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payload& out, Keep&& keep,
+                                const decode_limits& limits = {}) {
+  payload_info pi;
+  DCR_TRY(inspect_payload(bytes, pi, limits));
+  out.id = pi.header.id;
+  out.items.clear();
+  out.items.resize(pi.rows.size());
+  std::vector<std::uint64_t> rejected; // capacity reused across rejected items
+  for (std::size_t i = 0; i < pi.rows.size(); ++i) {
+    const item_row& row = pi.rows[i];
+    if (keep(row)) {
+      DCR_TRY(decode_row(pi.body, pi.header, row, i, out.items[i]));
+      continue;
+    }
+    out.items[i].tensor = row.tensor;
+    out.items[i].encoding = row.encoding;
+    if (row.count == 0) continue;
+    rejected.resize(row.count);
+    DCR_TRY(decode_row_locations(pi.body, pi.header, row, i, rejected));
+  }
   return status::success();
 }
 
