@@ -16,7 +16,6 @@
 #include <mutex>
 #include <cstring>
 #include <memory>
-#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -166,9 +165,12 @@ private:
 };
 static_assert(refit_owner<training_round::member>);
 
-/// Adds attempt fencing, payload dedupe and staging to a receiver that
-/// applies decoded items (`apply_item(const item&) -> status`,
-/// `state_digest()`), e.g. `dcr::receiver<L>`.
+/// A `dcr::receiver<L>` (or anything with its `begin_attempt`, `stage`,
+/// `apply_staged`, `applied_payloads` and `state_digest`) as a
+/// `refit_receiver`: a receiver id, and a post-apply check run by `finish`.
+/// Attempt fencing, deduplication and staging are the receiver's own; the
+/// adapter asks it for what the protocol requires: every byte validated at
+/// `stage`, and only `begin_attempt` starting an attempt.
 template <class R> class staged_receiver {
 public:
   /// Optional post-apply check run by `finish` (e.g. `verify` against a reference).
@@ -179,54 +181,20 @@ public:
     if (!r_) throw error(errc::invalid_argument, "staged_receiver " + id_ + ": no receiver");
   }
   std::string receiver_id() const { return id_; }
-  void begin_attempt(std::uint64_t a) {
-    attempt_ = a;
-    seen_.clear();
-    staged_.clear();
-  }
-  status stage(std::span<const std::byte> bytes) {
-    payload_id pid;
-    DCR_TRY(read_payload_id(bytes, pid));
-    DCR_RETURN_ERROR_IF(pid.attempt != attempt_, stale_attempt,
-                        "payload of attempt " + std::to_string(pid.attempt) + " during attempt " + std::to_string(attempt_));
-    DCR_RETURN_ERROR_IF(seen_.count({pid.owner, pid.sequence}), duplicate,
-                        "payload owner " + std::to_string(pid.owner) + " seq " + std::to_string(pid.sequence) + " seen before");
-    decoded_payload d;
-    DCR_TRY(decode_payload(bytes, d));
-    seen_.insert({pid.owner, pid.sequence});
-    staged_.push_back(std::move(d));
-    return status::success();
-  }
-  status apply_staged() {
-    for (auto& d : staged_) {
-      for (auto& it : d.items) {
-        auto s = r_->apply_item(it);
-        if (!s) {
-          staged_.clear();
-          s.message = "owner " + std::to_string(d.id.owner) + " seq " + std::to_string(d.id.sequence) + ": " + s.message;
-          return s;
-        }
-      }
-      ++applied_payloads_;
-    }
-    staged_.clear();
-    return status::success();
-  }
+  void begin_attempt(std::uint64_t a) { r_->begin_attempt(a); }
+  status stage(std::span<const std::byte> bytes) { return r_->stage(bytes, {.decode_now = true, .exact_attempt = true}); }
+  status apply_staged() { return r_->apply_staged(); }
   status finish() { return check_ ? check_(*r_) : status::success(); }
   digest128 state_digest() const { return r_->state_digest(); }
 
   R& inner() noexcept { return *r_; }
   const R& inner() const noexcept { return *r_; }
-  std::uint64_t applied_payloads() const noexcept { return applied_payloads_; }
+  std::uint64_t applied_payloads() const noexcept { return r_->applied_payloads(); }
 
 private:
   std::string id_;
   std::unique_ptr<R> r_;
   check check_;
-  std::uint64_t attempt_ = 0;
-  std::set<std::pair<std::uint32_t, std::uint32_t>> seen_;
-  std::vector<decoded_payload> staged_;
-  std::uint64_t applied_payloads_ = 0;
 };
 
 } // namespace dcr::protocol

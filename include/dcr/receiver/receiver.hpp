@@ -68,6 +68,19 @@ inline status check_item(const item& it, const tensor_meta& meta) {
   return status::success();
 }
 
+/// How `receiver::stage` admits a payload.
+struct stage_policy {
+  /// Decode and check every byte at `stage`, so that an invalid payload is
+  /// refused there and changes nothing (what `protocol::refit_receiver`
+  /// requires); otherwise `stage` checks the header and digest only and
+  /// `apply_staged` decodes, which keeps staging cheap while the rank serves.
+  bool decode_now = false;
+  /// Only `begin_attempt` starts an attempt: a payload of a newer attempt is
+  /// `stale_attempt` like one of an older attempt. Otherwise a newer payload
+  /// starts its attempt (a receiver fed straight from the transport).
+  bool exact_attempt = false;
+};
+
 /// One serving rank. `L` is the native loader (held by value).
 ///
 /// Attempts: payloads carry the attempt that produced them. The receiver
@@ -220,46 +233,79 @@ public:
   /// Payloads staged and not yet applied.
   std::size_t staged_count() const noexcept { return staged_.size(); }
 
-  /// Validate a payload's header and digest (no decompression), fence stale
-  /// attempts (`stale_attempt`), suppress duplicates (`duplicate`; nothing
-  /// changes) and keep its bytes for `apply_staged`. Errors of the payload
-  /// decoder pass through unchanged.
-  status stage(std::span<const std::byte> payload) {
+  /// Validate a payload's header and digest, fence stale attempts
+  /// (`stale_attempt`), suppress duplicates (`duplicate`; nothing changes)
+  /// and keep it for `apply_staged`: its bytes, or with `policy.decode_now`
+  /// its decoded items. Errors of the payload decoder pass through unchanged;
+  /// a refused payload is not marked as seen.
+  status stage(std::span<const std::byte> payload, const stage_policy& policy = {}) {
     payload_id id;
     DCR_TRY(read_payload_id(payload, id));
-    DCR_RETURN_ERROR_IF(started_ && id.attempt < attempt_, stale_attempt,
+    DCR_RETURN_ERROR_IF((started_ && id.attempt < attempt_) || (policy.exact_attempt && id.attempt != attempt_),
+                        stale_attempt,
                         "payload of attempt " + std::to_string(id.attempt) + " (owner " + std::to_string(id.owner) +
                             ", sequence " + std::to_string(id.sequence) + "), current attempt " +
                             std::to_string(attempt_));
     begin_attempt(id.attempt);
     DCR_RETURN_ERROR_IF(!failure_.ok(), aborted,
                         "attempt " + std::to_string(attempt_) + " failed: " + failure_.message);
-    DCR_RETURN_ERROR_IF(!seen_.emplace(id.owner, id.sequence).second, duplicate,
+    const std::pair key{id.owner, id.sequence};
+    DCR_RETURN_ERROR_IF(seen_.count(key), duplicate,
                         "payload (attempt " + std::to_string(id.attempt) + ", owner " + std::to_string(id.owner) +
                             ", sequence " + std::to_string(id.sequence) + ") seen before");
-    staged_.push_back({id, std::vector<std::byte>(payload.begin(), payload.end())});
+    staged_payload p{id, {}, {}};
+    if (policy.decode_now) {
+      DCR_TRY(decode(payload, p.items));
+      p.decoded = true;
+    } else {
+      p.bytes.assign(payload.begin(), payload.end());
+    }
+    seen_.insert(key);
+    staged_.push_back(std::move(p));
     return status::success();
   }
 
-  /// Decode (validating every byte) and apply every staged payload of the
-  /// current attempt, in staging order. The first failure fails the attempt.
+  /// Decode (validating every byte) payloads staged as bytes, and apply
+  /// every staged payload of the current attempt in staging order. The first
+  /// failure fails the attempt.
   status apply_staged() {
     DCR_RETURN_ERROR_IF(!failure_.ok(), aborted, "attempt " + std::to_string(attempt_) + " failed: " + failure_.message);
     auto staged = std::move(staged_);
     staged_.clear();
     for (auto& p : staged) {
       decoded_payload d;
-      status s = decode_payload(p.bytes, d);
-      if (s.ok() && !(d.id == p.id)) s = fail(errc::bad_format, "decoded payload id differs from its header");
-      if (s.ok()) s = apply_items(d.items);
+      status s = status::success();
+      if (!p.decoded) {
+        s = decode(p.bytes, d);
+        if (s.ok() && !(d.id == p.id)) s = fail(errc::bad_format, "decoded payload id differs from its header");
+      }
+      if (s.ok()) s = apply_items(p.decoded ? p.items.items : d.items);
       if (!s.ok()) {
         s.message = "payload (owner " + std::to_string(p.id.owner) + ", sequence " + std::to_string(p.id.sequence) +
                     "): " + s.message;
         failure_ = s;
         return s;
       }
+      ++applied_payloads_;
     }
     return status::success();
+  }
+
+  /// Payloads applied completely since construction (all attempts).
+  std::uint64_t applied_payloads() const noexcept { return applied_payloads_; }
+
+  /// Decode and validate every byte of `payload` (`codec::decode_payload_if`:
+  /// refused exactly when `decode_payload` refuses it), expanding only the
+  /// items of tensors this rank stores something of. An item of a tensor the
+  /// plan skips comes back with no entries: `apply_item` still checks its
+  /// dtype, shape and encoding and reruns the loader, which must repeat its
+  /// skip, but none of its indices or values is copied or scanned. This is
+  /// how `stage` and `apply_staged` decode.
+  status decode(std::span<const std::byte> payload, decoded_payload& out) const {
+    return codec::decode_payload_if(payload, out, [this](const codec::item_row& row) {
+      const tensor_plan* tp = plan_.find(row.tensor.name);
+      return !tp || !tp->skipped;
+    });
   }
 
   /// BLAKE2b-128 of all rank storage (see `parameter_store::digest`).
@@ -267,6 +313,7 @@ public:
 
 private:
   std::byte* scratch() noexcept { return reinterpret_cast<std::byte*>(scratch_.data()); }
+
 
   template <canonical_source S> static tensor_view source_view(const S& src, const tensor_meta& m) {
     auto v = src.find(m.name);
@@ -303,15 +350,19 @@ private:
   copy_plan plan_;
   std::vector<std::uint64_t> scratch_;
   std::vector<std::vector<std::byte>> captures_;
+  /// A staged payload: its bytes, or (`decoded`) its validated items.
   struct staged_payload {
     payload_id id;
     std::vector<std::byte> bytes;
+    decoded_payload items;
+    bool decoded = false;
   };
   bool started_ = false;
   std::uint64_t attempt_ = 0;
   std::vector<staged_payload> staged_;
   std::set<std::pair<std::uint32_t, std::uint32_t>> seen_; ///< (owner, sequence) of the current attempt
   status failure_;
+  std::uint64_t applied_payloads_ = 0;
 };
 
 } // namespace dcr
