@@ -45,6 +45,7 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
+#include <boost/beast/http/span_body.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 
@@ -277,7 +278,9 @@ private:
 
   status exchange(const http_request& rq, http_response& out, bool& sent) {
     namespace http = boost::beast::http;
-    http::request<http::string_body> req;
+    // The body is sent from the caller's buffer (no copy: payloads and
+    // manifests can be hundreds of MiB).
+    http::request<http::span_body<const char>> req;
     req.method_string(rq.method);
     req.target(rq.target);
     req.version(11);
@@ -289,7 +292,7 @@ private:
     }
     if (!has_host) req.set(http::field::host, current_endpoint().authority());
     if (!has_agent && !opt_.user_agent.empty()) req.set(http::field::user_agent, opt_.user_agent);
-    req.body() = rq.body;
+    req.body() = {rq.body.data(), rq.body.size()};
     req.prepare_payload();
     if (rq.body.empty() && rq.method != "GET" && rq.method != "HEAD" && rq.method != "DELETE")
       req.content_length(0); // some servers insist on a length for bodiless PUT/POST

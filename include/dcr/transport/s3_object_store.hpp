@@ -238,7 +238,8 @@ private:
       const std::string path = bucket_path(key);
       const std::string canon_query = detail::canonical_query(query);
       rq.target = canon_query.empty() ? path : path + "?" + canon_query;
-      // The one copy of the body: http_request owns it as a string.
+      // The one copy of the body: http_request owns it as a string, and the
+      // client sends it from there.
       if (!body.empty()) rq.body.assign(reinterpret_cast<const char*>(body.data()), body.size());
       const std::string payload_hash =
           body.empty() ? std::string(detail::empty_payload_sha256) : detail::hex_lower(detail::sha256(body));
