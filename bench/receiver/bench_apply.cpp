@@ -30,20 +30,13 @@
 #include "dcr/model/config.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
+#include "dcr/source/simulator.hpp"
 
 namespace {
 
 using namespace dcr;
 
-struct splitmix {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
+using splitmix = dcr::sim::splitmix64;
 
 model_config bench_model(bool quick) {
   if (quick) return tiny_llama();

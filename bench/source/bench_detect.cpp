@@ -19,18 +19,11 @@
 
 #include "bench_common.hpp"
 #include "dcr/source/detect.hpp"
+#include "dcr/source/simulator.hpp"
 
 namespace {
 
-struct splitmix {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
+using splitmix = dcr::sim::splitmix64;
 
 struct row {
   double change_pct;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dcr/core/rounding.hpp"
+#include "dcr/source/simulator.hpp"
 
 using namespace dcr;
 
@@ -93,16 +94,7 @@ std::string hex(std::uint32_t v) {
   return b;
 }
 
-/// splitmix64: a fixed generator for test inputs.
-struct splitmix {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
+using splitmix = dcr::sim::splitmix64;
 
 /// Random inputs from four classes: any pattern; exponents near the 16-bit
 /// formats' ranges; exact ties of each format; values one FP32 ulp off a tie.

@@ -12,21 +12,13 @@
 #include <vector>
 
 #include "dcr/source/detect.hpp"
+#include "dcr/source/simulator.hpp"
 
 using namespace dcr;
 
 namespace {
 
-struct splitmix {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
-};
+using splitmix = dcr::sim::splitmix64;
 
 /// `n + pad` random words and a copy in which each word differs with
 /// probability `p` (by XOR with a random non-zero word).

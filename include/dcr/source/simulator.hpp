@@ -37,6 +37,8 @@ struct splitmix64 {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
   }
+  /// A double in [0, 1) from the top 53 bits of `next()`.
+  constexpr double uniform() noexcept { return static_cast<double>(next() >> 11) * 0x1p-53; }
 };
 
 /// xoshiro256** 1.0 (Blackman, Vigna) with its state filled by splitmix64(seed).
