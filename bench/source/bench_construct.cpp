@@ -57,21 +57,27 @@ model_config bench_model(bool quick) {
   return c;
 }
 
+/// The required set U_req of a step. Every owner needs the flags of every
+/// shard that feeds a residual task; in one process they come from the
+/// plan's shards directly.
+auto required_for(const source_plan& plan, const source_view& committed, const source_view& candidate) {
+  std::vector<std::uint32_t> flags;
+  for (std::uint32_t s = 0; s < plan.shards.size(); ++s)
+    if (!plan.shards[s].feeds.empty() &&
+        std::memcmp(committed.shards[s].data(), candidate.shards[s].data(), candidate.shards[s].size()) != 0)
+      flags.push_back(s);
+  return make_required(plan, flags);
+}
+
 /// Seconds for all owners of `plan` to build their buckets (sum over owners,
 /// best of `reps` per owner); owners are built one at a time to bound memory.
 double time_build(const std::shared_ptr<const source_plan>& plan, const source_view& committed,
                   const source_view& candidate, delta_mode mode, int reps, std::uint64_t* records = nullptr) {
   double total = 0;
   if (records) *records = 0;
+  const auto req = required_for(*plan, committed, candidate);
   for (std::uint32_t id = 0; id < plan->world; ++id) {
     owner o(plan, id, committed);
-    std::vector<std::uint32_t> flags;
-    // U_req needs every owner's flags; in one process they come from the plan's shards directly.
-    for (std::uint32_t s = 0; s < plan->shards.size(); ++s)
-      if (!plan->shards[s].feeds.empty() &&
-          std::memcmp(committed.shards[s].data(), candidate.shards[s].data(), candidate.shards[s].size()) != 0)
-        flags.push_back(s);
-    const auto req = make_required(*plan, flags);
     builder_options opt;
     opt.mode = mode;
     std::uint64_t n = 0;
@@ -91,12 +97,7 @@ double time_build(const std::shared_ptr<const source_plan>& plan, const source_v
 std::uint64_t payload_bytes(const std::shared_ptr<const source_plan>& plan, const source_view& committed,
                             const source_view& candidate, delta_mode mode) {
   std::uint64_t total = 0;
-  std::vector<std::uint32_t> flags;
-  for (std::uint32_t s = 0; s < plan->shards.size(); ++s)
-    if (!plan->shards[s].feeds.empty() &&
-        std::memcmp(committed.shards[s].data(), candidate.shards[s].data(), candidate.shards[s].size()) != 0)
-      flags.push_back(s);
-  const auto req = make_required(*plan, flags);
+  const auto req = required_for(*plan, committed, candidate);
   builder_options opt;
   opt.mode = mode;
   for (std::uint32_t id = 0; id < plan->world; ++id) {
