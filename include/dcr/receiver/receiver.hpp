@@ -235,9 +235,10 @@ public:
 
   /// Validate a payload's header and digest, fence stale attempts
   /// (`stale_attempt`), suppress duplicates (`duplicate`; nothing changes)
-  /// and keep it for `apply_staged`: its bytes, or with `policy.decode_now`
-  /// its decoded items. Errors of the payload decoder pass through unchanged;
-  /// a refused payload is not marked as seen.
+  /// and keep its bytes for `apply_staged` (with `policy.decode_now`, every
+  /// byte is decoded and checked here, and the newest payload's items are
+  /// kept decoded). Errors of the payload decoder pass through unchanged; a
+  /// refused payload is not marked as seen.
   status stage(std::span<const std::byte> payload, const stage_policy& policy = {}) {
     payload_id id;
     DCR_TRY(read_payload_id(payload, id));
@@ -257,9 +258,16 @@ public:
     if (policy.decode_now) {
       DCR_TRY(decode(payload, p.items));
       p.decoded = true;
-    } else {
-      p.bytes.assign(payload.begin(), payload.end());
+      // Expanded items take ~5x the bytes of the payload (8-byte indices), so
+      // only the newest staged payload keeps them: a rank that stages a whole
+      // attempt while serving holds compressed bytes, and decodes again at
+      // apply; one that applies each payload right away decodes it once.
+      if (!staged_.empty() && staged_.back().decoded) {
+        staged_.back().items = {};
+        staged_.back().decoded = false;
+      }
     }
+    p.bytes.assign(payload.begin(), payload.end());
     seen_.insert(key);
     staged_.push_back(std::move(p));
     return status::success();
@@ -350,7 +358,8 @@ private:
   copy_plan plan_;
   std::vector<std::uint64_t> scratch_;
   std::vector<std::vector<std::byte>> captures_;
-  /// A staged payload: its bytes, or (`decoded`) its validated items.
+  /// A staged payload: its bytes and, for the newest one staged with
+  /// `decode_now`, its validated items (`decoded`).
   struct staged_payload {
     payload_id id;
     std::vector<std::byte> bytes;
