@@ -17,7 +17,7 @@
 #include "dcr/core/error.hpp"
 #include "dcr/cuda/runtime.cuh"
 
-namespace dcr::cuda::test {
+namespace dcr::gpu::test {
 
 inline int failures = 0;
 inline int checks = 0;
@@ -29,14 +29,14 @@ inline void expect(bool ok, const std::string& what, const char* file, int line)
     if (failures <= 20) std::fprintf(stderr, "%s:%d: FAILED: %s\n", file, line, what.c_str());
   }
 }
-#define DCR_EXPECT(cond, what) ::dcr::cuda::test::expect((cond), (what), __FILE__, __LINE__)
+#define DCR_EXPECT(cond, what) ::dcr::gpu::test::expect((cond), (what), __FILE__, __LINE__)
 
 /// Expect status `s` to carry `code`.
 inline void expect_code(const status& s, errc code, const std::string& what, const char* file, int line) {
   expect(s.code == code, what + ": expected " + std::string(to_string(code)) + ", got " +
                              std::string(to_string(s.code)) + " (" + s.message + ")", file, line);
 }
-#define DCR_EXPECT_CODE(s, code, what) ::dcr::cuda::test::expect_code((s), ::dcr::errc::code, (what), __FILE__, __LINE__)
+#define DCR_EXPECT_CODE(s, code, what) ::dcr::gpu::test::expect_code((s), ::dcr::errc::code, (what), __FILE__, __LINE__)
 
 /// Print a summary and return the process exit code (0 or 1).
 inline int finish(const char* name) {
@@ -148,4 +148,4 @@ template <class W> bool same_bytes(const std::vector<W>& a, const std::vector<W>
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(W)) == 0);
 }
 
-} // namespace dcr::cuda::test
+} // namespace dcr::gpu::test

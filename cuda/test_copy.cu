@@ -12,7 +12,7 @@
 #include "test_common.cuh"
 
 using namespace dcr;
-using namespace dcr::cuda::test;
+using namespace dcr::gpu::test;
 using device::copy_mode;
 
 namespace {
@@ -89,34 +89,34 @@ template <device::word W> void host_side_checks() {
   const device::view<W> da{a.data(), device::linear(64)};
   const device::view<const W> sb{b.data(), device::linear(64)};
   const device::view<const W> s32{b.data(), device::linear(32)};
-  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "extents differ");
+  DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "extents differ");
   DCR_EXPECT_CODE(device::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "twin: extents differ");
   const device::view<const W> overlap{a.data() + 10, device::linear(64)};
-  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "overlap");
+  DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "overlap");
   DCR_EXPECT_CODE(device::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "twin: overlap");
-  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "bad mode");
+  DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "bad mode");
   DCR_EXPECT_CODE(device::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "twin: bad mode");
   std::vector<std::uint8_t> m(32);
   const device::view<const std::uint8_t> m32{m.data(), device::linear(32)};
-  DCR_EXPECT_CODE(dcr::cuda::masked_overwrite<W>(da, sb, m32), shape_mismatch, "mask extents");
+  DCR_EXPECT_CODE(dcr::gpu::masked_overwrite<W>(da, sb, m32), shape_mismatch, "mask extents");
   DCR_EXPECT_CODE(device::masked_overwrite<W>(da, sb, m32), shape_mismatch, "twin: mask extents");
-  DCR_EXPECT_CODE(dcr::cuda::masked_overwrite<W>(da, sb, device::view<const std::uint8_t>{nullptr, device::linear(64)}),
+  DCR_EXPECT_CODE(dcr::gpu::masked_overwrite<W>(da, sb, device::view<const std::uint8_t>{nullptr, device::linear(64)}),
                   invalid_argument, "null mask");
-  dcr::cuda::device_copy_sink sink(copy_mode::overwrite, 0x1FF);
-  const dcr::cuda::device_tensor t1{a.data(), 1, device::linear(64)}, t2{b.data(), 2, device::linear(32)};
+  dcr::gpu::device_copy_sink sink(copy_mode::overwrite, 0x1FF);
+  const dcr::gpu::device_tensor t1{a.data(), 1, device::linear(64)}, t2{b.data(), 2, device::linear(32)};
   DCR_EXPECT_CODE(sink.copy(t2, t1), bad_dtype, "sink: widths differ");
   DCR_EXPECT_CODE(sink.copy({a.data(), 3, device::linear(1)}, {b.data(), 3, device::linear(1)}), bad_dtype,
                   "sink: width 3");
   DCR_EXPECT_CODE(sink.copy(t1, {b.data(), 1, device::linear(64)}), invalid_argument, "sink: placeholder too wide");
   DCR_EXPECT(sink.copies() == 0, "failed copies are not counted");
-  DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, sb, copy_mode::overwrite_nan, W{0}, {}, dtype_id::f32 == nan_dtype_for<W>() ? dtype_id::bf16 : dtype_id::f32),
+  DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, sb, copy_mode::overwrite_nan, W{0}, {}, dtype_id::f32 == nan_dtype_for<W>() ? dtype_id::bf16 : dtype_id::f32),
                   bad_dtype, "NaN mode with a dtype of another width");
   DCR_EXPECT_CODE(device::masked_overwrite_nan<W>(da, sb, sizeof(W) == 4 ? dtype_id::bf16 : dtype_id::f32), bad_dtype,
                   "twin: NaN mode with a dtype of another width");
 
   // The loader-facing sink: dtype mismatch is a loader condition; it never throws from copy.
   {
-    dcr::cuda::device_loader_sink ls(copy_mode::xor_mask, dtype_id::bf16);
+    dcr::gpu::device_loader_sink ls(copy_mode::xor_mask, dtype_id::bf16);
     std::vector<std::byte> p(64), q(64);
     const tensor_view tb{p.data(), dtype_id::bf16, strided_layout::row_major({8})};
     const tensor_view tf{q.data(), dtype_id::f16, strided_layout::row_major({8})};
@@ -127,20 +127,20 @@ template <device::word W> void host_side_checks() {
     DCR_EXPECT(ls.copies() == 0 && ls.skipped().size() == 1, "loader sink counts");
     bool threw = false;
     try {
-      dcr::cuda::device_loader_sink bad(copy_mode::overwrite_mask, dtype_id::bf16);
+      dcr::gpu::device_loader_sink bad(copy_mode::overwrite_mask, dtype_id::bf16);
     } catch (const error& e) {
       threw = e.code() == errc::invalid_argument;
     }
     DCR_EXPECT(threw, "loader sink refuses the per-copy mask mode");
-    if (dcr::cuda::device_count() == 0) {
-      dcr::cuda::device_loader_sink nd(copy_mode::dense, dtype_id::f16);
+    if (dcr::gpu::device_count() == 0) {
+      dcr::gpu::device_loader_sink nd(copy_mode::dense, dtype_id::f16);
       nd.copy(tf, {q.data() + 32, dtype_id::f16, strided_layout::row_major({8})});
       DCR_EXPECT_CODE(nd.finish(), device, "no device: loader sink");
     }
   }
-  if (dcr::cuda::device_count() == 0) {
-    DCR_EXPECT_CODE(dcr::cuda::copy<W>(da, sb, copy_mode::dense), device, "no device: copy");
-    DCR_EXPECT_CODE(dcr::cuda::masked_overwrite<W>(da, sb, W{0}), device, "no device: masked overwrite");
+  if (dcr::gpu::device_count() == 0) {
+    DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, sb, copy_mode::dense), device, "no device: copy");
+    DCR_EXPECT_CODE(dcr::gpu::masked_overwrite<W>(da, sb, W{0}), device, "no device: masked overwrite");
   }
 }
 
@@ -164,10 +164,10 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
     const device::view<const W> ds{d_src.get() + c.src_base, c.src};
     const device::view<const std::uint8_t> dm{d_mask.get() + c.src_base, c.src};
     const status h = device::copy<W>(hd, hs, mode, ph, hm, nan_dtype_for<W>());
-    const status d = dcr::cuda::copy<W>(dd, ds, mode, ph, dm, nan_dtype_for<W>());
+    const status d = dcr::gpu::copy<W>(dd, ds, mode, ph, dm, nan_dtype_for<W>());
     const std::string m = what + " mode " + std::to_string(static_cast<int>(mode));
     DCR_EXPECT(h.ok() && d.ok(), m + ": status " + h.message + d.message);
-    DCR_EXPECT(dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host), m + ": bytes");
+    DCR_EXPECT(dcr::gpu::synchronize().ok() && same_bytes(d_dst.download(), host), m + ": bytes");
   }
   // NaN mode over a source whose inactive words are NaN patterns.
   {
@@ -177,9 +177,9 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
     auto host = init;
     const status h = device::masked_overwrite_nan<W>({host.data() + c.dst_base, c.dst}, {ns.data() + c.src_base, c.src},
                                                      nan_dtype_for<W>());
-    const status d = dcr::cuda::masked_overwrite_nan<W>({d_dst.get() + c.dst_base, c.dst},
+    const status d = dcr::gpu::masked_overwrite_nan<W>({d_dst.get() + c.dst_base, c.dst},
                                                         {d_ns.get() + c.src_base, c.src}, nan_dtype_for<W>());
-    DCR_EXPECT(h.ok() && d.ok() && dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host),
+    DCR_EXPECT(h.ok() && d.ok() && dcr::gpu::synchronize().ok() && same_bytes(d_dst.download(), host),
                what + ": NaN mode " + h.message + d.message);
   }
   // The sink in overwrite mode does what masked_overwrite does.
@@ -188,7 +188,7 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
     auto host = init;
     DCR_EXPECT(device::masked_overwrite<W>({host.data() + c.dst_base, c.dst}, {src.data() + c.src_base, c.src}, ph).ok(),
                what + ": twin masked_overwrite");
-    dcr::cuda::device_copy_sink sink(copy_mode::overwrite, ph);
+    dcr::gpu::device_copy_sink sink(copy_mode::overwrite, ph);
     const status s = sink.copy({d_dst.get() + c.dst_base, sizeof(W), c.dst}, {d_src.get() + c.src_base, sizeof(W), c.src});
     DCR_EXPECT(s.ok() && sink.synchronize().ok() && same_bytes(d_dst.download(), host), what + ": sink " + s.message);
     DCR_EXPECT(sink.copies() == 1 && sink.elements() == static_cast<std::uint64_t>(c.dst.size()), what + ": sink counts");
@@ -210,7 +210,7 @@ void loader_sink_case() {
     const tensor_view ph{as_bytes(host.data()), dtype_id::bf16, strided_layout::row_major({2 * rows, cols})};
     const tensor_view ad{as_bytes(d_a.get()), dtype_id::bf16, strided_layout::row_major({rows, cols})};
     const tensor_view bd{as_bytes(d_b.get()), dtype_id::bf16, strided_layout::row_major({cols, rows}).transposed(0, 1)};
-    dcr::cuda::device_loader_sink sink(mode, dtype_id::bf16);
+    dcr::gpu::device_loader_sink sink(mode, dtype_id::bf16);
     sink.copy(pd.slice(0, 0, static_cast<std::int64_t>(rows)), ad);
     sink.copy(pd.slice(0, static_cast<std::int64_t>(rows), static_cast<std::int64_t>(rows)), bd);
     const status s = sink.finish();
@@ -241,8 +241,8 @@ void large_case() {
   DCR_EXPECT(device::masked_overwrite<std::uint8_t>({host.data(), l}, {src.data(), l}, 0xC0).ok(), "large twin");
   dbuf<std::uint8_t> d_dst(init);
   dbuf<std::uint8_t> d_src(src);
-  DCR_EXPECT(dcr::cuda::masked_overwrite<std::uint8_t>({d_dst.get(), l}, {d_src.get(), l}, 0xC0).ok() &&
-                 dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host),
+  DCR_EXPECT(dcr::gpu::masked_overwrite<std::uint8_t>({d_dst.get(), l}, {d_src.get(), l}, 0xC0).ok() &&
+                 dcr::gpu::synchronize().ok() && same_bytes(d_dst.download(), host),
              "large: masked overwrite bytes");
   // The strided kernel with offsets up to 2^31: a padded 2D view over the same buffers.
   const std::int64_t rows = 1 << 16, cols = static_cast<std::int64_t>(n / (1 << 16)) - 1;
@@ -252,8 +252,8 @@ void large_case() {
   host = init;
   DCR_EXPECT(device::masked_overwrite<std::uint8_t>({host.data(), sl}, {src.data() + n - sl.required_span_size(), sl}, 0xC0).ok(),
              "large strided twin");
-  DCR_EXPECT(dcr::cuda::masked_overwrite<std::uint8_t>({d_dst.get(), sl}, {d_src.get() + n - sl.required_span_size(), sl}, 0xC0).ok() &&
-                 dcr::cuda::synchronize().ok() && same_bytes(d_dst.download(), host),
+  DCR_EXPECT(dcr::gpu::masked_overwrite<std::uint8_t>({d_dst.get(), sl}, {d_src.get() + n - sl.required_span_size(), sl}, 0xC0).ok() &&
+                 dcr::gpu::synchronize().ok() && same_bytes(d_dst.download(), host),
              "large: strided masked overwrite bytes");
 }
 

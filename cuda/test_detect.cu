@@ -11,7 +11,7 @@
 #include "test_common.cuh"
 
 using namespace dcr;
-using namespace dcr::cuda::test;
+using namespace dcr::gpu::test;
 
 namespace {
 
@@ -27,20 +27,20 @@ template <device::word W> void host_side_checks() {
   std::vector<W> a(8), b(8);
   std::uint64_t out[8];
   std::uint64_t changed = 7;
-  DCR_EXPECT_CODE(dcr::cuda::detect_changes<W>(a.data(), nullptr, 8, 0, out, changed), invalid_argument, "null new");
+  DCR_EXPECT_CODE(dcr::gpu::detect_changes<W>(a.data(), nullptr, 8, 0, out, changed), invalid_argument, "null new");
   DCR_EXPECT(changed == 0, "count reset on failure");
-  DCR_EXPECT_CODE(dcr::cuda::detect_changes<W>(a.data(), b.data(), 8, ~0ull - 3, out, changed), length_overflow,
+  DCR_EXPECT_CODE(dcr::gpu::detect_changes<W>(a.data(), b.data(), 8, ~0ull - 3, out, changed), length_overflow,
                   "base overflow");
   std::vector<std::uint64_t> idx;
   DCR_EXPECT_CODE(device::detect_changes<W>(a, b, ~0ull - 3, idx), length_overflow, "twin: base overflow");
   DCR_EXPECT_CODE(device::detect_changes<W>(a, std::span<const W>(b).first(7), 0, idx), invalid_argument,
                   "twin: lengths differ");
-  if (dcr::cuda::device_count() == 0)
-    DCR_EXPECT_CODE(dcr::cuda::detect_changes<W>(a.data(), b.data(), 8, 0, out, changed), device, "no device");
+  if (dcr::gpu::device_count() == 0)
+    DCR_EXPECT_CODE(dcr::gpu::detect_changes<W>(a.data(), b.data(), 8, 0, out, changed), device, "no device");
 }
 
 template <device::word W> void run_case(std::uint64_t n, double density, std::uint64_t base, std::uint64_t seed,
-                                        dcr::cuda::workspace& ws) {
+                                        dcr::gpu::workspace& ws) {
   const auto old = random_words<W>(n, seed);
   const auto neu = changed_copy(old, density, seed + 5);
   std::vector<std::uint64_t> want = {42}; // appends: the prefix stays
@@ -49,7 +49,7 @@ template <device::word W> void run_case(std::uint64_t n, double density, std::ui
   dbuf<W> d_old(old), d_new(neu);
   dbuf<std::uint64_t> d_out(n);
   std::uint64_t changed = 0;
-  const status s = dcr::cuda::detect_changes<W>(d_old.get(), d_new.get(), n, base, d_out.get(), changed, ws);
+  const status s = dcr::gpu::detect_changes<W>(d_old.get(), d_new.get(), n, base, d_out.get(), changed, ws);
   const std::string what = "n=" + std::to_string(n) + " W=" + std::to_string(sizeof(W)) + " density=" +
                            std::to_string(density) + " base=" + std::to_string(base);
   DCR_EXPECT(s.ok(), what + ": " + s.message);
@@ -57,7 +57,7 @@ template <device::word W> void run_case(std::uint64_t n, double density, std::ui
   DCR_EXPECT(changed == want.size() && got == want, what + ": indices");
 }
 
-void large_case(dcr::cuda::workspace& ws) {
+void large_case(dcr::gpu::workspace& ws) {
   const std::uint64_t n = (1ull << 31) + 13;
   const std::size_t need = 2 * n + 8 * n + (1ull << 30);
   if (free_device_bytes() < need) {
@@ -74,7 +74,7 @@ int main() {
   host_side_checks<std::uint16_t>();
   host_side_checks<std::uint32_t>();
   skip_without_device("test_detect");
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   std::uint64_t seed = 300;
   for (std::uint64_t n : {0ull, 1ull, 7ull, 4097ull, 1000003ull})
     for (double d : densities)

@@ -21,7 +21,7 @@
 #include "test_common.cuh"
 
 using namespace dcr;
-using namespace dcr::cuda::test;
+using namespace dcr::gpu::test;
 using codec::location_id;
 using device::scatter_op;
 
@@ -62,12 +62,12 @@ std::vector<std::uint64_t> mixed_locations(std::size_t n, std::uint64_t max_gap,
 
 /// Kernel and twin decode agree on one input.
 void agree(location_id id, const std::vector<std::uint8_t>& bytes, std::uint64_t first, std::uint64_t numel,
-           std::uint64_t count, dcr::cuda::workspace& ws, const std::string& what) {
+           std::uint64_t count, dcr::gpu::workspace& ws, const std::string& what) {
   std::vector<std::uint64_t> want;
   const status t = device::decode_locations(id, bytes, first, numel, count, want);
   dbuf<std::uint8_t> d_bytes(bytes);
   dbuf<std::uint64_t> d_out(count == 0 ? 1 : count);
-  const status s = dcr::cuda::decode_locations(id, d_bytes.get(), bytes.size(), first, numel, count, d_out.get(), ws);
+  const status s = dcr::gpu::decode_locations(id, d_bytes.get(), bytes.size(), first, numel, count, d_out.get(), ws);
   const std::string tag = what + " " + std::string(codec::to_string(id)) + " count " + std::to_string(count);
   DCR_EXPECT(s.code == t.code, tag + ": code " + std::string(to_string(s.code)) + " (" + s.message + ") vs twin " +
                                    std::string(to_string(t.code)) + " (" + t.message + ")");
@@ -78,7 +78,7 @@ void agree(location_id id, const std::vector<std::uint8_t>& bytes, std::uint64_t
 /// Checks answered before any device work, identical to the twin's; valid
 /// arguments without a device give errc::device.
 void host_side_checks() {
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   std::vector<std::uint64_t> out;
   std::uint64_t dummy = 0;
   const std::vector<std::uint8_t> three = {1, 2, 3};
@@ -99,7 +99,7 @@ void host_side_checks() {
   };
   for (const auto& c : cases) {
     const status t = device::decode_locations(c.id, c.bytes, c.first, c.numel, c.count, out);
-    const status s = dcr::cuda::decode_locations(c.id, c.bytes.data(), c.bytes.size(), c.first, c.numel, c.count,
+    const status s = dcr::gpu::decode_locations(c.id, c.bytes.data(), c.bytes.size(), c.first, c.numel, c.count,
                                                  &dummy, ws);
     DCR_EXPECT(!t && s.code == t.code && s.message == t.message,
                "host-side decode check: '" + s.message + "' vs twin '" + t.message + "'");
@@ -110,29 +110,29 @@ void host_side_checks() {
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
   const std::vector<std::uint8_t> vals(6, 0);
-  const status a = dcr::cuda::scatter_encoded(alias, 0, 3, location_id::gap_u8, three.data(), 2, vals.data(), 6, false,
+  const status a = dcr::gpu::scatter_encoded(alias, 0, 3, location_id::gap_u8, three.data(), 2, vals.data(), 6, false,
                                               scatter_op::xor_mask, ws);
   const status at = device::scatter_encoded<std::uint16_t>(alias, 0, 3, location_id::gap_u8,
                                                             std::span(three).first(2), vals, false);
   DCR_EXPECT_CODE(a, invalid_argument, "aliasing destination");
   DCR_EXPECT(a.message == at.message, "aliasing destination: same message as the twin");
-  DCR_EXPECT_CODE(dcr::cuda::scatter_encoded(dst, 0, 3, location_id::gap_u8, three.data(), 2, vals.data(), 5, false,
+  DCR_EXPECT_CODE(dcr::gpu::scatter_encoded(dst, 0, 3, location_id::gap_u8, three.data(), 2, vals.data(), 5, false,
                                              scatter_op::xor_mask, ws),
                   length_overflow, "short value bytes");
-  DCR_EXPECT_CODE(dcr::cuda::scatter_encoded(dst, 0, 3, location_id::gap_u16, three.data(), 3, vals.data(), 6, false,
+  DCR_EXPECT_CODE(dcr::gpu::scatter_encoded(dst, 0, 3, location_id::gap_u16, three.data(), 3, vals.data(), 6, false,
                                              scatter_op::xor_mask, ws),
                   bad_location, "odd gap_u16 length");
-  if (dcr::cuda::device_count() == 0) {
-    DCR_EXPECT_CODE(dcr::cuda::decode_locations(location_id::gap_u8, three.data(), 2, 0, 100, 3, &dummy, ws), device,
+  if (dcr::gpu::device_count() == 0) {
+    DCR_EXPECT_CODE(dcr::gpu::decode_locations(location_id::gap_u8, three.data(), 2, 0, 100, 3, &dummy, ws), device,
                     "valid decode without a device");
-    DCR_EXPECT_CODE(dcr::cuda::scatter_encoded(dst, 0, 3, location_id::gap_u8, three.data(), 2, vals.data(), 6, false,
+    DCR_EXPECT_CODE(dcr::gpu::scatter_encoded(dst, 0, 3, location_id::gap_u8, three.data(), 2, vals.data(), 6, false,
                                                scatter_op::xor_mask, ws),
                     device, "valid scatter without a device");
   }
 }
 
 void decode_sweep() {
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   std::mt19937_64 rng(5);
   std::uint64_t seed = 1;
   for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{9}, std::size_t{17},
@@ -186,7 +186,7 @@ void decode_sweep() {
 }
 
 template <device::word W> void scatter_sweep() {
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   std::mt19937_64 rng(sizeof(W));
   const std::int64_t ext[] = {517, 1001};
   device::layout trans = device::row_major(ext, 2);
@@ -210,11 +210,11 @@ template <device::word W> void scatter_sweep() {
             const status t = device::scatter_encoded<W>({want.data(), shape}, first, idx.size(), id, loc, vals, planes, op);
             dbuf<W> d(host);
             dbuf<std::uint8_t> dl(loc), dv(vals);
-            const status s = dcr::cuda::scatter_encoded<W>({d.get(), shape}, first, idx.size(), id, dl.get(), loc.size(),
+            const status s = dcr::gpu::scatter_encoded<W>({d.get(), shape}, first, idx.size(), id, dl.get(), loc.size(),
                                                            dv.get(), vals.size(), planes, op, ws);
             const std::string tag = std::string(codec::to_string(id)) + " density " + std::to_string(density);
             DCR_EXPECT(t && s, tag + ": " + s.message);
-            DCR_EXPECT_CODE(dcr::cuda::synchronize(), ok, tag + ": sync");
+            DCR_EXPECT_CODE(dcr::gpu::synchronize(), ok, tag + ": sync");
             DCR_EXPECT(same_bytes(d.download(), want), tag + ": destination bytes");
             if (idx.size() < 2 || loc.empty()) continue;
             // A failing decode writes nothing and words the error as the twin.
@@ -223,7 +223,7 @@ template <device::word W> void scatter_sweep() {
             dbuf<std::uint8_t> dc(cut);
             auto twin = host;
             const status tf = device::scatter_encoded<W>({twin.data(), shape}, first, idx.size(), id, cut, vals, planes, op);
-            const status sf = dcr::cuda::scatter_encoded<W>({d2.get(), shape}, first, idx.size(), id, dc.get(), cut.size(),
+            const status sf = dcr::gpu::scatter_encoded<W>({d2.get(), shape}, first, idx.size(), id, dc.get(), cut.size(),
                                                             dv.get(), vals.size(), planes, op, ws);
             DCR_EXPECT(!tf && sf.code == tf.code && sf.message == tf.message,
                        tag + ": truncated: '" + sf.message + "' vs twin '" + tf.message + "'");
@@ -234,7 +234,7 @@ template <device::word W> void scatter_sweep() {
 }
 
 void row_sweep() {
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   std::mt19937_64 rng(17);
   std::vector<item> items;
   for (int i = 0; i < 6; ++i) {
@@ -263,7 +263,7 @@ void row_sweep() {
         auto want = host;
         const status t = device::scatter_row<W>({want.data(), device::linear(n)}, body, pi.header, row, i);
         dbuf<W> d(host);
-        const status s = dcr::cuda::scatter_row<W>({d.get(), device::linear(n)}, body, pi.header, row, i, ws);
+        const status s = dcr::gpu::scatter_row<W>({d.get(), device::linear(n)}, body, pi.header, row, i, ws);
         DCR_EXPECT(s.code == t.code && s.message == t.message,
                    row.tensor.name + ": '" + s.message + "' vs twin '" + t.message + "'");
         DCR_EXPECT(same_bytes(d.download(), t ? want : host), row.tensor.name + ": destination bytes");

@@ -13,7 +13,7 @@
 #include "test_common.cuh"
 
 using namespace dcr;
-using namespace dcr::cuda::test;
+using namespace dcr::gpu::test;
 using device::scatter_op;
 
 namespace {
@@ -72,42 +72,42 @@ template <device::word W> void host_side_checks() {
   device::view<W> alias{store.data(), device::linear(8)};
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
-  DCR_EXPECT_CODE(dcr::cuda::scatter(alias, loc.data(), val.data(), 3), invalid_argument, "aliasing destination");
+  DCR_EXPECT_CODE(dcr::gpu::scatter(alias, loc.data(), val.data(), 3), invalid_argument, "aliasing destination");
   DCR_EXPECT_CODE(device::xor_scatter<W>(alias, loc, val), invalid_argument, "twin: aliasing destination");
 
   device::view<W> neg{store.data(), device::linear(8)};
   neg.shape.strides[0] = -1;
   neg.shape.contiguous = false;
-  DCR_EXPECT_CODE(dcr::cuda::scatter(neg, loc.data(), val.data(), 3), invalid_argument, "negative stride");
+  DCR_EXPECT_CODE(dcr::gpu::scatter(neg, loc.data(), val.data(), 3), invalid_argument, "negative stride");
   DCR_EXPECT_CODE(device::xor_scatter<W>(neg, loc, val), invalid_argument, "twin: negative stride");
 
   const device::view<W> null_data{nullptr, device::linear(4)};
-  DCR_EXPECT_CODE(dcr::cuda::scatter(null_data, loc.data(), val.data(), 3), invalid_argument, "null destination");
-  DCR_EXPECT_CODE(dcr::cuda::scatter(ok, nullptr, val.data(), 3), invalid_argument, "null locations");
-  DCR_EXPECT_CODE(dcr::cuda::scatter(ok, loc.data(), static_cast<const W*>(nullptr), 3), invalid_argument, "null values");
+  DCR_EXPECT_CODE(dcr::gpu::scatter(null_data, loc.data(), val.data(), 3), invalid_argument, "null destination");
+  DCR_EXPECT_CODE(dcr::gpu::scatter(ok, nullptr, val.data(), 3), invalid_argument, "null locations");
+  DCR_EXPECT_CODE(dcr::gpu::scatter(ok, loc.data(), static_cast<const W*>(nullptr), 3), invalid_argument, "null values");
   DCR_EXPECT_CODE(device::xor_scatter<W>(ok, loc, std::span<const W>(val).first(2)), invalid_argument,
                   "twin: counts differ");
 
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   std::vector<std::uint8_t> gaps = {0, 0};
-  DCR_EXPECT_CODE(dcr::cuda::scatter_gaps(ok, 0, 3, gaps.data(), 2, val.data(), 3, scatter_op::xor_mask, ws),
+  DCR_EXPECT_CODE(dcr::gpu::scatter_gaps(ok, 0, 3, gaps.data(), 2, val.data(), 3, scatter_op::xor_mask, ws),
                   bad_location, "gap width 3");
   DCR_EXPECT_CODE(device::scatter_gaps<W>(ok, 0, 3, gaps, val), bad_location, "twin: gap width 3");
-  DCR_EXPECT_CODE(dcr::cuda::scatter_gaps(ok, 0, 2, gaps.data(), 2, val.data(), 3, scatter_op::xor_mask, ws),
+  DCR_EXPECT_CODE(dcr::gpu::scatter_gaps(ok, 0, 2, gaps.data(), 2, val.data(), 3, scatter_op::xor_mask, ws),
                   offset_out_of_range, "gap buffer too short");
   DCR_EXPECT_CODE(device::scatter_gaps<W>(ok, 0, 2, gaps, val), offset_out_of_range, "twin: gap buffer too short");
   std::uint64_t out[3];
-  DCR_EXPECT_CODE(dcr::cuda::decode_gaps(0, 1, gaps.data(), 3, 3, out, ws), offset_out_of_range, "decode: long buffer");
+  DCR_EXPECT_CODE(dcr::gpu::decode_gaps(0, 1, gaps.data(), 3, 3, out, ws), offset_out_of_range, "decode: long buffer");
 
-  DCR_EXPECT_CODE(dcr::cuda::scatter_run(ok, 62, val.data(), 3), index_out_of_range, "run past the end");
+  DCR_EXPECT_CODE(dcr::gpu::scatter_run(ok, 62, val.data(), 3), index_out_of_range, "run past the end");
   DCR_EXPECT_CODE(device::scatter_run<W>(ok, 62, val), index_out_of_range, "twin: run past the end");
-  DCR_EXPECT_CODE(dcr::cuda::scatter_run(ok, ~0ull, val.data(), 3), index_out_of_range, "run start wraps");
+  DCR_EXPECT_CODE(dcr::gpu::scatter_run(ok, ~0ull, val.data(), 3), index_out_of_range, "run start wraps");
 
-  if (dcr::cuda::device_count() == 0) {
+  if (dcr::gpu::device_count() == 0) {
     // Valid arguments and no device: a typed device error, never a crash or a pass.
-    DCR_EXPECT_CODE(dcr::cuda::scatter(ok, loc.data(), val.data(), 3), device, "no device: scatter");
-    DCR_EXPECT_CODE(dcr::cuda::scatter_run(ok, 0, val.data(), 3), device, "no device: run");
-    DCR_EXPECT_CODE(dcr::cuda::scatter_gaps(ok, 1, 1, gaps.data(), 2, val.data(), 3, scatter_op::overwrite, ws), device,
+    DCR_EXPECT_CODE(dcr::gpu::scatter(ok, loc.data(), val.data(), 3), device, "no device: scatter");
+    DCR_EXPECT_CODE(dcr::gpu::scatter_run(ok, 0, val.data(), 3), device, "no device: run");
+    DCR_EXPECT_CODE(dcr::gpu::scatter_gaps(ok, 1, 1, gaps.data(), 2, val.data(), 3, scatter_op::overwrite, ws), device,
                     "no device: gaps");
     // The twin still works and is checked against a naive loop.
     std::vector<W> ref = store;
@@ -117,7 +117,7 @@ template <device::word W> void host_side_checks() {
 }
 
 template <device::word W>
-void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t seed, dcr::cuda::workspace& ws) {
+void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t seed, dcr::gpu::workspace& ws) {
   const auto size = static_cast<std::uint64_t>(c.shape.size());
   const auto init = random_words<W>(c.storage, seed);
   const auto loc = random_locations(size, density, seed + 1);
@@ -135,9 +135,9 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
     auto host = init;
     const device::view<W> hv{host.data() + c.base, c.shape};
     const status hs = device::scatter<W>(hv, loc, val, op);
-    const status ds = dcr::cuda::scatter(dv, d_loc.get(), d_val.get(), loc.size(), op, ws);
+    const status ds = dcr::gpu::scatter(dv, d_loc.get(), d_val.get(), loc.size(), op, ws);
     DCR_EXPECT(hs.ok() && ds.ok(), what + ": decoded status " + hs.message + ds.message);
-    DCR_EXPECT(dcr::cuda::synchronize().ok(), what + ": sync");
+    DCR_EXPECT(dcr::gpu::synchronize().ok(), what + ": sync");
     DCR_EXPECT(same_bytes(d_store.download(), host), what + ": decoded bytes");
   }
   // Fused gap decode, minimal width and the widest width.
@@ -149,13 +149,13 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
     dbuf<std::uint8_t> d_gaps(gaps);
     const std::uint64_t first = loc.empty() ? 0 : loc[0];
     const status hs = device::scatter_gaps<W>(hv, first, width, gaps, val, op);
-    const status ds = dcr::cuda::scatter_gaps(dv, first, width, d_gaps.get(), gaps.size(), d_val.get(), loc.size(), op, ws);
+    const status ds = dcr::gpu::scatter_gaps(dv, first, width, d_gaps.get(), gaps.size(), d_val.get(), loc.size(), op, ws);
     DCR_EXPECT(hs.ok() && ds.ok(), what + ": gaps status " + hs.message + ds.message);
     DCR_EXPECT(same_bytes(d_store.download(), host), what + ": gaps bytes, width " + std::to_string(width));
     // The decoded locations equal the input list.
     dbuf<std::uint64_t> d_dec(loc.size());
-    DCR_EXPECT(dcr::cuda::decode_gaps(first, width, d_gaps.get(), gaps.size(), loc.size(), d_dec.get(), ws).ok() &&
-                   dcr::cuda::synchronize().ok() && d_dec.download() == loc,
+    DCR_EXPECT(dcr::gpu::decode_gaps(first, width, d_gaps.get(), gaps.size(), loc.size(), d_dec.get(), ws).ok() &&
+                   dcr::gpu::synchronize().ok() && d_dec.download() == loc,
                what + ": decode_gaps");
   }
   // A run covering `density` of the view from a third of the way in.
@@ -168,14 +168,14 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
     const auto rv = random_words<W>(count, seed + 3);
     dbuf<W> d_rv(rv);
     const status hs = device::scatter_run<W>(hv, start, rv, op);
-    const status ds = dcr::cuda::scatter_run(dv, start, d_rv.get(), count, op);
+    const status ds = dcr::gpu::scatter_run(dv, start, d_rv.get(), count, op);
     DCR_EXPECT(hs.ok() && ds.ok(), what + ": run status " + hs.message + ds.message);
-    DCR_EXPECT(dcr::cuda::synchronize().ok() && same_bytes(d_store.download(), host), what + ": run bytes");
+    DCR_EXPECT(dcr::gpu::synchronize().ok() && same_bytes(d_store.download(), host), what + ": run bytes");
   }
 }
 
 // Bad location lists fail with the twin's code and message; nothing is written.
-template <device::word W> void device_failure_checks(dcr::cuda::workspace& ws) {
+template <device::word W> void device_failure_checks(dcr::gpu::workspace& ws) {
   const std::uint64_t n = 1000;
   const auto init = random_words<W>(n, 99);
   dbuf<W> d_store(init);
@@ -189,7 +189,7 @@ template <device::word W> void device_failure_checks(dcr::cuda::workspace& ws) {
   auto expect_same_failure = [&](const std::vector<std::uint64_t>& bad, errc code, const char* what) {
     dbuf<std::uint64_t> d_bad(bad);
     const status hs = device::scatter<W>(hv, bad, val, scatter_op::xor_mask);
-    const status ds = dcr::cuda::scatter(dv, d_bad.get(), d_val.get(), bad.size(), scatter_op::xor_mask, ws);
+    const status ds = dcr::gpu::scatter(dv, d_bad.get(), d_val.get(), bad.size(), scatter_op::xor_mask, ws);
     DCR_EXPECT(hs.code == code && ds.code == code && hs.message == ds.message,
                std::string(what) + ": twin '" + hs.message + "' device '" + ds.message + "'");
     DCR_EXPECT(same_bytes(d_store.download(), init) && same_bytes(host, init), std::string(what) + ": untouched");
@@ -211,19 +211,19 @@ template <device::word W> void device_failure_checks(dcr::cuda::workspace& ws) {
     const std::vector<W> v3 = {1, 2, 3};
     dbuf<W> d_v3(v3);
     const status hs = device::scatter_gaps<W>(hv, 1, 8, gaps, v3, scatter_op::xor_mask);
-    const status ds = dcr::cuda::scatter_gaps(dv, 1, 8, d_gaps.get(), gaps.size(), d_v3.get(), 3, scatter_op::xor_mask, ws);
+    const status ds = dcr::gpu::scatter_gaps(dv, 1, 8, d_gaps.get(), gaps.size(), d_v3.get(), 3, scatter_op::xor_mask, ws);
     const errc want = gap == 2000 ? errc::index_out_of_range : errc::not_increasing;
     DCR_EXPECT(hs.code == want && ds.code == want && hs.message == ds.message,
                "gap " + std::to_string(gap) + ": twin '" + hs.message + "' device '" + ds.message + "'");
     DCR_EXPECT(same_bytes(d_store.download(), init), "gap failure leaves the view untouched");
   }
   // Host memory is refused as a destination.
-  DCR_EXPECT_CODE(dcr::cuda::scatter(hv, loc.data(), d_val.get(), loc.size(), scatter_op::xor_mask, ws), invalid_argument,
+  DCR_EXPECT_CODE(dcr::gpu::scatter(hv, loc.data(), d_val.get(), loc.size(), scatter_op::xor_mask, ws), invalid_argument,
                   "host destination");
 }
 
 // Whole items (indices + little-endian values) through the upload path.
-void item_checks(dcr::cuda::workspace& ws) {
+void item_checks(dcr::gpu::workspace& ws) {
   for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite}) {
     item it;
     it.tensor = {"model.layers.0.self_attn.q_proj.weight", {300, 77}, dtype_id::bf16};
@@ -237,16 +237,16 @@ void item_checks(dcr::cuda::workspace& ws) {
     const auto l = device::to_device(strided_layout::row_major({77, 300}).transposed(0, 1));
     DCR_EXPECT(device::scatter_item<std::uint16_t>({host.data(), l}, it).ok(), "item twin");
     dbuf<std::uint16_t> d(init);
-    const status s = dcr::cuda::scatter_item<std::uint16_t>({d.get(), l}, it, ws);
+    const status s = dcr::gpu::scatter_item<std::uint16_t>({d.get(), l}, it, ws);
     DCR_EXPECT(s.ok() && same_bytes(d.download(), host), "item bytes: " + s.message);
     item bad = it;
     bad.tensor.dtype = dtype_id::f32;
-    DCR_EXPECT_CODE(dcr::cuda::scatter_item<std::uint16_t>({d.get(), l}, bad, ws), bad_dtype, "item dtype");
+    DCR_EXPECT_CODE(dcr::gpu::scatter_item<std::uint16_t>({d.get(), l}, bad, ws), bad_dtype, "item dtype");
   }
 }
 
 // More than 2^31 elements: 64-bit locations and grid-stride indices.
-void large_case(dcr::cuda::workspace& ws) {
+void large_case(dcr::gpu::workspace& ws) {
   const std::uint64_t n = (1ull << 31) + 13;
   const std::size_t need = 2 * n + (64ull << 20) + (1ull << 30);
   if (free_device_bytes() < need) {
@@ -265,8 +265,8 @@ void large_case(dcr::cuda::workspace& ws) {
     const auto gaps = gaps_of(loc, max_gap_width(loc));
     dbuf<std::uint8_t> d_gaps(gaps);
     const device::view<std::uint8_t> dv{d_store.get(), hv.shape};
-    DCR_EXPECT(dcr::cuda::scatter_gaps(dv, loc[0], max_gap_width(loc), d_gaps.get(), gaps.size(), d_val.get(), loc.size(),
-                                  scatter_op::xor_mask, ws).ok() && dcr::cuda::synchronize().ok(),
+    DCR_EXPECT(dcr::gpu::scatter_gaps(dv, loc[0], max_gap_width(loc), d_gaps.get(), gaps.size(), d_val.get(), loc.size(),
+                                  scatter_op::xor_mask, ws).ok() && dcr::gpu::synchronize().ok(),
                "large: fused gaps");
     DCR_EXPECT(same_bytes(d_store.download(), host), "large: fused gap bytes");
   }
@@ -277,8 +277,8 @@ void large_case(dcr::cuda::workspace& ws) {
     DCR_EXPECT(device::scatter_run<std::uint8_t>({h2.data(), hv.shape}, 0, rv, scatter_op::xor_mask).ok(), "large run twin");
     dbuf<std::uint8_t> d_store(init);
     dbuf<std::uint8_t> d_rv(rv);
-    DCR_EXPECT(dcr::cuda::scatter_run<std::uint8_t>({d_store.get(), hv.shape}, 0, d_rv.get(), n).ok() &&
-                   dcr::cuda::synchronize().ok() && same_bytes(d_store.download(), h2),
+    DCR_EXPECT(dcr::gpu::scatter_run<std::uint8_t>({d_store.get(), hv.shape}, 0, d_rv.get(), n).ok() &&
+                   dcr::gpu::synchronize().ok() && same_bytes(d_store.download(), h2),
                "large: run bytes");
   }
 }
@@ -291,7 +291,7 @@ int main() {
   host_side_checks<std::uint32_t>();
   skip_without_device("test_scatter");
 
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   std::uint64_t seed = 1;
   for (const auto& c : destinations())
     for (double d : densities)

@@ -32,9 +32,9 @@
 #include "test_common.cuh"
 
 using namespace dcr;
-using dcr::cuda::test::dbuf;
-using dcr::cuda::test::random_locations;
-using dcr::cuda::test::random_words;
+using dcr::gpu::test::dbuf;
+using dcr::gpu::test::random_locations;
+using dcr::gpu::test::random_words;
 using W = std::uint16_t; // BF16 words
 
 namespace {
@@ -59,7 +59,7 @@ template <class F> double device_seconds(int reps, F&& f) {
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   f();
-  must(dcr::cuda::synchronize(), "warm-up");
+  must(dcr::gpu::synchronize(), "warm-up");
   float best = 1e30f;
   for (int r = 0; r < reps; ++r) {
     cudaEventRecord(a);
@@ -70,7 +70,7 @@ template <class F> double device_seconds(int reps, F&& f) {
     cudaEventElapsedTime(&ms, a, b);
     best = std::min(best, ms);
   }
-  must(dcr::cuda::synchronize(), "timed runs");
+  must(dcr::gpu::synchronize(), "timed runs");
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return best / 1e3;
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   std::string json_file; // --json-file=PATH: also write the JSON there (one run, both outputs)
   for (const auto& a : opt.rest)
     if (a.rfind("--json-file=", 0) == 0) json_file = a.substr(12);
-  if (dcr::cuda::device_count() == 0) {
+  if (dcr::gpu::device_count() == 0) {
     const char* none = "{\"device\":null,\"unmeasured\":\"no CUDA device\",\"rows\":[]}\n";
     if (opt.json) std::cout << none;
     if (!json_file.empty()) std::ofstream(json_file) << none;
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
 
   const int reps = opt.quick ? 2 : 5;
   std::uint64_t n = opt.quick ? (1ull << 24) : (1ull << 31); // 32 MiB or 4 GiB of BF16 words
-  const std::size_t free_bytes = dcr::cuda::test::free_device_bytes();
+  const std::size_t free_bytes = dcr::gpu::test::free_device_bytes();
   // Detection needs old + new + a worst-case index buffer of 8 bytes per word.
   while (n > (1ull << 20) && (2 * sizeof(W) + 8) * n + (1ull << 30) > free_bytes) n /= 2;
   const double gib = static_cast<double>(n * sizeof(W)) / (1ull << 30);
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<row> rows;
-  dcr::cuda::workspace ws;
+  dcr::gpu::workspace ws;
   const auto init = random_words<W>(n, 1);
   const auto lin = device::linear(static_cast<std::int64_t>(n));
 
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     {
       dbuf<std::uint64_t> d_loc(loc);
       const double s = device_seconds(reps, [&] {
-        must(dcr::cuda::xor_scatter<W>({dst.get(), lin}, d_loc.get(), d_masks.get(), loc.size(), ws), "xor_scatter");
+        must(dcr::gpu::xor_scatter<W>({dst.get(), lin}, d_loc.get(), d_masks.get(), loc.size(), ws), "xor_scatter");
       });
       auto host = init;
       const double hs = bench::best_seconds(2, [&] { must(device::xor_scatter<W>({host.data(), lin}, loc, masks), "twin"); });
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
         for (unsigned b = 0; b < w; ++b) gaps.push_back(static_cast<std::uint8_t>((loc[i] - loc[i - 1] - 1) >> (8 * b)));
       dbuf<std::uint8_t> d_gaps(gaps);
       const double s = device_seconds(reps, [&] {
-        must(dcr::cuda::scatter_gaps<W>({dst.get(), lin}, loc[0], w, d_gaps.get(), gaps.size(), d_masks.get(), loc.size(),
+        must(dcr::gpu::scatter_gaps<W>({dst.get(), lin}, loc[0], w, d_gaps.get(), gaps.size(), d_masks.get(), loc.size(),
                                         device::scatter_op::xor_mask, ws),
              "scatter_gaps");
       });
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     dbuf<W> d_src(src);
     dbuf<W> dst(init);
     const double s = device_seconds(reps, [&] {
-      must(dcr::cuda::masked_overwrite<W>({dst.get(), lin}, {d_src.get(), lin}, ph), "masked_overwrite");
+      must(dcr::gpu::masked_overwrite<W>({dst.get(), lin}, {d_src.get(), lin}, ph), "masked_overwrite");
     });
     auto host = init;
     const double hs = bench::best_seconds(2, [&] {
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     dbuf<std::uint64_t> d_out(n);
     std::uint64_t changed = 0;
     const double s = device_seconds(reps, [&] {
-      must(dcr::cuda::detect_changes<W>(d_old.get(), d_new.get(), n, 0, d_out.get(), changed, ws), "detect_changes");
+      must(dcr::gpu::detect_changes<W>(d_old.get(), d_new.get(), n, 0, d_out.get(), changed, ws), "detect_changes");
     });
     if (changed != ch.size()) {
       std::fprintf(stderr, "dcr-bench-cuda: detect found %llu changes, %zu expected\n",

@@ -25,7 +25,7 @@
 #include "dcr/device/check.hpp"
 #include "dcr/device/element.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 namespace detail {
 
@@ -201,7 +201,7 @@ public:
     return s;
   }
   /// Wait for every copy issued so far.
-  status synchronize() const { return cuda::synchronize(stream_); }
+  status synchronize() const { return gpu::synchronize(stream_); }
 
   device::copy_mode mode() const noexcept { return mode_; }
   std::uint64_t copies() const noexcept { return copies_; }
@@ -222,7 +222,7 @@ private:
   status typed(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask) {
     DCR_RETURN_ERROR_IF(mode_ == device::copy_mode::overwrite && placeholder_ > static_cast<W>(~W{0}),
                         invalid_argument, "sink: placeholder wider than the words");
-    return cuda::copy<W>({static_cast<W*>(dst.data), dst.shape}, {static_cast<const W*>(src.data), src.shape},
+    return gpu::copy<W>({static_cast<W*>(dst.data), dst.shape}, {static_cast<const W*>(src.data), src.shape},
                          mode_, static_cast<W>(placeholder_), mask, nan_dtype_, stream_);
   }
 
@@ -233,4 +233,4 @@ private:
   std::uint64_t copies_ = 0, elements_ = 0;
 };
 
-} // namespace dcr::cuda
+} // namespace dcr::gpu

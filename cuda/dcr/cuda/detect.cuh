@@ -18,7 +18,7 @@
 #include "dcr/cuda/runtime.cuh"
 #include "dcr/device/element.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 namespace detail {
 
@@ -83,4 +83,4 @@ status detect_changes(const W* d_old, const W* d_new, std::uint64_t n, std::uint
   return detect_changes(d_old, d_new, n, base, d_out, changed, ws, stream);
 }
 
-} // namespace dcr::cuda
+} // namespace dcr::gpu

@@ -16,7 +16,7 @@
 #include "dcr/cuda/scatter.cuh"
 #include "dcr/device/scatter.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 /// Upload `it` into `ws` and scatter it onto device view `dst`; synchronises
 /// `stream` (the host buffers of `it` must outlive the copies).
@@ -43,4 +43,4 @@ status scatter_item(device::view<W> dst, const item& it, workspace& ws, cudaStre
   return synchronize(stream);
 }
 
-} // namespace dcr::cuda
+} // namespace dcr::gpu

@@ -21,7 +21,7 @@
 #include "dcr/device/view.hpp"
 #include "dcr/receiver/loader.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 /// Intercepting sink for a native loader writing device storage from device scratch.
 class device_loader_sink final : public copy_sink {
@@ -70,4 +70,4 @@ private:
   std::vector<std::string> skipped_;
 };
 
-} // namespace dcr::cuda
+} // namespace dcr::gpu

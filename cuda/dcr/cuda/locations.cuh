@@ -35,7 +35,7 @@
 #include "dcr/device/element.hpp"
 #include "dcr/device/locations.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 namespace detail {
 
@@ -393,4 +393,4 @@ status scatter_encoded(device::view<W> dst, std::uint64_t first, std::uint64_t c
                                          done, L, f, ws, stream);
 }
 
-} // namespace dcr::cuda
+} // namespace dcr::gpu

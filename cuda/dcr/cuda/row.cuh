@@ -21,7 +21,7 @@
 #include "dcr/cuda/runtime.cuh"
 #include "dcr/device/row.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 /// Upload row `i`'s sections of `body` (host memory) into `ws` and scatter
 /// them onto device view `dst`; synchronises `stream`.
@@ -60,4 +60,4 @@ status scatter_row(device::view<W> dst, std::span<const std::byte> body, const c
   return synchronize(stream);
 }
 
-} // namespace dcr::cuda
+} // namespace dcr::gpu

@@ -15,7 +15,7 @@
 
 #include "dcr/core/error.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 /// `errc::device` status for a failed CUDA call, naming the call and the error.
 inline status check(cudaError_t e, std::string_view what) {
@@ -182,4 +182,4 @@ __device__ inline std::uint64_t grid_stride() noexcept {
 }
 
 } // namespace detail
-} // namespace dcr::cuda
+} // namespace dcr::gpu

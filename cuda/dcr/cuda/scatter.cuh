@@ -25,7 +25,7 @@
 #include "dcr/device/check.hpp"
 #include "dcr/device/element.hpp"
 
-namespace dcr::cuda {
+namespace dcr::gpu {
 
 namespace detail {
 
@@ -204,4 +204,4 @@ status scatter_gaps(device::view<W> dst, std::uint64_t first, unsigned width, co
   return detail::launch_scatter(dst, loc, 0, d_values, count, op, f, stream);
 }
 
-} // namespace dcr::cuda
+} // namespace dcr::gpu

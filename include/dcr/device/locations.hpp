@@ -153,7 +153,7 @@ inline status check_coded_length(codec::location_id id, const coded_gaps& c, std
 }
 
 /// Decode `count` indices of coding `id` from `bytes` with first index
-/// `first`, each `< numel`: the twin of `dcr::cuda::decode_locations`, equal
+/// `first`, each `< numel`: the twin of `dcr::gpu::decode_locations`, equal
 /// to `codec::decode_locations` in result, code and message. `out` is
 /// resized to `count`; unspecified on failure.
 inline status decode_locations(codec::location_id id, std::span<const std::uint8_t> bytes, std::uint64_t first,

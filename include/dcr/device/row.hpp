@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Host twin of `dcr::cuda::scatter_row` (`cuda/dcr/cuda/row.cuh`): one item
+/// Host twin of `dcr::gpu::scatter_row` (`cuda/dcr/cuda/row.cuh`): one item
 /// table row of a decompressed payload body (`codec::parse_table`) applied
 /// straight from its wire sections, the location bytes in the row's coding
 /// and the value bytes in the row's filter, without expanding the item.
