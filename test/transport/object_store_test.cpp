@@ -184,6 +184,53 @@ TEST_CASE("attempt reader: overlaps with the writer, delivering payloads before 
   CHECK(delivered_before_manifest >= 1);
 }
 
+namespace {
+/// A memory store that asks readers to list it at most every 40 ms.
+struct slow_listing_store : memory_object_store {
+  std::chrono::microseconds list_poll_max() const { return std::chrono::milliseconds(40); }
+};
+static_assert(object_store<slow_listing_store>);
+
+/// Listings a reader makes while the manifest of attempt 1 appears after 300 ms.
+template <class Store> std::size_t listings_while_waiting(Store& s, poll_policy* poll = nullptr) {
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    attempt_writer w(s, 1, 0);
+    (void)w.put_payload(random_bytes(20, 1));
+    (void)w.finish();
+  });
+  std::atomic<bool> stop{false};
+  auto reader = poll ? attempt_reader<Store>(s, 1, {0}, *poll) : attempt_reader<Store>(s, 1, {0});
+  auto st = reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); }, stop,
+                       std::chrono::steady_clock::now() + std::chrono::seconds(20));
+  writer.join();
+  REQUIRE(st.ok());
+  CHECK(reader.delivered() == 1);
+  return reader.listings();
+}
+} // namespace
+
+TEST_CASE("attempt reader: waiting readers back off to the store's list interval") {
+  memory_object_store fast;
+  slow_listing_store slow;
+  CHECK(default_poll_policy(fast).max == std::chrono::milliseconds(5));
+  CHECK(default_poll_policy(slow).max == std::chrono::milliseconds(40));
+  const auto n_fast = listings_while_waiting(fast);
+  const auto n_slow = listings_while_waiting(slow);
+  INFO("listings: " << n_fast << " at 5 ms, " << n_slow << " at 40 ms");
+  // 300 ms of waiting: at least 60 listings at 5 ms, and at 40 ms the ramp
+  // (0.1 ms doubling to 40 ms, ~80 ms) plus ~6 full intervals.
+  CHECK(n_fast >= 30);
+  CHECK(n_fast > 2 * n_slow);
+  CHECK(n_slow <= 25);
+  poll_policy explicit_policy{std::chrono::milliseconds(1), std::chrono::milliseconds(100)};
+  memory_object_store other;
+  CHECK(listings_while_waiting(other, &explicit_policy) <= 12);
+  CHECK_THROWS_AS((attempt_reader<memory_object_store>(other, 1, {0}, poll_policy{std::chrono::microseconds(0),
+                                                                                  std::chrono::microseconds(1)})),
+                  dcr::error);
+}
+
 TEST_CASE("attempt reader: failures are typed") {
   SUBCASE("a listed payload is missing") {
     memory_object_store s;

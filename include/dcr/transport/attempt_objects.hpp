@@ -17,8 +17,10 @@
 /// uploads its complete changed set again under its own attempt prefix; no
 /// object is ever overwritten.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -146,13 +148,38 @@ private:
   manifest m_;
 };
 
+/// How often a waiting reader lists its attempt: right after progress it
+/// waits `min`, then twice as long after each empty listing, up to `max`.
+struct poll_policy {
+  std::chrono::microseconds min{100};
+  std::chrono::microseconds max{5000};
+};
+
+/// The poll policy for `store`: its own `list_poll_max()` bound where it has
+/// one (a LIST request to S3 is billed and rate-limited per prefix, a
+/// directory listing is cheap), 5 ms otherwise.
+template <class Store> poll_policy default_poll_policy(const Store& store) {
+  poll_policy p;
+  if constexpr (requires { { store.list_poll_max() } -> std::convertible_to<std::chrono::microseconds>; })
+    p.max = std::max(p.min, std::chrono::microseconds(store.list_poll_max()));
+  return p;
+}
+
 /// Receiver side of one attempt: fetches payloads as they are published (so
 /// application overlaps upload) and completes once every required owner's
 /// manifest is present and every listed payload was delivered exactly once.
 template <object_store Store> class attempt_reader {
 public:
   attempt_reader(Store& store, std::uint64_t attempt, std::vector<std::uint32_t> owners)
-      : store_(&store), attempt_(attempt), owners_(owners.begin(), owners.end()) {}
+      : attempt_reader(store, attempt, std::move(owners), default_poll_policy(store)) {}
+  attempt_reader(Store& store, std::uint64_t attempt, std::vector<std::uint32_t> owners, poll_policy poll)
+      : store_(&store), attempt_(attempt), owners_(owners.begin(), owners.end()), poll_(poll) {
+    if (poll_.min.count() <= 0 || poll_.max < poll_.min)
+      throw error(errc::invalid_argument, "attempt_reader: poll interval bounds must satisfy 0 < min <= max");
+  }
+
+  /// Listings made so far (each is one `list` call on the store).
+  std::size_t listings() const noexcept { return listings_; }
 
   /// Poll until complete, `stop` becomes true (`errc::aborted`) or `deadline`
   /// passes (`errc::aborted`). `deliver(name, bytes)` is called once per
@@ -165,9 +192,10 @@ public:
     const auto prefix = attempt_prefix(attempt_);
     std::vector<std::string> names;
     std::vector<std::byte> bytes;
-    auto sleep = std::chrono::microseconds(100);
+    auto sleep = poll_.min;
     for (;;) {
       DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(attempt_) + " stopped");
+      ++listings_;
       DCR_TRY(store_->list(prefix, names));
       bool progress = false;
       for (auto& n : names) {
@@ -194,9 +222,12 @@ public:
         return fail(errc::aborted, "attempt " + std::to_string(attempt_) + ": deadline passed with " +
                                        std::to_string(manifests_.size()) + " of " +
                                        std::to_string(owners_.size()) + " manifests");
-      if (progress) sleep = std::chrono::microseconds(100);
-      else sleep = std::min(sleep * 2, std::chrono::microseconds(5000));
-      std::this_thread::sleep_for(sleep);
+      if (progress) sleep = poll_.min;
+      else sleep = std::min(sleep * 2, poll_.max);
+      // Never sleep past the deadline: the caller is told promptly.
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          sleep, std::max<std::chrono::steady_clock::duration>(deadline - std::chrono::steady_clock::now(),
+                                                               std::chrono::steady_clock::duration::zero())));
     }
   }
 
@@ -227,6 +258,8 @@ private:
   std::set<std::uint32_t> owners_;
   std::map<std::string, digest128> delivered_;
   std::map<std::string, manifest> manifests_;
+  poll_policy poll_;
+  std::size_t listings_ = 0;
 };
 
 /// Parse the attempt id out of an object name under `attempt/`; 0 if none.
