@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in build-fuzz (clang++, ASan+UBSan) and runs
-# them for SECONDS in total (decode and body get 40% each, roundtrip 20%).
+# them for SECONDS in total (decode and body 30% each, roundtrip and the
+# text decoders 20% each).
 # Exits non-zero when a target crashes; reproducers land in build-fuzz/.
 set -euo pipefail
 seconds=${1:-60}
@@ -9,7 +10,8 @@ if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false -Dbenches=false -Dexamples=false \
     -Dcuda=disabled -Dbuildtype=debugoptimized
 fi
-ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_make_seed
+ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_text \
+  fuzz/fuzz_make_seed fuzz/fuzz_make_text_seeds
 out=build-fuzz/fuzz
 seeds=$out/seeds
 mkdir -p "$seeds"
@@ -28,10 +30,14 @@ run() { # TARGET SECONDS CORPUS SEEDS
   "$out/$1" -max_total_time="$2" -rss_limit_mb=2048 -timeout=10 -max_len=65536 \
     -artifact_prefix="$out/crash-$1-" -print_final_stats=1 "$3" "$4"
 }
-t1=$((seconds * 2 / 5)); t3=$((seconds - 2 * t1))
+t1=$((seconds * 3 / 10)); t3=$(((seconds - 2 * t1) / 2)); t4=$((seconds - 2 * t1 - t3))
 [ "$t1" -ge 1 ] || t1=1
 [ "$t3" -ge 1 ] || t3=1
+[ "$t4" -ge 1 ] || t4=1
+mkdir -p "$out/seeds-text"
+"$out/fuzz_make_text_seeds" "$out/seeds-text"
 run fuzz_decode "$t1" "$out/corpus-decode" "$seeds"
 run fuzz_body "$t1" "$out/corpus-body" "$out/seeds-body"
 run fuzz_roundtrip "$t3" "$out/corpus-roundtrip" "$seeds"
+run fuzz_text "$t4" "$out/corpus-text" "$out/seeds-text"
 echo "fuzz: no crashes in ${seconds} s"

@@ -27,6 +27,8 @@
 
 namespace dcr::net {
 
+struct json_member;
+
 /// One JSON value; objects keep their members in document order.
 struct json_value {
   enum class kind : std::uint8_t { null, boolean, number, string, array, object };
@@ -34,7 +36,7 @@ struct json_value {
   bool boolean = false;
   std::string text; ///< string contents (unescaped), or a number's literal
   std::vector<json_value> items;
-  std::vector<std::pair<std::string, json_value>> members;
+  std::vector<json_member> members; ///< (a pair would need json_value complete here)
 
   bool is_object() const noexcept { return type == kind::object; }
   bool is_array() const noexcept { return type == kind::array; }
@@ -42,12 +44,7 @@ struct json_value {
 
   /// Member `key` of an object (the first, if repeated); null when absent or
   /// when this is not an object.
-  const json_value* get(std::string_view key) const noexcept {
-    if (type != kind::object) return nullptr;
-    for (auto& [k, v] : members)
-      if (k == key) return &v;
-    return nullptr;
-  }
+  const json_value* get(std::string_view key) const noexcept;
 
   /// A non-negative integer given as a JSON number or as a decimal string
   /// (protobuf's JSON mapping of 64-bit integers). False if neither or out of range.
@@ -66,6 +63,19 @@ struct json_value {
     return true;
   }
 };
+
+/// One member of an object.
+struct json_member {
+  std::string key;
+  json_value value;
+};
+
+inline const json_value* json_value::get(std::string_view key) const noexcept {
+  if (type != kind::object) return nullptr;
+  for (auto& [k, v] : members)
+    if (k == key) return &v;
+  return nullptr;
+}
 
 namespace detail {
 
@@ -128,10 +138,10 @@ private:
     if (eat('}')) return status::success();
     for (;;) {
       ws();
-      std::pair<std::string, json_value> m;
-      DCR_TRY(string(m.first));
+      json_member m;
+      DCR_TRY(string(m.key));
       if (!eat(':')) return bad("expected ':'");
-      DCR_TRY(value(m.second, depth + 1));
+      DCR_TRY(value(m.value, depth + 1));
       v.members.push_back(std::move(m));
       if (eat('}')) return status::success();
       if (!eat(',')) return bad("expected ',' or '}'");
