@@ -37,6 +37,7 @@
 #include "dcr/protocol/request_gate.hpp"
 #include "dcr/protocol/roles.hpp"
 #include "dcr/transport/attempt_objects.hpp"
+#include "dcr/transport/attempt_transport.hpp"
 #include "dcr/transport/object_store.hpp"
 
 namespace dcr::protocol {
@@ -88,8 +89,9 @@ struct coordinator_options {
   std::function<bool(crash_point)> crash;
 };
 
-/// Drives owners and receiver endpoints over an object store, committing in a commit store.
-template <refit_owner Owner, refit_receiver Receiver, transport::object_store Store, commit_store Commits>
+/// Drives owners and receiver endpoints over an object store or another
+/// attempt transport (e.g. a relay tree), committing in a commit store.
+template <refit_owner Owner, refit_receiver Receiver, transport::attempt_medium Store, commit_store Commits>
 class coordinator {
 public:
   using endpoint = receiver_endpoint<Receiver>;
@@ -229,7 +231,7 @@ private:
   }
 
   void finish_transition(std::uint64_t tau, transition_report& rep) {
-    if (opt_.collect_garbage) (void)transport::collect_attempts(*store_, tau, &rep.collected_objects);
+    if (opt_.collect_garbage) (void)transport::collect(*store_, tau, &rep.collected_objects);
     for (auto* e : receivers_) e->open_gate(tau);
   }
 
@@ -266,7 +268,7 @@ private:
       threads.emplace_back([&, k] {
         auto* o = owners_[k];
         pipeline::bounded_queue<std::vector<std::byte>> q(opt_.upload_queue);
-        transport::attempt_writer<Store> w(*store_, tau, o->owner_id());
+        auto w = transport::open_writer(*store_, tau, o->owner_id());
         status up = status::success();
         std::thread sender([&] {
           while (auto p = q.pop()) {
@@ -328,7 +330,7 @@ private:
             }
           }
         });
-        transport::attempt_reader<Store> reader(*store_, tau, owner_ids);
+        auto reader = transport::open_reader(*store_, tau, r, owner_ids);
         const auto tf = clock::now();
         auto s = reader.run(
             [&](std::string_view name, std::span<const std::byte> b) -> status {

@@ -1,0 +1,155 @@
+#pragma once
+/// \file
+/// Frames of the relay tree (layout in docs/wire-format.md, "Relay frames"),
+/// and the connection interface both link kinds implement.
+///
+/// A frame is a 32-byte little-endian header, then `length` body bytes:
+/// ```
+/// 0  u32 magic "DCRF"   4  u16 version (1)   6  u16 kind
+/// 8  u64 attempt τ     16  u32 owner        20  u32 sequence
+/// 24 u64 length of the body
+/// ```
+/// Every field is checked before the body is read or allocated: a peer is
+/// never trusted with a length larger than the receiver's cap.
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dcr/core/error.hpp"
+
+namespace dcr::transport {
+
+/// What a frame carries.
+enum class frame_kind : std::uint16_t {
+  payload = 1,     ///< one payload (body) of `owner`, sequence `sequence`
+  owner_done = 2,  ///< `owner` finished the attempt with `sequence` payloads
+  payload_ack = 3, ///< the payload (attempt, owner, sequence) is queued at the rollout node
+  done_ack = 4,    ///< the owner_done (attempt, owner) is queued at the rollout node
+  reject = 5,      ///< the frame (attempt, owner, sequence) was refused: its attempt is replaced or failed
+  abort = 6,       ///< parent to child: the attempt failed upstream; `sequence` is the `errc`
+};
+
+/// "DCRF" read as a little-endian u32.
+inline constexpr std::uint32_t frame_magic = 0x46524344u;
+inline constexpr std::uint16_t frame_version = 1;
+inline constexpr std::size_t frame_header_size = 32;
+/// Largest body accepted unless a smaller cap is configured.
+inline constexpr std::uint64_t default_max_frame_body = std::uint64_t{1} << 30;
+
+/// Decoded frame header.
+struct frame_header {
+  frame_kind kind = frame_kind::payload;
+  std::uint64_t attempt = 0;
+  std::uint32_t owner = 0;
+  std::uint32_t sequence = 0;
+  std::uint64_t length = 0;
+  friend bool operator==(const frame_header&, const frame_header&) = default;
+};
+
+/// A header with its body.
+struct frame {
+  frame_header header;
+  std::vector<std::byte> body;
+};
+
+namespace detail {
+template <class T> void put_le(std::byte* p, T v) {
+  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xFF);
+}
+template <class T> T get_le(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+  return static_cast<T>(v);
+}
+} // namespace detail
+
+/// The 32 header bytes of `h`.
+inline std::array<std::byte, frame_header_size> encode_frame_header(const frame_header& h) {
+  std::array<std::byte, frame_header_size> b{};
+  detail::put_le(b.data() + 0, frame_magic);
+  detail::put_le(b.data() + 4, frame_version);
+  detail::put_le(b.data() + 6, static_cast<std::uint16_t>(h.kind));
+  detail::put_le(b.data() + 8, h.attempt);
+  detail::put_le(b.data() + 16, h.owner);
+  detail::put_le(b.data() + 20, h.sequence);
+  detail::put_le(b.data() + 24, h.length);
+  return b;
+}
+
+/// Decode and check the first 32 bytes of `b`: magic (`bad_magic`), version
+/// (`unsupported_version`), kind and attempt (`bad_format`), body length
+/// against the kind (`bad_format`: control frames have none, a payload has
+/// some) and against `max_body` (`length_overflow`).
+inline status decode_frame_header(std::span<const std::byte> b, std::uint64_t max_body, frame_header& out) {
+  DCR_RETURN_ERROR_IF(b.size() < frame_header_size, truncated,
+                      "relay frame: " + std::to_string(b.size()) + " bytes, header needs 32");
+  DCR_RETURN_ERROR_IF(detail::get_le<std::uint32_t>(b.data()) != frame_magic, bad_magic,
+                      "relay frame: bad magic at byte 0");
+  const auto ver = detail::get_le<std::uint16_t>(b.data() + 4);
+  DCR_RETURN_ERROR_IF(ver != frame_version, unsupported_version, "relay frame: version " + std::to_string(ver));
+  const auto kind = detail::get_le<std::uint16_t>(b.data() + 6);
+  DCR_RETURN_ERROR_IF(kind < 1 || kind > 6, bad_format, "relay frame: unknown kind " + std::to_string(kind));
+  frame_header h;
+  h.kind = static_cast<frame_kind>(kind);
+  h.attempt = detail::get_le<std::uint64_t>(b.data() + 8);
+  h.owner = detail::get_le<std::uint32_t>(b.data() + 16);
+  h.sequence = detail::get_le<std::uint32_t>(b.data() + 20);
+  h.length = detail::get_le<std::uint64_t>(b.data() + 24);
+  DCR_RETURN_ERROR_IF(h.attempt == 0, bad_format, "relay frame: attempt 0 (attempts start at 1)");
+  DCR_RETURN_ERROR_IF(h.length > max_body, length_overflow,
+                      "relay frame: body of " + std::to_string(h.length) + " bytes exceeds the cap of " +
+                          std::to_string(max_body));
+  if (h.kind == frame_kind::payload)
+    DCR_RETURN_ERROR_IF(h.length == 0, bad_format, "relay frame: payload with an empty body");
+  else
+    DCR_RETURN_ERROR_IF(h.length != 0, bad_format,
+                        "relay frame: control frame (kind " + std::to_string(kind) + ") with a body");
+  out = h;
+  return status::success();
+}
+
+/// Header and body in one buffer; `h.length` is set from `body`.
+inline std::vector<std::byte> encode_frame(frame_header h, std::span<const std::byte> body) {
+  h.length = body.size();
+  const auto hdr = encode_frame_header(h);
+  std::vector<std::byte> out(hdr.begin(), hdr.end());
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+/// Decode one whole frame: the header as `decode_frame_header`, then the body
+/// must be exactly `length` bytes (`truncated` / `trailing_bytes`).
+inline status decode_frame(std::span<const std::byte> b, std::uint64_t max_body, frame& out) {
+  frame_header h;
+  DCR_TRY(decode_frame_header(b, max_body, h));
+  const auto rest = b.size() - frame_header_size;
+  DCR_RETURN_ERROR_IF(rest < h.length, truncated,
+                      "relay frame: body has " + std::to_string(rest) + " of " + std::to_string(h.length) + " bytes");
+  DCR_RETURN_ERROR_IF(rest > h.length, trailing_bytes,
+                      "relay frame: " + std::to_string(rest - h.length) + " bytes after the body");
+  out.header = h;
+  out.body.assign(b.begin() + frame_header_size, b.end());
+  return status::success();
+}
+
+/// One bidirectional frame connection (an in-process pipe or a TCP socket).
+/// `write` blocks while the peer does not take frames (backpressure) and fails
+/// with `errc::unavailable` after `timeout` or once the connection is closed;
+/// `read` blocks until a whole, checked frame is there, the connection closes
+/// (`errc::unavailable`) or the peer sends bytes that are not a valid frame
+/// (the decode error). `close` may be called from any thread, at any time, and
+/// wakes every blocked call on both ends.
+class frame_conn {
+public:
+  virtual ~frame_conn() = default;
+  virtual status write(const frame_header& h, std::span<const std::byte> body, std::chrono::milliseconds timeout) = 0;
+  virtual status read(frame& out) = 0;
+  virtual void close() = 0;
+};
+
+} // namespace dcr::transport

@@ -1,0 +1,540 @@
+// Relay-tree transport: frame codec, topology laws, node fencing and
+// dedupe, and the coordinator over in-process and TCP trees, each refit
+// compared byte for byte with a dense refit of the committed version.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <thread>
+
+#include "protocol/models.hpp"
+#include "dcr/protocol/coordinator.hpp"
+#include "dcr/transport/relay_frame.hpp"
+#include "dcr/transport/relay_tcp.hpp"
+#include "dcr/transport/relay_tree.hpp"
+
+using namespace dcr;
+using namespace dcr::protocol;
+using namespace dcr::transport;
+using namespace dcr::test_models;
+
+static_assert(attempt_medium<relay_tree>);
+static_assert(attempt_medium<memory_object_store>);
+static_assert(!attempt_transport<memory_object_store>);
+
+// ---------------------------------------------------------------- frames
+
+TEST_CASE("relay frames: round trip of every kind and field extreme") {
+  const std::vector<std::byte> body{std::byte{1}, std::byte{2}, std::byte{3}};
+  for (auto kind : {frame_kind::payload, frame_kind::owner_done, frame_kind::payload_ack, frame_kind::done_ack,
+                    frame_kind::reject, frame_kind::abort})
+    for (std::uint64_t attempt : {std::uint64_t{1}, std::uint64_t{77}, ~std::uint64_t{0}})
+      for (std::uint32_t v : {0u, 5u, 0xFFFFFFFFu}) {
+        const frame_header h{kind, attempt, v, ~v, 0};
+        const auto b = kind == frame_kind::payload ? std::span<const std::byte>(body) : std::span<const std::byte>();
+        const auto bytes = encode_frame(h, b);
+        REQUIRE(bytes.size() == frame_header_size + b.size());
+        frame f;
+        REQUIRE(decode_frame(bytes, default_max_frame_body, f).ok());
+        auto want = h;
+        want.length = b.size();
+        CHECK(f.header == want);
+        CHECK(std::equal(f.body.begin(), f.body.end(), b.begin(), b.end()));
+      }
+}
+
+TEST_CASE("relay frames: the header layout is little-endian at fixed offsets") {
+  const auto b = encode_frame_header({frame_kind::owner_done, 0x0102030405060708ull, 0x0A0B0C0Du, 0x11121314u, 0});
+  const std::vector<unsigned> want{'D', 'C', 'R', 'F', 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1,
+                                   0x0D, 0x0C, 0x0B, 0x0A, 0x14, 0x13, 0x12, 0x11, 0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(static_cast<unsigned>(b[i]) == want[i]);
+}
+
+TEST_CASE("relay frames: corrupt, truncated, oversize and wrong-magic frames are typed errors") {
+  const std::vector<std::byte> body(100, std::byte{7});
+  const auto good = encode_frame({frame_kind::payload, 3, 1, 2, 0}, body);
+  frame f;
+  auto code = [&](std::vector<std::byte> b, std::uint64_t cap = default_max_frame_body) {
+    return decode_frame(b, cap, f).code;
+  };
+  auto with = [&](std::size_t at, std::byte v) {
+    auto b = good;
+    b[at] = v;
+    return b;
+  };
+  CHECK(code(good) == errc::ok);
+  CHECK(code(with(0, std::byte{'X'})) == errc::bad_magic);
+  CHECK(code(with(4, std::byte{2})) == errc::unsupported_version);
+  CHECK(code(with(6, std::byte{0})) == errc::bad_format);
+  CHECK(code(with(6, std::byte{7})) == errc::bad_format);
+  CHECK(code(with(7, std::byte{1})) == errc::bad_format); // kind 0x0101
+  CHECK(code(encode_frame({frame_kind::payload, 0, 1, 2, 0}, body)) == errc::bad_format); // attempt 0
+  CHECK(code(encode_frame({frame_kind::payload, 3, 1, 2, 0}, {})) == errc::bad_format);   // empty payload
+  {
+    auto b = encode_frame({frame_kind::payload_ack, 3, 1, 2, 0}, {});
+    b[24] = std::byte{1}; // a control frame that claims a body
+    b.push_back(std::byte{0});
+    CHECK(code(b) == errc::bad_format);
+  }
+  CHECK(code(good, 99) == errc::length_overflow);
+  {
+    auto b = good;
+    b[31] = std::byte{0x80}; // 2^63 bytes: refused before anything is allocated
+    CHECK(code(b) == errc::length_overflow);
+  }
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}})
+    CHECK(code(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n))) == errc::truncated);
+  CHECK(code(std::vector<std::byte>(good.begin(), good.end() - 1)) == errc::truncated);
+  auto longer = good;
+  longer.push_back(std::byte{0});
+  CHECK(code(longer) == errc::trailing_bytes);
+  // Every single-bit flip of the header either decodes to a different,
+  // checked header or is rejected; it never reads past the buffer.
+  for (std::size_t i = 0; i < frame_header_size; ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      auto b = good;
+      b[i] ^= static_cast<std::byte>(1 << bit);
+      frame g;
+      auto s = decode_frame(b, default_max_frame_body, g);
+      if (s) CHECK(g.header != f.header);
+    }
+}
+
+// ---------------------------------------------------------------- topology
+
+TEST_CASE("relay topology: every node reached once from the root; height is the balanced minimum") {
+  for (std::uint32_t k = 1; k <= 4; ++k)
+    for (std::uint32_t n = 1; n <= 40; ++n) {
+      CAPTURE(k);
+      CAPTURE(n);
+      relay_topology t(n, k);
+      std::vector<int> reached(n, 0);
+      std::vector<std::uint32_t> frontier{0};
+      reached[0] = 1;
+      while (!frontier.empty()) {
+        auto i = frontier.back();
+        frontier.pop_back();
+        auto c = t.children(i);
+        CHECK(c.size() <= k);
+        for (auto j : c) {
+          REQUIRE(j < n);
+          CHECK(t.parent(j) == i);
+          CHECK(t.depth(j) == t.depth(i) + 1);
+          ++reached[j];
+          frontier.push_back(j);
+        }
+      }
+      for (auto r : reached) CHECK(r == 1);
+      CHECK_FALSE(t.parent(0).has_value());
+      // Least h with 1 + k + ... + k^h >= n.
+      std::uint32_t h = 0;
+      for (std::uint64_t cap = 1, level = 1; cap < n; ++h) {
+        level *= k;
+        cap += level;
+      }
+      CHECK(t.height() == h);
+      std::uint32_t deepest = 0;
+      for (std::uint32_t i = 0; i < n; ++i) deepest = std::max(deepest, t.depth(i));
+      CHECK(deepest == h);
+      // Only the last level may be partly filled.
+      for (std::uint32_t i = 0; i < n; ++i)
+        if (t.depth(i) + 1 < h) CHECK(t.children(i).size() == k);
+    }
+  CHECK_THROWS_AS(relay_topology(0, 2), error);
+  CHECK_THROWS_AS(relay_topology(3, 0), error);
+  CHECK_THROWS_AS(relay_topology(3, 2).children(3), error);
+}
+
+// ---------------------------------------------------------------- nodes
+
+namespace {
+
+model_config small_llama() {
+  model_config c;
+  c.hidden = 64;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn = 96;
+  c.vocab = 150;
+  return c;
+}
+
+std::vector<std::byte> tiny_payload(std::uint64_t attempt, std::uint32_t owner, std::uint32_t seq) {
+  item it;
+  it.tensor = tensor_meta{"t", {8}, dtype_id::bf16};
+  it.encoding = value_encoding::overwrite;
+  it.indices = {seq % 8};
+  it.values = {std::byte{1}, std::byte{2}};
+  return encode_payload({attempt, 1, owner, seq}, std::vector<item>{it});
+}
+
+/// A raw upstream connection into node `n` that checks each reply.
+struct raw_sender {
+  std::shared_ptr<frame_conn> c;
+  raw_sender(relay_tree& t, std::uint32_t n) { REQUIRE(t.network().dial(n, c).ok()); }
+  ~raw_sender() { c->close(); }
+  frame_kind send(frame_header h, std::span<const std::byte> body = {}) {
+    REQUIRE(c->write(h, body, std::chrono::milliseconds(2000)).ok());
+    frame f;
+    REQUIRE(c->read(f).ok());
+    CHECK(f.header.attempt == h.attempt);
+    CHECK(f.header.owner == h.owner);
+    return f.header.kind;
+  }
+  frame_kind payload(std::uint64_t a, std::uint32_t o, std::uint32_t s) {
+    auto p = tiny_payload(a, o, s);
+    return send({frame_kind::payload, a, o, s, p.size()}, p);
+  }
+  frame_kind done(std::uint64_t a, std::uint32_t o, std::uint32_t n) { return send({frame_kind::owner_done, a, o, n, 0}); }
+};
+
+relay_options small_tree(std::uint32_t nodes, std::uint32_t k, std::uint32_t per_node = 1) {
+  relay_options o;
+  o.nodes = nodes;
+  o.fanout = k;
+  o.receivers_per_node = per_node;
+  o.receivers = nodes * per_node;
+  o.io_timeout = std::chrono::milliseconds(2000);
+  return o;
+}
+
+struct collected {
+  std::vector<std::string> names;
+  status run(relay_tree& t, std::uint64_t a, std::size_t r, std::vector<std::uint32_t> owners, int ms = 2000) {
+    std::atomic<bool> stop{false};
+    return t.open_reader(a, r, owners)
+        .run([&](std::string_view n, std::span<const std::byte>) {
+          names.emplace_back(n);
+          return status::success();
+        },
+             stop, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms));
+  }
+};
+
+} // namespace
+
+TEST_CASE("relay node: every receiver of every node gets each payload once; duplicates ACKed and dropped") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    auto opt = small_tree(5, 2, 2);
+    auto tree = tcp ? make_tcp_relay_tree(opt) : make_inproc_relay_tree(opt);
+    {
+      raw_sender s(*tree, 0);
+      for (std::uint32_t o = 0; o < 2; ++o)
+        for (std::uint32_t q = 0; q < 3; ++q) CHECK(s.payload(9, o, q) == frame_kind::payload_ack);
+      CHECK(s.payload(9, 1, 2) == frame_kind::payload_ack); // duplicate: queued before, so ACKed
+      CHECK(s.done(9, 0, 3) == frame_kind::done_ack);
+      CHECK(s.done(9, 0, 3) == frame_kind::done_ack);
+      CHECK(s.done(9, 1, 3) == frame_kind::done_ack);
+    }
+    for (std::size_t r = 0; r < opt.receivers; ++r) {
+      collected c;
+      REQUIRE(c.run(*tree, 9, r, {0, 1}).ok());
+      CHECK(c.names.size() == 6);
+      CHECK(std::set<std::string>(c.names.begin(), c.names.end()).size() == 6);
+      CHECK(c.names.front() == payload_name(9, 0, 0));
+    }
+    CHECK(tree->node(0).counters().duplicates == 2);
+    CHECK(tree->node(0).counters().payloads == 6);
+    for (std::uint32_t i = 1; i < 5; ++i) CHECK(tree->node(i).counters().payloads == 6);
+    if (tcp) {
+      auto& net = static_cast<tcp_network&>(tree->network());
+      REQUIRE(net.ports().size() == 5);
+      CHECK(std::set<unsigned short>(net.ports().begin(), net.ports().end()).size() == 5);
+      for (auto p : net.ports()) CHECK(p != 0);
+    }
+  }
+}
+
+TEST_CASE("relay node: stale attempts are rejected, a newer one replaces the current one") {
+  auto tree = make_inproc_relay_tree(small_tree(3, 2));
+  raw_sender s(*tree, 0);
+  CHECK(s.payload(5, 0, 0) == frame_kind::payload_ack);
+  CHECK(s.payload(4, 0, 0) == frame_kind::reject); // older attempt: fenced
+  CHECK(s.done(4, 0, 1) == frame_kind::reject);
+  CHECK(s.done(5, 0, 1) == frame_kind::done_ack);
+  collected c;
+  REQUIRE(c.run(*tree, 5, 2, {0}).ok());
+  CHECK(c.names == std::vector<std::string>{payload_name(5, 0, 0)});
+  CHECK(tree->node(0).counters().stale == 2);
+  CHECK(s.payload(6, 0, 0) == frame_kind::payload_ack); // newer attempt starts
+  collected late;
+  CHECK(late.run(*tree, 5, 0, {0}).code == errc::stale_attempt);
+  CHECK(tree->node(0).current_attempt() == 6);
+  // A reader of a newer attempt replaces the current one even before frames arrive.
+  collected ahead;
+  CHECK(ahead.run(*tree, 7, 0, {0}, 50).code == errc::aborted); // deadline: nothing sent
+  CHECK(s.payload(6, 0, 1) == frame_kind::reject);
+}
+
+TEST_CASE("relay node: an owner_done that disagrees with what arrived, or a lost upstream, fails the attempt") {
+  auto tree = make_inproc_relay_tree(small_tree(3, 2));
+  {
+    raw_sender s(*tree, 0);
+    CHECK(s.payload(3, 0, 0) == frame_kind::payload_ack);
+    CHECK(s.done(3, 0, 2) == frame_kind::reject); // declared 2, one arrived
+    CHECK(s.payload(3, 1, 0) == frame_kind::reject); // the attempt is failed
+  }
+  collected c;
+  CHECK(c.run(*tree, 3, 1, {0}).code == errc::not_found); // told by the root's abort
+  {
+    raw_sender s(*tree, 0);
+    CHECK(s.payload(4, 0, 0) == frame_kind::payload_ack);
+  } // closed with owner 0 unfinished
+  collected d;
+  CHECK(d.run(*tree, 4, 2, {0}).code == errc::unavailable);
+  // Garbage on a link closes it (nothing after it can be trusted).
+  std::shared_ptr<frame_conn> c2;
+  REQUIRE(tree->network().dial(0, c2).ok());
+  REQUIRE(static_cast<inproc_conn&>(*c2).write_raw(std::vector<std::byte>(40, std::byte{0x55})).ok());
+  frame f;
+  CHECK(c2->read(f).code == errc::unavailable);
+  // A payload whose own id disagrees with its frame header closes the link too.
+  REQUIRE(tree->network().dial(0, c2).ok());
+  auto p = tiny_payload(5, 0, 1);
+  REQUIRE(c2->write({frame_kind::payload, 5, 0, 0, p.size()}, p, std::chrono::milliseconds(1000)).ok());
+  CHECK(c2->read(f).code == errc::unavailable);
+}
+
+// ---------------------------------------------------------------- coordinator
+
+namespace {
+
+using commits_t = memory_commit_store;
+
+/// A training side and rollout side over a relay tree.
+template <class Receiver = model_receiver> struct relay_rig {
+  using endpoint_t = receiver_endpoint<Receiver>;
+  using coord_t = coordinator<model_owner, Receiver, relay_tree, commits_t>;
+
+  std::vector<tensor_meta> metas = canonical_tensors(small_llama());
+  trainer_state trainer;
+  std::vector<std::unique_ptr<model_owner>> owners;
+  std::unique_ptr<relay_tree> tree;
+  commits_t commits;
+  std::vector<std::unique_ptr<request_gate>> gates;
+  std::vector<std::unique_ptr<endpoint_t>> endpoints;
+  std::function<std::unique_ptr<Receiver>(std::string)> make_receiver;
+
+  relay_rig(bool tcp, int n_owners, relay_options opt, std::uint64_t seed = 11,
+            std::function<std::unique_ptr<Receiver>(std::string)> make = nullptr, std::size_t items_per_payload = 3)
+      : trainer(trainer_state::make(metas, seed)) {
+    make_receiver = make ? make : [this](std::string id) {
+      if constexpr (std::is_same_v<Receiver, model_receiver>) return std::make_unique<model_receiver>(id, metas);
+      else return std::unique_ptr<Receiver>();
+    };
+    for (int k = 0; k < n_owners; ++k)
+      owners.push_back(std::make_unique<model_owner>(static_cast<std::uint32_t>(k),
+                                                     static_cast<std::uint32_t>(n_owners), &trainer,
+                                                     items_per_payload));
+    for (std::uint32_t r = 0; r < opt.receivers; ++r) {
+      const auto id = "rank-" + std::to_string(r);
+      gates.push_back(std::make_unique<request_gate>());
+      endpoints.push_back(std::make_unique<endpoint_t>(
+          id, [this, id] { return make_receiver(id); }, [this](Receiver& rc) { return dense_refit(rc); },
+          gates.back().get()));
+    }
+    tree = tcp ? make_tcp_relay_tree(std::move(opt)) : make_inproc_relay_tree(std::move(opt));
+  }
+
+  static model_receiver& unwrap(Receiver& r) {
+    if constexpr (std::is_same_v<Receiver, model_receiver>) return r;
+    else return r.inner();
+  }
+  status dense_refit(Receiver& r) {
+    auto& inner = unwrap(r);
+    for (std::size_t t = 0; t < metas.size(); ++t) inner.tensors()[t].bytes = owners[t % owners.size()]->baseline(t)->bytes;
+    return status::success();
+  }
+
+  coord_t coord(coordinator_options opt = {}) {
+    std::vector<model_owner*> o;
+    for (auto& p : owners) o.push_back(p.get());
+    std::vector<endpoint_t*> e;
+    for (auto& p : endpoints) e.push_back(p.get());
+    opt.attempt_deadline = std::chrono::milliseconds(5000);
+    return coord_t(commits, *tree, o, e, std::move(opt));
+  }
+  void start(coord_t& c) {
+    REQUIRE(c.take_over().ok());
+    REQUIRE(c.bootstrap().ok());
+  }
+
+  /// Every receiver equals a dense refit of the committed version, byte for byte.
+  void check_consistent(std::uint64_t expect_version) {
+    stored_record cur;
+    REQUIRE(commits.load(cur).ok());
+    CHECK(cur.record.version == expect_version);
+    REQUIRE(cur.record.receivers.size() == endpoints.size());
+    for (std::size_t r = 0; r < endpoints.size(); ++r) {
+      auto& e = *endpoints[r];
+      INFO("receiver " << e.id());
+      REQUIRE(e.alive());
+      e.with_receiver([&](Receiver& rc) {
+        auto& inner = unwrap(rc);
+        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(inner.tensors()[t].bytes == trainer.tensors[t].bytes);
+        CHECK(cur.record.receivers[r].state == rc.state_digest());
+      });
+    }
+    for (std::size_t t = 0; t < metas.size(); ++t)
+      CHECK(owners[t % owners.size()]->baseline(t)->bytes == trainer.tensors[t].bytes);
+  }
+};
+
+} // namespace
+
+TEST_CASE("coordinator over the relay tree: random configurations, every receiver bit-exact after each refit") {
+  std::mt19937 rng(20261203);
+  for (int round = 0; round < 10; ++round) {
+    const bool tcp = round % 2 == 1;
+    relay_options opt;
+    opt.nodes = 1 + rng() % 7;
+    opt.fanout = 1 + rng() % 3;
+    opt.receivers_per_node = 1 + rng() % 2;
+    opt.receivers = opt.nodes * opt.receivers_per_node - rng() % opt.receivers_per_node;
+    opt.window = 1 + rng() % 4;
+    opt.staging = 1 + rng() % 4;
+    opt.local_queue = 1 + rng() % 4;
+    opt.io_timeout = std::chrono::milliseconds(3000);
+    const int n_owners = 1 + static_cast<int>(rng() % 4);
+    INFO("round " << round << (tcp ? " tcp" : " inproc") << ": nodes " << opt.nodes << ", k " << opt.fanout
+                  << ", receivers " << opt.receivers << ", owners " << n_owners << ", window " << opt.window);
+    relay_rig<> s(tcp, n_owners, opt, 100 + static_cast<std::uint64_t>(round), nullptr, 1 + rng() % 3);
+    auto c = s.coord();
+    s.start(c);
+    for (std::uint64_t v = 1; v <= 2; ++v) {
+      const double rate = std::array{0.01, 0.05, 0.3}[rng() % 3];
+      s.trainer.step(rate, 1000 * static_cast<std::uint64_t>(round) + v);
+      auto rep = c.transition();
+      REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+      REQUIRE(rep.attempts.size() == 1);
+      CHECK(rep.attempts[0].mode == refit_mode::mixed);
+      CHECK(rep.attempts[0].payloads > 0);
+      s.check_consistent(v);
+      // Each node saw each payload once (the tree copies, owners send once).
+      for (std::uint32_t i = 0; i < opt.nodes; ++i) CHECK(s.tree->node(i).counters().duplicates == 0);
+    }
+    // An unchanged candidate: owners send only owner_done, and the version still commits.
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    CHECK(rep.attempts[0].payloads == 0);
+    s.check_consistent(3);
+  }
+}
+
+TEST_CASE("coordinator over the relay tree: duplicated frames are suppressed, XOR applied once") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    auto opt = small_tree(4, 2);
+    opt.duplicate_payloads = true;
+    relay_rig<> s(tcp, 3, opt);
+    auto c = s.coord();
+    s.start(c);
+    s.trainer.step(0.1, 1);
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    CHECK(rep.attempts.size() == 1);
+    CHECK(rep.attempts[0].mode == refit_mode::mixed);
+    CHECK(s.tree->node(0).counters().duplicates == rep.attempts[0].payloads);
+    CHECK(s.tree->node(1).counters().duplicates == 0); // suppressed at the root, never forwarded
+    s.check_consistent(1);
+  }
+}
+
+TEST_CASE("coordinator over the relay tree: a killed receiver fails the attempt; the overwrite retry commits") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    relay_rig<> s(tcp, 3, small_tree(3, 2));
+    auto c = s.coord();
+    s.start(c);
+    s.trainer.step(0.1, 1);
+    s.endpoints[2]->kill_after(2);
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    REQUIRE(rep.attempts.size() == 2);
+    CHECK(rep.attempts[0].result.code == errc::aborted);
+    CHECK(rep.attempts[1].mode == refit_mode::overwrite_all);
+    s.check_consistent(1);
+    s.trainer.step(0.1, 2);
+    rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    CHECK(rep.attempts.size() == 1);
+    s.check_consistent(2);
+  }
+}
+
+TEST_CASE("coordinator over the relay tree: a dropped link fails the attempt below it; the retry reconnects and commits") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    relay_rig<> s(tcp, 2, small_tree(7, 2));
+    auto c = s.coord();
+    s.start(c);
+    s.trainer.step(0.2, 1);
+    s.tree->node(0).drop_child_after(2, 2); // node 2's subtree: nodes 2, 5, 6
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    REQUIRE(rep.attempts.size() == 2);
+    CHECK(rep.attempts[0].result.code == errc::unavailable);
+    CHECK(rep.attempts[1].mode == refit_mode::overwrite_all);
+    CHECK(s.tree->node(2).counters().failures == 1);
+    s.check_consistent(1);
+  }
+}
+
+TEST_CASE("coordinator over the relay tree: frames of a replaced attempt arriving mid-attempt are ignored") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    auto opt = small_tree(3, 2);
+    std::atomic<int> injected{0};
+    relay_tree* tree = nullptr;
+    opt.before_finish = [&](std::uint64_t attempt, std::uint32_t owner) {
+      if (owner != 0 || attempt < 2) return;
+      for (std::uint32_t n = 0; n < 3; ++n) { // every node fences on its own
+        // A node is in attempt τ once its first frame or reader of τ arrived.
+        for (int i = 0; i < 2000 && tree->node(n).current_attempt() < attempt; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        raw_sender r(*tree, n);
+        CHECK(r.payload(attempt - 1, 7, 0) == frame_kind::reject);
+        CHECK(r.done(attempt - 1, 7, 1) == frame_kind::reject);
+        ++injected;
+      }
+    };
+    relay_rig<> s(tcp, 2, opt);
+    tree = s.tree.get();
+    auto c = s.coord();
+    s.start(c);
+    for (std::uint64_t v = 1; v <= 2; ++v) {
+      s.trainer.step(0.1, v);
+      auto rep = c.transition();
+      REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+      CHECK(rep.attempts.size() == 1);
+      s.check_consistent(v);
+    }
+    CHECK(injected == 6);
+    for (std::uint32_t n = 0; n < 3; ++n) CHECK(s.tree->node(n).counters().stale == 4);
+  }
+}
+
+TEST_CASE("relay writer: an unreachable or vanished root is a typed error, never a silent success") {
+  for (bool tcp : {false, true}) {
+  CAPTURE(tcp);
+  auto tree = tcp ? make_tcp_relay_tree(small_tree(1, 2)) : make_inproc_relay_tree(small_tree(1, 2));
+  auto p = tiny_payload(3, 0, 0);
+  {
+    auto w = tree->open_writer(3, 1);
+    CHECK(w.put_payload(p).code == errc::invalid_argument); // payload of another owner
+  }
+  {
+    auto w = tree->open_writer(3, 0);
+    REQUIRE(w.put_payload(p).ok());
+    tree->node(0).shutdown(); // the root goes away with the payload unacknowledged or just acknowledged
+    const auto s = w.finish();
+    CHECK((s.code == errc::unavailable || s.code == errc::aborted));
+  }
+  tree->network().shutdown();
+  auto w = tree->open_writer(4, 0);
+  CHECK(w.put_payload(tiny_payload(4, 0, 0)).code == errc::unavailable);
+  auto moved = std::move(w);
+  w = tree->open_writer(5, 0); // assigning over a writer ends its link first
+  }
+}
