@@ -397,10 +397,12 @@ TEST_CASE("coordinator over the relay tree: random configurations, every receive
     opt.local_queue = 1 + rng() % 4;
     opt.io_timeout = std::chrono::milliseconds(3000);
     const int n_owners = 1 + static_cast<int>(rng() % 4);
-    INFO("round " << round << (tcp ? " tcp" : " inproc") << ": nodes " << opt.nodes << ", k " << opt.fanout
+    INFO("round " << round << (tcp ? " tcp" : " inproc") << (round % 3 == 2 ? " async" : " sync") << ": nodes " << opt.nodes << ", k " << opt.fanout
                   << ", receivers " << opt.receivers << ", owners " << n_owners << ", window " << opt.window);
     relay_rig<> s(tcp, n_owners, opt, 100 + static_cast<std::uint64_t>(round), nullptr, 1 + rng() % 3);
-    auto c = s.coord();
+    coordinator_options co;
+    co.mode = round % 3 == 2 ? rl_mode::asynchronous : rl_mode::synchronous; // stage all, then apply
+    auto c = s.coord(co);
     s.start(c);
     for (std::uint64_t v = 1; v <= 2; ++v) {
       const double rate = std::array{0.01, 0.05, 0.3}[rng() % 3];
