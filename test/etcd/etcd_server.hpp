@@ -1,13 +1,16 @@
 #pragma once
 // A real etcd server for the interop tests: /usr/bin/etcd on free loopback
-// ports with a temporary data directory. The child gets PR_SET_PDEATHSIG
-// (SIGKILL), so it dies with the test process even when the test crashes;
-// the destructor stops it and removes the data directory.
+// ports with a temporary data directory, serving clients over plain HTTP or,
+// given certificates, HTTPS (optionally requiring client certificates). The
+// child gets PR_SET_PDEATHSIG (SIGKILL), so it dies with the test process
+// even when the test crashes; the destructor stops it and removes the data
+// directory.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -45,9 +48,20 @@ inline std::uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
+/// Client-side TLS of a test server: its certificate and key, and (when
+/// `client_ca_file` is set) the CA its clients' certificates must chain to.
+/// `health` is how the server's own start-up check connects.
+struct etcd_tls {
+  std::string cert_file, key_file;
+  std::string client_ca_file; ///< non-empty: --client-cert-auth
+  net::tls_options health;
+};
+
 class etcd_server {
 public:
-  etcd_server() {
+  /// Plain HTTP, or HTTPS with `tls` (the health check then needs a client
+  /// built with DCR_NET_TLS).
+  explicit etcd_server(std::optional<etcd_tls> tls = std::nullopt) : tls_(std::move(tls)) {
     char tmpl[] = "/tmp/dcr-etcd-XXXXXX";
     if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
@@ -63,7 +77,9 @@ public:
   etcd_server(const etcd_server&) = delete;
   etcd_server& operator=(const etcd_server&) = delete;
 
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
+  std::string url() const {
+    return std::string(tls_ ? "https" : "http") + "://127.0.0.1:" + std::to_string(client_port_);
+  }
   std::uint16_t client_port() const { return client_port_; }
   pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0; }
@@ -81,6 +97,11 @@ public:
                                      "--initial-advertise-peer-urls", peer,
                                      "--initial-cluster", "dcr-test=" + peer,
                                      "--initial-cluster-state", "new"};
+    if (tls_) {
+      args.insert(args.end(), {"--cert-file", tls_->cert_file, "--key-file", tls_->key_file});
+      if (!tls_->client_ca_file.empty())
+        args.insert(args.end(), {"--client-cert-auth", "--trusted-ca-file", tls_->client_ca_file});
+    }
     const std::string log = (dir_ / "etcd.log").string();
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
@@ -134,7 +155,8 @@ private:
     net::http_options o;
     o.connect_timeout = std::chrono::milliseconds(500);
     o.request_timeout = std::chrono::milliseconds(2000);
-    net::http_client c(net::http_endpoint{"127.0.0.1", client_port_}, o);
+    if (tls_) o.tls = tls_->health;
+    net::http_client c(net::http_endpoint{"127.0.0.1", client_port_, tls_.has_value()}, o);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < deadline) {
       int st = 0;
@@ -153,6 +175,7 @@ private:
     throw std::runtime_error("etcd not healthy within 30 s; log:\n" + log_tail());
   }
 
+  std::optional<etcd_tls> tls_;
   std::filesystem::path dir_;
   std::uint16_t client_port_ = 0, peer_port_ = 0;
   pid_t pid_ = -1;

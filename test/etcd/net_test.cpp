@@ -87,8 +87,34 @@ TEST_CASE("parse_endpoint: accepted and rejected forms") {
   REQUIRE(parse_endpoint("http://[::1]:9000", e).ok());
   CHECK(e == http_endpoint{"::1", 9000});
   CHECK(e.authority() == "[::1]:9000");
-  for (const char* bad : {"https://h:1", "h", "h:", ":1", "h:0", "h:65536", "h:12a", "http://h:1/path", "[::1:5"})
+  REQUIRE(parse_endpoint("http://example.org/", e).ok()); // a scheme implies its port
+  CHECK(e == http_endpoint{"example.org", 80});
+  CHECK(e.url() == "http://example.org:80");
+  REQUIRE(parse_endpoint("http://[::1]", e).ok());
+  CHECK(e == http_endpoint{"::1", 80});
+  for (const char* bad : {"h", "h:", ":1", "h:0", "h:65536", "h:12a", "http://h:1/path", "[::1:5", "[::1]", "ftp://h:1",
+                          "http://", "http://:80"})
     CHECK_MESSAGE(parse_endpoint(bad, e).code == errc::invalid_argument, bad);
+}
+
+// This file is built without DCR_NET_TLS: https must be refused, never spoken
+// as plain HTTP (the TLS build is tested in tls_test.cpp).
+static_assert(!dcr::net::tls_supported);
+TEST_CASE("without TLS support an https endpoint is refused at parse and at construction") {
+  http_endpoint e;
+  for (const char* url : {"https://h:1", "https://h", "https://[::1]:443"}) {
+    const auto st = parse_endpoint(url, e);
+    CHECK_MESSAGE(st.code == errc::invalid_argument, url);
+    CHECK_MESSAGE(st.message.find("dcr-tls") != std::string::npos, st.message);
+  }
+  try {
+    http_client c(http_endpoint{"127.0.0.1", 443, true});
+    FAIL("constructed");
+  } catch (const dcr::error& x) {
+    CHECK(x.code() == errc::invalid_argument);
+    CHECK(std::string(x.what()).find("https://127.0.0.1:443") != std::string::npos);
+    CHECK(std::string(x.what()).find("dcr-tls") != std::string::npos);
+  }
 }
 
 namespace {

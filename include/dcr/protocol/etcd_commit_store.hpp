@@ -49,6 +49,14 @@
 /// on to the next (see `net::http_client`). A store object may be shared by
 /// threads (calls are serialised); several objects or processes over the
 /// same keys are what the transactions arbitrate.
+///
+/// TLS: `https://` endpoints (etcd `--cert-file`/`--key-file`) need a build
+/// with the `dcr-tls` Meson dependency (`DCR_NET_TLS`); without it they are
+/// refused at construction. `etcd_options::http.tls` says which CAs to trust
+/// (default: the system store), and gives the client certificate for a
+/// cluster started with `--client-cert-auth`. A server whose certificate
+/// fails verification, or that refuses the client's, is `errc::io`, not
+/// `errc::unavailable`: nothing was written, and retrying will not help.
 
 #include <cstdint>
 #include <mutex>
@@ -67,11 +75,12 @@ namespace dcr::protocol {
 
 /// Where and how an `etcd_commit_store` talks to etcd.
 struct etcd_options {
-  /// Client URLs of one etcd cluster ("http://host:port"), tried in order.
+  /// Client URLs of one etcd cluster ("http://host:port" or
+  /// "https://host:port"), tried in order.
   std::vector<std::string> endpoints{"http://127.0.0.1:2379"};
   /// Prefix of the three keys; one prefix per deployment.
   std::string prefix = "dcr/commit/";
-  /// Connect and request timeouts, body limit.
+  /// Connect and request timeouts, body limit, TLS trust and client certificate.
   net::http_options http{};
   /// Lost races a `take_over` or `prepare` retries before `errc::conflict`.
   unsigned max_races = 1000;
@@ -81,7 +90,8 @@ struct etcd_options {
 class etcd_commit_store {
 public:
   /// Throws `dcr::error(invalid_argument)` for an empty or malformed endpoint
-  /// list. Connects lazily: an unreachable server shows on the first call.
+  /// list, an https endpoint without TLS support, or TLS files that cannot be
+  /// loaded. Connects lazily: an unreachable server shows on the first call.
   explicit etcd_commit_store(etcd_options opt)
       : opt_(std::move(opt)), http_(parse_endpoints(opt_.endpoints), opt_.http), record_key_(opt_.prefix + "record"),
         epoch_key_(opt_.prefix + "epoch"), attempt_key_(opt_.prefix + "attempt") {}
@@ -213,7 +223,7 @@ private:
   }
 
   std::string where(const char* op) const {
-    return std::string("etcd ") + op + " at http://" + http_.current_endpoint().authority();
+    return std::string("etcd ") + op + " at " + http_.current_endpoint().url();
   }
 
   /// POST one transaction; `idempotent` lets the client re-send it after a

@@ -5,7 +5,7 @@
 ///
 /// Contract, on top of the concept's (see object_store.hpp):
 ///  - Path-style addressing: object `a/b` of bucket `bk` is
-///    `http://<endpoint>/bk/a/b`; every request is signed with AWS Signature
+///    `<endpoint>/bk/a/b`; every request is signed with AWS Signature
 ///    Version 4 (header form, `x-amz-content-sha256` = SHA-256 of the body, so
 ///    the server rejects a body damaged in transit).
 ///  - `put` is one PutObject: S3 publishes an object whole or not at all.
@@ -29,8 +29,12 @@
 ///    ...". Malformed answers: `errc::bad_format`.
 ///  - Thread-safe: concurrent calls use separate kept-alive connections from
 ///    a small pool.
-/// Needs OpenSSL libcrypto (`dcr_s3_dep` in Meson). Plain HTTP only (put TLS
-/// in a local proxy if the link needs it).
+/// Needs OpenSSL libcrypto (`dcr_s3_dep` in Meson). HTTPS endpoints (what AWS
+/// and most deployments require) also need the `dcr-tls` dependency
+/// (`DCR_NET_TLS`, see net/http_client.hpp); without it they are refused at
+/// construction. `s3_options::http.tls` sets the trusted CAs (default: the
+/// system store). A certificate that fails verification is `errc::io` and is
+/// not retried.
 
 #include <algorithm>
 #include <atomic>
@@ -56,7 +60,7 @@ namespace dcr::transport {
 
 /// Where the store is and how it behaves.
 struct s3_options {
-  std::string endpoint = "http://127.0.0.1:9000"; ///< "http://host:port" (no path)
+  std::string endpoint = "http://127.0.0.1:9000"; ///< "http[s]://host[:port]" (no path)
   std::string region = "us-east-1";               ///< signed into every request's scope
   std::string bucket;                             ///< S3 bucket name rules (3-63 of [a-z0-9.-])
   detail::sigv4_credentials credentials;
@@ -65,7 +69,7 @@ struct s3_options {
   std::chrono::milliseconds backoff{50};      ///< wait before the first retry; doubles each time
   std::chrono::milliseconds max_backoff{2000};
   std::size_t max_pool = 16;      ///< idle connections kept for reuse
-  net::http_options http = default_http();
+  net::http_options http = default_http(); ///< timeouts, body limit, TLS trust
 
   /// Large objects: response bodies up to 4 GiB (the http client's own
   /// default suits control-plane answers, not payloads).
@@ -102,8 +106,9 @@ inline status validate_bucket_name(std::string_view b) {
 /// Object store on an S3 bucket (see file comment).
 class s3_object_store {
 public:
-  /// Throws `dcr::error(invalid_argument)` for a malformed endpoint, bucket
-  /// name, empty access key, or `max_keys`/`max_attempts` out of range.
+  /// Throws `dcr::error(invalid_argument)` for a malformed endpoint (or an
+  /// https one without TLS support), bucket name, empty access key, or
+  /// `max_keys`/`max_attempts` out of range.
   explicit s3_object_store(s3_options opt) : opt_(std::move(opt)) {
     throw_if_failed(net::parse_endpoint(opt_.endpoint, endpoint_));
     throw_if_failed(validate_bucket_name(opt_.bucket));
@@ -217,7 +222,7 @@ private:
 
   status http_error(std::string_view method, const std::string& path, const net::http_response& res) const {
     auto e = detail::parse_s3_error(res.body);
-    std::string m = "S3 " + std::string(method) + " http://" + endpoint_.authority() + path + ": HTTP " +
+    std::string m = "S3 " + std::string(method) + " " + endpoint_.url() + path + ": HTTP " +
                     std::to_string(res.status);
     if (!e.code.empty()) m += " " + e.code;
     if (!e.message.empty()) m += ": " + e.message;
@@ -284,7 +289,7 @@ private:
     s.payload_hash = payload_hash;
     s.date = detail::amz_date(std::chrono::system_clock::now());
     s.region = opt_.region;
-    s.headers = {{"host", endpoint_.authority()}, {"x-amz-content-sha256", payload_hash}, {"x-amz-date", s.date}};
+    s.headers = {{"host", endpoint_.host_header()}, {"x-amz-content-sha256", payload_hash}, {"x-amz-date", s.date}};
     if (!opt_.credentials.session_token.empty())
       s.headers.emplace_back("x-amz-security-token", opt_.credentials.session_token);
     if (content_type) s.headers.emplace_back("content-type", content_type);
