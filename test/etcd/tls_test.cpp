@@ -4,8 +4,9 @@
 // Suite 'interop' (--interop): a real etcd serving TLS with certificates made
 // here by the openssl command line: the commit store laws over https, an
 // untrusted CA, a wrong name, plain http against the TLS port, client
-// certificate authentication. --interop exits 77 (skip) only when
-// /usr/bin/etcd or /usr/bin/openssl is missing.
+// certificate authentication. Suite 'swift' (--swift): the S3 object store
+// over https against Swift's proxy serving TLS. --interop and --swift exit 77
+// (skip) only when the servers' binaries or /usr/bin/openssl are missing.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -19,6 +20,7 @@
 #include <string_view>
 #include <thread>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "etcd_server.hpp"
@@ -26,6 +28,9 @@
 #include "protocol/commit_store_laws.hpp"
 #include "dcr/net/http_client.hpp"
 #include "dcr/protocol/etcd_commit_store.hpp"
+#include "dcr/transport/s3_object_store.hpp"
+#include "s3/swift_cluster.hpp"
+#include "transport/object_store_laws.hpp"
 
 using namespace dcr;
 using namespace dcr::net;
@@ -415,23 +420,87 @@ TEST_CASE("http_client over https: keep-alive reuse and a clean close") {
 
 } // TEST_SUITE("interop")
 
+namespace {
+
+test_s3::swift_cluster* swift = nullptr;
+
+transport::s3_options swift_options(std::string bucket, tls_options t) {
+  transport::s3_options o;
+  o.endpoint = "https://127.0.0.1:" + std::to_string(swift->port);
+  o.region = swift->region;
+  o.bucket = std::move(bucket);
+  o.credentials = {swift->access_key, swift->secret_key, ""};
+  o.http.tls = std::move(t);
+  o.backoff = std::chrono::milliseconds(10);
+  return o;
+}
+
+} // namespace
+
+TEST_SUITE("swift") {
+
+TEST_CASE("S3 over https (Swift s3api behind TLS): the object_store laws") {
+  transport::s3_object_store s(swift_options("dcr-tls-laws", pki().trust("ca")));
+  const auto st = s.create_bucket();
+  REQUIRE_MESSAGE(st.ok(), st.message);
+  test_transport::check_laws(s);
+}
+
+TEST_CASE("S3 over https: an untrusted server is refused once, typed, and not retried") {
+  transport::s3_object_store s(swift_options("dcr-tls-untrusted", pki().trust("other-ca")));
+  const auto st = s.create_bucket();
+  CHECK(st.code == errc::io);
+  CHECK_MESSAGE(contains(st.message, "failed verification"), st.message);
+  CHECK(s.stats().requests == 1);
+  CHECK(s.stats().retries == 0);
+  // The bucket was not created: a trusting client does not find it.
+  transport::s3_object_store ok(swift_options("dcr-tls-untrusted", pki().trust("ca")));
+  std::vector<std::string> names;
+  CHECK(ok.list("", names).code == errc::io); // NoSuchBucket
+}
+
+} // TEST_SUITE("swift")
+
 int main(int argc, char** argv) {
-  bool interop = false;
+  std::string suite = "unit";
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--interop")
-      interop = true;
+    const std::string_view a = argv[i];
+    if (a == "--interop" || a == "--swift")
+      suite = a.substr(2);
     else
       args.push_back(argv[i]);
   }
-  if (interop) {
-    for (const char* bin : {test_etcd::etcd_binary, openssl_binary})
+  auto missing = [](std::initializer_list<const char*> bins, const char* packages) {
+    for (const char* bin : bins)
       if (::access(bin, X_OK) != 0) {
-        std::printf("skip: %s not found (install the Debian packages etcd-server and openssl)\n", bin);
-        return 77;
+        std::printf("skip: %s not found (install the Debian packages %s)\n", bin, packages);
+        return true;
       }
+    return false;
+  };
+  if (suite == "interop" && missing({test_etcd::etcd_binary, openssl_binary}, "etcd-server and openssl")) return 77;
+  test_s3::swift_cluster cluster;
+  if (suite == "swift") {
+    if (missing({"/usr/bin/swift-proxy-server", "/usr/bin/swift-object-server", "/usr/bin/swift-container-server",
+                 "/usr/bin/swift-account-server", "/usr/bin/swift-ring-builder", openssl_binary},
+                "swift swift-proxy swift-account swift-container swift-object and openssl"))
+      return 77;
+    ::signal(SIGPIPE, SIG_IGN);
+    const int rc = cluster.start({"DCR_SWIFT_CERT=" + pki().cert("server"), "DCR_SWIFT_KEY=" + pki().key("server")});
+    if (rc == 77) {
+      std::printf("skip: start-swift.sh found no swift installation\n");
+      return 77;
+    }
+    if (rc != 0) {
+      std::fprintf(stderr, "could not start Swift over TLS (see start-swift.sh messages above)\n");
+      return 1;
+    }
+    swift = &cluster;
   }
   doctest::Context ctx(static_cast<int>(args.size()), args.data());
-  ctx.addFilter("test-suite", interop ? "interop" : "unit");
-  return ctx.run();
+  ctx.addFilter("test-suite", suite.c_str());
+  const int result = ctx.run();
+  cluster.stop();
+  return result;
 }

@@ -12,6 +12,9 @@
 #
 #   READY <proxy port> <access key> <secret key> <region>
 #
+# With DCR_SWIFT_CERT and DCR_SWIFT_KEY set (PEM files), the proxy serves
+# HTTPS with that certificate instead of plain HTTP.
+#
 # It then keeps running until its stdin reaches end of file (the parent exited
 # or closed the pipe, even by crashing) or it gets SIGINT/SIGTERM, and on the
 # way out stops every server it started and deletes the temporary directory.
@@ -125,7 +128,12 @@ CONF
     [ "$kind" = object ] && printf '[object-updater]\n[object-auditor]\n'
   } > "$dir/etc/$kind-server.conf"
 done
+scheme=http
 { common "$proxy_port"
+  if [ -n "${DCR_SWIFT_CERT:-}" ]; then
+    scheme=https
+    printf 'cert_file = %s\nkey_file = %s\n' "$DCR_SWIFT_CERT" "${DCR_SWIFT_KEY:?DCR_SWIFT_KEY must go with DCR_SWIFT_CERT}"
+  fi
   cat <<CONF
 [pipeline:main]
 pipeline = catch_errors gatekeeper proxy-logging cache listing_formats s3api tempauth copy slo dlo proxy-logging proxy-server
@@ -165,9 +173,9 @@ done
 # Ready when a SigV4-signed ListBuckets answers 200 (an independent signer in
 # the standard library of Python, so a failure here points at the server).
 s3_ok() {
-  "$PY" - "$proxy_port" "$ACCESS_KEY" "$SECRET_KEY" "$REGION" <<'PYEOF' 2>/dev/null
-import datetime, hashlib, hmac, sys, urllib.request
-port, ak, sk, region = sys.argv[1:5]
+  "$PY" - "$proxy_port" "$ACCESS_KEY" "$SECRET_KEY" "$REGION" "$scheme" <<'PYEOF' 2>/dev/null
+import datetime, hashlib, hmac, ssl, sys, urllib.request
+port, ak, sk, region, scheme = sys.argv[1:6]
 host = "127.0.0.1:" + port
 now = datetime.datetime.now(datetime.timezone.utc)
 amz, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
@@ -180,10 +188,11 @@ k = ("AWS4" + sk).encode()
 for part in (day, region, "s3", "aws4_request"):
     k = hmac.new(k, part.encode(), hashlib.sha256).digest()
 sig = hmac.new(k, sts.encode(), hashlib.sha256).hexdigest()
-rq = urllib.request.Request("http://" + host + "/", headers={
+rq = urllib.request.Request(scheme + "://" + host + "/", headers={
     "x-amz-date": amz, "x-amz-content-sha256": empty,
     "Authorization": "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s" % (ak, scope, signed, sig)})
-with urllib.request.urlopen(rq, timeout=2) as r:
+# Up is all this asks; the tests check the certificate.
+with urllib.request.urlopen(rq, timeout=2, context=ssl._create_unverified_context()) as r:
     sys.exit(0 if r.status == 200 else 1)
 PYEOF
 }
