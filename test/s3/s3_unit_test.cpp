@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/s3_object_store.hpp"
 
 #include "fake_http_server.hpp"
@@ -254,6 +255,15 @@ TEST_CASE("s3_object_store: options are checked at construction") {
   bad = o;
   bad.max_keys = 0;
   CHECK_THROWS_AS(s3_object_store{bad}, dcr::error);
+  bad = o;
+  bad.list_poll_max = std::chrono::milliseconds(0);
+  CHECK_THROWS_AS(s3_object_store{bad}, dcr::error);
+  // Waiting attempt readers on S3 back off to its list interval, not the 5 ms default.
+  bad = o;
+  bad.list_poll_max = std::chrono::milliseconds(250);
+  s3_object_store slow{bad};
+  CHECK(dcr::transport::default_poll_policy(slow).max == std::chrono::milliseconds(250));
+  CHECK(dcr::transport::default_poll_policy(s3_object_store{o}).max == std::chrono::milliseconds(50));
   bad = o;
   bad.credentials.access_key.clear();
   CHECK_THROWS_AS(s3_object_store{bad}, dcr::error);

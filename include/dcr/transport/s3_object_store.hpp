@@ -69,6 +69,11 @@ struct s3_options {
   std::chrono::milliseconds backoff{50};      ///< wait before the first retry; doubles each time
   std::chrono::milliseconds max_backoff{2000};
   std::size_t max_pool = 16;      ///< idle connections kept for reuse
+  /// Longest wait between listings of a waiting attempt reader: every
+  /// LIST is a billed request, rate-limited per prefix, and each receiver
+  /// polls, so the default trades up to 50 ms of latency for 20 LIST/s per
+  /// waiting receiver instead of 200.
+  std::chrono::milliseconds list_poll_max{50};
   net::http_options http = default_http(); ///< timeouts, body limit, TLS trust
 
   /// Large objects: response bodies up to 4 GiB (the http client's own
@@ -117,11 +122,14 @@ public:
       throw error(errc::invalid_argument, "S3: max_keys must be 1..1000");
     if (opt_.max_attempts < 1) throw error(errc::invalid_argument, "S3: max_attempts must be at least 1");
     if (opt_.region.empty()) throw error(errc::invalid_argument, "S3: empty region");
+    if (opt_.list_poll_max.count() <= 0) throw error(errc::invalid_argument, "S3: list_poll_max must be positive");
   }
   s3_object_store(const s3_object_store&) = delete;
   s3_object_store& operator=(const s3_object_store&) = delete;
 
   const s3_options& options() const noexcept { return opt_; }
+  /// Upper bound of `attempt_reader`'s poll interval on this store.
+  std::chrono::microseconds list_poll_max() const noexcept { return opt_.list_poll_max; }
   s3_stats stats() const noexcept { return {requests_.load(), retries_.load(), list_pages_.load()}; }
 
   /// CreateBucket; success also when this account already owns it.
