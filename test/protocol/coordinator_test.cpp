@@ -21,18 +21,6 @@ coordinator_options crash_at(std::function<bool(crash_point)> f) {
   return o;
 }
 
-/// Small enough for fast sweeps, with every tensor kind of a Llama model.
-model_config small_llama() {
-  model_config c;
-  c.hidden = 64;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;
-  c.ffn = 96;
-  c.vocab = 150;
-  return c;
-}
-
 using store_t = faulty_store;
 using commits_t = memory_commit_store;
 

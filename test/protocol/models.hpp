@@ -19,6 +19,18 @@
 
 namespace dcr::test_models {
 
+/// Small enough for fast sweeps, with every tensor kind of a Llama model.
+inline model_config small_llama() {
+  model_config c;
+  c.hidden = 64;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn = 96;
+  c.vocab = 150;
+  return c;
+}
+
 /// Shared canonical state of the "trainer": what owners see as their candidate.
 struct trainer_state {
   std::vector<host_tensor> tensors;

@@ -148,17 +148,6 @@ TEST_CASE("relay topology: every node reached once from the root; height is the 
 
 namespace {
 
-model_config small_llama() {
-  model_config c;
-  c.hidden = 64;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;
-  c.ffn = 96;
-  c.vocab = 150;
-  return c;
-}
-
 std::vector<std::byte> tiny_payload(std::uint64_t attempt, std::uint32_t owner, std::uint32_t seq) {
   item it;
   it.tensor = tensor_meta{"t", {8}, dtype_id::bf16};
