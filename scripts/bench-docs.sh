@@ -26,7 +26,7 @@ tmp=$(mktemp)
     "$exe" --markdown "$@"
     rc=$?
     set -e
-    if [ $rc -eq 77 ]; then echo; echo "_${b}: not measured on this machine (no device)._"; 
+    if [ $rc -eq 77 ]; then echo; echo "_${b}: unmeasured: this machine has no GPU (\`scripts/gpu-check.sh\` on one produces this table)._"; 
     elif [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; exit $rc; fi
   done
 } > "$tmp"
