@@ -372,6 +372,18 @@ template <class Receiver = model_receiver> struct relay_rig {
 
 } // namespace
 
+TEST_CASE("a coordinator refuses a relay tree sized for another number of receivers") {
+  relay_options opt;
+  opt.nodes = 2;
+  opt.fanout = 2;
+  opt.receivers_per_node = 2;
+  opt.receivers = 3;
+  relay_rig<> rig(false, 2, opt);
+  CHECK(rig.tree->receiver_count() == 3);
+  rig.endpoints.pop_back(); // two endpoints for a tree with three reader slots
+  CHECK_THROWS_AS(rig.coord(), dcr::error);
+}
+
 TEST_CASE("coordinator over the relay tree: random configurations, every receiver bit-exact after each refit") {
   std::mt19937 rng(20261203);
   for (int round = 0; round < 10; ++round) {

@@ -99,7 +99,14 @@ public:
   coordinator(Commits& commits, Store& store, std::vector<Owner*> owners, std::vector<endpoint*> receivers,
               coordinator_options opt = {})
       : commits_(&commits), store_(&store), owners_(std::move(owners)), receivers_(std::move(receivers)),
-        opt_(std::move(opt)) {}
+        opt_(std::move(opt)) {
+    // A transport sized for another receiver set (a relay tree's reader
+    // slots) would make readers wait for receivers that never come.
+    if constexpr (requires { { store.receiver_count() } -> std::convertible_to<std::size_t>; })
+      if (store.receiver_count() != receivers_.size())
+        throw error(errc::invalid_argument, "coordinator: transport serves " + std::to_string(store.receiver_count()) +
+                                                " receivers, " + std::to_string(receivers_.size()) + " given");
+  }
 
   /// Become the active coordinator; fences every older one.
   status take_over() {

@@ -915,6 +915,8 @@ public:
     return status::success();
   }
 
+  /// Receivers the tree has reader slots for (a coordinator checks it against its own).
+  std::size_t receiver_count() const noexcept { return opt_.receivers; }
   const relay_topology& topology() const noexcept { return topo_; }
   relay_node& node(std::uint32_t i) { return *nodes_.at(i); }
   relay_network& network() { return *net_; }
