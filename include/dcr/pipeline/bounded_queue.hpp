@@ -5,6 +5,7 @@
 /// runs ahead of its consumer blocks in `push` (backpressure).
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -14,6 +15,9 @@
 #include "dcr/core/error.hpp"
 
 namespace dcr::pipeline {
+
+/// Outcome of a queue operation with a deadline.
+enum class queue_wait { ok, closed, timeout };
 
 /// Bounded blocking queue. Laws: items come out in push order; `push` blocks
 /// while `size() == capacity()`; after `close()`, `push` returns false without
@@ -45,6 +49,30 @@ public:
     q_.pop_front();
     not_full_.notify_one();
     return v;
+  }
+
+  /// `push` that gives up at `deadline` (`timeout`; the value is dropped);
+  /// `closed` if the queue is (or becomes) closed.
+  queue_wait push_until(T value, std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock l(m_);
+    if (!not_full_.wait_until(l, deadline, [&] { return closed_ || q_.size() < capacity_; }))
+      return queue_wait::timeout;
+    if (closed_) return queue_wait::closed;
+    q_.push_back(std::move(value));
+    high_water_ = std::max(high_water_, q_.size());
+    not_empty_.notify_one();
+    return queue_wait::ok;
+  }
+
+  /// `pop` that gives up at `deadline` (`timeout`); `closed` once closed and drained.
+  queue_wait pop_until(T& out, std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock l(m_);
+    if (!not_empty_.wait_until(l, deadline, [&] { return closed_ || !q_.empty(); })) return queue_wait::timeout;
+    if (q_.empty()) return queue_wait::closed;
+    out = std::move(q_.front());
+    q_.pop_front();
+    not_full_.notify_one();
+    return queue_wait::ok;
   }
 
   /// No more pushes; wakes every waiter.

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,6 +28,7 @@
 
 #include "dcr/codec/payload.hpp"
 #include "dcr/core/error.hpp"
+#include "dcr/pipeline/bounded_queue.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/attempt_transport.hpp"
 #include "dcr/transport/relay_frame.hpp"
@@ -124,45 +124,6 @@ public:
 
 namespace detail {
 
-/// Bounded FIFO with deadlines and close (the relay's queues must give up on
-/// stop and timeouts, which `pipeline::bounded_queue` does not offer).
-template <class T> class timed_queue {
-public:
-  enum class result { ok, closed, timeout };
-  explicit timed_queue(std::size_t capacity) : cap_(std::max<std::size_t>(capacity, 1)) {}
-
-  result push(T v, std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
-    std::unique_lock l(m_);
-    if (!not_full_.wait_until(l, deadline, [&] { return closed_ || q_.size() < cap_; })) return result::timeout;
-    if (closed_) return result::closed;
-    q_.push_back(std::move(v));
-    not_empty_.notify_one();
-    return result::ok;
-  }
-  result pop(T& out, std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
-    std::unique_lock l(m_);
-    if (!not_empty_.wait_until(l, deadline, [&] { return closed_ || !q_.empty(); })) return result::timeout;
-    if (q_.empty()) return result::closed;
-    out = std::move(q_.front());
-    q_.pop_front();
-    not_full_.notify_one();
-    return result::ok;
-  }
-  void close() {
-    std::lock_guard l(m_);
-    closed_ = true;
-    not_full_.notify_all();
-    not_empty_.notify_all();
-  }
-
-private:
-  const std::size_t cap_;
-  std::mutex m_;
-  std::condition_variable not_full_, not_empty_;
-  std::deque<T> q_;
-  bool closed_ = false;
-};
-
 inline std::chrono::steady_clock::time_point after(std::chrono::milliseconds d) {
   return std::chrono::steady_clock::now() + d;
 }
@@ -173,29 +134,29 @@ inline std::chrono::steady_clock::time_point after(std::chrono::milliseconds d) 
 /// reading end checks them exactly as a socket's reader does.
 class inproc_conn final : public frame_conn {
 public:
+  using queue = pipeline::bounded_queue<std::vector<std::byte>>;
   /// Both ends of a new pipe.
   static std::pair<std::shared_ptr<inproc_conn>, std::shared_ptr<inproc_conn>> pipe(std::size_t frames,
                                                                                     std::uint64_t max_body) {
-    auto a = std::make_shared<detail::timed_queue<std::vector<std::byte>>>(frames);
-    auto b = std::make_shared<detail::timed_queue<std::vector<std::byte>>>(frames);
+    auto a = std::make_shared<queue>(std::max<std::size_t>(frames, 1));
+    auto b = std::make_shared<queue>(std::max<std::size_t>(frames, 1));
     return {std::make_shared<inproc_conn>(a, b, max_body), std::make_shared<inproc_conn>(b, a, max_body)};
   }
-  using queue = detail::timed_queue<std::vector<std::byte>>;
   inproc_conn(std::shared_ptr<queue> out, std::shared_ptr<queue> in, std::uint64_t max_body)
       : out_(std::move(out)), in_(std::move(in)), max_(max_body) {}
 
   status write(const frame_header& h, std::span<const std::byte> body, std::chrono::milliseconds timeout) override {
-    switch (out_->push(encode_frame(h, body), detail::after(timeout))) {
-    case queue::result::ok: return status::success();
-    case queue::result::closed: return fail(errc::unavailable, "relay link closed");
-    case queue::result::timeout: break;
+    switch (out_->push_until(encode_frame(h, body), detail::after(timeout))) {
+    case pipeline::queue_wait::ok: return status::success();
+    case pipeline::queue_wait::closed: return fail(errc::unavailable, "relay link closed");
+    case pipeline::queue_wait::timeout: break;
     }
     return fail(errc::unavailable, "relay link: peer took no frame for " + std::to_string(timeout.count()) + " ms");
   }
   status read(frame& out) override {
-    std::vector<std::byte> b;
-    DCR_RETURN_ERROR_IF(in_->pop(b) != queue::result::ok, unavailable, "relay link closed");
-    return decode_frame(b, max_, out);
+    auto b = in_->pop();
+    DCR_RETURN_ERROR_IF(!b, unavailable, "relay link closed");
+    return decode_frame(*b, max_, out);
   }
   void close() override {
     out_->close();
@@ -203,7 +164,7 @@ public:
   }
   /// Test hook: put raw bytes on the link as if they were a frame.
   status write_raw(std::vector<std::byte> bytes) {
-    DCR_RETURN_ERROR_IF(out_->push(std::move(bytes)) != queue::result::ok, unavailable, "relay link closed");
+    DCR_RETURN_ERROR_IF(!out_->push(std::move(bytes)), unavailable, "relay link closed");
     return status::success();
   }
 
@@ -254,7 +215,7 @@ class relay_node {
 public:
   relay_node(std::uint32_t index, const relay_topology& topo, const relay_options& opt, relay_network* net,
              std::uint32_t local_slots)
-      : index_(index), opt_(opt), net_(net), slots_(local_slots), staging_(opt.staging) {
+      : index_(index), opt_(opt), net_(net), slots_(local_slots), staging_(std::max<std::size_t>(opt.staging, 1)) {
     for (auto c : topo.children(index)) {
       children_.push_back(std::make_unique<downlink>());
       children_.back()->node = c;
@@ -307,7 +268,7 @@ public:
     }
     auto& q = *st->local[slot];
     struct closer {
-      detail::timed_queue<std::shared_ptr<const frame>>& q;
+      pipeline::bounded_queue<std::shared_ptr<const frame>>& q;
       ~closer() { q.close(); } // the forwarder never blocks on a reader that left
     } guard{q};
     std::map<std::uint32_t, std::uint32_t> delivered, done;
@@ -331,8 +292,7 @@ public:
         return fail(errc::aborted, where + ": deadline passed with " + std::to_string(done.size()) + " of " +
                                        std::to_string(owners.size()) + " owners done");
       std::shared_ptr<const frame> f;
-      const auto r = q.pop(f, std::min(deadline, now + std::chrono::milliseconds(20)));
-      if (r != detail::timed_queue<std::shared_ptr<const frame>>::result::ok) continue;
+      if (q.pop_until(f, std::min(deadline, now + std::chrono::milliseconds(20))) != pipeline::queue_wait::ok) continue;
       const auto& h = f->header;
       if (h.kind == frame_kind::owner_done) {
         done[h.owner] = h.sequence;
@@ -382,7 +342,7 @@ public:
 
 private:
   using frame_ptr = std::shared_ptr<const frame>;
-  using local_queue = detail::timed_queue<frame_ptr>;
+  using local_queue = pipeline::bounded_queue<frame_ptr>;
 
   struct attempt_state {
     std::uint64_t id = 0;
@@ -415,7 +375,7 @@ private:
     for (auto& q : cur_->local) q->close();
     auto st = std::make_shared<attempt_state>();
     st->id = attempt;
-    for (std::uint32_t s = 0; s < slots_; ++s) st->local.push_back(std::make_shared<local_queue>(opt_.local_queue));
+    for (std::uint32_t s = 0; s < slots_; ++s) st->local.push_back(std::make_shared<local_queue>(std::max<std::size_t>(opt_.local_queue, 1)));
     cur_ = std::move(st);
   }
 
@@ -505,7 +465,7 @@ private:
         if (h.kind == frame_kind::payload) pending.insert(h.owner);
         else pending.erase(h.owner);
       }
-      if (queue_it && staging_.push(std::make_shared<const frame>(std::move(f))) != local_queue::result::ok) break;
+      if (queue_it && !staging_.push(std::make_shared<const frame>(std::move(f)))) break;
       frame_header a = h;
       a.length = 0;
       a.kind = r == reply::reject ? frame_kind::reject
@@ -571,9 +531,9 @@ private:
         send_aborts(a);
       }
       frame_ptr f;
-      const auto r = staging_.pop(f, detail::after(std::chrono::milliseconds(20)));
-      if (r == local_queue::result::closed) return;
-      if (r == local_queue::result::timeout) continue;
+      const auto r = staging_.pop_until(f, detail::after(std::chrono::milliseconds(20)));
+      if (r == pipeline::queue_wait::closed) return;
+      if (r == pipeline::queue_wait::timeout) continue;
       std::vector<std::shared_ptr<local_queue>> local;
       {
         std::lock_guard l(m_);
@@ -696,7 +656,7 @@ private:
   mutable std::mutex m_;
   std::shared_ptr<attempt_state> cur_;
   relay_counters c_;
-  detail::timed_queue<frame_ptr> staging_;
+  pipeline::bounded_queue<frame_ptr> staging_;
   std::vector<std::unique_ptr<downlink>> children_;
   std::atomic<std::uint64_t> abort_for_{0}; ///< newest attempt failed here
   std::uint64_t abort_sent_ = 0;            ///< newest attempt whose abort went out (forwarder only)
