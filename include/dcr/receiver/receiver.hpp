@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <span>
@@ -256,16 +257,12 @@ public:
                             ", sequence " + std::to_string(id.sequence) + ") seen before");
     staged_payload p{id, {}, {}};
     if (policy.decode_now) {
-      DCR_TRY(decode(payload, p.items));
-      p.decoded = true;
+      DCR_TRY(decode(payload, p.items.emplace()));
       // Expanded items take ~5x the bytes of the payload (8-byte indices), so
       // only the newest staged payload keeps them: a rank that stages a whole
       // attempt while serving holds compressed bytes, and decodes again at
       // apply; one that applies each payload right away decodes it once.
-      if (!staged_.empty() && staged_.back().decoded) {
-        staged_.back().items = {};
-        staged_.back().decoded = false;
-      }
+      if (!staged_.empty()) staged_.back().items.reset();
     }
     p.bytes.assign(payload.begin(), payload.end());
     seen_.insert(key);
@@ -281,13 +278,12 @@ public:
     auto staged = std::move(staged_);
     staged_.clear();
     for (auto& p : staged) {
-      decoded_payload d;
       status s = status::success();
-      if (!p.decoded) {
-        s = decode(p.bytes, d);
-        if (s.ok() && !(d.id == p.id)) s = fail(errc::bad_format, "decoded payload id differs from its header");
+      if (!p.items) {
+        s = decode(p.bytes, p.items.emplace());
+        if (s.ok() && !(p.items->id == p.id)) s = fail(errc::bad_format, "decoded payload id differs from its header");
       }
-      if (s.ok()) s = apply_items(p.decoded ? p.items.items : d.items);
+      if (s.ok()) s = apply_items(p.items->items);
       if (!s.ok()) {
         s.message = "payload (owner " + std::to_string(p.id.owner) + ", sequence " + std::to_string(p.id.sequence) +
                     "): " + s.message;
@@ -321,7 +317,6 @@ public:
 
 private:
   std::byte* scratch() noexcept { return reinterpret_cast<std::byte*>(scratch_.data()); }
-
 
   template <canonical_source S> static tensor_view source_view(const S& src, const tensor_meta& m) {
     auto v = src.find(m.name);
@@ -359,12 +354,11 @@ private:
   std::vector<std::uint64_t> scratch_;
   std::vector<std::vector<std::byte>> captures_;
   /// A staged payload: its bytes and, for the newest one staged with
-  /// `decode_now`, its validated items (`decoded`).
+  /// `decode_now`, its validated items.
   struct staged_payload {
     payload_id id;
     std::vector<std::byte> bytes;
-    decoded_payload items;
-    bool decoded = false;
+    std::optional<decoded_payload> items;
   };
   bool started_ = false;
   std::uint64_t attempt_ = 0;
