@@ -20,20 +20,16 @@
 
 namespace {
 
-std::string sealed(std::string_view body) {
-  return std::string(body) + "digest " + dcr::to_hex(dcr::digest(std::as_bytes(std::span(body)))) + "\n";
-}
-
 void manifest(std::string_view text) {
   dcr::transport::manifest m;
-  if (!dcr::transport::parse(sealed(text), m).ok()) return;
+  if (!dcr::transport::parse(dcr::seal_text(std::string(text)), m).ok()) return;
   dcr::transport::manifest again;
   if (!dcr::transport::parse(dcr::transport::serialize(m), again).ok() || !(again == m)) std::abort();
 }
 
 void commit_record(std::string_view text) {
   dcr::protocol::stored_record r;
-  if (!dcr::protocol::parse(sealed(text), r).ok()) return;
+  if (!dcr::protocol::parse(dcr::seal_text(std::string(text)), r).ok()) return;
   dcr::protocol::stored_record again;
   if (!dcr::protocol::parse(dcr::protocol::serialize(r), again).ok() || !(again == r)) std::abort();
 }

@@ -63,4 +63,44 @@ inline std::string to_hex(const digest128& d) {
   return s;
 }
 
+/// Parse what `to_hex` writes (exactly 32 lower-case hex characters).
+inline bool parse_hex_digest(std::string_view s, digest128& d) {
+  if (s.size() != 32) return false;
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < 16; ++i) {
+    int hi = nib(s[2 * i]), lo = nib(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    d[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return true;
+}
+
+/// `body` sealed for the text formats of the control plane (manifests,
+/// commit records): followed by the line `digest <hex>` of the BLAKE2b-128
+/// of every byte before it, so a damaged text is detected, not misread.
+inline std::string seal_text(std::string body) {
+  const auto d = digest(std::as_bytes(std::span(body)));
+  return body + "digest " + to_hex(d) + "\n";
+}
+
+/// Check the seal of a `seal_text` text and set `body` to what it covers.
+/// `what` names the format in messages ("manifest: missing digest line").
+inline status open_sealed_text(std::string_view text, std::string_view what, std::string_view& body) {
+  const auto dpos = text.rfind("digest ");
+  DCR_RETURN_ERROR_IF(dpos == std::string_view::npos || (dpos > 0 && text[dpos - 1] != '\n'), bad_format,
+                      std::string(what) + ": missing digest line");
+  digest128 want{};
+  const auto line = text.substr(dpos + 7);
+  DCR_RETURN_ERROR_IF(line.size() != 33 || line.back() != '\n' || !parse_hex_digest(line.substr(0, 32), want),
+                      bad_format, std::string(what) + ": malformed digest line");
+  body = text.substr(0, dpos);
+  DCR_RETURN_ERROR_IF(digest(std::as_bytes(std::span(body))) != want, digest_mismatch,
+                      std::string(what) + ": digest does not match its contents");
+  return status::success();
+}
+
 } // namespace dcr

@@ -118,21 +118,6 @@ inline status check_prepare(const stored_record& cur, std::uint64_t epoch) {
   return status::success();
 }
 
-inline bool parse_hex_digest(std::string_view s, digest128& d) {
-  if (s.size() != 32) return false;
-  auto nib = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (std::size_t i = 0; i < 16; ++i) {
-    int hi = nib(s[2 * i]), lo = nib(s[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    d[i] = static_cast<std::uint8_t>(hi * 16 + lo);
-  }
-  return true;
-}
-
 } // namespace detail
 
 /// Text serialisation of a stored record (format `dcr-commit 1`, documented in
@@ -150,26 +135,14 @@ inline std::string serialize(const stored_record& s) {
     << "time_unix_ns " << s.record.time_unix_ns << "\n"
     << "receivers " << s.record.receivers.size() << "\n";
   for (auto& r : s.record.receivers) o << "receiver " << to_hex(r.state) << " " << r.receiver << "\n";
-  std::string body = o.str();
-  auto d = digest(std::as_bytes(std::span(body)));
-  return body + "digest " + to_hex(d) + "\n";
+  return seal_text(o.str());
 }
 
 /// Parse what `serialize` wrote; `errc::bad_format` names the first bad line.
 inline status parse(std::string_view text, stored_record& out) {
-  const auto dpos = text.rfind("digest ");
-  DCR_RETURN_ERROR_IF(dpos == std::string_view::npos || (dpos > 0 && text[dpos - 1] != '\n'),
-                      bad_format, "commit record: missing digest line");
-  {
-    digest128 want{};
-    auto line = text.substr(dpos + 7);
-    DCR_RETURN_ERROR_IF(line.size() != 33 || line.back() != '\n' ||
-                            !detail::parse_hex_digest(line.substr(0, 32), want),
-                        bad_format, "commit record: malformed digest line");
-    DCR_RETURN_ERROR_IF(digest(std::as_bytes(std::span(text.substr(0, dpos)))) != want,
-                        digest_mismatch, "commit record: digest does not match its contents");
-  }
-  std::istringstream in{std::string(text.substr(0, dpos))};
+  std::string_view body;
+  DCR_TRY(open_sealed_text(text, "commit record", body));
+  std::istringstream in{std::string(body)};
   std::string line;
   std::size_t lineno = 0;
   auto next = [&](std::string_view key) -> std::optional<std::string> {
@@ -202,7 +175,7 @@ inline status parse(std::string_view text, stored_record& out) {
   if (!number("version", r.record.version)) return bad("version");
   {
     auto s = next("source_baseline");
-    if (!s || !detail::parse_hex_digest(*s, r.record.source_baseline)) return bad("source_baseline");
+    if (!s || !parse_hex_digest(*s, r.record.source_baseline)) return bad("source_baseline");
   }
   if (!number("committed_attempt", r.record.attempt)) return bad("committed_attempt");
   if (!number("time_unix_ns", r.record.time_unix_ns)) return bad("time_unix_ns");
@@ -211,7 +184,7 @@ inline status parse(std::string_view text, stored_record& out) {
   for (std::uint64_t i = 0; i < n; ++i) {
     auto s = next("receiver");
     receiver_ack a;
-    if (!s || s->size() < 34 || (*s)[32] != ' ' || !detail::parse_hex_digest(std::string_view(*s).substr(0, 32), a.state))
+    if (!s || s->size() < 34 || (*s)[32] != ' ' || !parse_hex_digest(std::string_view(*s).substr(0, 32), a.state))
       return bad("receiver <digest> <id>");
     a.receiver = s->substr(33);
     r.record.receivers.push_back(std::move(a));

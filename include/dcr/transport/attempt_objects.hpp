@@ -79,23 +79,14 @@ inline std::string serialize(const manifest& m) {
   o << "dcr-manifest 1\nattempt " << m.attempt << "\nowner " << m.owner << "\npayloads "
     << m.payloads.size() << "\n";
   for (auto& e : m.payloads) o << e.name << " " << e.bytes << " " << to_hex(e.digest) << "\n";
-  auto body = o.str();
-  return body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+  return seal_text(o.str());
 }
 
 /// Parse a manifest; checks its digest, every field and every name.
 inline status parse(std::string_view text, manifest& out) {
-  const auto dpos = text.rfind("digest ");
-  DCR_RETURN_ERROR_IF(dpos == std::string_view::npos || (dpos > 0 && text[dpos - 1] != '\n'), bad_format,
-                      "manifest: missing digest line");
-  digest128 want{};
-  auto tail = text.substr(dpos + 7);
-  DCR_RETURN_ERROR_IF(tail.size() != 33 || tail.back() != '\n' ||
-                          !protocol::detail::parse_hex_digest(tail.substr(0, 32), want),
-                      bad_format, "manifest: malformed digest line");
-  DCR_RETURN_ERROR_IF(digest(std::as_bytes(std::span(text.substr(0, dpos)))) != want, digest_mismatch,
-                      "manifest: digest does not match its contents");
-  std::istringstream in{std::string(text.substr(0, dpos))};
+  std::string_view body;
+  DCR_TRY(open_sealed_text(text, "manifest", body));
+  std::istringstream in{std::string(body)};
   std::string magic, k1, k2, k3;
   manifest m;
   std::uint64_t owner = 0, n = 0;
@@ -110,7 +101,7 @@ inline status parse(std::string_view text, manifest& out) {
     manifest_entry e;
     std::string hex;
     in >> e.name >> e.bytes >> hex;
-    DCR_RETURN_ERROR_IF(!in || !protocol::detail::parse_hex_digest(hex, e.digest), bad_format,
+    DCR_RETURN_ERROR_IF(!in || !parse_hex_digest(hex, e.digest), bad_format,
                         "manifest: malformed entry " + std::to_string(i));
     DCR_TRY(validate_object_name(e.name));
     DCR_RETURN_ERROR_IF(e.name.rfind(attempt_prefix(m.attempt), 0) != 0, bad_format,
