@@ -20,6 +20,8 @@
 #include "fake_server.hpp"
 #include "protocol/commit_store_laws.hpp"
 #include "protocol/models.hpp"
+#include "dcr/net/base64.hpp"
+#include "dcr/net/json.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/protocol/etcd_commit_store.hpp"
 #include "dcr/transport/object_store.hpp"
@@ -362,7 +364,9 @@ TEST_CASE("etcd store: a dead endpoint first in the list fails over to the live 
   auto st = dead.load(r);
   CHECK(st.code == errc::unavailable);
   CHECK(st.message.find("cannot connect") != std::string::npos);
-  CHECK_THROWS_AS(etcd_commit_store(etcd_options{{"https://x:1"}, "p/", {}, 1}), dcr::error);
+  if (!dcr::net::tls_supported()) // with TLS it connects lazily, and the dead host shows on use
+    CHECK_THROWS_AS(etcd_commit_store(etcd_options{{"https://x:1"}, "p/", {}, 1}), dcr::error);
+  CHECK_THROWS_AS(etcd_commit_store(etcd_options{{"ftp://x:1"}, "p/", {}, 1}), dcr::error);
   CHECK_THROWS_AS(etcd_commit_store(etcd_options{{}, "p/", {}, 1}), dcr::error);
 }
 

@@ -60,7 +60,7 @@ struct etcd_tls {
 class etcd_server {
 public:
   /// Plain HTTP, or HTTPS with `tls` (the health check then needs a client
-  /// built with DCR_NET_TLS).
+  /// built with TLS).
   explicit etcd_server(std::optional<etcd_tls> tls = std::nullopt) : tls_(std::move(tls)) {
     char tmpl[] = "/tmp/dcr-etcd-XXXXXX";
     if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");

@@ -1,8 +1,11 @@
 #pragma once
 /// \file
-/// A small synchronous HTTP/1.1 client over Boost.Beast (header-only, like
-/// Beast and Asio themselves), for the control-plane and object-store
-/// backends: plain HTTP, and HTTPS when TLS support is compiled in.
+/// A small synchronous HTTP/1.1 client for the control-plane and object-store
+/// backends: plain HTTP, and HTTPS when the `dcr-net` library was built with
+/// TLS. This header is the thin front: it includes no Boost, Asio or OpenSSL
+/// header; the client itself (Boost.Beast over Asio, OpenSSL for TLS) is
+/// compiled once into `dcr-net` (src/net/http_client.cpp), so a program that
+/// talks to etcd or S3 does not instantiate Beast in every translation unit.
 ///
 /// Contract:
 ///  - `request` sends one request and reads one complete response; it returns
@@ -23,12 +26,12 @@
 ///    options), `errc::io` (TLS refused, see below). Messages name the
 ///    endpoint, method and target.
 ///
-/// TLS (`https://` endpoints) is compiled in only when `DCR_NET_TLS` is
-/// defined to 1, which the `dcr-tls` Meson dependency does (it adds libssl and
-/// libcrypto; the rest of the library needs neither). Define it for every
-/// translation unit of a program or for none: the client's layout depends on
-/// it. Without it an https endpoint is `errc::invalid_argument` at parse and
-/// construction time, never a silent downgrade to plain HTTP. With it:
+/// TLS (`https://` endpoints) is a build option of the `dcr-net` library
+/// (Meson option `tls`, on when libssl is found); `tls_supported()` says
+/// whether the linked library has it. The client's layout does not depend on
+/// it, so there is nothing a program must define consistently. Without TLS an
+/// https endpoint is `errc::invalid_argument` at parse and construction time,
+/// never a silent downgrade to plain HTTP. With it:
 ///  - TLS 1.2 or later; the server's certificate chain is verified against
 ///    `tls_options` (default: the system trust store) and its leaf must name
 ///    the endpoint host (DNS name or IP address in the subjectAltName, as
@@ -52,62 +55,20 @@
 ///
 /// Not thread-safe: one client per thread, or callers serialise access.
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
-#include <variant>
 #include <vector>
-
-#include <poll.h>
-
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/error.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http/dynamic_body.hpp>
-#include <boost/beast/http/message.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/read.hpp>
-#include <boost/beast/http/span_body.hpp>
-#include <boost/beast/http/string_body.hpp>
-#include <boost/beast/http/write.hpp>
-
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-#include <boost/asio/ip/address.hpp>
-#include <boost/asio/ssl/context.hpp>
-#include <boost/asio/ssl/error.hpp>
-#include <boost/asio/ssl/host_name_verification.hpp>
-#include <boost/asio/ssl/verify_context.hpp>
-#include <boost/beast/ssl/ssl_stream.hpp>
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#include <openssl/x509_vfy.h>
-#endif
 
 #include "dcr/core/error.hpp"
 
 namespace dcr::net {
 
-/// Whether this translation unit was built with TLS support (`DCR_NET_TLS`).
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-inline constexpr bool tls_supported = true;
-#else
-inline constexpr bool tls_supported = false;
-#endif
-
-namespace detail {
-inline std::string tls_missing_message(std::string_view what) {
-  return std::string(what) +
-         ": https needs TLS support, which this build lacks: build with the dcr-tls Meson dependency "
-         "(it defines DCR_NET_TLS and links libssl)";
-}
-} // namespace detail
+/// Whether the linked `dcr-net` library was built with TLS support.
+bool tls_supported() noexcept;
 
 /// A server address: host name or IP literal, TCP port, and whether the
 /// connection is TLS (https).
@@ -136,59 +97,9 @@ struct http_endpoint {
 /// literals in brackets ("http://[::1]:9000"); a trailing "/" is allowed, a
 /// path is not. A URL with a scheme may omit the port (80 for http, 443 for
 /// https); a bare "host:port" is plain HTTP and needs its port.
-/// `errc::invalid_argument` otherwise, and for https when TLS support is not
-/// compiled in (see file comment).
-inline status parse_endpoint(std::string_view url, http_endpoint& out) {
-  const std::string orig(url);
-  http_endpoint e;
-  bool has_scheme = true;
-  if (url.substr(0, 7) == "http://") {
-    url.remove_prefix(7);
-  } else if (url.substr(0, 8) == "https://") {
-    DCR_RETURN_ERROR_IF(!tls_supported, invalid_argument, detail::tls_missing_message("endpoint '" + orig + "'"));
-    url.remove_prefix(8);
-    e.tls = true;
-  } else {
-    has_scheme = false;
-  }
-  DCR_RETURN_ERROR_IF(url.find("://") != std::string_view::npos, invalid_argument,
-                      "endpoint '" + orig + "': only http:// and https:// are supported");
-  if (!url.empty() && url.back() == '/') url.remove_suffix(1);
-  DCR_RETURN_ERROR_IF(url.find('/') != std::string_view::npos, invalid_argument,
-                      "endpoint '" + orig + "': a path is not allowed");
-  std::string_view port;
-  bool has_port = true;
-  if (!url.empty() && url.front() == '[') {
-    const auto close = url.find(']');
-    DCR_RETURN_ERROR_IF(close == std::string_view::npos, invalid_argument, "endpoint '" + orig + "': unclosed '['");
-    e.host = std::string(url.substr(1, close - 1));
-    url.remove_prefix(close + 1);
-    has_port = !url.empty();
-    DCR_RETURN_ERROR_IF(has_port && url.front() != ':', invalid_argument, "endpoint '" + orig + "': expected ':port'");
-    if (has_port) port = url.substr(1);
-  } else {
-    const auto colon = url.rfind(':');
-    has_port = colon != std::string_view::npos;
-    e.host = std::string(url.substr(0, has_port ? colon : url.size()));
-    if (has_port) port = url.substr(colon + 1);
-  }
-  DCR_RETURN_ERROR_IF(!has_port && !has_scheme, invalid_argument, "endpoint '" + orig + "': expected host:port");
-  DCR_RETURN_ERROR_IF(e.host.empty(), invalid_argument, "endpoint '" + orig + "': empty host");
-  if (!has_port) {
-    e.port = e.tls ? 443 : 80;
-    out = std::move(e);
-    return status::success();
-  }
-  unsigned long p = 0;
-  DCR_RETURN_ERROR_IF(port.empty() || port.size() > 5 ||
-                          !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }),
-                      invalid_argument, "endpoint '" + orig + "': bad port");
-  for (char c : port) p = p * 10 + static_cast<unsigned long>(c - '0');
-  DCR_RETURN_ERROR_IF(p == 0 || p > 65535, invalid_argument, "endpoint '" + orig + "': port out of range");
-  e.port = static_cast<std::uint16_t>(p);
-  out = std::move(e);
-  return status::success();
-}
+/// `errc::invalid_argument` otherwise, and for https when the library has no
+/// TLS support (see file comment).
+status parse_endpoint(std::string_view url, http_endpoint& out);
 
 /// One header field.
 struct http_field {
@@ -216,22 +127,13 @@ struct http_response {
   std::string body;
 
   /// First header with this name (case-insensitive), if any.
-  std::optional<std::string_view> header(std::string_view name) const {
-    for (auto& h : headers)
-      if (std::equal(h.name.begin(), h.name.end(), name.begin(), name.end(),
-                     [](char a, char b) { return ascii_lower(a) == ascii_lower(b); }))
-        return std::string_view(h.value);
-    return std::nullopt;
-  }
-
-private:
-  static char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+  std::optional<std::string_view> header(std::string_view name) const;
 };
 
 /// How https endpoints are authenticated, and how the client authenticates
-/// itself (used only with TLS support compiled in; see file comment). Files
-/// are PEM. A file that cannot be loaded is `dcr::error(invalid_argument)`
-/// when the client is constructed.
+/// itself (used only when the library has TLS support; see file comment).
+/// Files are PEM. A file that cannot be loaded is
+/// `dcr::error(invalid_argument)` when the client is constructed.
 struct tls_options {
   /// Trusted CA certificates (a bundle). With `ca_dir` also empty the system
   /// trust store is used (OpenSSL's default paths).
@@ -262,372 +164,37 @@ struct http_options {
 };
 
 /// Synchronous keep-alive HTTP/1.1 client over one or more equivalent
-/// endpoints (see file comment).
+/// endpoints (see file comment). The connection state lives in the compiled
+/// library (`impl`), so this class's layout is the same in every build.
 class http_client {
 public:
   /// `endpoints` must not be empty (`dcr::error(invalid_argument)` otherwise,
   /// and for an https endpoint without TLS support or with TLS options that
   /// cannot be loaded).
-  explicit http_client(std::vector<http_endpoint> endpoints, http_options opt = {})
-      : endpoints_(std::move(endpoints)), opt_(std::move(opt)) {
-    if (endpoints_.empty()) throw error(errc::invalid_argument, "http_client: no endpoint");
-    for (auto& e : endpoints_) {
-      if (!e.tls) continue;
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-      if (!tls_ctx_) tls_ctx_.emplace(make_tls_context(opt_.tls));
-#else
-      throw error(errc::invalid_argument, detail::tls_missing_message("http_client: endpoint " + e.url()));
-#endif
-    }
-  }
-  explicit http_client(http_endpoint endpoint, http_options opt = {})
-      : http_client(std::vector<http_endpoint>{std::move(endpoint)}, std::move(opt)) {}
+  explicit http_client(std::vector<http_endpoint> endpoints, http_options opt = {});
+  explicit http_client(http_endpoint endpoint, http_options opt = {});
 
   http_client(const http_client&) = delete;
   http_client& operator=(const http_client&) = delete;
-  ~http_client() { close(); }
+  http_client(http_client&&) noexcept;
+  http_client& operator=(http_client&&) noexcept;
+  ~http_client();
 
   /// The endpoint used last (or to be tried first).
-  const http_endpoint& current_endpoint() const noexcept { return endpoints_[current_]; }
-  const std::vector<http_endpoint>& endpoints() const noexcept { return endpoints_; }
-  const http_options& options() const noexcept { return opt_; }
+  const http_endpoint& current_endpoint() const noexcept;
+  const std::vector<http_endpoint>& endpoints() const noexcept;
+  const http_options& options() const noexcept;
 
   /// Drop the kept-alive connection (the next request connects afresh); a
   /// TLS connection is told so with a close_notify first.
-  void close() noexcept {
-    shutdown_tls();
-    drop();
-  }
+  void close() noexcept;
 
   /// Send `rq` and read the whole response into `out` (see file comment).
-  status request(const http_request& rq, http_response& out) {
-    // The first failure on a reused connection may only mean the server had
-    // dropped it in the instant before we wrote: that one case is retried on
-    // a fresh connection for idempotent requests. Connect failures fail over.
-    status last = fail(errc::unavailable, "no endpoint tried");
-    const std::size_t n = endpoints_.size();
-    for (std::size_t tried = 0; tried < n;) {
-      bool reused = false;
-      if (stream_ && !connection_is_idle_open()) drop();
-      if (!stream_) {
-        auto c = connect();
-        if (!c) {
-          // A refused handshake says more than another endpoint's refused
-          // connection: it is what gets reported if nothing answers.
-          if (last.code == errc::unavailable) last = std::move(c);
-          current_ = (current_ + 1) % n;
-          ++tried;
-          continue;
-        }
-      } else {
-        reused = true;
-      }
-      bool sent = false;
-      auto s = exchange(rq, out, sent);
-      if (s) return s;
-      drop();
-      if (s.code != errc::unavailable) return s; // the server answered, badly: not a transport failure
-      last = std::move(s);
-      if (sent && !rq.idempotent) {
-        last.message += " (the request may have been applied: outcome unknown)";
-        return last;
-      }
-      // A reused connection that broke (rather than timed out) was most
-      // likely closed by the server while idle: same endpoint, fresh
-      // connection, not counted as a try. A timeout moves on.
-      if (reused && !timed_out_) continue;
-      current_ = (current_ + 1) % n;
-      ++tried;
-    }
-    return last;
-  }
+  status request(const http_request& rq, http_response& out);
 
 private:
-  using tcp = boost::asio::ip::tcp;
-  using tcp_stream = boost::beast::tcp_stream;
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-  using tls_stream = boost::beast::ssl_stream<tcp_stream>;
-  using any_stream = std::variant<tcp_stream, tls_stream>;
-#else
-  using any_stream = std::variant<tcp_stream>;
-#endif
-
-  std::string where(const http_request* rq = nullptr) const {
-    std::string w = current_endpoint().url();
-    if (rq) w = rq->method + " " + w + rq->target;
-    return w;
-  }
-
-  /// The TCP layer under either stream (timeouts and the socket live there).
-  tcp_stream& tcp_layer() {
-    return std::visit([](auto& s) -> tcp_stream& { return boost::beast::get_lowest_layer(s); }, *stream_);
-  }
-
-  /// An idle kept-alive socket that polls readable has seen EOF or stray
-  /// bytes from the server: either way it cannot carry the next exchange.
-  bool connection_is_idle_open() {
-    if (buffer_.size() != 0) return false; // unread bytes after the last response
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-    if (auto* t = std::get_if<tls_stream>(&*stream_); t && SSL_pending(t->native_handle()) > 0) return false;
-#endif
-    pollfd p{};
-    p.fd = tcp_layer().socket().native_handle();
-    p.events = POLLIN;
-    const int r = ::poll(&p, 1, 0);
-    return r == 0;
-  }
-
-  /// Run the io_context until the started operation's handler ran.
-  void run() {
-    ioc_.restart();
-    ioc_.run();
-  }
-
-  /// Close the socket without a word to the peer (broken, or closed by it).
-  void drop() noexcept {
-    boost::beast::error_code ignored;
-    if (stream_) {
-      auto& s = tcp_layer().socket();
-      s.shutdown(tcp::socket::shutdown_both, ignored);
-      s.close(ignored);
-    }
-    stream_.reset();
-    buffer_.clear();
-  }
-
-  status connect() {
-    const auto& ep = current_endpoint();
-    const auto deadline = std::chrono::steady_clock::now() + opt_.connect_timeout;
-    boost::beast::error_code ec;
-    tcp::resolver resolver(ioc_);
-    tcp::resolver::results_type results;
-    resolver.async_resolve(ep.host, std::to_string(ep.port), tcp::resolver::numeric_service,
-                           [&](const boost::beast::error_code& e, tcp::resolver::results_type r) {
-                             ec = e;
-                             results = std::move(r);
-                           });
-    run();
-    if (ec) return fail(errc::unavailable, where() + ": cannot resolve host: " + ec.message());
-    tcp_stream s(ioc_);
-    s.expires_at(deadline);
-    s.async_connect(results, [&](const boost::beast::error_code& e, const tcp::endpoint&) { ec = e; });
-    run();
-    if (ec) return fail(errc::unavailable, where() + ": cannot connect: " + timeout_or(ec, opt_.connect_timeout));
-    s.socket().set_option(tcp::no_delay(true), ec);
-    buffer_.clear();
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-    if (ep.tls) {
-      stream_.emplace(std::in_place_type<tls_stream>, std::move(s), *tls_ctx_);
-      auto h = handshake(std::get<tls_stream>(*stream_), deadline);
-      if (!h) drop();
-      return h;
-    }
-#endif
-    stream_.emplace(std::in_place_type<tcp_stream>, std::move(s));
-    return status::success();
-  }
-
-  static std::string timeout_or(const boost::beast::error_code& ec, std::chrono::milliseconds limit) {
-    return ec == boost::beast::error::timeout ? "timed out after " + std::to_string(limit.count()) + " ms"
-                                              : ec.message();
-  }
-
-  status exchange(const http_request& rq, http_response& out, bool& sent) {
-    return std::visit([&](auto& s) { return exchange_on(s, rq, out, sent); }, *stream_);
-  }
-
-  template <class Stream> status exchange_on(Stream& stream, const http_request& rq, http_response& out, bool& sent) {
-    namespace http = boost::beast::http;
-    // The body is sent from the caller's buffer (no copy: payloads and
-    // manifests can be hundreds of MiB).
-    http::request<http::span_body<const char>> req;
-    req.method_string(rq.method);
-    req.target(rq.target);
-    req.version(11);
-    bool has_host = false, has_agent = false;
-    for (auto& h : rq.headers) {
-      req.insert(h.name, h.value);
-      has_host |= boost::beast::iequals(h.name, "host");
-      has_agent |= boost::beast::iequals(h.name, "user-agent");
-    }
-    if (!has_host) req.set(http::field::host, current_endpoint().host_header());
-    if (!has_agent && !opt_.user_agent.empty()) req.set(http::field::user_agent, opt_.user_agent);
-    req.body() = {rq.body.data(), rq.body.size()};
-    req.prepare_payload();
-    if (rq.body.empty() && rq.method != "GET" && rq.method != "HEAD" && rq.method != "DELETE")
-      req.content_length(0); // some servers insist on a length for bodiless PUT/POST
-
-    boost::beast::error_code ec;
-    timed_out_ = false;
-    boost::beast::get_lowest_layer(stream).expires_after(opt_.request_timeout);
-    std::size_t written = 0;
-    http::async_write(stream, req, [&](const boost::beast::error_code& e, std::size_t n) {
-      ec = e;
-      written = n;
-    });
-    run();
-    // Bytes that left this process may have been acted upon.
-    sent = written > 0 || !ec;
-    if (ec) return transport_error(rq, "write", ec);
-
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(opt_.max_body);
-    if (rq.method == "HEAD") parser.skip(true);
-    http::async_read(stream, buffer_, parser, [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
-    run();
-    if (ec) {
-      if (ec == http::error::body_limit)
-        return fail(errc::length_overflow,
-                    where(&rq) + ": response body larger than " + std::to_string(opt_.max_body) + " bytes");
-      if (ec == http::error::header_limit)
-        return fail(errc::length_overflow, where(&rq) + ": response header too large");
-      // A closed or cut connection is a transport failure; any other parser
-      // error means the peer spoke, but not HTTP.
-      if (ec.category() == http::make_error_code(http::error::bad_version).category() &&
-          ec != http::error::end_of_stream && ec != http::error::partial_message)
-        return fail(errc::bad_format, where(&rq) + ": malformed HTTP response: " + ec.message());
-      return transport_error(rq, "read", ec);
-    }
-    auto res = parser.release();
-    out.status = res.result_int();
-    out.reason = std::string(res.reason());
-    out.headers.clear();
-    for (auto& f : res) out.headers.push_back({std::string(f.name_string()), std::string(f.value())});
-    out.body = std::move(res.body());
-    if (!res.keep_alive()) drop();
-    return status::success();
-  }
-
-  status transport_error(const http_request& rq, const char* phase, const boost::beast::error_code& ec) {
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-    // An alert after the handshake (TLS 1.3 servers reject a client
-    // certificate only once the client has finished) is a refusal, not a
-    // broken link.
-    if (ec.category() == boost::asio::error::get_ssl_category())
-      return fail(errc::io, where(&rq) + ": " + phase + " failed: TLS: " + ec.message());
-#endif
-    timed_out_ = ec == boost::beast::error::timeout;
-    return fail(errc::unavailable, where(&rq) + ": " + phase + " failed: " + timeout_or(ec, opt_.request_timeout));
-  }
-
-#if defined(DCR_NET_TLS) && DCR_NET_TLS
-  static boost::asio::ssl::context make_tls_context(const tls_options& t) {
-    namespace ssl = boost::asio::ssl;
-    ssl::context ctx(ssl::context::tls_client);
-    auto check = [](const boost::beast::error_code& ec, const std::string& what) {
-      if (ec) throw error(errc::invalid_argument, "http_client: TLS: " + what + ": " + ec.message());
-    };
-    if (SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION) != 1)
-      throw error(errc::invalid_argument, "http_client: TLS: cannot require TLS 1.2");
-    boost::beast::error_code ec;
-    if (t.ca_file.empty() && t.ca_dir.empty()) {
-      ctx.set_default_verify_paths(ec);
-      check(ec, "cannot load the system trust store");
-    }
-    if (!t.ca_file.empty()) {
-      ctx.load_verify_file(t.ca_file, ec);
-      check(ec, "cannot load CA file '" + t.ca_file + "'");
-    }
-    if (!t.ca_dir.empty()) {
-      ctx.add_verify_path(t.ca_dir, ec);
-      check(ec, "cannot use CA directory '" + t.ca_dir + "'");
-    }
-    if (t.cert_file.empty() != t.key_file.empty())
-      throw error(errc::invalid_argument, "http_client: TLS: a client certificate needs both cert_file and key_file");
-    if (!t.cert_file.empty()) {
-      ctx.use_certificate_chain_file(t.cert_file, ec);
-      check(ec, "cannot load client certificate '" + t.cert_file + "'");
-      ctx.use_private_key_file(t.key_file, ssl::context::pem, ec);
-      check(ec, "cannot load client key '" + t.key_file + "'");
-      if (SSL_CTX_check_private_key(ctx.native_handle()) != 1)
-        throw error(errc::invalid_argument,
-                    "http_client: TLS: key '" + t.key_file + "' does not belong to '" + t.cert_file + "'");
-    }
-    return ctx;
-  }
-
-  /// What the client trusts, for verification failure messages.
-  std::string trust_source() const {
-    const auto& t = opt_.tls;
-    if (t.ca_file.empty() && t.ca_dir.empty()) return "the system trust store";
-    std::string s;
-    if (!t.ca_file.empty()) s = "CA file '" + t.ca_file + "'";
-    if (!t.ca_dir.empty()) s += (s.empty() ? "" : " and ") + std::string("CA directory '") + t.ca_dir + "'";
-    return s;
-  }
-
-  status handshake(tls_stream& s, std::chrono::steady_clock::time_point deadline) {
-    namespace ssl = boost::asio::ssl;
-    const std::string name = opt_.tls.server_name.empty() ? current_endpoint().host : opt_.tls.server_name;
-    boost::beast::error_code ec;
-    (void)boost::asio::ip::make_address(name, ec);
-    if (ec && SSL_set_tlsext_host_name(s.native_handle(), name.c_str()) != 1) // SNI takes names, not addresses
-      return fail(errc::invalid_argument, where() + ": TLS: cannot set server name '" + name + "'");
-    verify_failure_.clear();
-    if (opt_.tls.verify_peer) {
-      s.set_verify_mode(ssl::verify_peer);
-      // host_name_verification alone reports every failure as "certificate
-      // verify failed"; recording why here lets the message tell an unknown
-      // issuer from a wrong name.
-      s.set_verify_callback([this, name, names = ssl::host_name_verification(name)](bool preverified,
-                                                                                  ssl::verify_context& vc) {
-        X509_STORE_CTX* x = vc.native_handle();
-        if (!preverified) {
-          if (verify_failure_.empty())
-            verify_failure_ = "certificate at depth " + std::to_string(X509_STORE_CTX_get_error_depth(x)) +
-                              " failed verification: " + X509_verify_cert_error_string(X509_STORE_CTX_get_error(x)) +
-                              " (trusting " + trust_source() + ")";
-          return false;
-        }
-        if (!names(true, vc)) {
-          verify_failure_ = "certificate does not name '" + name + "'";
-          return false;
-        }
-        return true;
-      });
-    } else {
-      s.set_verify_mode(ssl::verify_none);
-    }
-    boost::beast::get_lowest_layer(s).expires_at(deadline);
-    s.async_handshake(ssl::stream_base::client, [&](const boost::beast::error_code& e) { ec = e; });
-    run();
-    if (!ec) return status::success();
-    if (!verify_failure_.empty()) return fail(errc::io, where() + ": TLS: server " + verify_failure_);
-    if (ec.category() == boost::asio::error::get_ssl_category()) {
-      const bool not_tls = ERR_GET_REASON(ec.value()) == SSL_R_WRONG_VERSION_NUMBER;
-      return fail(errc::io, where() + ": TLS handshake failed: " + ec.message() + (not_tls ? " (not a TLS server?)" : ""));
-    }
-    return fail(errc::unavailable, where() + ": TLS handshake failed: " + timeout_or(ec, opt_.connect_timeout));
-  }
-
-  /// close_notify to a live TLS peer, bounded by connect_timeout. Marking the
-  /// peer's close_notify as received makes SSL_shutdown send ours and finish
-  /// at once instead of waiting for an answer nobody needs.
-  void shutdown_tls() noexcept {
-    auto* t = stream_ ? std::get_if<tls_stream>(&*stream_) : nullptr;
-    if (!t) return;
-    try {
-      SSL_set_shutdown(t->native_handle(), SSL_RECEIVED_SHUTDOWN);
-      boost::beast::get_lowest_layer(*t).expires_after(opt_.connect_timeout);
-      t->async_shutdown([](const boost::beast::error_code&) {}); // a peer that already left: nothing to do
-      run();
-    } catch (...) {
-    }
-  }
-
-  std::string verify_failure_; ///< why the last handshake's certificate check failed, if it did
-  std::optional<boost::asio::ssl::context> tls_ctx_; ///< only with an https endpoint
-#else
-  void shutdown_tls() noexcept {}
-#endif
-
-  std::vector<http_endpoint> endpoints_;
-  http_options opt_;
-  std::size_t current_ = 0;
-  bool timed_out_ = false; ///< the last exchange failed by its deadline
-  boost::asio::io_context ioc_{1};
-  std::optional<any_stream> stream_;
-  boost::beast::flat_buffer buffer_;
+  struct impl;
+  std::unique_ptr<impl> impl_;
 };
 
 } // namespace dcr::net

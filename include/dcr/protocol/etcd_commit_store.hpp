@@ -1,5 +1,8 @@
 #pragma once
 /// \file
+/// Compiled into the dcr-net library (`dependency('dcr-net')`); this header
+/// declares the store and includes no networking header.
+///
 /// `etcd_commit_store`: the commit record and its counters in etcd v3, through
 /// its JSON gateway (`POST /v3/kv/txn`, served by etcd 3.4 and later).
 ///
@@ -50,25 +53,21 @@
 /// threads (calls are serialised); several objects or processes over the
 /// same keys are what the transactions arbitrate.
 ///
-/// TLS: `https://` endpoints (etcd `--cert-file`/`--key-file`) need a build
-/// with the `dcr-tls` Meson dependency (`DCR_NET_TLS`); without it they are
-/// refused at construction. `etcd_options::http.tls` says which CAs to trust
+/// TLS: `https://` endpoints (etcd `--cert-file`/`--key-file`) need the
+/// dcr-net library built with TLS (`net::tls_supported()`); without it they
+/// are refused at construction. `etcd_options::http.tls` says which CAs to trust
 /// (default: the system store), and gives the client certificate for a
 /// cluster started with `--client-cert-auth`. A server whose certificate
 /// fails verification, or that refuses the client's, is `errc::io`, not
 /// `errc::unavailable`: nothing was written, and retrying will not help.
 
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
 
 #include "dcr/core/error.hpp"
-#include "dcr/net/base64.hpp"
 #include "dcr/net/http_client.hpp"
-#include "dcr/net/json.hpp"
 #include "dcr/protocol/commit_store.hpp"
 
 namespace dcr::protocol {
@@ -92,293 +91,25 @@ public:
   /// Throws `dcr::error(invalid_argument)` for an empty or malformed endpoint
   /// list, an https endpoint without TLS support, or TLS files that cannot be
   /// loaded. Connects lazily: an unreachable server shows on the first call.
-  explicit etcd_commit_store(etcd_options opt)
-      : opt_(std::move(opt)), http_(parse_endpoints(opt_.endpoints), opt_.http), record_key_(opt_.prefix + "record"),
-        epoch_key_(opt_.prefix + "epoch"), attempt_key_(opt_.prefix + "attempt") {}
+  explicit etcd_commit_store(etcd_options opt);
+  /// A moved-from store may only be destroyed or assigned to.
+  etcd_commit_store(etcd_commit_store&&) noexcept;
+  etcd_commit_store& operator=(etcd_commit_store&&) noexcept;
+  ~etcd_commit_store();
 
-  const std::string& record_key() const noexcept { return record_key_; }
-  const std::string& epoch_key() const noexcept { return epoch_key_; }
-  const std::string& attempt_key() const noexcept { return attempt_key_; }
+  const std::string& record_key() const noexcept;
+  const std::string& epoch_key() const noexcept;
+  const std::string& attempt_key() const noexcept;
 
-  status load(stored_record& out) {
-    std::lock_guard g(m_);
-    return load_locked(out);
-  }
-
-  status take_over(std::uint64_t& epoch) {
-    std::lock_guard g(m_);
-    std::uint64_t seen = epoch_hint_;
-    for (unsigned race = 0; race <= opt_.max_races; ++race) {
-      const std::string body = txn_body({compare_counter(epoch_key_, seen)},
-                                        {put(epoch_key_, std::to_string(seen + 1))}, {range(epoch_key_)});
-      txn_result t;
-      DCR_TRY(txn(body, true, "take_over", t));
-      if (t.succeeded) {
-        epoch = epoch_hint_ = seen + 1;
-        return status::success();
-      }
-      DCR_TRY(counter_of(t, 0, epoch_key_, seen));
-    }
-    return fail(errc::conflict, "etcd take_over: lost " + std::to_string(opt_.max_races) + " races in a row on " +
-                                    epoch_key_);
-  }
-
-  status prepare(std::uint64_t epoch, std::uint64_t& attempt) {
-    std::lock_guard g(m_);
-    std::uint64_t seen = attempt_hint_;
-    for (unsigned race = 0; race <= opt_.max_races; ++race) {
-      const std::string body =
-          txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, seen)},
-                   {put(attempt_key_, std::to_string(seen + 1))}, {range(epoch_key_), range(attempt_key_)});
-      txn_result t;
-      DCR_TRY(txn(body, true, "prepare", t));
-      if (t.succeeded) {
-        attempt = attempt_hint_ = seen + 1;
-        return status::success();
-      }
-      stored_record cur;
-      DCR_TRY(counter_of(t, 0, epoch_key_, cur.epoch));
-      DCR_TRY(counter_of(t, 1, attempt_key_, cur.attempt));
-      DCR_TRY(detail::check_prepare(cur, epoch));
-      seen = cur.attempt; // same epoch, newer attempt: another prepare won
-    }
-    return fail(errc::conflict, "etcd prepare: lost " + std::to_string(opt_.max_races) + " races in a row on " +
-                                    attempt_key_);
-  }
-
+  status load(stored_record& out);
+  status take_over(std::uint64_t& epoch);
+  status prepare(std::uint64_t epoch, std::uint64_t& attempt);
   status compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
-                         const commit_record& next) {
-    std::lock_guard g(m_);
-    const stored_record written{next, expected_revision + 1, epoch, attempt};
-    const std::string body =
-        txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, attempt),
-                  compare_version(record_key_, expected_revision)},
-                 {put(record_key_, serialize(written))}, {range(record_key_), range(epoch_key_), range(attempt_key_)});
-    txn_result t;
-    if (auto s = txn(body, false, "compare_and_set", t); !s) {
-      if (s.code != errc::unavailable || s.message.find("outcome unknown") == std::string::npos) return s;
-      // The request may have been applied: read back, through any endpoint.
-      stored_record now;
-      if (load_locked(now).ok() && now == written) return status::success();
-      return s;
-    }
-    if (t.succeeded) return status::success();
-    snapshot cur;
-    DCR_TRY(snapshot_of(t, 0, cur, false));
-    DCR_TRY(detail::check_cas(cur.counters, epoch, attempt, expected_revision));
-    // Every compare holds in the snapshot, yet the transaction failed: the
-    // keys changed between its compare and its reads, which etcd rules out.
-    return fail(errc::bad_format, "etcd compare_and_set: transaction failed although its compares hold in the "
-                                  "same snapshot (server not serializable?)");
-  }
+                         const commit_record& next);
 
 private:
-  struct txn_result {
-    bool succeeded = false;
-    net::json_value responses; ///< array: one entry per request of the branch taken
-  };
-  struct snapshot {
-    stored_record counters; ///< revision, epoch, attempt (record left empty)
-    std::string record_value;
-  };
-
-  static std::vector<net::http_endpoint> parse_endpoints(const std::vector<std::string>& urls) {
-    if (urls.empty()) throw error(errc::invalid_argument, "etcd_commit_store: no endpoint");
-    std::vector<net::http_endpoint> eps;
-    for (auto& u : urls) {
-      net::http_endpoint e;
-      throw_if_failed(net::parse_endpoint(u, e));
-      eps.push_back(std::move(e));
-    }
-    return eps;
-  }
-
-  // Request bodies. Keys and values are base64 and numbers decimal, so no
-  // JSON escaping is ever needed.
-  static std::string compare_counter(const std::string& key, std::uint64_t v) {
-    if (v == 0) return compare_version(key, 0);
-    return R"({"result":"EQUAL","target":"VALUE","key":")" + net::base64_encode(key) + R"(","value":")" +
-           net::base64_encode(std::to_string(v)) + R"("})";
-  }
-  static std::string compare_version(const std::string& key, std::uint64_t version) {
-    return R"({"result":"EQUAL","target":"VERSION","key":")" + net::base64_encode(key) + R"(","version":")" +
-           std::to_string(version) + R"("})";
-  }
-  static std::string put(const std::string& key, const std::string& value) {
-    return R"({"request_put":{"key":")" + net::base64_encode(key) + R"(","value":")" + net::base64_encode(value) +
-           R"("}})";
-  }
-  static std::string range(const std::string& key) {
-    return R"({"request_range":{"key":")" + net::base64_encode(key) + R"("}})";
-  }
-  static std::string txn_body(const std::vector<std::string>& compare, const std::vector<std::string>& success,
-                              const std::vector<std::string>& failure) {
-    auto list = [](const std::vector<std::string>& v) {
-      std::string s = "[";
-      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + v[i];
-      return s + "]";
-    };
-    return R"({"compare":)" + list(compare) + R"(,"success":)" + list(success) + R"(,"failure":)" + list(failure) +
-           "}";
-  }
-
-  std::string where(const char* op) const {
-    return std::string("etcd ") + op + " at " + http_.current_endpoint().url();
-  }
-
-  /// POST one transaction; `idempotent` lets the client re-send it after a
-  /// broken connection (see file comment).
-  status txn(const std::string& body, bool idempotent, const char* op, txn_result& out) {
-    net::http_request rq;
-    rq.method = "POST";
-    rq.target = "/v3/kv/txn";
-    rq.headers = {{"Content-Type", "application/json"}};
-    rq.body = body;
-    rq.idempotent = idempotent;
-    net::http_response res;
-    if (auto s = http_.request(rq, res); !s) {
-      s.message = std::string("etcd ") + op + ": " + s.message;
-      return s;
-    }
-    if (res.status != 200) return http_error(op, res);
-    net::json_value doc;
-    DCR_TRY(net::parse_json(res.body, doc, where(op) + " response"));
-    DCR_RETURN_ERROR_IF(!doc.is_object() || !doc.get("header"), bad_format,
-                        where(op) + ": response is not a transaction response: " + excerpt(res.body));
-    out.succeeded = false;
-    if (auto* s = doc.get("succeeded")) {
-      DCR_RETURN_ERROR_IF(s->type != net::json_value::kind::boolean, bad_format,
-                          where(op) + ": 'succeeded' is not a boolean");
-      out.succeeded = s->boolean;
-    }
-    out.responses = net::json_value{};
-    out.responses.type = net::json_value::kind::array;
-    if (auto* r = doc.get("responses")) {
-      DCR_RETURN_ERROR_IF(!r->is_array(), bad_format, where(op) + ": 'responses' is not an array");
-      out.responses = *r;
-    }
-    return status::success();
-  }
-
-  /// gRPC codes INVALID_ARGUMENT (3) and OUT_OF_RANGE (11) mean the request
-  /// itself is at fault (e.g. a record above the server's request size
-  /// limit); anything else is the service failing to serve it.
-  status http_error(const char* op, const net::http_response& res) const {
-    std::string msg = excerpt(res.body);
-    std::uint64_t code = 0;
-    net::json_value doc;
-    if (net::parse_json(res.body, doc).ok() && doc.is_object()) {
-      if (auto* m = doc.get("message"); m && m->is_string()) msg = m->text;
-      if (auto* c = doc.get("code")) (void)c->as_u64(code);
-    }
-    const errc e = (code == 3 || code == 11) ? errc::invalid_argument : errc::unavailable;
-    return fail(e, where(op) + ": HTTP " + std::to_string(res.status) + " " + res.reason + ": " + msg);
-  }
-
-  static std::string excerpt(std::string_view body) {
-    return body.size() <= 200 ? std::string(body) : std::string(body.substr(0, 200)) + "...";
-  }
-
-  /// The single key-value of the i-th range response, if the key exists.
-  status kv_of(const txn_result& t, std::size_t i, const std::string& key, const net::json_value*& kv) const {
-    kv = nullptr;
-    DCR_RETURN_ERROR_IF(i >= t.responses.items.size(), bad_format,
-                        "etcd: transaction returned " + std::to_string(t.responses.items.size()) +
-                            " responses, expected a range of " + key);
-    const auto* rr = t.responses.items[i].get("response_range");
-    DCR_RETURN_ERROR_IF(!rr || !rr->is_object(), bad_format, "etcd: response " + std::to_string(i) + " is not a range of " + key);
-    const auto* kvs = rr->get("kvs");
-    if (!kvs) return status::success(); // absent key: the gateway omits the empty list
-    DCR_RETURN_ERROR_IF(!kvs->is_array() || kvs->items.size() > 1 || (kvs->items.size() == 1 && !kvs->items[0].is_object()),
-                        bad_format, "etcd: malformed kvs in the range of " + key);
-    if (kvs->items.empty()) return status::success();
-    kv = &kvs->items[0];
-    std::string got;
-    const auto* k = kv->get("key");
-    DCR_RETURN_ERROR_IF(!k || !k->is_string(), bad_format, "etcd: range of " + key + " returned a kv without key");
-    DCR_TRY(net::base64_decode(k->text, got, "etcd key"));
-    DCR_RETURN_ERROR_IF(got != key, bad_format, "etcd: range of " + key + " returned key " + got);
-    return status::success();
-  }
-
-  /// Value bytes of a kv (the gateway omits an empty value).
-  static status value_of(const net::json_value& kv, const std::string& key, std::string& out) {
-    out.clear();
-    const auto* v = kv.get("value");
-    if (!v) return status::success();
-    DCR_RETURN_ERROR_IF(!v->is_string(), bad_format, "etcd: value of " + key + " is not a string");
-    return net::base64_decode(v->text, out, "etcd value of " + key);
-  }
-
-  /// A counter key's value from the i-th range response (absent: 0).
-  status counter_of(const txn_result& t, std::size_t i, const std::string& key, std::uint64_t& v) const {
-    const net::json_value* kv = nullptr;
-    DCR_TRY(kv_of(t, i, key, kv));
-    if (!kv) {
-      v = 0;
-      return status::success();
-    }
-    std::string text;
-    DCR_TRY(value_of(*kv, key, text));
-    net::json_value n;
-    n.type = net::json_value::kind::string;
-    n.text = text;
-    DCR_RETURN_ERROR_IF(!n.as_u64(v) || v == 0, bad_format,
-                        "etcd: " + key + " holds '" + excerpt(text) + "', not a positive decimal counter");
-    return status::success();
-  }
-
-  /// Record version (= revision), epoch and attempt from three range
-  /// responses starting at `first` (record, epoch, attempt).
-  status snapshot_of(const txn_result& t, std::size_t first, snapshot& out, bool want_value) const {
-    const net::json_value* kv = nullptr;
-    DCR_TRY(kv_of(t, first, record_key_, kv));
-    out.counters = stored_record{};
-    out.record_value.clear();
-    if (kv) {
-      const auto* ver = kv->get("version");
-      DCR_RETURN_ERROR_IF(!ver || !ver->as_u64(out.counters.revision) || out.counters.revision == 0, bad_format,
-                          "etcd: " + record_key_ + " has no valid version");
-      if (want_value) DCR_TRY(value_of(*kv, record_key_, out.record_value));
-    }
-    DCR_TRY(counter_of(t, first + 1, epoch_key_, out.counters.epoch));
-    DCR_TRY(counter_of(t, first + 2, attempt_key_, out.counters.attempt));
-    return status::success();
-  }
-
-  status load_locked(stored_record& out) {
-    txn_result t;
-    DCR_TRY(txn(txn_body({}, {range(record_key_), range(epoch_key_), range(attempt_key_)}, {}), true, "load", t));
-    DCR_RETURN_ERROR_IF(!t.succeeded, bad_format, "etcd load: a transaction without compares failed");
-    snapshot s;
-    DCR_TRY(snapshot_of(t, 0, s, true));
-    stored_record r = s.counters;
-    if (r.revision > 0) {
-      stored_record embedded;
-      if (auto p = parse(s.record_value, embedded); !p) {
-        p.message = "etcd " + record_key_ + ": " + p.message;
-        return p;
-      }
-      // Only this store writes the key, always with its next version inside.
-      DCR_RETURN_ERROR_IF(embedded.revision != r.revision, bad_format,
-                          "etcd " + record_key_ + ": record says revision " + std::to_string(embedded.revision) +
-                              " but the key is at version " + std::to_string(r.revision) +
-                              " (written by something other than dcr?)");
-      r.record = std::move(embedded.record);
-    }
-    epoch_hint_ = r.epoch;
-    attempt_hint_ = r.attempt;
-    out = std::move(r);
-    return status::success();
-  }
-
-  etcd_options opt_;
-  std::mutex m_;
-  net::http_client http_;
-  std::string record_key_, epoch_key_, attempt_key_;
-  // Last values seen: the first compare of take_over / prepare guesses them,
-  // so an uncontended call is one round trip.
-  std::uint64_t epoch_hint_ = 0, attempt_hint_ = 0;
+  struct impl;
+  std::unique_ptr<impl> impl_;
 };
 static_assert(commit_store<etcd_commit_store>);
 

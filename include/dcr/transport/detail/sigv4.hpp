@@ -1,102 +1,29 @@
 #pragma once
 /// \file
 /// AWS Signature Version 4 (header form) for the S3 object store: SHA-256 and
-/// HMAC-SHA256 from OpenSSL libcrypto, the S3 URI-encoding rules, canonical
-/// request, string to sign, signing-key derivation and the Authorization
-/// header. Pure functions of their inputs (the clock is an argument), so the
-/// published AWS examples check them exactly. Internal to
-/// `s3_object_store.hpp`; exposed in a header of its own for those tests.
+/// HMAC-SHA256, the S3 URI-encoding rules, canonical request, string to sign,
+/// signing-key derivation and the Authorization header. Pure functions of
+/// their inputs (the clock is an argument), so the published AWS examples
+/// check them exactly. Compiled into the dcr-net library (src/net/sigv4.cpp,
+/// over OpenSSL libcrypto, whose headers this one does not include); exposed
+/// in a header of its own for those tests.
 
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
-#include <ctime>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-
-#include "dcr/core/error.hpp"
-
 namespace dcr::transport::detail {
 
 using sha256_digest = std::array<unsigned char, 32>;
 
-/// SHA-256 of `data`. Throws `dcr::error(io)` only if libcrypto fails
-/// (allocation), which callers turn into a status.
-inline sha256_digest sha256(std::span<const std::byte> data) {
-  sha256_digest d{};
-  unsigned len = 0;
-  if (EVP_Digest(data.data(), data.size(), d.data(), &len, EVP_sha256(), nullptr) != 1 || len != d.size())
-    throw error(errc::io, "libcrypto SHA-256 failed");
-  return d;
-}
-inline sha256_digest sha256(std::string_view s) { return sha256(std::as_bytes(std::span(s.data(), s.size()))); }
-
-/// HMAC-SHA256(key, data).
-inline sha256_digest hmac_sha256(std::span<const unsigned char> key, std::string_view data) {
-  sha256_digest d{};
-  unsigned len = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
-           data.size(), d.data(), &len) == nullptr ||
-      len != d.size())
-    throw error(errc::io, "libcrypto HMAC-SHA256 failed");
-  return d;
-}
-
-/// Lower-case hex, as SigV4 writes hashes and signatures.
-inline std::string hex_lower(std::span<const unsigned char> bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(bytes.size() * 2);
-  for (unsigned char b : bytes) {
-    s.push_back(digits[b >> 4]);
-    s.push_back(digits[b & 15]);
-  }
-  return s;
-}
-
 /// Hex SHA-256 of the empty string (the payload hash of bodiless requests).
 inline constexpr std::string_view empty_payload_sha256 =
     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-
-/// SigV4 URI encoding: every byte except the unreserved A-Z a-z 0-9 - . _ ~
-/// becomes %XY with upper-case hex; '/' is kept when `keep_slash` (object key
-/// paths: S3 encodes the path once, segment by segment) and encoded otherwise
-/// (query names and values).
-inline std::string uri_encode(std::string_view s, bool keep_slash) {
-  static constexpr char digits[] = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(s.size());
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    const bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                            c == '-' || c == '.' || c == '_' || c == '~';
-    if (unreserved || (keep_slash && c == '/')) {
-      out.push_back(ch);
-    } else {
-      out.push_back('%');
-      out.push_back(digits[c >> 4]);
-      out.push_back(digits[c & 15]);
-    }
-  }
-  return out;
-}
-
-/// "YYYYMMDDTHHMMSSZ" (UTC) of `t`, the x-amz-date format.
-inline std::string amz_date(std::chrono::system_clock::time_point t) {
-  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  ::gmtime_r(&tt, &tm);
-  char buf[20];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
-  return buf;
-}
 
 /// Access key, secret and (for temporary credentials) session token.
 struct sigv4_credentials {
@@ -129,83 +56,40 @@ struct sigv4_signature {
   std::string authorization;  ///< the Authorization header value
 };
 
+/// SHA-256 of `data`. Throws `dcr::error(io)` only if libcrypto fails
+/// (allocation), which callers turn into a status.
+sha256_digest sha256(std::span<const std::byte> data);
+
+sha256_digest sha256(std::string_view s);
+
+/// HMAC-SHA256(key, data).
+sha256_digest hmac_sha256(std::span<const unsigned char> key, std::string_view data);
+
+/// Lower-case hex, as SigV4 writes hashes and signatures.
+std::string hex_lower(std::span<const unsigned char> bytes);
+
+/// SigV4 URI encoding: every byte except the unreserved A-Z a-z 0-9 - . _ ~
+/// becomes %XY with upper-case hex; '/' is kept when `keep_slash` (object key
+/// paths: S3 encodes the path once, segment by segment) and encoded otherwise
+/// (query names and values).
+std::string uri_encode(std::string_view s, bool keep_slash);
+
+/// "YYYYMMDDTHHMMSSZ" (UTC) of `t`, the x-amz-date format.
+std::string amz_date(std::chrono::system_clock::time_point t);
+
 /// Canonical query string: names and values URI-encoded ('/' too), sorted by
 /// encoded name then value, each written "name=value" (also for empty values).
-inline std::string canonical_query(const std::vector<std::pair<std::string, std::string>>& query) {
-  std::vector<std::pair<std::string, std::string>> enc;
-  enc.reserve(query.size());
-  for (auto& [k, v] : query) enc.emplace_back(uri_encode(k, false), uri_encode(v, false));
-  std::sort(enc.begin(), enc.end());
-  std::string out;
-  for (auto& [k, v] : enc) {
-    if (!out.empty()) out.push_back('&');
-    out += k;
-    out.push_back('=');
-    out += v;
-  }
-  return out;
-}
+std::string canonical_query(const std::vector<std::pair<std::string, std::string>>& query);
 
 /// Header value as canonicalised: outer whitespace trimmed, inner runs of
 /// spaces collapsed to one.
-inline std::string canonical_header_value(std::string_view v) {
-  std::string out;
-  bool space = false;
-  for (char c : v) {
-    if (c == ' ' || c == '\t') {
-      space = !out.empty();
-      continue;
-    }
-    if (space) out.push_back(' ');
-    space = false;
-    out.push_back(c);
-  }
-  return out;
-}
+std::string canonical_header_value(std::string_view v);
 
 /// The signing key: HMAC chain over "AWS4"+secret, date, region, service,
 /// "aws4_request".
-inline sha256_digest sigv4_signing_key(std::string_view secret, std::string_view day, std::string_view region,
-                                       std::string_view service) {
-  const std::string k0 = "AWS4" + std::string(secret);
-  auto k = hmac_sha256(std::span(reinterpret_cast<const unsigned char*>(k0.data()), k0.size()), day);
-  k = hmac_sha256(k, region);
-  k = hmac_sha256(k, service);
-  return hmac_sha256(k, "aws4_request");
-}
+sha256_digest sigv4_signing_key(std::string_view secret, std::string_view day, std::string_view region, std::string_view service);
 
 /// Sign `rq` with `cred` (see the file comment).
-inline sigv4_signature sigv4_sign(const sigv4_request& rq, const sigv4_credentials& cred) {
-  sigv4_signature s;
-  // Lower-case names; values of repeated names join with ',' in order.
-  std::vector<std::pair<std::string, std::string>> hs;
-  for (auto& [n, v] : rq.headers) {
-    std::string name(n);
-    std::transform(name.begin(), name.end(), name.begin(),
-                   [](unsigned char c) { return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c); });
-    auto it = std::find_if(hs.begin(), hs.end(), [&](auto& h) { return h.first == name; });
-    if (it == hs.end())
-      hs.emplace_back(std::move(name), canonical_header_value(v));
-    else
-      it->second += "," + canonical_header_value(v);
-  }
-  std::stable_sort(hs.begin(), hs.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  std::string canon_headers;
-  for (auto& [n, v] : hs) {
-    canon_headers += n + ":" + v + "\n";
-    if (!s.signed_headers.empty()) s.signed_headers.push_back(';');
-    s.signed_headers += n;
-  }
-  s.canonical_request = rq.method + "\n" + rq.canonical_uri + "\n" + canonical_query(rq.query) + "\n" + canon_headers +
-                        "\n" + s.signed_headers + "\n" + rq.payload_hash;
-  const std::string day = rq.date.substr(0, 8);
-  s.scope = day + "/" + rq.region + "/" + rq.service + "/aws4_request";
-  s.string_to_sign = "AWS4-HMAC-SHA256\n" + rq.date + "\n" + s.scope + "\n" + hex_lower(sha256(s.canonical_request));
-  const auto key = sigv4_signing_key(cred.secret_key, day, rq.region, rq.service);
-  s.signature = hex_lower(hmac_sha256(key, s.string_to_sign));
-  s.authorization = "AWS4-HMAC-SHA256 Credential=" + cred.access_key + "/" + s.scope +
-                    ", SignedHeaders=" + s.signed_headers + ", Signature=" + s.signature;
-  return s;
-}
+sigv4_signature sigv4_sign(const sigv4_request& rq, const sigv4_credentials& cred);
 
 } // namespace dcr::transport::detail
