@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), configures and builds build/.
 # Sourced by demo.sh and test.sh; safe to run again (incremental).
+# DCR_BUILD_TARGETS limits the build to the named ninja targets.
 set -euo pipefail
 DCR_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$DCR_ROOT"
@@ -27,5 +28,12 @@ if [ ! -f build/build.ninja ]; then
   echo "== configuring build/"
   meson setup build ${DCR_MESON_OPTIONS:-}
 fi
-echo "== building build/ (-j$jobs)"
-meson compile -C build -j "$jobs"
+# DCR_BUILD_TARGETS: build only these (e.g. the demo); default everything.
+if [ -n "${DCR_BUILD_TARGETS:-}" ]; then
+  echo "== building $DCR_BUILD_TARGETS in build/ (-j$jobs)"
+  # shellcheck disable=SC2086
+  ninja -C build -j "$jobs" $DCR_BUILD_TARGETS
+else
+  echo "== building build/ (-j$jobs)"
+  meson compile -C build -j "$jobs"
+fi

@@ -6,9 +6,9 @@
 /// and scattered on the device. Twin: `dcr::device::scatter_row`
 /// (`dcr/device/row.hpp`); same checks, same errors, same bits.
 ///
-/// Includes codec/payload.hpp (Boost.Endian, zstd, BLAKE2), which pulls
-/// core/tensor.hpp; unlike `item.cuh` it uploads only the wire bytes (about
-/// 1-2 bytes per location instead of 8).
+/// Includes only the payload format (codec/payload_format.hpp: no Boost, no
+/// zstd; BLAKE2 for the digest check); unlike `item.cuh` it uploads only the
+/// wire bytes (about 1-2 bytes per location instead of 8).
 
 #include <cuda_runtime.h>
 
@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <span>
 
-#include "dcr/codec/payload.hpp"
+#include "dcr/codec/payload_format.hpp"
 #include "dcr/cuda/locations.cuh"
 #include "dcr/cuda/runtime.cuh"
 #include "dcr/device/row.hpp"

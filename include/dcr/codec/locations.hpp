@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dcr/core/config.hpp"
+#include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
 
 namespace dcr::codec {
@@ -83,20 +84,6 @@ concept location_coding = requires(std::span<const std::uint64_t> idx, std::vect
 };
 
 namespace detail {
-
-template <class W> inline W load_le(const std::byte* p) noexcept {
-  W w;
-  std::memcpy(&w, p, sizeof w);
-  if constexpr (std::endian::native == std::endian::big) {
-    W r = 0;
-    for (std::size_t i = 0; i < sizeof w; ++i) r = static_cast<W>((r << 8) | ((w >> (8 * i)) & 0xFF));
-    w = r;
-  }
-  return w;
-}
-template <class W> inline void store_le(std::byte* p, W w) noexcept {
-  for (std::size_t i = 0; i < sizeof w; ++i) p[i] = static_cast<std::byte>((w >> (8 * i)) & 0xFF);
-}
 
 /// Largest gap of strictly increasing indices (0 for fewer than two).
 inline std::uint64_t max_gap(std::span<const std::uint64_t> idx) noexcept {
@@ -215,7 +202,7 @@ template <class W> struct gap_words {
     out.resize(base + (idx.size() - 1) * sizeof(W));
     std::byte* p = out.data() + base;
     for (std::size_t i = 1; i < idx.size(); ++i, p += sizeof(W))
-      detail::store_le<W>(p, static_cast<W>(idx[i] - idx[i - 1] - 1));
+      store_le<W>(p, static_cast<W>(idx[i] - idx[i - 1] - 1));
   }
   static status decode(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
                        std::span<std::uint64_t> out) {
@@ -225,7 +212,7 @@ template <class W> struct gap_words {
       return detail::length_error(name, in.size(), gaps * sizeof(W));
     const std::byte* p = in.data();
     return detail::finish(out, first, numel,
-                          [p](std::size_t k) { return std::uint64_t{detail::load_le<W>(p + k * sizeof(W))}; });
+                          [p](std::size_t k) { return std::uint64_t{load_le<W>(p + k * sizeof(W))}; });
   }
 };
 using gap_u8 = gap_words<std::uint8_t>;
@@ -341,7 +328,7 @@ struct escape_u8 {
     while (k < out.size()) {
       // Fast path: 8 gaps without an escape byte, range checked once per block.
       if (k + 8 <= out.size() && pos + 8 <= in.size()) {
-        const std::uint64_t w = detail::load_le<std::uint64_t>(in.data() + pos);
+        const std::uint64_t w = load_le<std::uint64_t>(in.data() + pos);
         const std::uint64_t t = ~w; // an escape byte 0xFF becomes a zero byte
         if (((t - 0x0101010101010101ull) & ~t & 0x8080808080808080ull) == 0) {
           bool wrapped = false;

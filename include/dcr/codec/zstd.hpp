@@ -34,9 +34,6 @@ inline ZSTD_DCtx* thread_dctx() {
 }
 } // namespace detail
 
-/// Largest expansion one zstd frame can express per compressed byte: an RLE
-/// block spends 4 bytes (3 header + 1) on at most 128 KiB of output.
-inline constexpr std::uint64_t zstd_max_expansion = 32768;
 
 /// Compress `in` into one zstd frame at `level`, replacing `out`.
 inline status zstd_compress(std::span<const std::byte> in, int level, std::vector<std::byte>& out) {

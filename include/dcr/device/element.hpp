@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "dcr/core/config.hpp"
+#include "dcr/core/endian.hpp"
 #include "dcr/core/dtype.hpp"
 
 namespace dcr::device {
@@ -217,10 +218,7 @@ constexpr DCR_HOST_DEVICE bool is_gap_width(unsigned width) noexcept {
 /// the gap buffer is a slice of the location buffer and carries no alignment.
 constexpr DCR_HOST_DEVICE std::uint64_t load_gap(const std::uint8_t* gaps, unsigned width,
                                                  std::uint64_t j) noexcept {
-  const std::uint8_t* p = gaps + j * width;
-  std::uint64_t g = 0;
-  for (unsigned b = 0; b < width; ++b) g |= static_cast<std::uint64_t>(p[b]) << (8 * b);
-  return g;
+  return load_le_width(gaps + j * width, width);
 }
 
 /// Term `k` of the inclusive scan that yields locations from gaps:

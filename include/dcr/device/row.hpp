@@ -12,7 +12,7 @@
 #include <span>
 #include <string>
 
-#include "dcr/codec/payload.hpp"
+#include "dcr/codec/payload_format.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/device/locations.hpp"
 #include "dcr/device/scatter.hpp"

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "dcr/core/dtype.hpp"
+#include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/tensor.hpp"
 
@@ -253,11 +254,6 @@ inline void json_escape(std::string_view s, std::string& out) {
   out += '"';
 }
 
-inline std::uint64_t ld64le(const std::byte* p) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(p[i]);
-  return v;
-}
 
 /// Parse one tensor entry object.
 inline status parse_entry(json_reader& j, const std::string& name, safetensors_entry& e) {
@@ -306,7 +302,7 @@ inline status parse_safetensors_header(std::span<const std::byte> head, std::uin
                                        safetensors_index& out) {
   out = {};
   DCR_RETURN_ERROR_IF(head.size() < 8 || file_size < 8, bad_format, "safetensors: shorter than the 8-byte header length");
-  const std::uint64_t n = detail::ld64le(head.data());
+  const std::uint64_t n = load_le<std::uint64_t>(head.data());
   DCR_RETURN_ERROR_IF(n > safetensors_max_header, bad_format,
                       "safetensors: header length " + std::to_string(n) + " exceeds the limit");
   DCR_RETURN_ERROR_IF(n > file_size - 8 || n > head.size() - 8, bad_format,

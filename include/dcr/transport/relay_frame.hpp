@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
 
 namespace dcr::transport {
@@ -57,27 +58,17 @@ struct frame {
   std::vector<std::byte> body;
 };
 
-namespace detail {
-template <class T> void put_le(std::byte* p, T v) {
-  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xFF);
-}
-template <class T> T get_le(const std::byte* p) {
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-  return static_cast<T>(v);
-}
-} // namespace detail
 
 /// The 32 header bytes of `h`.
 inline std::array<std::byte, frame_header_size> encode_frame_header(const frame_header& h) {
   std::array<std::byte, frame_header_size> b{};
-  detail::put_le(b.data() + 0, frame_magic);
-  detail::put_le(b.data() + 4, frame_version);
-  detail::put_le(b.data() + 6, static_cast<std::uint16_t>(h.kind));
-  detail::put_le(b.data() + 8, h.attempt);
-  detail::put_le(b.data() + 16, h.owner);
-  detail::put_le(b.data() + 20, h.sequence);
-  detail::put_le(b.data() + 24, h.length);
+  store_le(b.data() + 0, frame_magic);
+  store_le(b.data() + 4, frame_version);
+  store_le(b.data() + 6, static_cast<std::uint16_t>(h.kind));
+  store_le(b.data() + 8, h.attempt);
+  store_le(b.data() + 16, h.owner);
+  store_le(b.data() + 20, h.sequence);
+  store_le(b.data() + 24, h.length);
   return b;
 }
 
@@ -88,18 +79,18 @@ inline std::array<std::byte, frame_header_size> encode_frame_header(const frame_
 inline status decode_frame_header(std::span<const std::byte> b, std::uint64_t max_body, frame_header& out) {
   DCR_RETURN_ERROR_IF(b.size() < frame_header_size, truncated,
                       "relay frame: " + std::to_string(b.size()) + " bytes, header needs 32");
-  DCR_RETURN_ERROR_IF(detail::get_le<std::uint32_t>(b.data()) != frame_magic, bad_magic,
+  DCR_RETURN_ERROR_IF(load_le<std::uint32_t>(b.data()) != frame_magic, bad_magic,
                       "relay frame: bad magic at byte 0");
-  const auto ver = detail::get_le<std::uint16_t>(b.data() + 4);
+  const auto ver = load_le<std::uint16_t>(b.data() + 4);
   DCR_RETURN_ERROR_IF(ver != frame_version, unsupported_version, "relay frame: version " + std::to_string(ver));
-  const auto kind = detail::get_le<std::uint16_t>(b.data() + 6);
+  const auto kind = load_le<std::uint16_t>(b.data() + 6);
   DCR_RETURN_ERROR_IF(kind < 1 || kind > 6, bad_format, "relay frame: unknown kind " + std::to_string(kind));
   frame_header h;
   h.kind = static_cast<frame_kind>(kind);
-  h.attempt = detail::get_le<std::uint64_t>(b.data() + 8);
-  h.owner = detail::get_le<std::uint32_t>(b.data() + 16);
-  h.sequence = detail::get_le<std::uint32_t>(b.data() + 20);
-  h.length = detail::get_le<std::uint64_t>(b.data() + 24);
+  h.attempt = load_le<std::uint64_t>(b.data() + 8);
+  h.owner = load_le<std::uint32_t>(b.data() + 16);
+  h.sequence = load_le<std::uint32_t>(b.data() + 20);
+  h.length = load_le<std::uint64_t>(b.data() + 24);
   DCR_RETURN_ERROR_IF(h.attempt == 0, bad_format, "relay frame: attempt 0 (attempts start at 1)");
   DCR_RETURN_ERROR_IF(h.length > max_body, length_overflow,
                       "relay frame: body of " + std::to_string(h.length) + " bytes exceeds the cap of " +

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "dcr/codec/payload.hpp"
+#include "dcr/codec/payload_format.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/pipeline/bounded_queue.hpp"
 #include "dcr/transport/attempt_objects.hpp"
