@@ -10,7 +10,7 @@
 
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/trainer_layout.hpp"
-#include "dcr/protocol/adapters.hpp"
+#include "dcr/assembly/adapters.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"

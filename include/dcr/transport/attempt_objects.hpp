@@ -33,7 +33,6 @@
 
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
-#include "dcr/protocol/commit_store.hpp"
 #include "dcr/transport/object_store.hpp"
 
 namespace dcr::transport {

@@ -1,5 +1,9 @@
 #pragma once
 /// \file
+/// Assembly layer (above protocol/, transport/, source/ and receiver/): the
+/// wiring of the library's own roles into the protocol's concepts. The names
+/// stay in `dcr::protocol`, where the concepts they model live.
+///
 /// Adapters that make the library's training side (`dcr::owner`) and rollout
 /// side (`dcr::receiver<L>`) models of `refit_owner` and `refit_receiver`.
 ///
