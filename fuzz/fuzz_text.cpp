@@ -12,8 +12,8 @@
 #include <string_view>
 
 #include "dcr/core/hash.hpp"
-#include "dcr/io/safetensors.hpp"
-#include "dcr/net/json.hpp"
+#include "dcr/io/safetensors_format.hpp"
+#include "dcr/core/json.hpp"
 #include "dcr/protocol/commit_store.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/detail/s3_xml.hpp"
@@ -35,8 +35,8 @@ void commit_record(std::string_view text) {
 }
 
 void json(std::string_view text) {
-  dcr::net::json_value v;
-  (void)dcr::net::parse_json(text, v);
+  dcr::json_value v;
+  (void)dcr::parse_json(text, v);
 }
 
 void s3_xml(std::string_view text) {

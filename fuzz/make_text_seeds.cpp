@@ -7,8 +7,8 @@
 #include <string>
 
 #include "dcr/core/hash.hpp"
-#include "dcr/io/safetensors.hpp"
-#include "dcr/net/json.hpp"
+#include "dcr/io/safetensors_format.hpp"
+#include "dcr/core/json.hpp"
 #include "dcr/protocol/commit_store.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/detail/s3_xml.hpp"
@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
       R"({"header":{"cluster_id":"1","revision":"12"},"succeeded":true,"responses":[{"response_range":)"
       R"({"kvs":[{"key":"ZGNy","value":"MQ==","version":"3"}],"count":"1"}}],"s":"\u00e9\ud83d\ude00"})";
   put(dir, "json", 2, json);
-  net::json_value jv;
-  require(net::parse_json(json, jv), "json");
+  json_value jv;
+  require(parse_json(json, jv), "json");
   const std::string list =
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>b</Name><IsTruncated>true</IsTruncated>"
       "<Contents><Key>attempt/1/payload/a&amp;b</Key></Contents><NextContinuationToken>t1</NextContinuationToken>"

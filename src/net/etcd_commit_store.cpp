@@ -12,7 +12,7 @@
 #include "dcr/core/error.hpp"
 #include "dcr/net/base64.hpp"
 #include "dcr/net/http_client.hpp"
-#include "dcr/net/json.hpp"
+#include "dcr/core/json.hpp"
 #include "dcr/protocol/commit_store.hpp"
 
 #include "dcr/protocol/etcd_commit_store.hpp"
@@ -105,7 +105,7 @@ struct etcd_commit_store::impl {
 
   struct txn_result {
     bool succeeded = false;
-    net::json_value responses; ///< array: one entry per request of the branch taken
+    json_value responses; ///< array: one entry per request of the branch taken
   };
   struct snapshot {
     stored_record counters; ///< revision, epoch, attempt (record left empty)
@@ -171,18 +171,18 @@ struct etcd_commit_store::impl {
       return s;
     }
     if (res.status != 200) return http_error(op, res);
-    net::json_value doc;
-    DCR_TRY(net::parse_json(res.body, doc, where(op) + " response"));
+    json_value doc;
+    DCR_TRY(parse_json(res.body, doc, where(op) + " response"));
     DCR_RETURN_ERROR_IF(!doc.is_object() || !doc.get("header"), bad_format,
                         where(op) + ": response is not a transaction response: " + excerpt(res.body));
     out.succeeded = false;
     if (auto* s = doc.get("succeeded")) {
-      DCR_RETURN_ERROR_IF(s->type != net::json_value::kind::boolean, bad_format,
+      DCR_RETURN_ERROR_IF(s->type != json_value::kind::boolean, bad_format,
                           where(op) + ": 'succeeded' is not a boolean");
       out.succeeded = s->boolean;
     }
-    out.responses = net::json_value{};
-    out.responses.type = net::json_value::kind::array;
+    out.responses = json_value{};
+    out.responses.type = json_value::kind::array;
     if (auto* r = doc.get("responses")) {
       DCR_RETURN_ERROR_IF(!r->is_array(), bad_format, where(op) + ": 'responses' is not an array");
       out.responses = *r;
@@ -196,8 +196,8 @@ struct etcd_commit_store::impl {
   status http_error(const char* op, const net::http_response& res) const {
     std::string msg = excerpt(res.body);
     std::uint64_t code = 0;
-    net::json_value doc;
-    if (net::parse_json(res.body, doc).ok() && doc.is_object()) {
+    json_value doc;
+    if (parse_json(res.body, doc).ok() && doc.is_object()) {
       if (auto* m = doc.get("message"); m && m->is_string()) msg = m->text;
       if (auto* c = doc.get("code")) (void)c->as_u64(code);
     }
@@ -210,7 +210,7 @@ struct etcd_commit_store::impl {
   }
 
   /// The single key-value of the i-th range response, if the key exists.
-  status kv_of(const txn_result& t, std::size_t i, const std::string& key, const net::json_value*& kv) const {
+  status kv_of(const txn_result& t, std::size_t i, const std::string& key, const json_value*& kv) const {
     kv = nullptr;
     DCR_RETURN_ERROR_IF(i >= t.responses.items.size(), bad_format,
                         "etcd: transaction returned " + std::to_string(t.responses.items.size()) +
@@ -232,7 +232,7 @@ struct etcd_commit_store::impl {
   }
 
   /// Value bytes of a kv (the gateway omits an empty value).
-  static status value_of(const net::json_value& kv, const std::string& key, std::string& out) {
+  static status value_of(const json_value& kv, const std::string& key, std::string& out) {
     out.clear();
     const auto* v = kv.get("value");
     if (!v) return status::success();
@@ -242,7 +242,7 @@ struct etcd_commit_store::impl {
 
   /// A counter key's value from the i-th range response (absent: 0).
   status counter_of(const txn_result& t, std::size_t i, const std::string& key, std::uint64_t& v) const {
-    const net::json_value* kv = nullptr;
+    const json_value* kv = nullptr;
     DCR_TRY(kv_of(t, i, key, kv));
     if (!kv) {
       v = 0;
@@ -250,8 +250,8 @@ struct etcd_commit_store::impl {
     }
     std::string text;
     DCR_TRY(value_of(*kv, key, text));
-    net::json_value n;
-    n.type = net::json_value::kind::string;
+    json_value n;
+    n.type = json_value::kind::string;
     n.text = text;
     DCR_RETURN_ERROR_IF(!n.as_u64(v) || v == 0, bad_format,
                         "etcd: " + key + " holds '" + excerpt(text) + "', not a positive decimal counter");
@@ -261,7 +261,7 @@ struct etcd_commit_store::impl {
   /// Record version (= revision), epoch and attempt from three range
   /// responses starting at `first` (record, epoch, attempt).
   status snapshot_of(const txn_result& t, std::size_t first, snapshot& out, bool want_value) const {
-    const net::json_value* kv = nullptr;
+    const json_value* kv = nullptr;
     DCR_TRY(kv_of(t, first, record_key_, kv));
     out.counters = stored_record{};
     out.record_value.clear();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
 #include "dcr/net/http_client.hpp"
 #include "dcr/transport/detail/s3_xml.hpp"
 #include "dcr/transport/detail/sigv4.hpp"
@@ -168,7 +169,7 @@ struct s3_object_store::impl {
       // client sends it from there.
       if (!body.empty()) rq.body.assign(reinterpret_cast<const char*>(body.data()), body.size());
       const std::string payload_hash =
-          body.empty() ? std::string(detail::empty_payload_sha256) : detail::hex_lower(detail::sha256(body));
+          body.empty() ? std::string(detail::empty_payload_sha256) : to_hex(detail::sha256(body));
 
       auto client = acquire();
       std::chrono::milliseconds wait = opt_.backoff;

@@ -17,6 +17,7 @@
 #include <openssl/hmac.h>
 
 #include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
 #include "dcr/transport/detail/sigv4.hpp"
 
 namespace dcr::transport::detail {
@@ -43,19 +44,6 @@ sha256_digest hmac_sha256(std::span<const unsigned char> key, std::string_view d
     throw error(errc::io, "libcrypto HMAC-SHA256 failed");
   return d;
 }
-
-/// Lower-case hex, as SigV4 writes hashes and signatures.
-std::string hex_lower(std::span<const unsigned char> bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(bytes.size() * 2);
-  for (unsigned char b : bytes) {
-    s.push_back(digits[b >> 4]);
-    s.push_back(digits[b & 15]);
-  }
-  return s;
-}
-
 
 /// SigV4 URI encoding: every byte except the unreserved A-Z a-z 0-9 - . _ ~
 /// becomes %XY with upper-case hex; '/' is kept when `keep_slash` (object key
@@ -164,9 +152,9 @@ sigv4_signature sigv4_sign(const sigv4_request& rq, const sigv4_credentials& cre
                         "\n" + s.signed_headers + "\n" + rq.payload_hash;
   const std::string day = rq.date.substr(0, 8);
   s.scope = day + "/" + rq.region + "/" + rq.service + "/aws4_request";
-  s.string_to_sign = "AWS4-HMAC-SHA256\n" + rq.date + "\n" + s.scope + "\n" + hex_lower(sha256(s.canonical_request));
+  s.string_to_sign = "AWS4-HMAC-SHA256\n" + rq.date + "\n" + s.scope + "\n" + to_hex(sha256(s.canonical_request));
   const auto key = sigv4_signing_key(cred.secret_key, day, rq.region, rq.service);
-  s.signature = hex_lower(hmac_sha256(key, s.string_to_sign));
+  s.signature = to_hex(hmac_sha256(key, s.string_to_sign));
   s.authorization = "AWS4-HMAC-SHA256 Credential=" + cred.access_key + "/" + s.scope +
                     ", SignedHeaders=" + s.signed_headers + ", Signature=" + s.signature;
   return s;

@@ -21,7 +21,7 @@
 #include "protocol/commit_store_laws.hpp"
 #include "protocol/models.hpp"
 #include "dcr/net/base64.hpp"
-#include "dcr/net/json.hpp"
+#include "dcr/core/json.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/protocol/etcd_commit_store.hpp"
 #include "dcr/transport/object_store.hpp"
@@ -64,8 +64,8 @@ raw_kv raw_get(const etcd_server& s, const std::string& key) {
   net::http_response res;
   REQUIRE(c.request(rq, res).ok());
   REQUIRE(res.status == 200);
-  net::json_value doc;
-  REQUIRE(net::parse_json(res.body, doc).ok());
+  json_value doc;
+  REQUIRE(parse_json(res.body, doc).ok());
   raw_kv out;
   if (auto* kvs = doc.get("kvs"); kvs && !kvs->items.empty()) {
     out.exists = true;

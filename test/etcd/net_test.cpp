@@ -19,7 +19,7 @@
 #include "fake_server.hpp"
 #include "dcr/net/base64.hpp"
 #include "dcr/net/http_client.hpp"
-#include "dcr/net/json.hpp"
+#include "dcr/core/json.hpp"
 
 using namespace dcr;
 using namespace dcr::net;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "dcr/core/hash.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/detail/s3_xml.hpp"
 #include "dcr/transport/s3_object_store.hpp"
@@ -148,12 +149,12 @@ TEST_CASE("SigV4 S3 examples: GET object with Range, PUT object, GET lifecycle, 
   get.headers.emplace_back("Range", "bytes=0-9");
   auto g = sigv4_sign(get, s3_doc_cred);
   CHECK(g.signed_headers == "host;range;x-amz-content-sha256;x-amz-date");
-  CHECK(hex_lower(sha256(g.canonical_request)) == "7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972");
+  CHECK(to_hex(sha256(g.canonical_request)) == "7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972");
   CHECK(g.signature == "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
 
   // "test$file.text": the key is URI-encoded into the canonical URI.
   const std::string body = "Welcome to Amazon S3.";
-  const auto body_hash = hex_lower(sha256(body));
+  const auto body_hash = to_hex(sha256(body));
   CHECK(body_hash == "44ce7dd67c959e0d3524ffac1771dfbba87d2b6b4b4e99e42034a8b803f8b072");
   CHECK(uri_encode("/test$file.text", true) == "/test%24file.text");
   auto put = s3_doc_request("PUT", uri_encode("/test$file.text", true), body_hash);
@@ -170,7 +171,7 @@ TEST_CASE("SigV4 S3 examples: GET object with Range, PUT object, GET lifecycle, 
   auto ls = s3_doc_request("GET", "/", std::string(empty_payload_sha256));
   ls.query = {{"prefix", "J"}, {"max-keys", "2"}};
   auto l = sigv4_sign(ls, s3_doc_cred);
-  CHECK(hex_lower(sha256(l.canonical_request)) == "df57d21db20da04d7fa30298dd4488ba3a2b47ca3a489c74750e0f1e7df1b9b7");
+  CHECK(to_hex(sha256(l.canonical_request)) == "df57d21db20da04d7fa30298dd4488ba3a2b47ca3a489c74750e0f1e7df1b9b7");
   CHECK(l.signature == "34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7");
 }
 
@@ -294,7 +295,7 @@ TEST_CASE("s3_object_store: requests are signed as sent, the payload hash is the
   CHECK(rqs[0].method == "PUT");
   CHECK(rqs[0].target == "/bkt/dir/a-b_c.d/x");
   CHECK(rqs[0].body == "payload bytes \x01\x02");
-  CHECK(rqs[0].header("x-amz-content-sha256") == hex_lower(sha256(body)));
+  CHECK(rqs[0].header("x-amz-content-sha256") == to_hex(sha256(body)));
   CHECK(rqs[0].header("authorization").find("Credential=AK/") != std::string::npos);
   CHECK(rqs[0].header("authorization").find("/eu-central-1/s3/aws4_request") != std::string::npos);
   CHECK(rqs[0].header("authorization").find("SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date,") !=

@@ -52,16 +52,19 @@ private:
 /// BLAKE2b-128 of a byte span.
 inline digest128 digest(std::span<const std::byte> bytes) { return blake2b_128{}.update(bytes).final(); }
 
-/// Lower-case hex of a digest (32 characters).
-inline std::string to_hex(const digest128& d) {
+/// Lower-case hex of any bytes (digests here, SHA-256 hashes and signatures
+/// in SigV4): two characters per byte.
+inline std::string to_hex(std::span<const unsigned char> bytes) {
   static constexpr char hex[] = "0123456789abcdef";
-  std::string s(32, '0');
-  for (std::size_t i = 0; i < d.size(); ++i) {
-    s[2 * i] = hex[d[i] >> 4];
-    s[2 * i + 1] = hex[d[i] & 15];
+  std::string s(2 * bytes.size(), '0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    s[2 * i] = hex[bytes[i] >> 4];
+    s[2 * i + 1] = hex[bytes[i] & 15];
   }
   return s;
 }
+/// Lower-case hex of a digest (32 characters).
+inline std::string to_hex(const digest128& d) { return to_hex(std::span<const unsigned char>(d.data(), d.size())); }
 
 /// Parse what `to_hex` writes (exactly 32 lower-case hex characters).
 inline bool parse_hex_digest(std::string_view s, digest128& d) {

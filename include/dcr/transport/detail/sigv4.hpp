@@ -65,9 +65,6 @@ sha256_digest sha256(std::string_view s);
 /// HMAC-SHA256(key, data).
 sha256_digest hmac_sha256(std::span<const unsigned char> key, std::string_view data);
 
-/// Lower-case hex, as SigV4 writes hashes and signatures.
-std::string hex_lower(std::span<const unsigned char> bytes);
-
 /// SigV4 URI encoding: every byte except the unreserved A-Z a-z 0-9 - . _ ~
 /// becomes %XY with upper-case hex; '/' is kept when `keep_slash` (object key
 /// paths: S3 encodes the path once, segment by segment) and encoded otherwise

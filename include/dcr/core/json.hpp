@@ -1,7 +1,9 @@
 #pragma once
 /// \file
-/// A small, strict JSON reader (RFC 8259) producing a tree, for the answers
-/// of HTTP control-plane services (etcd's JSON gateway).
+/// The one JSON reader of dcr: small, strict (RFC 8259), producing a tree.
+/// It reads the answers of HTTP control-plane services (etcd's JSON
+/// gateway), safetensors headers and Hugging Face config files; `json_escape`
+/// is the writer's string quoting.
 ///
 /// Why not Boost.JSON: its parser lives in compiled sources that a program
 /// must build exactly once (`boost/json/src.hpp` in one translation unit, or
@@ -25,7 +27,7 @@
 
 #include "dcr/core/error.hpp"
 
-namespace dcr::net {
+namespace dcr {
 
 struct json_member;
 
@@ -276,4 +278,25 @@ inline status parse_json(std::string_view text, json_value& out, std::string_vie
   return status::success();
 }
 
-} // namespace dcr::net
+/// Append `s` to `out` as a JSON string literal: quotes, backslash and control
+/// characters escaped (`\u00XX`); other bytes (UTF-8) as they are.
+inline void json_escape(std::string_view s, std::string& out) {
+  out += '"';
+  for (char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (u < 0x20) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += ch;
+    }
+  }
+  out += '"';
+}
+
+} // namespace dcr
