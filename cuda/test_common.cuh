@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dcr/core/error.hpp"
-#include "dcr/cuda/runtime.cuh"
+#include "dcr/gpu/runtime.cuh"
 
 namespace dcr::gpu::test {
 

@@ -1,19 +1,19 @@
 // Device copy modes (dense, XOR, masked overwrite with placeholder or
 // explicit mask) and the device copy sink against the host twin
-// dcr/device/copy.hpp, byte for byte over the whole destination storage.
+// dcr/twin/copy.hpp, byte for byte over the whole destination storage.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "dcr/cuda/copy.cuh"
-#include "dcr/cuda/loader_sink.cuh"
-#include "dcr/device/copy.hpp"
+#include "dcr/gpu/copy.cuh"
+#include "dcr/gpu/loader_sink.cuh"
+#include "dcr/twin/copy.hpp"
 #include "test_common.cuh"
 
 using namespace dcr;
 using namespace dcr::gpu::test;
-using device::copy_mode;
+using twin::copy_mode;
 
 namespace {
 
@@ -22,28 +22,28 @@ struct pair_case {
   std::string name;
   std::size_t dst_storage, src_storage;
   std::int64_t dst_base, src_base;
-  device::layout dst, src;
+  twin::layout dst, src;
 };
 
 std::vector<pair_case> pairs() {
   std::vector<pair_case> out;
   for (std::uint64_t n : {0ull, 1ull, 7ull, 1000003ull, 1000000ull}) {
-    const auto l = device::linear(static_cast<std::int64_t>(n));
+    const auto l = twin::linear(static_cast<std::int64_t>(n));
     out.push_back({"linear " + std::to_string(n), n, n, 0, 0, l, l});
   }
   // Contiguous but misaligned for 16-byte chunks: the strided path must agree.
-  out.push_back({"linear 4099 offset 1", 4100, 4100, 1, 1, device::linear(4099), device::linear(4099)});
+  out.push_back({"linear 4099 offset 1", 4100, 4100, 1, 1, twin::linear(4099), twin::linear(4099)});
   {
-    const auto t = device::to_device(strided_layout::row_major({517, 1001}).transposed(0, 1));
+    const auto t = twin::to_device(strided_layout::row_major({517, 1001}).transposed(0, 1));
     out.push_back({"dst transposed", 517 * 1001, 517 * 1001, 0, 0, t,
-                   device::to_device(strided_layout::row_major({1001, 517}))});
+                   twin::to_device(strided_layout::row_major({1001, 517}))});
   }
   {
     std::int64_t db = 0;
     const auto d = strided_layout::row_major({6, 40, 33}).slice(1, 5, 30, db);
     const auto s = strided_layout::row_major({33, 30, 6}).transposed(0, 2);
-    out.push_back({"sliced dst, transposed src", 6 * 40 * 33, 33 * 30 * 6, db, 0, device::to_device(d),
-                   device::to_device(s)});
+    out.push_back({"sliced dst, transposed src", 6 * 40 * 33, 33 * 30 * 6, db, 0, twin::to_device(d),
+                   twin::to_device(s)});
   }
   return out;
 }
@@ -68,13 +68,13 @@ template <class W> dtype_id nan_dtype_for() {
 /// Source for the NaN mode: active words are not NaN, inactive ones are NaN
 /// patterns with random sign and payload.
 template <class W> std::vector<W> nan_scratch(std::size_t n, double density, std::uint64_t seed) {
-  const auto r = device::nan_rule_of(nan_dtype_for<W>());
+  const auto r = twin::nan_rule_of(nan_dtype_for<W>());
   auto v = random_words<W>(n, seed);
   std::vector<bool> act(n);
   for (auto i : random_locations(n, density, seed + 1)) act[i] = true;
   for (std::size_t i = 0; i < n; ++i) {
     if (act[i]) {
-      while (device::is_nan_by(v[i], r)) v[i] = static_cast<W>(v[i] + 1);
+      while (twin::is_nan_by(v[i], r)) v[i] = static_cast<W>(v[i] + 1);
     } else {
       std::uint64_t w = v[i] | r.exponent;
       if ((w & r.mantissa) == 0) w |= 1;
@@ -84,34 +84,34 @@ template <class W> std::vector<W> nan_scratch(std::size_t n, double density, std
   return v;
 }
 
-template <device::word W> void host_side_checks() {
+template <twin::word W> void host_side_checks() {
   std::vector<W> a(64), b(64);
-  const device::view<W> da{a.data(), device::linear(64)};
-  const device::view<const W> sb{b.data(), device::linear(64)};
-  const device::view<const W> s32{b.data(), device::linear(32)};
+  const twin::view<W> da{a.data(), twin::linear(64)};
+  const twin::view<const W> sb{b.data(), twin::linear(64)};
+  const twin::view<const W> s32{b.data(), twin::linear(32)};
   DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "extents differ");
-  DCR_EXPECT_CODE(device::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "twin: extents differ");
-  const device::view<const W> overlap{a.data() + 10, device::linear(64)};
+  DCR_EXPECT_CODE(twin::copy<W>(da, s32, copy_mode::dense), shape_mismatch, "twin: extents differ");
+  const twin::view<const W> overlap{a.data() + 10, twin::linear(64)};
   DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "overlap");
-  DCR_EXPECT_CODE(device::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "twin: overlap");
+  DCR_EXPECT_CODE(twin::copy<W>(da, overlap, copy_mode::xor_mask), invalid_argument, "twin: overlap");
   DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "bad mode");
-  DCR_EXPECT_CODE(device::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "twin: bad mode");
+  DCR_EXPECT_CODE(twin::copy<W>(da, sb, static_cast<copy_mode>(9)), invalid_argument, "twin: bad mode");
   std::vector<std::uint8_t> m(32);
-  const device::view<const std::uint8_t> m32{m.data(), device::linear(32)};
+  const twin::view<const std::uint8_t> m32{m.data(), twin::linear(32)};
   DCR_EXPECT_CODE(dcr::gpu::masked_overwrite<W>(da, sb, m32), shape_mismatch, "mask extents");
-  DCR_EXPECT_CODE(device::masked_overwrite<W>(da, sb, m32), shape_mismatch, "twin: mask extents");
-  DCR_EXPECT_CODE(dcr::gpu::masked_overwrite<W>(da, sb, device::view<const std::uint8_t>{nullptr, device::linear(64)}),
+  DCR_EXPECT_CODE(twin::masked_overwrite<W>(da, sb, m32), shape_mismatch, "twin: mask extents");
+  DCR_EXPECT_CODE(dcr::gpu::masked_overwrite<W>(da, sb, twin::view<const std::uint8_t>{nullptr, twin::linear(64)}),
                   invalid_argument, "null mask");
   dcr::gpu::device_copy_sink sink(copy_mode::overwrite, 0x1FF);
-  const dcr::gpu::device_tensor t1{a.data(), 1, device::linear(64)}, t2{b.data(), 2, device::linear(32)};
+  const dcr::gpu::device_tensor t1{a.data(), 1, twin::linear(64)}, t2{b.data(), 2, twin::linear(32)};
   DCR_EXPECT_CODE(sink.copy(t2, t1), bad_dtype, "sink: widths differ");
-  DCR_EXPECT_CODE(sink.copy({a.data(), 3, device::linear(1)}, {b.data(), 3, device::linear(1)}), bad_dtype,
+  DCR_EXPECT_CODE(sink.copy({a.data(), 3, twin::linear(1)}, {b.data(), 3, twin::linear(1)}), bad_dtype,
                   "sink: width 3");
-  DCR_EXPECT_CODE(sink.copy(t1, {b.data(), 1, device::linear(64)}), invalid_argument, "sink: placeholder too wide");
+  DCR_EXPECT_CODE(sink.copy(t1, {b.data(), 1, twin::linear(64)}), invalid_argument, "sink: placeholder too wide");
   DCR_EXPECT(sink.copies() == 0, "failed copies are not counted");
   DCR_EXPECT_CODE(dcr::gpu::copy<W>(da, sb, copy_mode::overwrite_nan, W{0}, {}, dtype_id::f32 == nan_dtype_for<W>() ? dtype_id::bf16 : dtype_id::f32),
                   bad_dtype, "NaN mode with a dtype of another width");
-  DCR_EXPECT_CODE(device::masked_overwrite_nan<W>(da, sb, sizeof(W) == 4 ? dtype_id::bf16 : dtype_id::f32), bad_dtype,
+  DCR_EXPECT_CODE(twin::masked_overwrite_nan<W>(da, sb, sizeof(W) == 4 ? dtype_id::bf16 : dtype_id::f32), bad_dtype,
                   "twin: NaN mode with a dtype of another width");
 
   // The loader-facing sink: dtype mismatch is a loader condition; it never throws from copy.
@@ -144,7 +144,7 @@ template <device::word W> void host_side_checks() {
   }
 }
 
-template <device::word W> void run_case(const pair_case& c, double density, std::uint64_t seed) {
+template <twin::word W> void run_case(const pair_case& c, double density, std::uint64_t seed) {
   const W ph = static_cast<W>(dtype_traits<bf16>::placeholder); // truncated for u8: still a fixed word
   const auto init = random_words<W>(c.dst_storage, seed);
   const auto src = scratch_words<W>(c.src_storage, density, ph, seed + 2);
@@ -157,13 +157,13 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
   for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_mask}) {
     d_dst.upload(init);
     auto host = init;
-    const device::view<W> hd{host.data() + c.dst_base, c.dst};
-    const device::view<const W> hs{src.data() + c.src_base, c.src};
-    const device::view<const std::uint8_t> hm{mask.data() + c.src_base, c.src};
-    const device::view<W> dd{d_dst.get() + c.dst_base, c.dst};
-    const device::view<const W> ds{d_src.get() + c.src_base, c.src};
-    const device::view<const std::uint8_t> dm{d_mask.get() + c.src_base, c.src};
-    const status h = device::copy<W>(hd, hs, mode, ph, hm, nan_dtype_for<W>());
+    const twin::view<W> hd{host.data() + c.dst_base, c.dst};
+    const twin::view<const W> hs{src.data() + c.src_base, c.src};
+    const twin::view<const std::uint8_t> hm{mask.data() + c.src_base, c.src};
+    const twin::view<W> dd{d_dst.get() + c.dst_base, c.dst};
+    const twin::view<const W> ds{d_src.get() + c.src_base, c.src};
+    const twin::view<const std::uint8_t> dm{d_mask.get() + c.src_base, c.src};
+    const status h = twin::copy<W>(hd, hs, mode, ph, hm, nan_dtype_for<W>());
     const status d = dcr::gpu::copy<W>(dd, ds, mode, ph, dm, nan_dtype_for<W>());
     const std::string m = what + " mode " + std::to_string(static_cast<int>(mode));
     DCR_EXPECT(h.ok() && d.ok(), m + ": status " + h.message + d.message);
@@ -175,7 +175,7 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
     dbuf<W> d_ns(ns);
     d_dst.upload(init);
     auto host = init;
-    const status h = device::masked_overwrite_nan<W>({host.data() + c.dst_base, c.dst}, {ns.data() + c.src_base, c.src},
+    const status h = twin::masked_overwrite_nan<W>({host.data() + c.dst_base, c.dst}, {ns.data() + c.src_base, c.src},
                                                      nan_dtype_for<W>());
     const status d = dcr::gpu::masked_overwrite_nan<W>({d_dst.get() + c.dst_base, c.dst},
                                                         {d_ns.get() + c.src_base, c.src}, nan_dtype_for<W>());
@@ -186,7 +186,7 @@ template <device::word W> void run_case(const pair_case& c, double density, std:
   {
     d_dst.upload(init);
     auto host = init;
-    DCR_EXPECT(device::masked_overwrite<W>({host.data() + c.dst_base, c.dst}, {src.data() + c.src_base, c.src}, ph).ok(),
+    DCR_EXPECT(twin::masked_overwrite<W>({host.data() + c.dst_base, c.dst}, {src.data() + c.src_base, c.src}, ph).ok(),
                what + ": twin masked_overwrite");
     dcr::gpu::device_copy_sink sink(copy_mode::overwrite, ph);
     const status s = sink.copy({d_dst.get() + c.dst_base, sizeof(W), c.dst}, {d_src.get() + c.src_base, sizeof(W), c.src});
@@ -217,7 +217,7 @@ void loader_sink_case() {
     DCR_EXPECT(s.ok() && sink.copies() == 2 && sink.elements() == 2 * rows * cols, "loader sink: " + s.message);
     const std::uint16_t phw = dtype_traits<bf16>::placeholder;
     auto twin = [&](const tensor_view& dst, const std::vector<std::uint16_t>& src, const strided_layout& sl) {
-      return device::copy<std::uint16_t>(device::to_device_as<std::uint16_t>(dst), {src.data(), device::to_device(sl)},
+      return twin::copy<std::uint16_t>(twin::to_device_as<std::uint16_t>(dst), {src.data(), twin::to_device(sl)},
                                          mode, phw, {}, dtype_id::bf16);
     };
     DCR_EXPECT(twin(ph.slice(0, 0, static_cast<std::int64_t>(rows)), a, ad.layout).ok() &&
@@ -237,8 +237,8 @@ void large_case() {
   const auto init = random_words<std::uint8_t>(n, 21);
   const auto src = scratch_words<std::uint8_t>(n, 0.01, 0xC0, 22);
   auto host = init;
-  const auto l = device::linear(static_cast<std::int64_t>(n));
-  DCR_EXPECT(device::masked_overwrite<std::uint8_t>({host.data(), l}, {src.data(), l}, 0xC0).ok(), "large twin");
+  const auto l = twin::linear(static_cast<std::int64_t>(n));
+  DCR_EXPECT(twin::masked_overwrite<std::uint8_t>({host.data(), l}, {src.data(), l}, 0xC0).ok(), "large twin");
   dbuf<std::uint8_t> d_dst(init);
   dbuf<std::uint8_t> d_src(src);
   DCR_EXPECT(dcr::gpu::masked_overwrite<std::uint8_t>({d_dst.get(), l}, {d_src.get(), l}, 0xC0).ok() &&
@@ -247,10 +247,10 @@ void large_case() {
   // The strided kernel with offsets up to 2^31: a padded 2D view over the same buffers.
   const std::int64_t rows = 1 << 16, cols = static_cast<std::int64_t>(n / (1 << 16)) - 1;
   const std::int64_t ext[2] = {rows, cols}, str[2] = {cols + 1, 1};
-  const auto sl = device::strided(ext, str, 2);
+  const auto sl = twin::strided(ext, str, 2);
   d_dst.upload(init);
   host = init;
-  DCR_EXPECT(device::masked_overwrite<std::uint8_t>({host.data(), sl}, {src.data() + n - sl.required_span_size(), sl}, 0xC0).ok(),
+  DCR_EXPECT(twin::masked_overwrite<std::uint8_t>({host.data(), sl}, {src.data() + n - sl.required_span_size(), sl}, 0xC0).ok(),
              "large strided twin");
   DCR_EXPECT(dcr::gpu::masked_overwrite<std::uint8_t>({d_dst.get(), sl}, {d_src.get() + n - sl.required_span_size(), sl}, 0xC0).ok() &&
                  dcr::gpu::synchronize().ok() && same_bytes(d_dst.download(), host),

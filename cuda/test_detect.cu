@@ -1,4 +1,4 @@
-// Device change detection against its host twin dcr/device/detect.hpp:
+// Device change detection against its host twin dcr/twin/detect.hpp:
 // the same indices in the same order, across word types, densities,
 // lengths (including > 2^31 words where memory allows) and bases.
 
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "dcr/cuda/detect.cuh"
-#include "dcr/device/detect.hpp"
+#include "dcr/gpu/detect.cuh"
+#include "dcr/twin/detect.hpp"
 #include "test_common.cuh"
 
 using namespace dcr;
@@ -23,7 +23,7 @@ template <class W> std::vector<W> changed_copy(const std::vector<W>& old, double
   return v;
 }
 
-template <device::word W> void host_side_checks() {
+template <twin::word W> void host_side_checks() {
   std::vector<W> a(8), b(8);
   std::uint64_t out[8];
   std::uint64_t changed = 7;
@@ -32,19 +32,19 @@ template <device::word W> void host_side_checks() {
   DCR_EXPECT_CODE(dcr::gpu::detect_changes<W>(a.data(), b.data(), 8, ~0ull - 3, out, changed), length_overflow,
                   "base overflow");
   std::vector<std::uint64_t> idx;
-  DCR_EXPECT_CODE(device::detect_changes<W>(a, b, ~0ull - 3, idx), length_overflow, "twin: base overflow");
-  DCR_EXPECT_CODE(device::detect_changes<W>(a, std::span<const W>(b).first(7), 0, idx), invalid_argument,
+  DCR_EXPECT_CODE(twin::detect_changes<W>(a, b, ~0ull - 3, idx), length_overflow, "twin: base overflow");
+  DCR_EXPECT_CODE(twin::detect_changes<W>(a, std::span<const W>(b).first(7), 0, idx), invalid_argument,
                   "twin: lengths differ");
   if (dcr::gpu::device_count() == 0)
     DCR_EXPECT_CODE(dcr::gpu::detect_changes<W>(a.data(), b.data(), 8, 0, out, changed), device, "no device");
 }
 
-template <device::word W> void run_case(std::uint64_t n, double density, std::uint64_t base, std::uint64_t seed,
+template <twin::word W> void run_case(std::uint64_t n, double density, std::uint64_t base, std::uint64_t seed,
                                         dcr::gpu::workspace& ws) {
   const auto old = random_words<W>(n, seed);
   const auto neu = changed_copy(old, density, seed + 5);
   std::vector<std::uint64_t> want = {42}; // appends: the prefix stays
-  DCR_EXPECT(device::detect_changes<W>(old, neu, base, want).ok() && !want.empty() && want[0] == 42, "twin append");
+  DCR_EXPECT(twin::detect_changes<W>(old, neu, base, want).ok() && !want.empty() && want[0] == 42, "twin append");
   want.erase(want.begin());
   dbuf<W> d_old(old), d_new(neu);
   dbuf<std::uint64_t> d_out(n);

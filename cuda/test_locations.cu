@@ -1,6 +1,6 @@
 // Device location decode (every wire coding), scatter_encoded and
-// scatter_row against their host twins dcr/device/locations.hpp and
-// dcr/device/row.hpp: equal indices, equal error codes and messages, equal
+// scatter_row against their host twins dcr/twin/locations.hpp and
+// dcr/twin/row.hpp: equal indices, equal error codes and messages, equal
 // destination bytes, and an untouched destination on failure. The twins
 // themselves are checked against the reference decoder in the unit suite
 // (test/device/location_decode_test.cpp).
@@ -14,16 +14,16 @@
 
 #include "dcr/codec/locations.hpp"
 #include "dcr/codec/payload.hpp"
-#include "dcr/cuda/locations.cuh"
-#include "dcr/cuda/row.cuh"
-#include "dcr/device/locations.hpp"
-#include "dcr/device/row.hpp"
+#include "dcr/gpu/locations.cuh"
+#include "dcr/gpu/row.cuh"
+#include "dcr/twin/locations.hpp"
+#include "dcr/twin/row.hpp"
 #include "test_common.cuh"
 
 using namespace dcr;
 using namespace dcr::gpu::test;
 using codec::location_id;
-using device::scatter_op;
+using twin::scatter_op;
 
 namespace {
 
@@ -64,7 +64,7 @@ std::vector<std::uint64_t> mixed_locations(std::size_t n, std::uint64_t max_gap,
 void agree(location_id id, const std::vector<std::uint8_t>& bytes, std::uint64_t first, std::uint64_t numel,
            std::uint64_t count, dcr::gpu::workspace& ws, const std::string& what) {
   std::vector<std::uint64_t> want;
-  const status t = device::decode_locations(id, bytes, first, numel, count, want);
+  const status t = twin::decode_locations(id, bytes, first, numel, count, want);
   dbuf<std::uint8_t> d_bytes(bytes);
   dbuf<std::uint64_t> d_out(count == 0 ? 1 : count);
   const status s = dcr::gpu::decode_locations(id, d_bytes.get(), bytes.size(), first, numel, count, d_out.get(), ws);
@@ -98,21 +98,21 @@ void host_side_checks() {
       {static_cast<location_id>(12), {}, 0, 100, 1}, // unknown coding
   };
   for (const auto& c : cases) {
-    const status t = device::decode_locations(c.id, c.bytes, c.first, c.numel, c.count, out);
+    const status t = twin::decode_locations(c.id, c.bytes, c.first, c.numel, c.count, out);
     const status s = dcr::gpu::decode_locations(c.id, c.bytes.data(), c.bytes.size(), c.first, c.numel, c.count,
                                                  &dummy, ws);
     DCR_EXPECT(!t && s.code == t.code && s.message == t.message,
                "host-side decode check: '" + s.message + "' vs twin '" + t.message + "'");
   }
   std::vector<std::uint16_t> store(16, 0);
-  const device::view<std::uint16_t> dst{store.data(), device::linear(16)};
-  device::view<std::uint16_t> alias = dst;
+  const twin::view<std::uint16_t> dst{store.data(), twin::linear(16)};
+  twin::view<std::uint16_t> alias = dst;
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
   const std::vector<std::uint8_t> vals(6, 0);
   const status a = dcr::gpu::scatter_encoded(alias, 0, 3, location_id::gap_u8, three.data(), 2, vals.data(), 6, false,
                                               scatter_op::xor_mask, ws);
-  const status at = device::scatter_encoded<std::uint16_t>(alias, 0, 3, location_id::gap_u8,
+  const status at = twin::scatter_encoded<std::uint16_t>(alias, 0, 3, location_id::gap_u8,
                                                             std::span(three).first(2), vals, false);
   DCR_EXPECT_CODE(a, invalid_argument, "aliasing destination");
   DCR_EXPECT(a.message == at.message, "aliasing destination: same message as the twin");
@@ -185,15 +185,15 @@ void decode_sweep() {
     agree(id, encode(id, big), big[0], big.back() + 1, big.size(), ws, "20M");
 }
 
-template <device::word W> void scatter_sweep() {
+template <twin::word W> void scatter_sweep() {
   dcr::gpu::workspace ws;
   std::mt19937_64 rng(sizeof(W));
   const std::int64_t ext[] = {517, 1001};
-  device::layout trans = device::row_major(ext, 2);
+  twin::layout trans = twin::row_major(ext, 2);
   std::swap(trans.extents[0], trans.extents[1]);
   std::swap(trans.strides[0], trans.strides[1]);
   trans.contiguous = trans.is_row_major();
-  const device::layout shapes[] = {device::linear(517 * 1001), trans};
+  const twin::layout shapes[] = {twin::linear(517 * 1001), trans};
   const auto numel = static_cast<std::uint64_t>(517 * 1001);
   const auto host = random_words<W>(static_cast<std::size_t>(numel), 7);
   for (const auto& shape : shapes)
@@ -207,7 +207,7 @@ template <device::word W> void scatter_sweep() {
           for (const auto op : {scatter_op::xor_mask, scatter_op::overwrite}) {
             auto want = host;
             const std::uint64_t first = idx.empty() ? 0 : idx[0];
-            const status t = device::scatter_encoded<W>({want.data(), shape}, first, idx.size(), id, loc, vals, planes, op);
+            const status t = twin::scatter_encoded<W>({want.data(), shape}, first, idx.size(), id, loc, vals, planes, op);
             dbuf<W> d(host);
             dbuf<std::uint8_t> dl(loc), dv(vals);
             const status s = dcr::gpu::scatter_encoded<W>({d.get(), shape}, first, idx.size(), id, dl.get(), loc.size(),
@@ -222,7 +222,7 @@ template <device::word W> void scatter_sweep() {
             dbuf<W> d2(host);
             dbuf<std::uint8_t> dc(cut);
             auto twin = host;
-            const status tf = device::scatter_encoded<W>({twin.data(), shape}, first, idx.size(), id, cut, vals, planes, op);
+            const status tf = twin::scatter_encoded<W>({twin.data(), shape}, first, idx.size(), id, cut, vals, planes, op);
             const status sf = dcr::gpu::scatter_encoded<W>({d2.get(), shape}, first, idx.size(), id, dc.get(), cut.size(),
                                                             dv.get(), vals.size(), planes, op, ws);
             DCR_EXPECT(!tf && sf.code == tf.code && sf.message == tf.message,
@@ -261,9 +261,9 @@ void row_sweep() {
         using W = decltype(word);
         const auto host = random_words<W>(static_cast<std::size_t>(n), i);
         auto want = host;
-        const status t = device::scatter_row<W>({want.data(), device::linear(n)}, body, pi.header, row, i);
+        const status t = twin::scatter_row<W>({want.data(), twin::linear(n)}, body, pi.header, row, i);
         dbuf<W> d(host);
-        const status s = dcr::gpu::scatter_row<W>({d.get(), device::linear(n)}, body, pi.header, row, i, ws);
+        const status s = dcr::gpu::scatter_row<W>({d.get(), twin::linear(n)}, body, pi.header, row, i, ws);
         DCR_EXPECT(s.code == t.code && s.message == t.message,
                    row.tensor.name + ": '" + s.message + "' vs twin '" + t.message + "'");
         DCR_EXPECT(same_bytes(d.download(), t ? want : host), row.tensor.name + ": destination bytes");

@@ -1,5 +1,5 @@
 // Device scatter (decoded, run, fused gap decode; XOR and overwrite) against
-// its host twin dcr/device/scatter.hpp, byte for byte over the whole
+// its host twin dcr/twin/scatter.hpp, byte for byte over the whole
 // storage, across word types, densities, lengths and strided layouts.
 
 #include <algorithm>
@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "dcr/cuda/item.cuh"
-#include "dcr/cuda/scatter.cuh"
-#include "dcr/device/scatter.hpp"
+#include "dcr/gpu/item.cuh"
+#include "dcr/gpu/scatter.cuh"
+#include "dcr/twin/scatter.hpp"
 #include "test_common.cuh"
 
 using namespace dcr;
 using namespace dcr::gpu::test;
-using device::scatter_op;
+using twin::scatter_op;
 
 namespace {
 
@@ -23,25 +23,25 @@ struct dst_case {
   std::string name;
   std::size_t storage;
   std::int64_t base;
-  device::layout shape;
+  twin::layout shape;
 };
 
 std::vector<dst_case> destinations() {
   std::vector<dst_case> out;
   for (std::uint64_t n : {0ull, 1ull, 7ull, 1000003ull})
-    out.push_back({"linear " + std::to_string(n), n, 0, device::linear(static_cast<std::int64_t>(n))});
+    out.push_back({"linear " + std::to_string(n), n, 0, twin::linear(static_cast<std::int64_t>(n))});
   {
     auto l = strided_layout::row_major({3, 5}).transposed(0, 1);
-    out.push_back({"3x5 transposed", 15, 0, device::to_device(l)});
+    out.push_back({"3x5 transposed", 15, 0, twin::to_device(l)});
   }
   {
     auto l = strided_layout::row_major({517, 1001}).transposed(0, 1);
-    out.push_back({"517x1001 transposed", 517 * 1001, 0, device::to_device(l)});
+    out.push_back({"517x1001 transposed", 517 * 1001, 0, twin::to_device(l)});
   }
   {
     std::int64_t base = 0;
     auto l = strided_layout::row_major({6, 40, 33}).slice(1, 5, 30, base).transposed(0, 2);
-    out.push_back({"6x40x33 sliced+transposed", 6 * 40 * 33, base, device::to_device(l)});
+    out.push_back({"6x40x33 sliced+transposed", 6 * 40 * 33, base, twin::to_device(l)});
   }
   return out;
 }
@@ -59,48 +59,48 @@ std::vector<std::uint8_t> gaps_of(const std::vector<std::uint64_t>& loc, unsigne
 unsigned max_gap_width(const std::vector<std::uint64_t>& loc) {
   std::uint64_t m = 0;
   for (std::size_t k = 1; k < loc.size(); ++k) m = std::max(m, loc[k] - loc[k - 1] - 1);
-  return device::gap_width_for(m);
+  return twin::gap_width_for(m);
 }
 
 // Checks answered before any device work, identical to the twin's.
-template <device::word W> void host_side_checks() {
+template <twin::word W> void host_side_checks() {
   std::vector<W> store(64, 0);
   std::vector<std::uint64_t> loc = {1, 2, 3};
   std::vector<W> val = {1, 2, 3};
-  const device::view<W> ok{store.data(), device::linear(64)};
+  const twin::view<W> ok{store.data(), twin::linear(64)};
 
-  device::view<W> alias{store.data(), device::linear(8)};
+  twin::view<W> alias{store.data(), twin::linear(8)};
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
   DCR_EXPECT_CODE(dcr::gpu::scatter(alias, loc.data(), val.data(), 3), invalid_argument, "aliasing destination");
-  DCR_EXPECT_CODE(device::xor_scatter<W>(alias, loc, val), invalid_argument, "twin: aliasing destination");
+  DCR_EXPECT_CODE(twin::xor_scatter<W>(alias, loc, val), invalid_argument, "twin: aliasing destination");
 
-  device::view<W> neg{store.data(), device::linear(8)};
+  twin::view<W> neg{store.data(), twin::linear(8)};
   neg.shape.strides[0] = -1;
   neg.shape.contiguous = false;
   DCR_EXPECT_CODE(dcr::gpu::scatter(neg, loc.data(), val.data(), 3), invalid_argument, "negative stride");
-  DCR_EXPECT_CODE(device::xor_scatter<W>(neg, loc, val), invalid_argument, "twin: negative stride");
+  DCR_EXPECT_CODE(twin::xor_scatter<W>(neg, loc, val), invalid_argument, "twin: negative stride");
 
-  const device::view<W> null_data{nullptr, device::linear(4)};
+  const twin::view<W> null_data{nullptr, twin::linear(4)};
   DCR_EXPECT_CODE(dcr::gpu::scatter(null_data, loc.data(), val.data(), 3), invalid_argument, "null destination");
   DCR_EXPECT_CODE(dcr::gpu::scatter(ok, nullptr, val.data(), 3), invalid_argument, "null locations");
   DCR_EXPECT_CODE(dcr::gpu::scatter(ok, loc.data(), static_cast<const W*>(nullptr), 3), invalid_argument, "null values");
-  DCR_EXPECT_CODE(device::xor_scatter<W>(ok, loc, std::span<const W>(val).first(2)), invalid_argument,
+  DCR_EXPECT_CODE(twin::xor_scatter<W>(ok, loc, std::span<const W>(val).first(2)), invalid_argument,
                   "twin: counts differ");
 
   dcr::gpu::workspace ws;
   std::vector<std::uint8_t> gaps = {0, 0};
   DCR_EXPECT_CODE(dcr::gpu::scatter_gaps(ok, 0, 3, gaps.data(), 2, val.data(), 3, scatter_op::xor_mask, ws),
                   bad_location, "gap width 3");
-  DCR_EXPECT_CODE(device::scatter_gaps<W>(ok, 0, 3, gaps, val), bad_location, "twin: gap width 3");
+  DCR_EXPECT_CODE(twin::scatter_gaps<W>(ok, 0, 3, gaps, val), bad_location, "twin: gap width 3");
   DCR_EXPECT_CODE(dcr::gpu::scatter_gaps(ok, 0, 2, gaps.data(), 2, val.data(), 3, scatter_op::xor_mask, ws),
                   offset_out_of_range, "gap buffer too short");
-  DCR_EXPECT_CODE(device::scatter_gaps<W>(ok, 0, 2, gaps, val), offset_out_of_range, "twin: gap buffer too short");
+  DCR_EXPECT_CODE(twin::scatter_gaps<W>(ok, 0, 2, gaps, val), offset_out_of_range, "twin: gap buffer too short");
   std::uint64_t out[3];
   DCR_EXPECT_CODE(dcr::gpu::decode_gaps(0, 1, gaps.data(), 3, 3, out, ws), offset_out_of_range, "decode: long buffer");
 
   DCR_EXPECT_CODE(dcr::gpu::scatter_run(ok, 62, val.data(), 3), index_out_of_range, "run past the end");
-  DCR_EXPECT_CODE(device::scatter_run<W>(ok, 62, val), index_out_of_range, "twin: run past the end");
+  DCR_EXPECT_CODE(twin::scatter_run<W>(ok, 62, val), index_out_of_range, "twin: run past the end");
   DCR_EXPECT_CODE(dcr::gpu::scatter_run(ok, ~0ull, val.data(), 3), index_out_of_range, "run start wraps");
 
   if (dcr::gpu::device_count() == 0) {
@@ -112,11 +112,11 @@ template <device::word W> void host_side_checks() {
     // The twin still works and is checked against a naive loop.
     std::vector<W> ref = store;
     for (std::size_t k = 0; k < loc.size(); ++k) ref[loc[k]] = static_cast<W>(ref[loc[k]] ^ val[k]);
-    DCR_EXPECT(device::xor_scatter<W>(ok, loc, val).ok() && same_bytes(store, ref), "twin xor_scatter");
+    DCR_EXPECT(twin::xor_scatter<W>(ok, loc, val).ok() && same_bytes(store, ref), "twin xor_scatter");
   }
 }
 
-template <device::word W>
+template <twin::word W>
 void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t seed, dcr::gpu::workspace& ws) {
   const auto size = static_cast<std::uint64_t>(c.shape.size());
   const auto init = random_words<W>(c.storage, seed);
@@ -128,13 +128,13 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
   dbuf<W> d_store(init);
   dbuf<std::uint64_t> d_loc(loc);
   dbuf<W> d_val(val);
-  const device::view<W> dv{d_store.get() + c.base, c.shape};
+  const twin::view<W> dv{d_store.get() + c.base, c.shape};
 
   // Decoded locations.
   {
     auto host = init;
-    const device::view<W> hv{host.data() + c.base, c.shape};
-    const status hs = device::scatter<W>(hv, loc, val, op);
+    const twin::view<W> hv{host.data() + c.base, c.shape};
+    const status hs = twin::scatter<W>(hv, loc, val, op);
     const status ds = dcr::gpu::scatter(dv, d_loc.get(), d_val.get(), loc.size(), op, ws);
     DCR_EXPECT(hs.ok() && ds.ok(), what + ": decoded status " + hs.message + ds.message);
     DCR_EXPECT(dcr::gpu::synchronize().ok(), what + ": sync");
@@ -144,11 +144,11 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
   for (unsigned width : {max_gap_width(loc), 8u}) {
     d_store.upload(init);
     auto host = init;
-    const device::view<W> hv{host.data() + c.base, c.shape};
+    const twin::view<W> hv{host.data() + c.base, c.shape};
     const auto gaps = gaps_of(loc, width);
     dbuf<std::uint8_t> d_gaps(gaps);
     const std::uint64_t first = loc.empty() ? 0 : loc[0];
-    const status hs = device::scatter_gaps<W>(hv, first, width, gaps, val, op);
+    const status hs = twin::scatter_gaps<W>(hv, first, width, gaps, val, op);
     const status ds = dcr::gpu::scatter_gaps(dv, first, width, d_gaps.get(), gaps.size(), d_val.get(), loc.size(), op, ws);
     DCR_EXPECT(hs.ok() && ds.ok(), what + ": gaps status " + hs.message + ds.message);
     DCR_EXPECT(same_bytes(d_store.download(), host), what + ": gaps bytes, width " + std::to_string(width));
@@ -162,12 +162,12 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
   {
     d_store.upload(init);
     auto host = init;
-    const device::view<W> hv{host.data() + c.base, c.shape};
+    const twin::view<W> hv{host.data() + c.base, c.shape};
     const std::uint64_t start = size / 3;
     const std::uint64_t count = std::min<std::uint64_t>(size - start, static_cast<std::uint64_t>(density * static_cast<double>(size) + 0.5));
     const auto rv = random_words<W>(count, seed + 3);
     dbuf<W> d_rv(rv);
-    const status hs = device::scatter_run<W>(hv, start, rv, op);
+    const status hs = twin::scatter_run<W>(hv, start, rv, op);
     const status ds = dcr::gpu::scatter_run(dv, start, d_rv.get(), count, op);
     DCR_EXPECT(hs.ok() && ds.ok(), what + ": run status " + hs.message + ds.message);
     DCR_EXPECT(dcr::gpu::synchronize().ok() && same_bytes(d_store.download(), host), what + ": run bytes");
@@ -175,20 +175,20 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
 }
 
 // Bad location lists fail with the twin's code and message; nothing is written.
-template <device::word W> void device_failure_checks(dcr::gpu::workspace& ws) {
+template <twin::word W> void device_failure_checks(dcr::gpu::workspace& ws) {
   const std::uint64_t n = 1000;
   const auto init = random_words<W>(n, 99);
   dbuf<W> d_store(init);
-  const device::view<W> dv{d_store.get(), device::linear(n)};
+  const twin::view<W> dv{d_store.get(), twin::linear(n)};
   std::vector<W> host = init;
-  const device::view<W> hv{host.data(), device::linear(n)};
+  const twin::view<W> hv{host.data(), twin::linear(n)};
   auto loc = random_locations(n, 0.05, 5);
   const auto val = random_words<W>(loc.size(), 6);
   dbuf<W> d_val(val);
 
   auto expect_same_failure = [&](const std::vector<std::uint64_t>& bad, errc code, const char* what) {
     dbuf<std::uint64_t> d_bad(bad);
-    const status hs = device::scatter<W>(hv, bad, val, scatter_op::xor_mask);
+    const status hs = twin::scatter<W>(hv, bad, val, scatter_op::xor_mask);
     const status ds = dcr::gpu::scatter(dv, d_bad.get(), d_val.get(), bad.size(), scatter_op::xor_mask, ws);
     DCR_EXPECT(hs.code == code && ds.code == code && hs.message == ds.message,
                std::string(what) + ": twin '" + hs.message + "' device '" + ds.message + "'");
@@ -210,7 +210,7 @@ template <device::word W> void device_failure_checks(dcr::gpu::workspace& ws) {
     dbuf<std::uint8_t> d_gaps(gaps);
     const std::vector<W> v3 = {1, 2, 3};
     dbuf<W> d_v3(v3);
-    const status hs = device::scatter_gaps<W>(hv, 1, 8, gaps, v3, scatter_op::xor_mask);
+    const status hs = twin::scatter_gaps<W>(hv, 1, 8, gaps, v3, scatter_op::xor_mask);
     const status ds = dcr::gpu::scatter_gaps(dv, 1, 8, d_gaps.get(), gaps.size(), d_v3.get(), 3, scatter_op::xor_mask, ws);
     const errc want = gap == 2000 ? errc::index_out_of_range : errc::not_increasing;
     DCR_EXPECT(hs.code == want && ds.code == want && hs.message == ds.message,
@@ -234,8 +234,8 @@ void item_checks(dcr::gpu::workspace& ws) {
     const auto init = random_words<std::uint16_t>(300 * 77, 43);
     auto host = init;
     // A transposed storage view with the canonical extents.
-    const auto l = device::to_device(strided_layout::row_major({77, 300}).transposed(0, 1));
-    DCR_EXPECT(device::scatter_item<std::uint16_t>({host.data(), l}, it).ok(), "item twin");
+    const auto l = twin::to_device(strided_layout::row_major({77, 300}).transposed(0, 1));
+    DCR_EXPECT(twin::scatter_item<std::uint16_t>({host.data(), l}, it).ok(), "item twin");
     dbuf<std::uint16_t> d(init);
     const status s = dcr::gpu::scatter_item<std::uint16_t>({d.get(), l}, it, ws);
     DCR_EXPECT(s.ok() && same_bytes(d.download(), host), "item bytes: " + s.message);
@@ -257,14 +257,14 @@ void large_case(dcr::gpu::workspace& ws) {
   const auto loc = random_locations(n, 0.001, 8);
   const auto val = random_words<std::uint8_t>(loc.size(), 9);
   auto host = init;
-  const device::view<std::uint8_t> hv{host.data(), device::linear(static_cast<std::int64_t>(n))};
-  DCR_EXPECT(device::xor_scatter<std::uint8_t>(hv, loc, val).ok(), "large: twin");
+  const twin::view<std::uint8_t> hv{host.data(), twin::linear(static_cast<std::int64_t>(n))};
+  DCR_EXPECT(twin::xor_scatter<std::uint8_t>(hv, loc, val).ok(), "large: twin");
   {
     dbuf<std::uint8_t> d_store(init);
     dbuf<std::uint8_t> d_val(val);
     const auto gaps = gaps_of(loc, max_gap_width(loc));
     dbuf<std::uint8_t> d_gaps(gaps);
-    const device::view<std::uint8_t> dv{d_store.get(), hv.shape};
+    const twin::view<std::uint8_t> dv{d_store.get(), hv.shape};
     DCR_EXPECT(dcr::gpu::scatter_gaps(dv, loc[0], max_gap_width(loc), d_gaps.get(), gaps.size(), d_val.get(), loc.size(),
                                   scatter_op::xor_mask, ws).ok() && dcr::gpu::synchronize().ok(),
                "large: fused gaps");
@@ -274,7 +274,7 @@ void large_case(dcr::gpu::workspace& ws) {
     // A run over the whole view: k passes 2^31 inside one launch.
     const auto rv = random_words<std::uint8_t>(n, 10);
     auto h2 = init;
-    DCR_EXPECT(device::scatter_run<std::uint8_t>({h2.data(), hv.shape}, 0, rv, scatter_op::xor_mask).ok(), "large run twin");
+    DCR_EXPECT(twin::scatter_run<std::uint8_t>({h2.data(), hv.shape}, 0, rv, scatter_op::xor_mask).ok(), "large run twin");
     dbuf<std::uint8_t> d_store(init);
     dbuf<std::uint8_t> d_rv(rv);
     DCR_EXPECT(dcr::gpu::scatter_run<std::uint8_t>({d_store.get(), hv.shape}, 0, d_rv.get(), n).ok() &&

@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "dcr/cuda/copy.cuh"
-#include "dcr/cuda/detect.cuh"
-#include "dcr/cuda/scatter.cuh"
-#include "dcr/device/copy.hpp"
-#include "dcr/device/detect.hpp"
-#include "dcr/device/scatter.hpp"
+#include "dcr/gpu/copy.cuh"
+#include "dcr/gpu/detect.cuh"
+#include "dcr/gpu/scatter.cuh"
+#include "dcr/twin/copy.hpp"
+#include "dcr/twin/detect.hpp"
+#include "dcr/twin/scatter.hpp"
 #include "test_common.cuh"
 
 using namespace dcr;
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
   std::vector<row> rows;
   dcr::gpu::workspace ws;
   const auto init = random_words<W>(n, 1);
-  const auto lin = device::linear(static_cast<std::int64_t>(n));
+  const auto lin = twin::linear(static_cast<std::int64_t>(n));
 
   for (double d : {0.01, 0.05}) {
     const auto loc = random_locations(n, d, 2);
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
         must(dcr::gpu::xor_scatter<W>({dst.get(), lin}, d_loc.get(), d_masks.get(), loc.size(), ws), "xor_scatter");
       });
       auto host = init;
-      const double hs = bench::best_seconds(2, [&] { must(device::xor_scatter<W>({host.data(), lin}, loc, masks), "twin"); });
+      const double hs = bench::best_seconds(2, [&] { must(twin::xor_scatter<W>({host.data(), lin}, loc, masks), "twin"); });
       // Locations read twice (check, scatter), masks once, dst sectors read and written.
       rows.push_back({"xor_scatter", d * 100, n, k * (16 + sizeof(W)) + 2 * sec, k * (16 + 3 * sizeof(W)), s, hs});
     }
@@ -150,18 +150,18 @@ int main(int argc, char** argv) {
       std::vector<std::uint8_t> gaps;
       std::uint64_t maxgap = 0;
       for (std::size_t i = 1; i < loc.size(); ++i) maxgap = std::max(maxgap, loc[i] - loc[i - 1] - 1);
-      const unsigned w = device::gap_width_for(maxgap);
+      const unsigned w = twin::gap_width_for(maxgap);
       for (std::size_t i = 1; i < loc.size(); ++i)
         for (unsigned b = 0; b < w; ++b) gaps.push_back(static_cast<std::uint8_t>((loc[i] - loc[i - 1] - 1) >> (8 * b)));
       dbuf<std::uint8_t> d_gaps(gaps);
       const double s = device_seconds(reps, [&] {
         must(dcr::gpu::scatter_gaps<W>({dst.get(), lin}, loc[0], w, d_gaps.get(), gaps.size(), d_masks.get(), loc.size(),
-                                        device::scatter_op::xor_mask, ws),
+                                        twin::scatter_op::xor_mask, ws),
              "scatter_gaps");
       });
       auto host = init;
       const double hs = bench::best_seconds(2, [&] {
-        must(device::scatter_gaps<W>({host.data(), lin}, loc[0], w, gaps, masks, device::scatter_op::xor_mask), "twin");
+        must(twin::scatter_gaps<W>({host.data(), lin}, loc[0], w, gaps, masks, twin::scatter_op::xor_mask), "twin");
       });
       // Gaps read by the scan; locations written by the scan, read by the check and the scatter.
       const double gb = static_cast<double>(gaps.size());
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
     });
     auto host = init;
     const double hs = bench::best_seconds(2, [&] {
-      must(device::masked_overwrite<W>({host.data(), lin}, {src.data(), lin}, ph), "twin");
+      must(twin::masked_overwrite<W>({host.data(), lin}, {src.data(), lin}, ph), "twin");
     });
     const double k = static_cast<double>(act.size());
     rows.push_back({"masked_overwrite", d * 100, n, static_cast<double>(n * sizeof(W)) + static_cast<double>(sectors(act)) * 32,
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
     out.reserve(ch.size());
     const double hs = bench::best_seconds(2, [&] {
       out.clear();
-      must(device::detect_changes<W>(init, neu, 0, out), "twin");
+      must(twin::detect_changes<W>(init, neu, 0, out), "twin");
     });
     const double bytes = 2.0 * n * sizeof(W) + 8.0 * static_cast<double>(ch.size());
     rows.push_back({"detect_changes", d * 100, n, bytes, bytes, s, hs});

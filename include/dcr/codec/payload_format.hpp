@@ -4,7 +4,7 @@
 /// docs/wire-format.md): identities, the 96-byte little-endian header, item
 /// table rows, and the checks that parse them; row locations and values
 /// decoded from an already decompressed body. No compression here, so device
-/// code (cuda/dcr/cuda/row.cuh) and the relay tree include only this header;
+/// code (cuda/dcr/gpu/row.cuh) and the relay tree include only this header;
 /// `payload_encode.hpp` and `payload_decode.hpp` add zstd.
 ///
 /// A payload is a fixed 96-byte little-endian header followed by one zstd

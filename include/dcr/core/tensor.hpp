@@ -64,7 +64,7 @@ struct strided_layout {
     return row_major(v);
   }
 
-  // Members are host-only: kernels take `dcr::device::layout` (C arrays),
+  // Members are host-only: kernels take `dcr::twin::layout` (C arrays),
   // so CUDA code needs no relaxed constexpr for std::array.
 
   /// Number of coordinates.

@@ -1,4 +1,4 @@
-// The location decode twin (dcr/device/locations.hpp) against the reference
+// The location decode twin (dcr/twin/locations.hpp) against the reference
 // decoder codec::decode_locations: same indices, same error code, same
 // message, for every coding, gap distributions from all-small to 2^63,
 // adversarial 0xFF sequences, counts 0/1/2/odd/large, and corrupted,
@@ -16,11 +16,11 @@
 
 #include "dcr/codec/locations.hpp"
 #include "dcr/codec/values.hpp"
-#include "dcr/device/element.hpp"
+#include "dcr/twin/element.hpp"
 #include "dcr/codec/payload.hpp"
-#include "dcr/device/locations.hpp"
-#include "dcr/device/row.hpp"
-#include "dcr/device/scatter.hpp"
+#include "dcr/twin/locations.hpp"
+#include "dcr/twin/row.hpp"
+#include "dcr/twin/scatter.hpp"
 
 using namespace dcr;
 using codec::location_id;
@@ -96,7 +96,7 @@ void agree(location_id id, const std::vector<std::uint8_t>& bytes, std::uint64_t
            std::uint64_t count, const char* what) {
   const outcome ref = reference(id, bytes, first, numel, count);
   std::vector<std::uint64_t> got;
-  const status s = device::decode_locations(id, bytes, first, numel, count, got);
+  const status s = twin::decode_locations(id, bytes, first, numel, count, got);
   ++compared;
   INFO(what, " ", codec::to_string(id), " count ", count, " bytes ", bytes.size(), " first ", first, " numel ", numel);
   CHECK(s.code == ref.s.code);
@@ -156,20 +156,20 @@ TEST_CASE("escape transducer maps compose associatively and track the reader sta
   for (unsigned a = 0; a < 4; ++a)
     for (unsigned b = 0; b < 4; ++b)
       for (unsigned c = 0; c < 4; ++c) {
-        const auto x = static_cast<device::escape_map>(a), y = static_cast<device::escape_map>(b),
-                   z = static_cast<device::escape_map>(c);
-        CHECK(device::escape_then(device::escape_then(x, y), z) == device::escape_then(x, device::escape_then(y, z)));
-        CHECK(device::escape_then(device::escape_identity, x) == x);
-        CHECK(device::escape_then(x, device::escape_identity) == x);
+        const auto x = static_cast<twin::escape_map>(a), y = static_cast<twin::escape_map>(b),
+                   z = static_cast<twin::escape_map>(c);
+        CHECK(twin::escape_then(twin::escape_then(x, y), z) == twin::escape_then(x, twin::escape_then(y, z)));
+        CHECK(twin::escape_then(twin::escape_identity, x) == x);
+        CHECK(twin::escape_then(x, twin::escape_identity) == x);
       }
   // 0xFF starts an escape at a value start and continues one inside it.
-  CHECK(device::escape_apply(device::escape_step(0xFF), device::escape_at_start) == device::escape_inside);
-  CHECK(device::escape_apply(device::escape_step(0xFF), device::escape_inside) == device::escape_inside);
-  CHECK(device::escape_apply(device::escape_step(0x80), device::escape_at_start) == device::escape_at_start);
-  CHECK(device::escape_apply(device::escape_step(0x7F), device::escape_inside) == device::escape_at_start);
-  CHECK(device::ends_value(device::gap_form::escape, 0x80, device::escape_at_start));
-  CHECK_FALSE(device::ends_value(device::gap_form::escape, 0x80, device::escape_inside));
-  CHECK_FALSE(device::ends_value(device::gap_form::escape, 0xFF, device::escape_at_start));
+  CHECK(twin::escape_apply(twin::escape_step(0xFF), twin::escape_at_start) == twin::escape_inside);
+  CHECK(twin::escape_apply(twin::escape_step(0xFF), twin::escape_inside) == twin::escape_inside);
+  CHECK(twin::escape_apply(twin::escape_step(0x80), twin::escape_at_start) == twin::escape_at_start);
+  CHECK(twin::escape_apply(twin::escape_step(0x7F), twin::escape_inside) == twin::escape_at_start);
+  CHECK(twin::ends_value(twin::gap_form::escape, 0x80, twin::escape_at_start));
+  CHECK_FALSE(twin::ends_value(twin::gap_form::escape, 0x80, twin::escape_inside));
+  CHECK_FALSE(twin::ends_value(twin::gap_form::escape, 0xFF, twin::escape_at_start));
 }
 
 TEST_CASE("LEB128 element rules equal the reference reader on every short form") {
@@ -199,12 +199,12 @@ TEST_CASE("LEB128 element rules equal the reference reader on every short form")
       continue;
     }
     ++len;
-    const bool elem_ok = !device::leb128_malformed(f.data(), len);
+    const bool elem_ok = !twin::leb128_malformed(f.data(), len);
     INFO("form of ", f.size(), " bytes, first ", unsigned(f[0]), " last ", unsigned(f[len - 1]));
     CHECK(elem_ok == ok);
     if (ok) {
       CHECK(pos == len);
-      CHECK(device::leb128_value(f.data(), len) == v);
+      CHECK(twin::leb128_value(f.data(), len) == v);
     }
   }
 }
@@ -218,7 +218,7 @@ TEST_CASE("byte planes: element gather inverts the codec's value filter") {
       const auto* p = reinterpret_cast<const std::uint8_t*>(planes.data());
       const auto* w = reinterpret_cast<const std::uint8_t*>(words.data());
       for (std::size_t k = 0; k < n; ++k)
-        CHECK(device::load_plane_word(p, width, n, k) == device::load_gap(w, width, k));
+        CHECK(twin::load_plane_word(p, width, n, k) == twin::load_gap(w, width, k));
     }
 }
 
@@ -308,8 +308,8 @@ TEST_CASE("decode twin on adversarial escape_u8 and varint bytes") {
 TEST_CASE("decode twin: count 0, unknown coding, wrap at 2^64") {
   std::vector<std::uint64_t> out;
   for (const location_id id : all_ids) agree(id, {}, 0, 10, 0, "count 0");
-  CHECK(device::decode_locations(static_cast<location_id>(11), {}, 0, 10, 1, out).code == errc::bad_location);
-  CHECK(device::decode_locations(static_cast<location_id>(0), {}, 0, 10, 1, out).code == errc::bad_location);
+  CHECK(twin::decode_locations(static_cast<location_id>(11), {}, 0, 10, 1, out).code == errc::bad_location);
+  CHECK(twin::decode_locations(static_cast<location_id>(0), {}, 0, 10, 1, out).code == errc::bad_location);
   // gap_u64 of 2^64 - 1: the index wraps onto its predecessor.
   const std::vector<std::uint8_t> wrap(8, 0xFF);
   agree(location_id::gap_u64, wrap, 3, ~std::uint64_t{0}, 2, "wrap");
@@ -322,17 +322,17 @@ TEST_CASE_TEMPLATE("scatter_encoded twin equals reference decode + scatter; noth
                    std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
   std::mt19937_64 rng(11);
   const std::int64_t ext[] = {13, 17, 5};
-  const auto base = device::row_major(ext, 3);
-  device::layout trans = base; // a transposed destination: locations read in its own row-major order
+  const auto base = twin::row_major(ext, 3);
+  twin::layout trans = base; // a transposed destination: locations read in its own row-major order
   std::swap(trans.extents[0], trans.extents[2]);
   std::swap(trans.strides[0], trans.strides[2]);
   trans.contiguous = trans.is_row_major();
   const auto numel = static_cast<std::uint64_t>(base.size());
-  for (const device::layout& shape : {base, trans})
+  for (const twin::layout& shape : {base, trans})
     for (const location_id id : all_ids)
       for (const double density : {0.0, 0.01, 0.3, 1.0})
         for (const bool planes : {false, true})
-          for (const auto op : {device::scatter_op::xor_mask, device::scatter_op::overwrite}) {
+          for (const auto op : {twin::scatter_op::xor_mask, twin::scatter_op::overwrite}) {
             std::vector<std::uint64_t> idx;
             for (std::uint64_t i = 0; i < numel; ++i)
               if (static_cast<double>(rng() % 1000) < density * 1000) idx.push_back(i);
@@ -350,44 +350,44 @@ TEST_CASE_TEMPLATE("scatter_encoded twin equals reference decode + scatter; noth
             std::vector<W> store(static_cast<std::size_t>(numel));
             for (auto& w : store) w = static_cast<W>(rng());
             auto want = store;
-            const device::view<W> dst{store.data(), shape};
-            const device::view<W> ref{want.data(), shape};
+            const twin::view<W> dst{store.data(), shape};
+            const twin::view<W> ref{want.data(), shape};
             for (std::size_t k = 0; k < idx.size(); ++k) {
               W v = 0;
               std::memcpy(&v, words.data() + k * sizeof(W), sizeof(W));
               W& d = ref.at(static_cast<std::int64_t>(idx[k]));
-              d = device::scatter_word(d, v, op);
+              d = twin::scatter_word(d, v, op);
             }
             const std::uint64_t first = idx.empty() ? 0 : idx.front();
-            REQUIRE(device::scatter_encoded<W>(dst, first, idx.size(), id, loc, val, planes, op));
+            REQUIRE(twin::scatter_encoded<W>(dst, first, idx.size(), id, loc, val, planes, op));
             CHECK(store == want);
             if (idx.empty()) continue;
             // Failures: first index past the view, truncated locations, a wrong value length.
             const auto before = store;
-            const auto r1 = device::scatter_encoded<W>(dst, numel, idx.size(), id, loc, val, planes, op);
+            const auto r1 = twin::scatter_encoded<W>(dst, numel, idx.size(), id, loc, val, planes, op);
             CHECK(r1.code == errc::index_out_of_range);
             if (!loc.empty()) {
               const std::vector<std::uint8_t> cut(loc.begin(), loc.end() - 1);
-              const auto r2 = device::scatter_encoded<W>(dst, first, idx.size(), id, cut, val, planes, op);
+              const auto r2 = twin::scatter_encoded<W>(dst, first, idx.size(), id, cut, val, planes, op);
               CHECK(r2.code == errc::bad_location);
               const outcome o = reference(id, cut, first, numel, idx.size());
               CHECK(r2.message == o.s.message);
             }
             const std::vector<std::uint8_t> short_val(val.begin(), val.end() - 1);
-            CHECK(device::scatter_encoded<W>(dst, first, idx.size(), id, loc, short_val, planes, op).code ==
+            CHECK(twin::scatter_encoded<W>(dst, first, idx.size(), id, loc, short_val, planes, op).code ==
                   errc::length_overflow);
             CHECK(store == before);
           }
   // Empty items and a bad destination.
   std::vector<W> s(4, 0);
-  const device::view<W> v{s.data(), device::linear(4)};
-  CHECK(device::scatter_encoded<W>(v, 0, 0, location_id::run, {}, {}, false));
+  const twin::view<W> v{s.data(), twin::linear(4)};
+  CHECK(twin::scatter_encoded<W>(v, 0, 0, location_id::run, {}, {}, false));
   const std::vector<std::uint8_t> one = {1};
-  CHECK(device::scatter_encoded<W>(v, 0, 0, location_id::gap_u8, one, {}, false).code == errc::bad_location);
-  device::view<W> alias{s.data(), device::linear(4)};
+  CHECK(twin::scatter_encoded<W>(v, 0, 0, location_id::gap_u8, one, {}, false).code == errc::bad_location);
+  twin::view<W> alias{s.data(), twin::linear(4)};
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
-  CHECK(device::scatter_encoded<W>(alias, 0, 1, location_id::run, {}, std::vector<std::uint8_t>(sizeof(W)), false)
+  CHECK(twin::scatter_encoded<W>(alias, 0, 1, location_id::run, {}, std::vector<std::uint8_t>(sizeof(W)), false)
             .code == errc::invalid_argument);
 }
 
@@ -443,7 +443,7 @@ TEST_CASE_TEMPLATE("scatter_row twin equals decode_row + scatter_item, errors wo
         const auto& row = pi.rows[i];
         if (width_of(row.tensor.dtype) != sizeof(W)) {
           std::vector<W> s(row.tensor.numel());
-          CHECK(device::scatter_row<W>(device::view<W>{s.data(), device::linear(static_cast<std::int64_t>(s.size()))},
+          CHECK(twin::scatter_row<W>(twin::view<W>{s.data(), twin::linear(static_cast<std::int64_t>(s.size()))},
                                        pi.body, pi.header, row, i)
                     .code == errc::bad_dtype);
           continue;
@@ -455,8 +455,8 @@ TEST_CASE_TEMPLATE("scatter_row twin equals decode_row + scatter_item, errors wo
         for (auto& w : got) w = static_cast<W>(rng());
         auto want = got;
         const auto n = static_cast<std::int64_t>(got.size());
-        REQUIRE(device::scatter_item<W>(device::view<W>{want.data(), device::linear(n)}, it));
-        REQUIRE(device::scatter_row<W>(device::view<W>{got.data(), device::linear(n)}, pi.body, pi.header, row, i));
+        REQUIRE(twin::scatter_item<W>(twin::view<W>{want.data(), twin::linear(n)}, it));
+        REQUIRE(twin::scatter_row<W>(twin::view<W>{got.data(), twin::linear(n)}, pi.body, pi.header, row, i));
         CHECK(got == want);
         ++rows_applied;
         // Corrupt each location section: same code and message as decode_row.
@@ -469,7 +469,7 @@ TEST_CASE_TEMPLATE("scatter_row twin equals decode_row + scatter_item, errors wo
           item ref;
           const status r = codec::decode_row(body, pi.header, row, i, ref);
           const auto before = got;
-          const status s = device::scatter_row<W>(device::view<W>{got.data(), device::linear(n)}, body, pi.header, row, i);
+          const status s = twin::scatter_row<W>(twin::view<W>{got.data(), twin::linear(n)}, body, pi.header, row, i);
           CHECK(s.code == r.code);
           CHECK(s.message == r.message);
           if (!s) CHECK(got == before);

@@ -1,6 +1,11 @@
 #pragma once
 /// \file
-/// Host twin of the CUDA scatter kernels (`cuda/dcr/cuda/scatter.cuh`):
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
+/// Host twin of the CUDA scatter kernels (`cuda/dcr/gpu/scatter.cuh`):
 /// records (location, value) of one item land in a destination view, either
 /// XORed in (`scatter_op::xor_mask`) or written (`scatter_op::overwrite`). A
 /// location is a row-major flat index into the view's own extents.
@@ -20,11 +25,11 @@
 
 #include "dcr/codec/item.hpp"
 #include "dcr/core/error.hpp"
-#include "dcr/device/check.hpp"
-#include "dcr/device/element.hpp"
-#include "dcr/device/view.hpp"
+#include "dcr/twin/check.hpp"
+#include "dcr/twin/element.hpp"
+#include "dcr/twin/view.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 /// Check a decoded location list against a view of `size` elements.
 inline status check_locations(std::span<const std::uint64_t> loc, std::uint64_t size) {
@@ -166,4 +171,4 @@ status xor_scatter(const strided_view<W>& dst, std::span<const std::uint64_t> lo
   return scatter(to_device(dst), locations, masks, scatter_op::xor_mask);
 }
 
-} // namespace dcr::device
+} // namespace dcr::twin

@@ -1,6 +1,11 @@
 #pragma once
 /// \file
-/// Host twin of the CUDA copy kernels (`cuda/dcr/cuda/copy.cuh`): an
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
+/// Host twin of the CUDA copy kernels (`cuda/dcr/gpu/copy.cuh`): an
 /// elementwise copy of a source view into a destination view with the same
 /// extents, in one of the intercepting sink's modes:
 ///
@@ -25,11 +30,11 @@
 #include <type_traits>
 
 #include "dcr/core/error.hpp"
-#include "dcr/device/check.hpp"
-#include "dcr/device/element.hpp"
-#include "dcr/device/view.hpp"
+#include "dcr/twin/check.hpp"
+#include "dcr/twin/element.hpp"
+#include "dcr/twin/view.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 /// Copy `src` into `dst` in `mode` (see the table above).
 template <word W>
@@ -81,4 +86,4 @@ status masked_overwrite(view<W> dst, std::type_identity_t<view<const W>> src, vi
   return copy(dst, src, copy_mode::overwrite_mask, W{0}, mask);
 }
 
-} // namespace dcr::device
+} // namespace dcr::twin

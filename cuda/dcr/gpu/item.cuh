@@ -1,9 +1,13 @@
 #pragma once
 /// \file
+/// Vocabulary: `gpu/` (namespace `dcr::gpu`) holds CUDA kernels and their
+/// launchers; each has a host twin in `include/dcr/twin/` (namespace
+/// `dcr::twin`) with the same semantics, and the GPU tests compare them.
+///
 /// Apply one decoded `dcr::item` (codec/item.hpp) to a device view: its
 /// indices and little-endian value words are copied to the device and
 /// scattered (XOR or overwrite by the item's encoding). Same checks and
-/// errors as the twin `dcr::device::scatter_item`.
+/// errors as the twin `dcr::twin::scatter_item`.
 
 #include <cuda_runtime.h>
 
@@ -12,17 +16,17 @@
 #include <string>
 
 #include "dcr/codec/item.hpp"
-#include "dcr/cuda/runtime.cuh"
-#include "dcr/cuda/scatter.cuh"
-#include "dcr/device/scatter.hpp"
+#include "dcr/gpu/runtime.cuh"
+#include "dcr/gpu/scatter.cuh"
+#include "dcr/twin/scatter.hpp"
 
 namespace dcr::gpu {
 
 /// Upload `it` into `ws` and scatter it onto device view `dst`; synchronises
 /// `stream` (the host buffers of `it` must outlive the copies).
-template <device::word W>
-status scatter_item(device::view<W> dst, const item& it, workspace& ws, cudaStream_t stream = 0) {
-  DCR_TRY(device::check_item<W>(it));
+template <twin::word W>
+status scatter_item(twin::view<W> dst, const item& it, workspace& ws, cudaStream_t stream = 0) {
+  DCR_TRY(twin::check_item<W>(it));
   DCR_RETURN_ERROR_IF(static_cast<std::uint64_t>(dst.size()) != it.tensor.numel(), shape_mismatch,
                       it.tensor.name + ": view of " + std::to_string(dst.size()) + " elements, tensor of " +
                           std::to_string(it.tensor.numel()));
@@ -39,7 +43,7 @@ status scatter_item(device::view<W> dst, const item& it, workspace& ws, cudaStre
                                 cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(item indices)"));
   DCR_TRY(check(cudaMemcpyAsync(val, it.values.data(), it.values.size(), cudaMemcpyHostToDevice, stream),
                 "cudaMemcpyAsync(item values)"));
-  DCR_TRY(scatter(dst, loc, val, it.size(), device::op_of(it.encoding), ws, stream));
+  DCR_TRY(scatter(dst, loc, val, it.size(), twin::op_of(it.encoding), ws, stream));
   return synchronize(stream);
 }
 

@@ -1,10 +1,14 @@
 #pragma once
 /// \file
+/// Vocabulary: `gpu/` (namespace `dcr::gpu`) holds CUDA kernels and their
+/// launchers; each has a host twin in `include/dcr/twin/` (namespace
+/// `dcr::twin`) with the same semantics, and the GPU tests compare them.
+///
 /// Device scatter of one item's records into a strided device view: XOR
 /// masks in (`xor_scatter`) or write values (`scatter_op::overwrite`), from
 /// decoded locations, from a run, or fused with the gap decode (a CUB
 /// `DeviceScan` over `gap + 1`) so that only the item's compressed-then-
-/// decoded buffers need to cross PCIe. Host twin: `dcr/device/scatter.hpp`
+/// decoded buffers need to cross PCIe. Host twin: `dcr/twin/scatter.hpp`
 /// (same checks, same errors, same bits).
 ///
 /// Layering: public entry (argument checks, identical to the twin) →
@@ -21,35 +25,35 @@
 #include <cstdint>
 
 #include "dcr/core/error.hpp"
-#include "dcr/cuda/runtime.cuh"
-#include "dcr/device/check.hpp"
-#include "dcr/device/element.hpp"
+#include "dcr/gpu/runtime.cuh"
+#include "dcr/twin/check.hpp"
+#include "dcr/twin/element.hpp"
 
 namespace dcr::gpu {
 
 namespace detail {
 
-/// Smallest `(k << 2) | code` over failing records (see `device::check_location`).
+/// Smallest `(k << 2) | code` over failing records (see `twin::check_location`).
 /// A template only so that the header can be included by several translation
 /// units of one program (templates have vague linkage).
 template <class Key = unsigned long long>
 __global__ void check_locations_kernel(const std::uint64_t* DCR_RESTRICT loc, std::uint64_t n,
                                        std::uint64_t size, Key* DCR_RESTRICT fail_key) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
-    const int c = device::check_location(loc, k, size);
+    const int c = twin::check_location(loc, k, size);
     if (c != 0) atomicMin(fail_key, static_cast<Key>((k << 2) | static_cast<unsigned>(c)));
   }
 }
 
 /// Record k lands at `loc[k]`, or at `start + k` when `loc` is null (a run).
-template <device::word W>
-__global__ void scatter_kernel(device::view<W> dst, const std::uint64_t* DCR_RESTRICT loc,
+template <twin::word W>
+__global__ void scatter_kernel(twin::view<W> dst, const std::uint64_t* DCR_RESTRICT loc,
                                std::uint64_t start, const W* DCR_RESTRICT values, std::uint64_t n,
-                               device::scatter_op op) {
+                               twin::scatter_op op) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const std::uint64_t l = loc != nullptr ? loc[k] : start + k;
     W& d = dst.at(static_cast<std::int64_t>(l));
-    d = device::scatter_word(d, values[k], op);
+    d = twin::scatter_word(d, values[k], op);
   }
 }
 
@@ -59,7 +63,7 @@ struct gap_term {
   const std::uint8_t* gaps;
   unsigned width;
   __host__ __device__ std::uint64_t operator()(std::uint64_t k) const {
-    return device::gap_scan_term(first, gaps, width, k);
+    return twin::gap_scan_term(first, gaps, width, k);
   }
 };
 
@@ -70,9 +74,9 @@ struct add_u64 {
 
 /// Checks shared by every scatter entry before any CUDA call beyond the
 /// device query: destination, value pointer, count.
-template <device::word W>
-status check_scatter_args(const device::view<W>& dst, const void* values, std::uint64_t count) {
-  DCR_TRY(device::check_destination_view(dst.shape, dst.data, "scatter destination"));
+template <twin::word W>
+status check_scatter_args(const twin::view<W>& dst, const void* values, std::uint64_t count) {
+  DCR_TRY(twin::check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_RETURN_ERROR_IF(count > 0 && values == nullptr, invalid_argument, "scatter: null values");
   return status::success();
 }
@@ -90,14 +94,14 @@ inline status check_device_locations(const std::uint64_t* loc, std::uint64_t n, 
   DCR_TRY(check(cudaMemcpyAsync(&host_key, key, sizeof host_key, cudaMemcpyDeviceToHost, stream),
                 "cudaMemcpyAsync(check flag)"));
   DCR_TRY(synchronize(stream));
-  if (host_key != device::no_failure)
-    return device::location_failure(static_cast<int>(host_key & 3u), host_key >> 2, size);
+  if (host_key != twin::no_failure)
+    return twin::location_failure(static_cast<int>(host_key & 3u), host_key >> 2, size);
   return status::success();
 }
 
-template <device::word W>
-status launch_scatter(const device::view<W>& dst, const std::uint64_t* loc, std::uint64_t start,
-                      const W* values, std::uint64_t n, device::scatter_op op, const device_facts& f,
+template <twin::word W>
+status launch_scatter(const twin::view<W>& dst, const std::uint64_t* loc, std::uint64_t start,
+                      const W* values, std::uint64_t n, twin::scatter_op op, const device_facts& f,
                       cudaStream_t stream) {
   if (n == 0) return status::success();
   const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
@@ -111,9 +115,9 @@ status launch_scatter(const device::view<W>& dst, const std::uint64_t* loc, std:
 /// all pointers in device memory. Locations are checked on the device first
 /// (strictly increasing, inside the view); on failure nothing is written.
 /// Returns after the launch; call `synchronize(stream)` before reading.
-template <device::word W>
-status scatter(device::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
-               std::uint64_t count, device::scatter_op op, workspace& ws, cudaStream_t stream = 0) {
+template <twin::word W>
+status scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
+               std::uint64_t count, twin::scatter_op op, workspace& ws, cudaStream_t stream = 0) {
   DCR_TRY(detail::check_scatter_args(dst, d_values, count));
   DCR_RETURN_ERROR_IF(count > 0 && d_locations == nullptr, invalid_argument, "scatter: null locations");
   detail::device_facts f;
@@ -125,27 +129,27 @@ status scatter(device::view<W> dst, const std::uint64_t* d_locations, const W* d
 }
 
 /// `scatter` with a temporary workspace.
-template <device::word W>
-status scatter(device::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
-               std::uint64_t count, device::scatter_op op = device::scatter_op::xor_mask,
+template <twin::word W>
+status scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
+               std::uint64_t count, twin::scatter_op op = twin::scatter_op::xor_mask,
                cudaStream_t stream = 0) {
   workspace ws;
   return scatter(dst, d_locations, d_values, count, op, ws, stream);
 }
 
 /// XOR `d_masks[k]` into `dst` at `d_locations[k]`.
-template <device::word W>
-status xor_scatter(device::view<W> dst, const std::uint64_t* d_locations, const W* d_masks,
+template <twin::word W>
+status xor_scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_masks,
                    std::uint64_t count, workspace& ws, cudaStream_t stream = 0) {
-  return scatter(dst, d_locations, d_masks, count, device::scatter_op::xor_mask, ws, stream);
+  return scatter(dst, d_locations, d_masks, count, twin::scatter_op::xor_mask, ws, stream);
 }
 
 /// Scatter onto the run `[start, start + count)` (checked on the host).
-template <device::word W>
-status scatter_run(device::view<W> dst, std::uint64_t start, const W* d_values, std::uint64_t count,
-                   device::scatter_op op = device::scatter_op::xor_mask, cudaStream_t stream = 0) {
+template <twin::word W>
+status scatter_run(twin::view<W> dst, std::uint64_t start, const W* d_values, std::uint64_t count,
+                   twin::scatter_op op = twin::scatter_op::xor_mask, cudaStream_t stream = 0) {
   DCR_TRY(detail::check_scatter_args(dst, d_values, count));
-  DCR_TRY(device::check_run(start, count, static_cast<std::uint64_t>(dst.size())));
+  DCR_TRY(twin::check_run(start, count, static_cast<std::uint64_t>(dst.size())));
   detail::device_facts f;
   DCR_TRY(detail::prepare(dst.data, d_values, nullptr, f));
   return detail::launch_scatter<W>(dst, nullptr, start, d_values, count, op, f, stream);
@@ -157,7 +161,7 @@ status scatter_run(device::view<W> dst, std::uint64_t start, const W* d_values, 
 inline status decode_gaps(std::uint64_t first, unsigned width, const std::uint8_t* d_gaps,
                           std::uint64_t gap_bytes, std::uint64_t count, std::uint64_t* d_out,
                           workspace& ws, cudaStream_t stream = 0) {
-  DCR_TRY(device::check_gap_buffer(width, gap_bytes, count));
+  DCR_TRY(twin::check_gap_buffer(width, gap_bytes, count));
   DCR_RETURN_ERROR_IF(count > 0 && d_out == nullptr, invalid_argument, "decode_gaps: null output");
   DCR_RETURN_ERROR_IF(count > 1 && d_gaps == nullptr, invalid_argument, "decode_gaps: null gaps");
   detail::device_facts f;
@@ -178,12 +182,12 @@ inline status decode_gaps(std::uint64_t first, unsigned width, const std::uint8_
 /// Fused gap decode and scatter: `count` records with first index `first`
 /// and `count - 1` gap words of `width` bytes at `d_gaps` (`gap_bytes`
 /// long); values at `d_values`. Decoded locations live in `ws`.
-template <device::word W>
-status scatter_gaps(device::view<W> dst, std::uint64_t first, unsigned width, const std::uint8_t* d_gaps,
+template <twin::word W>
+status scatter_gaps(twin::view<W> dst, std::uint64_t first, unsigned width, const std::uint8_t* d_gaps,
                     std::uint64_t gap_bytes, const W* d_values, std::uint64_t count,
-                    device::scatter_op op, workspace& ws, cudaStream_t stream = 0) {
+                    twin::scatter_op op, workspace& ws, cudaStream_t stream = 0) {
   DCR_TRY(detail::check_scatter_args(dst, d_values, count));
-  DCR_TRY(device::check_gap_buffer(width, gap_bytes, count));
+  DCR_TRY(twin::check_gap_buffer(width, gap_bytes, count));
   DCR_RETURN_ERROR_IF(count > 1 && d_gaps == nullptr, invalid_argument, "scatter_gaps: null gaps");
   detail::device_facts f;
   DCR_TRY(detail::prepare(dst.data, d_gaps, d_values, f));

@@ -1,6 +1,11 @@
 #pragma once
 /// \file
-/// Host twin of the CUDA change detection (`cuda/dcr/cuda/detect.cuh`):
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
+/// Host twin of the CUDA change detection (`cuda/dcr/gpu/detect.cuh`):
 /// compare two word buffers and append `base + i` for every `i` whose stored
 /// bits differ, in increasing order. It is the training side's
 /// `dcr::detect_changes` (source/detect.hpp, SSE2 masks) behind a status
@@ -13,10 +18,10 @@
 #include <vector>
 
 #include "dcr/core/error.hpp"
-#include "dcr/device/element.hpp"
+#include "dcr/twin/element.hpp"
 #include "dcr/source/detect.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 /// Append `base + i` to `out` for every `i` with `old_words[i] != new_words[i]`.
 template <word W>
@@ -31,4 +36,4 @@ status detect_changes(std::span<const W> old_words, std::type_identity_t<std::sp
   return status::success();
 }
 
-} // namespace dcr::device
+} // namespace dcr::twin

@@ -1,12 +1,16 @@
 #pragma once
 /// \file
+/// Vocabulary: `gpu/` (namespace `dcr::gpu`) holds CUDA kernels and their
+/// launchers; each has a host twin in `include/dcr/twin/` (namespace
+/// `dcr::twin`) with the same semantics, and the GPU tests compare them.
+///
 /// Device decode of an item's location bytes in every coding of the wire
 /// format (docs/wire-format.md 4.3) — run, gap words, byte planes, varint
 /// and escape_u8 — and `scatter_encoded`, which lands the item's value
 /// bytes (plain or byte planes) at the decoded locations. A receiver that
 /// holds weights in GPU memory uploads the decompressed location and value
 /// bytes of an item and does everything else here. Host twin:
-/// `dcr/device/locations.hpp` (same phases over the same element functions,
+/// `dcr/twin/locations.hpp` (same phases over the same element functions,
 /// same indices, same errors; both equal the reference decoder
 /// `codec::decode_locations`).
 ///
@@ -31,9 +35,9 @@
 
 #include "dcr/codec/locations.hpp"
 #include "dcr/core/error.hpp"
-#include "dcr/cuda/runtime.cuh"
-#include "dcr/device/element.hpp"
-#include "dcr/device/locations.hpp"
+#include "dcr/gpu/runtime.cuh"
+#include "dcr/twin/element.hpp"
+#include "dcr/twin/locations.hpp"
 
 namespace dcr::gpu {
 
@@ -46,31 +50,31 @@ enum : std::size_t { slot_key = 0, slot_present = 1, slot_used = 2, slot_escapes
 /// Byte `i`'s escape_u8 transition map.
 struct escape_map_at {
   const std::uint8_t* bytes;
-  __host__ __device__ device::escape_map operator()(std::uint64_t i) const { return device::escape_step(bytes[i]); }
+  __host__ __device__ twin::escape_map operator()(std::uint64_t i) const { return twin::escape_step(bytes[i]); }
 };
 
 /// Scan operator over transition maps.
 struct escape_then_op {
-  __host__ __device__ device::escape_map operator()(device::escape_map a, device::escape_map b) const {
-    return device::escape_then(a, b);
+  __host__ __device__ twin::escape_map operator()(twin::escape_map a, twin::escape_map b) const {
+    return twin::escape_then(a, b);
   }
 };
 
 /// Records the reader state before byte `i` from the exclusive scan of maps.
 struct state_writer {
   std::uint8_t* states;
-  __host__ __device__ void operator()(std::ptrdiff_t i, device::escape_map m) const {
-    states[i] = device::escape_apply(m, device::escape_at_start);
+  __host__ __device__ void operator()(std::ptrdiff_t i, twin::escape_map m) const {
+    states[i] = twin::escape_apply(m, twin::escape_at_start);
   }
 };
 
 /// 1 when byte `i` ends a value.
 struct end_flag {
-  device::gap_form form;
+  twin::gap_form form;
   const std::uint8_t* bytes;
   const std::uint8_t* states; ///< null for varint
   __host__ __device__ std::uint64_t operator()(std::uint64_t i) const {
-    return device::ends_value(form, bytes[i], states != nullptr ? states[i] : std::uint8_t{device::escape_at_start}) ? 1 : 0;
+    return twin::ends_value(form, bytes[i], states != nullptr ? states[i] : std::uint8_t{twin::escape_at_start}) ? 1 : 0;
   }
 };
 
@@ -93,9 +97,9 @@ struct end_writer {
 
 /// Scan input term k of the index decode.
 struct coded_term {
-  device::coded_gaps c;
+  twin::coded_gaps c;
   std::uint64_t first;
-  __host__ __device__ std::uint64_t operator()(std::uint64_t k) const { return device::coded_scan_term(c, first, k); }
+  __host__ __device__ std::uint64_t operator()(std::uint64_t k) const { return twin::coded_scan_term(c, first, k); }
 };
 
 /// Wrapping 64-bit sum (a wrap is reported by the check as a range failure).
@@ -109,19 +113,19 @@ struct count_add {
 /// Smallest `fault_key` over locations 1 .. count-1. A template only so
 /// that the header can be included by several translation units.
 template <class Key = unsigned long long>
-__global__ void coded_check_kernel(device::coded_gaps c, const std::uint64_t* DCR_RESTRICT idx, std::uint64_t count,
+__global__ void coded_check_kernel(twin::coded_gaps c, const std::uint64_t* DCR_RESTRICT idx, std::uint64_t count,
                                    std::uint64_t numel, Key* DCR_RESTRICT key) {
   for (std::uint64_t k = grid_first() + 1; k < count; k += grid_stride()) {
-    const unsigned r = device::coded_fault(c, idx, k, numel);
-    if (r != device::coded_ok) atomicMin(key, static_cast<Key>(device::fault_key(k, r)));
+    const unsigned r = twin::coded_fault(c, idx, k, numel);
+    if (r != twin::coded_ok) atomicMin(key, static_cast<Key>(twin::fault_key(k, r)));
   }
 }
 
 /// 1 + the last escape value before value `j` (0 when none); error path only.
 template <class Key = unsigned long long>
-__global__ void escapes_before_kernel(device::coded_gaps c, std::uint64_t j, Key* DCR_RESTRICT out) {
+__global__ void escapes_before_kernel(twin::coded_gaps c, std::uint64_t j, Key* DCR_RESTRICT out) {
   for (std::uint64_t v = grid_first(); v < j; v += grid_stride())
-    if (c.ends[v] != device::value_start(c, v)) atomicMax(out, static_cast<Key>(v + 1));
+    if (c.ends[v] != twin::value_start(c, v)) atomicMax(out, static_cast<Key>(v + 1));
 }
 
 /// Indices `first + k` of a run (the decode of `run`).
@@ -132,14 +136,14 @@ __global__ void iota_kernel(std::uint64_t* DCR_RESTRICT out, std::uint64_t first
 
 /// Record k: value word k of the value bytes (plain or byte planes) lands
 /// at `loc[k]`, or at `start + k` when `loc` is null (a run).
-template <device::word W>
-__global__ void scatter_bytes_kernel(device::view<W> dst, const std::uint64_t* DCR_RESTRICT loc, std::uint64_t start,
+template <twin::word W>
+__global__ void scatter_bytes_kernel(twin::view<W> dst, const std::uint64_t* DCR_RESTRICT loc, std::uint64_t start,
                                      const std::uint8_t* DCR_RESTRICT values, std::uint64_t n, bool planes,
-                                     device::scatter_op op) {
+                                     twin::scatter_op op) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const std::uint64_t l = loc != nullptr ? loc[k] : start + k;
     W& d = dst.at(static_cast<std::int64_t>(l));
-    d = device::scatter_word(d, device::load_value_word<W>(values, n, k, planes), op);
+    d = twin::scatter_word(d, twin::load_value_word<W>(values, n, k, planes), op);
   }
 }
 
@@ -150,19 +154,19 @@ struct decode_layout {
 
 /// Layout for decoding `c` (pointers unset) into `count` indices, starting
 /// at byte `base` of the workspace; `own_idx` reserves room for the indices.
-inline status plan_decode(const device::coded_gaps& c, std::uint64_t count, bool own_idx, std::size_t base,
+inline status plan_decode(const twin::coded_gaps& c, std::uint64_t count, bool own_idx, std::size_t base,
                           decode_layout& L, cudaStream_t stream) {
   L.slots_at = base;
   L.temp_at = base + 256;
   std::size_t temp = 0, t = 0;
-  if (c.form == device::gap_form::escape) {
+  if (c.form == twin::gap_form::escape) {
     auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), escape_map_at{nullptr});
     DCR_TRY(check(cub::DeviceScan::ExclusiveScan(nullptr, t, in, thrust::make_tabulate_output_iterator(state_writer{nullptr}),
-                                                 escape_then_op{}, device::escape_identity, c.size, stream),
+                                                 escape_then_op{}, twin::escape_identity, c.size, stream),
                   "cub::DeviceScan::ExclusiveScan(size, escape states)"));
     temp = t > temp ? t : temp;
   }
-  if (device::is_variable(c.form)) {
+  if (twin::is_variable(c.form)) {
     auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), end_flag{c.form, nullptr, nullptr});
     DCR_TRY(check(cub::DeviceScan::ExclusiveScan(nullptr, t, in,
                                                  thrust::make_tabulate_output_iterator(end_writer{{}, 0, 0, nullptr, nullptr}),
@@ -179,9 +183,9 @@ inline status plan_decode(const device::coded_gaps& c, std::uint64_t count, bool
   }
   L.temp_bytes = temp;
   L.states_at = L.temp_at + align256(temp);
-  const std::size_t states = c.form == device::gap_form::escape ? align256(c.size) : 0;
+  const std::size_t states = c.form == twin::gap_form::escape ? align256(c.size) : 0;
   L.ends_at = L.states_at + states;
-  const std::size_t ends = device::is_variable(c.form) ? align256(c.values * sizeof(std::uint64_t)) : 0;
+  const std::size_t ends = twin::is_variable(c.form) ? align256(c.values * sizeof(std::uint64_t)) : 0;
   L.idx_at = L.ends_at + ends;
   L.total = L.idx_at + (own_idx ? align256(count * sizeof(std::uint64_t)) : 0);
   return status::success();
@@ -190,7 +194,7 @@ inline status plan_decode(const device::coded_gaps& c, std::uint64_t count, bool
 /// Reads back what `describe_fault` asks for (synchronous copies).
 struct device_probe {
   const std::uint64_t* idx;
-  device::coded_gaps c;
+  twin::coded_gaps c;
   unsigned long long* escapes;
   const device_facts* f;
   cudaStream_t stream;
@@ -222,7 +226,7 @@ struct device_probe {
 
 /// Decode `count >= 2` indices of a non-run coding into `idx` (device), with
 /// scratch laid out by `plan_decode` in `ws`; synchronises `stream`.
-inline status run_decode(codec::location_id id, device::coded_gaps c, std::uint64_t first, std::uint64_t numel,
+inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_t first, std::uint64_t numel,
                          std::uint64_t count, std::uint64_t* idx, const decode_layout& L, const device_facts& f,
                          workspace& ws, cudaStream_t stream) {
   std::byte* base = ws.data();
@@ -232,15 +236,15 @@ inline status run_decode(codec::location_id id, device::coded_gaps c, std::uint6
   // key = no failure, present = used = escapes = 0.
   DCR_TRY(check(cudaMemsetAsync(slots, 0, 4 * sizeof(std::uint64_t), stream), "cudaMemsetAsync(decode slots)"));
   DCR_TRY(check(cudaMemsetAsync(slots + slot_key, 0xFF, sizeof(std::uint64_t), stream), "cudaMemsetAsync(fault key)"));
-  if (device::is_variable(c.form)) {
+  if (twin::is_variable(c.form)) {
     c.ends = reinterpret_cast<std::uint64_t*>(base + L.ends_at);
     c.present = slots + slot_present;
     std::uint8_t* states = nullptr;
-    if (c.form == device::gap_form::escape && c.size > 0) {
+    if (c.form == twin::gap_form::escape && c.size > 0) {
       states = reinterpret_cast<std::uint8_t*>(base + L.states_at);
       auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), escape_map_at{c.bytes});
       DCR_TRY(check(cub::DeviceScan::ExclusiveScan(temp, temp_bytes, in, thrust::make_tabulate_output_iterator(state_writer{states}),
-                                                   escape_then_op{}, device::escape_identity, c.size, stream),
+                                                   escape_then_op{}, twin::escape_identity, c.size, stream),
                     "cub::DeviceScan::ExclusiveScan(escape states)"));
     }
     if (c.size > 0) {
@@ -265,20 +269,20 @@ inline status run_decode(codec::location_id id, device::coded_gaps c, std::uint6
   std::uint64_t host[3] = {};
   DCR_TRY(check(cudaMemcpyAsync(host, slots, sizeof host, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(decode slots)"));
   DCR_TRY(synchronize(stream));
-  if (host[slot_key] != device::no_failure) {
+  if (host[slot_key] != twin::no_failure) {
     device_probe probe{idx, c, reinterpret_cast<unsigned long long*>(slots + slot_escapes), &f, stream};
-    status s = device::describe_fault(c, host[slot_present], host[slot_key], numel, probe);
+    status s = twin::describe_fault(c, host[slot_present], host[slot_key], numel, probe);
     if (!probe.io) return probe.io;
     return s;
   }
-  return device::check_coded_length(id, c, host[slot_used]);
+  return twin::check_coded_length(id, c, host[slot_used]);
 }
 
 /// Coded view of the location bytes (device pointers unset for variable forms).
-inline device::coded_gaps coded_of(codec::location_id id, const std::uint8_t* bytes, std::uint64_t size,
+inline twin::coded_gaps coded_of(codec::location_id id, const std::uint8_t* bytes, std::uint64_t size,
                                    std::uint64_t count) {
-  device::coded_gaps c;
-  device::form_of(id, c.form, c.width);
+  twin::coded_gaps c;
+  twin::form_of(id, c.form, c.width);
   c.bytes = bytes;
   c.size = size;
   c.values = count - 1;
@@ -298,14 +302,14 @@ inline status launch_iota(std::uint64_t* out, std::uint64_t first, std::uint64_t
 /// Decode `count` locations of coding `id` from `size` location bytes at
 /// `d_bytes` (device memory) with first index `first`, each `< numel`,
 /// into `d_out` (device memory, `count` words). Same checks, indices, codes
-/// and messages as the twin `device::decode_locations` and the reference
+/// and messages as the twin `twin::decode_locations` and the reference
 /// `codec::decode_locations`; `d_out` is unspecified on failure.
 /// Synchronises `stream` (the result of the checks is read back).
 inline status decode_locations(codec::location_id id, const std::uint8_t* d_bytes, std::uint64_t size,
                                std::uint64_t first, std::uint64_t numel, std::uint64_t count, std::uint64_t* d_out,
                                workspace& ws, cudaStream_t stream = 0) {
   bool done = false;
-  DCR_TRY(device::precheck_locations(id, size, first, numel, count, done));
+  DCR_TRY(twin::precheck_locations(id, size, first, numel, count, done));
   DCR_RETURN_ERROR_IF(d_out == nullptr, invalid_argument, "decode_locations: null output");
   DCR_RETURN_ERROR_IF(size > 0 && d_bytes == nullptr, invalid_argument, "decode_locations: null location bytes");
   detail::device_facts f;
@@ -314,7 +318,7 @@ inline status decode_locations(codec::location_id id, const std::uint8_t* d_byte
     DCR_TRY(detail::launch_iota(d_out, first, count, f, stream));
     return synchronize(stream);
   }
-  const device::coded_gaps c = detail::coded_of(id, d_bytes, size, count);
+  const twin::coded_gaps c = detail::coded_of(id, d_bytes, size, count);
   detail::decode_layout L;
   DCR_TRY(detail::plan_decode(c, count, false, 0, L, stream));
   DCR_TRY(ws.reserve(L.total));
@@ -326,9 +330,9 @@ namespace detail {
 /// Workspace bytes `scatter_encoded` needs from byte `base` on.
 inline status plan_encoded(codec::location_id id, std::uint64_t size, std::uint64_t count, std::size_t base,
                            decode_layout& L, cudaStream_t stream) {
-  device::gap_form form{};
+  twin::gap_form form{};
   unsigned width = 0;
-  if (count < 2 || !device::form_of(id, form, width)) {
+  if (count < 2 || !twin::form_of(id, form, width)) {
     L = decode_layout{};
     L.total = base;
     return status::success();
@@ -339,10 +343,10 @@ inline status plan_encoded(codec::location_id id, std::uint64_t size, std::uint6
 /// `scatter_encoded` after its checks (`done` from `precheck_locations`),
 /// with the workspace already holding `L.total` bytes (callers that upload
 /// into the workspace plan first).
-template <device::word W>
-status scatter_encoded_planned(device::view<W> dst, std::uint64_t first, std::uint64_t count, codec::location_id id,
+template <twin::word W>
+status scatter_encoded_planned(twin::view<W> dst, std::uint64_t first, std::uint64_t count, codec::location_id id,
                                const std::uint8_t* d_locations, std::uint64_t location_bytes,
-                               const std::uint8_t* d_values, bool planes, device::scatter_op op, bool done,
+                               const std::uint8_t* d_values, bool planes, twin::scatter_op op, bool done,
                                const decode_layout& L, const device_facts& f, workspace& ws, cudaStream_t stream) {
   const auto numel = static_cast<std::uint64_t>(dst.size());
   const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
@@ -367,22 +371,22 @@ status scatter_encoded_planned(device::view<W> dst, std::uint64_t first, std::ui
 /// exactly as the reference decoder checks `numel`; `count` words of `W` at
 /// `d_values` (`value_bytes` long), plain little-endian or byte planes
 /// (`planes`), XORed in or written by `op`. Same checks and errors as the
-/// twin `device::scatter_encoded`; on any failure nothing is written.
+/// twin `twin::scatter_encoded`; on any failure nothing is written.
 /// Count 0 is an empty item (no location bytes allowed). Returns after the
 /// scatter launch (the decode's checks synchronise); call
 /// `synchronize(stream)` before reading `dst`.
-template <device::word W>
-status scatter_encoded(device::view<W> dst, std::uint64_t first, std::uint64_t count, codec::location_id id,
+template <twin::word W>
+status scatter_encoded(twin::view<W> dst, std::uint64_t first, std::uint64_t count, codec::location_id id,
                        const std::uint8_t* d_locations, std::uint64_t location_bytes, const std::uint8_t* d_values,
-                       std::uint64_t value_bytes, bool planes, device::scatter_op op, workspace& ws,
+                       std::uint64_t value_bytes, bool planes, twin::scatter_op op, workspace& ws,
                        cudaStream_t stream = 0) {
-  DCR_TRY(device::check_encoded_args(dst, d_values, value_bytes, count));
+  DCR_TRY(twin::check_encoded_args(dst, d_values, value_bytes, count));
   if (count == 0) {
     if (location_bytes != 0) return codec::detail::length_error(codec::to_string(id), location_bytes, 0);
     return status::success();
   }
   bool done = false;
-  DCR_TRY(device::precheck_locations(id, location_bytes, first, static_cast<std::uint64_t>(dst.size()), count, done));
+  DCR_TRY(twin::precheck_locations(id, location_bytes, first, static_cast<std::uint64_t>(dst.size()), count, done));
   DCR_RETURN_ERROR_IF(location_bytes > 0 && d_locations == nullptr, invalid_argument, "scatter_encoded: null locations");
   detail::device_facts f;
   DCR_TRY(detail::prepare(dst.data, d_locations, d_values, f));

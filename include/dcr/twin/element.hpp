@@ -1,7 +1,12 @@
 #pragma once
 /// \file
-/// Element-level pieces shared by the CUDA kernels (`cuda/dcr/cuda/*.cuh`) and
-/// their host twins (`dcr/device/*.hpp`): a plain layout with C arrays (usable
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
+/// Element-level pieces shared by the CUDA kernels (`cuda/dcr/gpu/*.cuh`) and
+/// their host twins (`dcr/twin/*.hpp`): a plain layout with C arrays (usable
 /// in kernels without relaxed-constexpr), the word operations, and the gap
 /// location decode. Everything here is `constexpr DCR_HOST_DEVICE`,
 /// allocation-free and exception-free, so a kernel and its twin run the same
@@ -15,7 +20,7 @@
 #include "dcr/core/endian.hpp"
 #include "dcr/core/dtype.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 /// Largest rank of a device layout; equals `dcr::max_rank` (checked in view.hpp).
 inline constexpr int layout_max_rank = 6;
@@ -437,4 +442,4 @@ constexpr DCR_HOST_DEVICE W load_value_word(const std::uint8_t* bytes, std::uint
   return static_cast<W>(load_gap(bytes, sizeof(W), k));
 }
 
-} // namespace dcr::device
+} // namespace dcr::twin

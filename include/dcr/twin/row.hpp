@@ -1,6 +1,11 @@
 #pragma once
 /// \file
-/// Host twin of `dcr::gpu::scatter_row` (`cuda/dcr/cuda/row.cuh`): one item
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
+/// Host twin of `dcr::gpu::scatter_row` (`cuda/dcr/gpu/row.cuh`): one item
 /// table row of a decompressed payload body (`codec::parse_table`) applied
 /// straight from its wire sections, the location bytes in the row's coding
 /// and the value bytes in the row's filter, without expanding the item.
@@ -14,10 +19,10 @@
 
 #include "dcr/codec/payload_format.hpp"
 #include "dcr/core/error.hpp"
-#include "dcr/device/locations.hpp"
-#include "dcr/device/scatter.hpp"
+#include "dcr/twin/locations.hpp"
+#include "dcr/twin/scatter.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 /// The row's location and value sections inside `body`, after the checks
 /// `scatter_item` makes of an item: `W`-byte words of a known dtype
@@ -79,4 +84,4 @@ status scatter_row(view<W> dst, std::span<const std::byte> body, const codec::pa
                    h, row, i);
 }
 
-} // namespace dcr::device
+} // namespace dcr::twin

@@ -1,4 +1,4 @@
-// Host twins of the CUDA kernels (dcr/device/*.hpp) against naive
+// Host twins of the CUDA kernels (dcr/twin/*.hpp) against naive
 // references built on the core layout (coordinates → offset), over whole
 // small domains and fixed-seed sweeps; every failure path by its errc.
 
@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "dcr/core/tensor.hpp"
-#include "dcr/device/copy.hpp"
-#include "dcr/device/detect.hpp"
-#include "dcr/device/element.hpp"
-#include "dcr/device/scatter.hpp"
-#include "dcr/device/view.hpp"
+#include "dcr/twin/copy.hpp"
+#include "dcr/twin/detect.hpp"
+#include "dcr/twin/element.hpp"
+#include "dcr/twin/scatter.hpp"
+#include "dcr/twin/view.hpp"
 
 using namespace dcr;
-using device::copy_mode;
-using device::scatter_op;
+using twin::copy_mode;
+using twin::scatter_op;
 
 namespace {
 
@@ -85,7 +85,7 @@ std::vector<std::uint8_t> gaps_of(const std::vector<std::uint64_t>& loc, unsigne
 unsigned min_width(const std::vector<std::uint64_t>& loc) {
   std::uint64_t m = 0;
   for (std::size_t k = 1; k < loc.size(); ++k) m = std::max(m, loc[k] - loc[k - 1] - 1);
-  return device::gap_width_for(m);
+  return twin::gap_width_for(m);
 }
 
 const double densities[] = {0.0, 0.001, 0.01, 0.05, 0.5, 1.0};
@@ -99,12 +99,12 @@ template <class W> bool same(const std::vector<W>& a, const std::vector<W>& b) {
 TEST_CASE("device layout agrees with the core layout on every coordinate") {
   for (const auto& c : layouts()) {
     CAPTURE(c.name);
-    const auto d = device::to_device(c.l);
+    const auto d = twin::to_device(c.l);
     CHECK(d.size() == c.l.size());
     CHECK(d.required_span_size() == c.l.required_span_size());
     CHECK(d.is_unique() == c.l.is_unique());
     CHECK(d.contiguous == c.l.is_contiguous());
-    CHECK(device::to_core(d) == c.l);
+    CHECK(twin::to_core(d) == c.l);
     for (std::int64_t k = 0; k < c.l.size(); ++k) {
       REQUIRE(d.offset_of_linear(k) == naive_offset(c.l, static_cast<std::uint64_t>(k)));
       REQUIRE(d.offset_of_linear(k) == c.l.offset_of_linear(k));
@@ -115,43 +115,43 @@ TEST_CASE("device layout agrees with the core layout on every coordinate") {
     for (std::int64_t k = 0; k < c.l.size(); ++k) REQUIRE(slow.offset_of_linear(k) == d.offset_of_linear(k));
   }
   const std::int64_t ext[2] = {3, 4}, str[2] = {4, 0};
-  CHECK_FALSE(device::strided(ext, str, 2).is_unique());
-  CHECK(device::row_major(ext, 2).contiguous);
+  CHECK_FALSE(twin::strided(ext, str, 2).is_unique());
+  CHECK(twin::row_major(ext, 2).contiguous);
 }
 
 TEST_CASE("NaN rules equal the dtype NaN test on every word") {
   for (auto id : {dtype_id::bf16, dtype_id::f16, dtype_id::f8e4m3fn, dtype_id::f8e5m2}) {
     CAPTURE(name_of(id));
-    const auto r = device::nan_rule_of(id);
+    const auto r = twin::nan_rule_of(id);
     const std::uint32_t words = width_of(id) == 1 ? 0x100u : 0x10000u;
     visit_dtype(id, [&](auto tag) {
       using D = decltype(tag);
       for (std::uint32_t w = 0; w < words; ++w)
-        REQUIRE(device::is_nan_by(static_cast<word_t<D>>(w), r) == is_nan_word<D>(static_cast<word_t<D>>(w)));
+        REQUIRE(twin::is_nan_by(static_cast<word_t<D>>(w), r) == is_nan_word<D>(static_cast<word_t<D>>(w)));
     });
   }
-  const auto r = device::nan_rule_of(dtype_id::f32);
+  const auto r = twin::nan_rule_of(dtype_id::f32);
   std::mt19937_64 g(5);
   for (int i = 0; i < 200000; ++i) {
     auto w = static_cast<std::uint32_t>(g());
     if (i % 2) w |= 0x7F800000u; // half of them with a full exponent
-    REQUIRE(device::is_nan_by(w, r) == is_nan_word<f32>(w));
+    REQUIRE(twin::is_nan_by(w, r) == is_nan_word<f32>(w));
   }
-  CHECK_FALSE(device::is_nan_by(std::uint16_t{0x7FC0}, device::nan_rule_of(static_cast<dtype_id>(99))));
+  CHECK_FALSE(twin::is_nan_by(std::uint16_t{0x7FC0}, twin::nan_rule_of(static_cast<dtype_id>(99))));
 }
 
 TEST_CASE("gap words: width selection, little-endian loads, decode round trip") {
-  CHECK(device::gap_width_for(0) == 1);
-  CHECK(device::gap_width_for(0xFF) == 1);
-  CHECK(device::gap_width_for(0x100) == 2);
-  CHECK(device::gap_width_for(0xFFFF) == 2);
-  CHECK(device::gap_width_for(0x10000) == 4);
-  CHECK(device::gap_width_for(0xFFFFFFFFull) == 4);
-  CHECK(device::gap_width_for(0x100000000ull) == 8);
+  CHECK(twin::gap_width_for(0) == 1);
+  CHECK(twin::gap_width_for(0xFF) == 1);
+  CHECK(twin::gap_width_for(0x100) == 2);
+  CHECK(twin::gap_width_for(0xFFFF) == 2);
+  CHECK(twin::gap_width_for(0x10000) == 4);
+  CHECK(twin::gap_width_for(0xFFFFFFFFull) == 4);
+  CHECK(twin::gap_width_for(0x100000000ull) == 8);
   const std::uint8_t b[] = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09};
-  CHECK(device::load_gap(b, 2, 1) == 0x0403);
-  CHECK(device::load_gap(b, 4, 0) == 0x04030201u);
-  CHECK(device::load_gap(b + 1, 8, 0) == 0x0908070605040302ull);
+  CHECK(twin::load_gap(b, 2, 1) == 0x0403);
+  CHECK(twin::load_gap(b, 4, 0) == 0x04030201u);
+  CHECK(twin::load_gap(b + 1, 8, 0) == 0x0908070605040302ull);
   for (double d : densities)
     for (std::uint64_t n : {0ull, 1ull, 1000ull, 100000ull}) {
       auto loc = locations(n, d, 17 + n);
@@ -160,7 +160,7 @@ TEST_CASE("gap words: width selection, little-endian loads, decode round trip") 
         if (w < min_width(loc)) continue;
         std::vector<std::uint64_t> out;
         const std::uint64_t first = loc.empty() ? 5 : loc[0];
-        REQUIRE(device::decode_gaps(first, w, gaps_of(loc, w), loc.size(), out).ok());
+        REQUIRE(twin::decode_gaps(first, w, gaps_of(loc, w), loc.size(), out).ok());
         CHECK(out == loc);
       }
     }
@@ -185,19 +185,19 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
         }
         auto got = init;
         const strided_view<W> sv{got.data() + c.base, c.l};
-        REQUIRE(device::scatter<W>(sv, loc, val, op).ok());
+        REQUIRE(twin::scatter<W>(sv, loc, val, op).ok());
         CHECK(same(got, ref));
         // Fused gap form, minimal and widest width.
         for (unsigned w : {min_width(loc), 8u}) {
           auto g = init;
-          REQUIRE(device::scatter_gaps<W>({g.data() + c.base, device::to_device(c.l)}, loc.empty() ? 0 : loc[0], w,
+          REQUIRE(twin::scatter_gaps<W>({g.data() + c.base, twin::to_device(c.l)}, loc.empty() ? 0 : loc[0], w,
                                           gaps_of(loc, w), val, op)
                       .ok());
           CHECK(same(g, ref));
         }
         // Law: XOR scatter is an involution.
         if (op == scatter_op::xor_mask) {
-          REQUIRE(device::xor_scatter<W>(sv, loc, val).ok());
+          REQUIRE(twin::xor_scatter<W>(sv, loc, val).ok());
           CHECK(same(got, init));
         }
         // Run form equals scatter over the run's locations.
@@ -206,8 +206,8 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
         for (std::uint64_t k = 0; k < count; ++k) rl[k] = start + k;
         const auto rv = words<W>(count, seed++);
         auto a = init, b = init;
-        REQUIRE(device::scatter_run<W>({a.data() + c.base, device::to_device(c.l)}, start, rv, op).ok());
-        REQUIRE(device::scatter<W>({b.data() + c.base, device::to_device(c.l)}, rl, rv, op).ok());
+        REQUIRE(twin::scatter_run<W>({a.data() + c.base, twin::to_device(c.l)}, start, rv, op).ok());
+        REQUIRE(twin::scatter<W>({b.data() + c.base, twin::to_device(c.l)}, rl, rv, op).ok());
         CHECK(same(a, b));
       }
 }
@@ -215,54 +215,54 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
 TEST_CASE("scatter failures carry their errc and write nothing") {
   std::vector<std::uint16_t> store = words<std::uint16_t>(100, 3);
   const auto init = store;
-  const device::view<std::uint16_t> v{store.data(), device::linear(100)};
+  const twin::view<std::uint16_t> v{store.data(), twin::linear(100)};
   const std::vector<std::uint16_t> val = {1, 2, 3, 4};
-  auto code = [&](std::vector<std::uint64_t> loc) { return device::scatter<std::uint16_t>(v, loc, val).code; };
+  auto code = [&](std::vector<std::uint64_t> loc) { return twin::scatter<std::uint16_t>(v, loc, val).code; };
   CHECK(code({1, 2, 3, 100}) == errc::index_out_of_range);
   CHECK(code({1, 2, 2, 5}) == errc::not_increasing);
   CHECK(code({5, 4, 6, 7}) == errc::not_increasing);
   CHECK(code({1, 2, 3}) == errc::invalid_argument);
-  CHECK(device::scatter<std::uint16_t>(v, std::vector<std::uint64_t>{1, 2, 3, 100}, val).message ==
+  CHECK(twin::scatter<std::uint16_t>(v, std::vector<std::uint64_t>{1, 2, 3, 100}, val).message ==
         "record 3: location outside the view of 100 elements");
   CHECK(same(store, init));
 
-  device::view<std::uint16_t> alias = v;
-  alias.shape = device::linear(10);
+  twin::view<std::uint16_t> alias = v;
+  alias.shape = twin::linear(10);
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
-  CHECK(device::scatter<std::uint16_t>(alias, std::vector<std::uint64_t>{1}, std::vector<std::uint16_t>{1}).code ==
+  CHECK(twin::scatter<std::uint16_t>(alias, std::vector<std::uint64_t>{1}, std::vector<std::uint16_t>{1}).code ==
         errc::invalid_argument);
-  device::view<std::uint16_t> lie = v; // marked contiguous but strided
+  twin::view<std::uint16_t> lie = v; // marked contiguous but strided
   lie.shape.rank = 2, lie.shape.extents[0] = 10, lie.shape.extents[1] = 5, lie.shape.strides[0] = 10,
   lie.shape.strides[1] = 1;
-  CHECK(device::scatter<std::uint16_t>(lie, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
+  CHECK(twin::scatter<std::uint16_t>(lie, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
         errc::invalid_argument);
-  device::view<std::uint16_t> huge = v;
+  twin::view<std::uint16_t> huge = v;
   huge.shape.rank = 3, huge.shape.contiguous = false;
   huge.shape.extents[0] = huge.shape.extents[1] = huge.shape.extents[2] = 1 << 22;
   huge.shape.strides[0] = huge.shape.strides[1] = huge.shape.strides[2] = 1;
-  CHECK(device::scatter<std::uint16_t>(huge, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
+  CHECK(twin::scatter<std::uint16_t>(huge, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
         errc::length_overflow);
-  CHECK(device::scatter<std::uint16_t>({nullptr, device::linear(3)}, std::vector<std::uint64_t>{},
+  CHECK(twin::scatter<std::uint16_t>({nullptr, twin::linear(3)}, std::vector<std::uint64_t>{},
                                        std::vector<std::uint16_t>{})
             .code == errc::invalid_argument);
 
-  CHECK(device::scatter_run<std::uint16_t>(v, 97, val).code == errc::index_out_of_range);
-  CHECK(device::scatter_run<std::uint16_t>(v, ~0ull - 1, val).code == errc::index_out_of_range);
-  CHECK(device::scatter_run<std::uint16_t>(v, ~0ull, std::vector<std::uint16_t>{}).ok());
+  CHECK(twin::scatter_run<std::uint16_t>(v, 97, val).code == errc::index_out_of_range);
+  CHECK(twin::scatter_run<std::uint16_t>(v, ~0ull - 1, val).code == errc::index_out_of_range);
+  CHECK(twin::scatter_run<std::uint16_t>(v, ~0ull, std::vector<std::uint16_t>{}).ok());
 
   const std::vector<std::uint8_t> g3 = {0, 0, 0};
-  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 3, std::vector<std::uint8_t>(9), val).code == errc::bad_location);
-  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 1, std::vector<std::uint8_t>(2), val).code ==
+  CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 3, std::vector<std::uint8_t>(9), val).code == errc::bad_location);
+  CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 1, std::vector<std::uint8_t>(2), val).code ==
         errc::offset_out_of_range);
-  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 1, g3, val).ok()); // locations 0,1,2,3
+  CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 1, g3, val).ok()); // locations 0,1,2,3
   store = init;
   std::vector<std::uint8_t> wrap(24, 0xFF); // gap+1 wraps to 0: a duplicate
-  CHECK(device::scatter_gaps<std::uint16_t>(v, 0, 8, wrap, val).code == errc::not_increasing);
+  CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 8, wrap, val).code == errc::not_increasing);
   wrap.assign(24, 0);
   wrap[8] = 0xFE, std::fill(wrap.begin() + 9, wrap.begin() + 16, 0xFF); // huge gap: the sum wraps below
-  CHECK(device::scatter_gaps<std::uint16_t>(v, 5, 8, wrap, val).code == errc::not_increasing);
-  CHECK(device::scatter_gaps<std::uint16_t>(v, 50, 1, std::vector<std::uint8_t>{0, 60, 0}, val).code ==
+  CHECK(twin::scatter_gaps<std::uint16_t>(v, 5, 8, wrap, val).code == errc::not_increasing);
+  CHECK(twin::scatter_gaps<std::uint16_t>(v, 50, 1, std::vector<std::uint8_t>{0, 60, 0}, val).code ==
         errc::index_out_of_range);
   CHECK(same(store, init));
 }
@@ -309,9 +309,9 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
           }
         }
         auto got = init;
-        const status s = device::copy<W>({got.data() + dc.base, device::to_device(dc.l)},
-                                         {src.data(), device::to_device(sl)}, mode, ph,
-                                         {mask.data(), device::to_device(sl)}, nd);
+        const status s = twin::copy<W>({got.data() + dc.base, twin::to_device(dc.l)},
+                                         {src.data(), twin::to_device(sl)}, mode, ph,
+                                         {mask.data(), twin::to_device(sl)}, nd);
         REQUIRE(s.ok());
         CHECK(same(got, ref));
       }
@@ -321,26 +321,26 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
 TEST_CASE("copy failures carry their errc") {
   std::vector<std::uint16_t> a(64), b(64);
   std::vector<std::uint8_t> m(64);
-  const device::view<std::uint16_t> da{a.data(), device::linear(64)};
-  const device::view<const std::uint16_t> sb{b.data(), device::linear(64)};
-  CHECK(device::copy<std::uint16_t>(da, {b.data(), device::linear(63)}, copy_mode::dense).code == errc::shape_mismatch);
-  CHECK(device::copy<std::uint16_t>(da, {a.data() + 63, device::linear(64)}, copy_mode::dense).code ==
+  const twin::view<std::uint16_t> da{a.data(), twin::linear(64)};
+  const twin::view<const std::uint16_t> sb{b.data(), twin::linear(64)};
+  CHECK(twin::copy<std::uint16_t>(da, {b.data(), twin::linear(63)}, copy_mode::dense).code == errc::shape_mismatch);
+  CHECK(twin::copy<std::uint16_t>(da, {a.data() + 63, twin::linear(64)}, copy_mode::dense).code ==
         errc::invalid_argument);
   // Adjacent ranges do not overlap.
-  CHECK(device::copy<std::uint16_t>({a.data(), device::linear(32)}, {a.data() + 32, device::linear(32)},
+  CHECK(twin::copy<std::uint16_t>({a.data(), twin::linear(32)}, {a.data() + 32, twin::linear(32)},
                                     copy_mode::dense)
             .ok());
-  CHECK(device::copy<std::uint16_t>(da, sb, static_cast<copy_mode>(7)).code == errc::invalid_argument);
-  CHECK(device::masked_overwrite_nan<std::uint16_t>(da, sb, dtype_id::f32).code == errc::bad_dtype);
-  CHECK(device::masked_overwrite_nan<std::uint16_t>(da, sb, static_cast<dtype_id>(42)).code == errc::bad_dtype);
-  CHECK(device::masked_overwrite<std::uint16_t>(da, sb, device::view<const std::uint8_t>{m.data(), device::linear(8)})
+  CHECK(twin::copy<std::uint16_t>(da, sb, static_cast<copy_mode>(7)).code == errc::invalid_argument);
+  CHECK(twin::masked_overwrite_nan<std::uint16_t>(da, sb, dtype_id::f32).code == errc::bad_dtype);
+  CHECK(twin::masked_overwrite_nan<std::uint16_t>(da, sb, static_cast<dtype_id>(42)).code == errc::bad_dtype);
+  CHECK(twin::masked_overwrite<std::uint16_t>(da, sb, twin::view<const std::uint8_t>{m.data(), twin::linear(8)})
             .code == errc::shape_mismatch);
-  CHECK(device::masked_overwrite<std::uint16_t>(da, sb, device::view<const std::uint8_t>{nullptr, device::linear(64)})
+  CHECK(twin::masked_overwrite<std::uint16_t>(da, sb, twin::view<const std::uint8_t>{nullptr, twin::linear(64)})
             .code == errc::invalid_argument);
-  device::view<std::uint16_t> alias = da;
+  twin::view<std::uint16_t> alias = da;
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
-  CHECK(device::masked_overwrite<std::uint16_t>(alias, sb, std::uint16_t{0}).code == errc::invalid_argument);
+  CHECK(twin::masked_overwrite<std::uint16_t>(alias, sb, std::uint16_t{0}).code == errc::invalid_argument);
 }
 
 TEST_CASE_TEMPLATE("detect twin equals a naive comparison and appends", W, std::uint8_t, std::uint16_t,
@@ -355,14 +355,14 @@ TEST_CASE_TEMPLATE("detect twin equals a naive comparison and appends", W, std::
       for (std::size_t i = 0; i < n; ++i)
         if (a[i] != b[i]) want.push_back(1000 + i);
       std::vector<std::uint64_t> got = {7};
-      REQUIRE(device::detect_changes<W>(a, b, 1000, got).ok());
+      REQUIRE(twin::detect_changes<W>(a, b, 1000, got).ok());
       CHECK(got == want);
     }
   std::vector<W> a(4), b(3);
   std::vector<std::uint64_t> out;
-  CHECK(device::detect_changes<W>(a, b, 0, out).code == errc::invalid_argument);
-  CHECK(device::detect_changes<W>(a, a, ~0ull - 2, out).code == errc::length_overflow);
-  CHECK(device::detect_changes<W>(a, a, ~0ull - 3, out).ok());
+  CHECK(twin::detect_changes<W>(a, b, 0, out).code == errc::invalid_argument);
+  CHECK(twin::detect_changes<W>(a, a, ~0ull - 2, out).code == errc::length_overflow);
+  CHECK(twin::detect_changes<W>(a, a, ~0ull - 3, out).ok());
   CHECK(out.empty());
 }
 
@@ -377,34 +377,34 @@ TEST_CASE("scatter_item applies an item's little-endian words by its encoding") 
     const auto init = words<std::uint16_t>(42, 10);
     const auto l = strided_layout::row_major({7, 6}).transposed(0, 1);
     auto got = init, ref = init;
-    REQUIRE(device::scatter_item<std::uint16_t>({got.data(), device::to_device(l)}, it).ok());
+    REQUIRE(twin::scatter_item<std::uint16_t>({got.data(), twin::to_device(l)}, it).ok());
     for (std::size_t k = 0; k < it.indices.size(); ++k) {
       auto& r = ref[static_cast<std::size_t>(naive_offset(l, it.indices[k]))];
       r = enc == value_encoding::xor_mask ? static_cast<std::uint16_t>(r ^ w[k]) : w[k];
     }
     CHECK(same(got, ref));
-    CHECK(device::op_of(enc) == (enc == value_encoding::xor_mask ? scatter_op::xor_mask : scatter_op::overwrite));
+    CHECK(twin::op_of(enc) == (enc == value_encoding::xor_mask ? scatter_op::xor_mask : scatter_op::overwrite));
   }
   item it;
   it.tensor = {"w", {4}, dtype_id::bf16};
   it.indices = {1, 2};
   it.values.resize(4);
   std::vector<std::uint16_t> s(4);
-  const device::view<std::uint16_t> v{s.data(), device::linear(4)};
+  const twin::view<std::uint16_t> v{s.data(), twin::linear(4)};
   auto bad = it;
   bad.tensor.dtype = dtype_id::f8e5m2;
-  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::bad_dtype);
+  CHECK(twin::scatter_item<std::uint16_t>(v, bad).code == errc::bad_dtype);
   bad = it;
   bad.encoding = static_cast<value_encoding>(9);
-  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::bad_encoding);
+  CHECK(twin::scatter_item<std::uint16_t>(v, bad).code == errc::bad_encoding);
   bad = it;
   bad.values.resize(3);
-  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::length_overflow);
+  CHECK(twin::scatter_item<std::uint16_t>(v, bad).code == errc::length_overflow);
   bad = it;
   bad.tensor.shape = {5};
-  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::shape_mismatch);
+  CHECK(twin::scatter_item<std::uint16_t>(v, bad).code == errc::shape_mismatch);
   bad = it;
   bad.indices = {2, 1};
-  CHECK(device::scatter_item<std::uint16_t>(v, bad).code == errc::not_increasing);
-  CHECK(device::scatter_item<std::uint16_t>(v, it).ok());
+  CHECK(twin::scatter_item<std::uint16_t>(v, bad).code == errc::not_increasing);
+  CHECK(twin::scatter_item<std::uint16_t>(v, it).ok());
 }

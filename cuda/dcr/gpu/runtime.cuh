@@ -1,5 +1,9 @@
 #pragma once
 /// \file
+/// Vocabulary: `gpu/` (namespace `dcr::gpu`) holds CUDA kernels and their
+/// launchers; each has a host twin in `include/dcr/twin/` (namespace
+/// `dcr::twin`) with the same semantics, and the GPU tests compare them.
+///
 /// CUDA runtime plumbing shared by the kernels: error mapping to
 /// `dcr::errc::device`, device and pointer checks, a reusable device
 /// workspace, and the stateless launch-tuning selector (tuning as values, so

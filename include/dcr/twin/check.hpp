@@ -1,5 +1,10 @@
 #pragma once
 /// \file
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
 /// Argument checks shared by the CUDA entry points and the host twins, so that
 /// both reject the same inputs with the same `dcr::errc` and message. Host
 /// code only; includes element.hpp and core/error.hpp (no tensor.hpp), so
@@ -10,9 +15,9 @@
 #include <string_view>
 
 #include "dcr/core/error.hpp"
-#include "dcr/device/element.hpp"
+#include "dcr/twin/element.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 /// A view may be read: rank in range, extents and strides non-negative, no
 /// size overflow, and non-null data when non-empty.
@@ -120,4 +125,4 @@ inline status check_run(std::uint64_t start, std::uint64_t count, std::uint64_t 
   return status::success();
 }
 
-} // namespace dcr::device
+} // namespace dcr::twin

@@ -1,5 +1,9 @@
 #pragma once
 /// \file
+/// Vocabulary: `gpu/` (namespace `dcr::gpu`) holds CUDA kernels and their
+/// launchers; each has a host twin in `include/dcr/twin/` (namespace
+/// `dcr::twin`) with the same semantics, and the GPU tests compare them.
+///
 /// `device_loader_sink`: the rollout side's `dcr::copy_sink` interface
 /// (receiver/loader.hpp) over device storage, so a native loader's copies
 /// into GPU-resident parameters are intercepted and applied by the device
@@ -17,8 +21,8 @@
 
 #include "dcr/core/error.hpp"
 #include "dcr/core/tensor.hpp"
-#include "dcr/cuda/copy.cuh"
-#include "dcr/device/view.hpp"
+#include "dcr/gpu/copy.cuh"
+#include "dcr/twin/view.hpp"
 #include "dcr/receiver/loader.hpp"
 
 namespace dcr::gpu {
@@ -29,9 +33,9 @@ public:
   /// `mode` is dense, xor_mask, overwrite (placeholder: the default of
   /// `dtype`) or overwrite_nan; overwrite_mask needs a mask per copy and is
   /// refused (`invalid_argument`, thrown).
-  device_loader_sink(device::copy_mode mode, dtype_id dtype, cudaStream_t stream = 0)
+  device_loader_sink(twin::copy_mode mode, dtype_id dtype, cudaStream_t stream = 0)
       : sink_(mode, placeholder_of(dtype), stream, dtype) {
-    if (mode == device::copy_mode::overwrite_mask || static_cast<unsigned>(mode) > 4)
+    if (mode == twin::copy_mode::overwrite_mask || static_cast<unsigned>(mode) > 4)
       throw error(errc::invalid_argument, "device_loader_sink: mode needs a per-copy mask or is unknown");
   }
 
@@ -44,7 +48,7 @@ public:
       return;
     }
     const auto w = static_cast<unsigned>(dst.width());
-    status s = sink_.copy({dst.data, w, device::to_device(dst.layout)}, {src.data, w, device::to_device(src.layout)});
+    status s = sink_.copy({dst.data, w, twin::to_device(dst.layout)}, {src.data, w, twin::to_device(src.layout)});
     if (!s.ok()) (void)(first_failure_ = std::move(s));
   }
   void skip(std::string_view canonical) override { skipped_.emplace_back(canonical); }

@@ -1,17 +1,22 @@
 #pragma once
 /// \file
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
 /// Conversions from the core views (`dcr::strided_view`, `dcr::tensor_view`)
-/// to the kernel-side `dcr::device::view`. Host code (the core layouts'
-/// members are host-only; kernels take `device::layout`).
+/// to the kernel-side `dcr::twin::view`. Host code (the core layouts'
+/// members are host-only; kernels take `twin::layout`).
 
 #include <cstdint>
 #include <string>
 
 #include "dcr/core/error.hpp"
 #include "dcr/core/tensor.hpp"
-#include "dcr/device/element.hpp"
+#include "dcr/twin/element.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 static_assert(static_cast<int>(dcr::max_rank) == layout_max_rank);
 
@@ -46,4 +51,4 @@ template <word W> view<W> to_device_as(const tensor_view& v) {
 /// Read-only view over the same words.
 template <class W> view<const W> as_const(const view<W>& v) noexcept { return {v.data, v.shape}; }
 
-} // namespace dcr::device
+} // namespace dcr::twin

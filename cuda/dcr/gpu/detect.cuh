@@ -1,9 +1,13 @@
 #pragma once
 /// \file
+/// Vocabulary: `gpu/` (namespace `dcr::gpu`) holds CUDA kernels and their
+/// launchers; each has a host twin in `include/dcr/twin/` (namespace
+/// `dcr::twin`) with the same semantics, and the GPU tests compare them.
+///
 /// Device change detection, the trainer-side GPU path: compare two device
 /// word buffers and write `base + i` for every `i` whose stored bits differ,
 /// in increasing order, with a CUB `DeviceSelect::If` over a counting
-/// iterator (64-bit item counts). Host twin: `dcr/device/detect.hpp`.
+/// iterator (64-bit item counts). Host twin: `dcr/twin/detect.hpp`.
 
 #include <cuda_runtime.h>
 #include <cub/device/device_select.cuh>
@@ -15,15 +19,15 @@
 #include <string>
 
 #include "dcr/core/error.hpp"
-#include "dcr/cuda/runtime.cuh"
-#include "dcr/device/element.hpp"
+#include "dcr/gpu/runtime.cuh"
+#include "dcr/twin/element.hpp"
 
 namespace dcr::gpu {
 
 namespace detail {
 
 /// Selects index i when the two words differ.
-template <device::word W> struct differs {
+template <twin::word W> struct differs {
   const W* a;
   const W* b;
   __host__ __device__ bool operator()(std::uint64_t i) const { return a[i] != b[i]; }
@@ -40,7 +44,7 @@ struct add_base {
 /// Write `base + i` to `d_out` for every `i < n` with `d_old[i] != d_new[i]`
 /// and the number written to `changed` (host). `d_out` must hold `n` words
 /// (the worst case). Synchronises `stream` to read the count.
-template <device::word W>
+template <twin::word W>
 status detect_changes(const W* d_old, const W* d_new, std::uint64_t n, std::uint64_t base,
                       std::uint64_t* d_out, std::uint64_t& changed, workspace& ws, cudaStream_t stream = 0) {
   changed = 0;
@@ -76,7 +80,7 @@ status detect_changes(const W* d_old, const W* d_new, std::uint64_t n, std::uint
 }
 
 /// `detect_changes` with a temporary workspace.
-template <device::word W>
+template <twin::word W>
 status detect_changes(const W* d_old, const W* d_new, std::uint64_t n, std::uint64_t base,
                       std::uint64_t* d_out, std::uint64_t& changed, cudaStream_t stream = 0) {
   workspace ws;

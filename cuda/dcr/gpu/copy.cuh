@@ -1,10 +1,14 @@
 #pragma once
 /// \file
+/// Vocabulary: `gpu/` (namespace `dcr::gpu`) holds CUDA kernels and their
+/// launchers; each has a host twin in `include/dcr/twin/` (namespace
+/// `dcr::twin`) with the same semantics, and the GPU tests compare them.
+///
 /// Device elementwise copy of a source view into a destination view in the
 /// intercepting sink's modes (dense, XOR, overwrite where src is not the
 /// placeholder, overwrite where an explicit mask is set), `masked_overwrite`,
 /// and `device_copy_sink`, the sink the loader model calls when scratch and
-/// storage live in device memory. Host twin: `dcr/device/copy.hpp`.
+/// storage live in device memory. Host twin: `dcr/twin/copy.hpp`.
 ///
 /// Layering: entry (checks shared with the twin) → dispatch (contiguous and
 /// 16-byte aligned → vector kernel over 16-byte chunks; else the strided
@@ -21,69 +25,69 @@
 #include <type_traits>
 
 #include "dcr/core/error.hpp"
-#include "dcr/cuda/runtime.cuh"
-#include "dcr/device/check.hpp"
-#include "dcr/device/element.hpp"
+#include "dcr/gpu/runtime.cuh"
+#include "dcr/twin/check.hpp"
+#include "dcr/twin/element.hpp"
 
 namespace dcr::gpu {
 
 namespace detail {
 
 /// Strided copy: any layouts with equal extents.
-template <device::word W>
-__global__ void copy_strided_kernel(device::view<W> dst, device::view<const W> src,
-                                    device::view<const std::uint8_t> mask, device::copy_mode mode,
-                                    W placeholder, device::nan_rule nan, std::uint64_t n) {
+template <twin::word W>
+__global__ void copy_strided_kernel(twin::view<W> dst, twin::view<const W> src,
+                                    twin::view<const std::uint8_t> mask, twin::copy_mode mode,
+                                    W placeholder, twin::nan_rule nan, std::uint64_t n) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const auto i = static_cast<std::int64_t>(k);
     const W s = src.at(i);
     switch (mode) {
-    case device::copy_mode::dense: dst.at(i) = s; break;
-    case device::copy_mode::xor_mask: {
+    case twin::copy_mode::dense: dst.at(i) = s; break;
+    case twin::copy_mode::xor_mask: {
       W& d = dst.at(i);
       d = static_cast<W>(d ^ s);
       break;
     }
-    case device::copy_mode::overwrite:
+    case twin::copy_mode::overwrite:
       if (s != placeholder) dst.at(i) = s;
       break;
-    case device::copy_mode::overwrite_mask:
+    case twin::copy_mode::overwrite_mask:
       if (mask.at(i) != 0) dst.at(i) = s;
       break;
-    case device::copy_mode::overwrite_nan:
-      if (!device::is_nan_by(s, nan)) dst.at(i) = s;
+    case twin::copy_mode::overwrite_nan:
+      if (!twin::is_nan_by(s, nan)) dst.at(i) = s;
       break;
     }
   }
 }
 
 /// 16 bytes as words.
-template <device::word W> union chunk {
+template <twin::word W> union chunk {
   uint4 v;
   W w[16 / sizeof(W)];
 };
 
 /// Active word of the placeholder overwrite modes.
-template <device::word W>
-__device__ inline bool is_active(W s, device::copy_mode mode, W placeholder, device::nan_rule nan) {
-  return mode == device::copy_mode::overwrite ? s != placeholder : !device::is_nan_by(s, nan);
+template <twin::word W>
+__device__ inline bool is_active(W s, twin::copy_mode mode, W placeholder, twin::nan_rule nan) {
+  return mode == twin::copy_mode::overwrite ? s != placeholder : !twin::is_nan_by(s, nan);
 }
 
 /// Contiguous, 16-byte aligned copy over `chunks` 16-byte chunks (dense,
 /// XOR, overwrite, overwrite_nan); the tail of fewer than one chunk goes to
 /// the strided kernel.
-template <device::word W>
-__global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT src, device::copy_mode mode,
-                                   W placeholder, device::nan_rule nan, std::uint64_t chunks) {
+template <twin::word W>
+__global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT src, twin::copy_mode mode,
+                                   W placeholder, twin::nan_rule nan, std::uint64_t chunks) {
   constexpr int per = 16 / sizeof(W);
   auto* d4 = reinterpret_cast<uint4*>(dst);
   const auto* s4 = reinterpret_cast<const uint4*>(src);
   for (std::uint64_t c = grid_first(); c < chunks; c += grid_stride()) {
     chunk<W> s;
     s.v = s4[c];
-    if (mode == device::copy_mode::dense) {
+    if (mode == twin::copy_mode::dense) {
       d4[c] = s.v;
-    } else if (mode == device::copy_mode::xor_mask) {
+    } else if (mode == twin::copy_mode::xor_mask) {
       uint4 d = d4[c];
       d.x ^= s.v.x, d.y ^= s.v.y, d.z ^= s.v.z, d.w ^= s.v.w;
       d4[c] = d;
@@ -102,15 +106,15 @@ __global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT sr
   }
 }
 
-template <device::word W>
-status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_mode mode, W placeholder,
-                   device::view<const std::uint8_t> mask, device::nan_rule nan, const device_facts& f,
+template <twin::word W>
+status launch_copy(twin::view<W> dst, twin::view<const W> src, twin::copy_mode mode, W placeholder,
+                   twin::view<const std::uint8_t> mask, twin::nan_rule nan, const device_facts& f,
                    cudaStream_t stream) {
   const auto n = static_cast<std::uint64_t>(dst.size());
   if (n == 0) return status::success();
   const bool aligned = (reinterpret_cast<std::uintptr_t>(dst.data) | reinterpret_cast<std::uintptr_t>(src.data)) % 16 == 0;
   std::uint64_t done = 0;
-  if (dst.shape.contiguous && src.shape.contiguous && aligned && mode != device::copy_mode::overwrite_mask) {
+  if (dst.shape.contiguous && src.shape.contiguous && aligned && mode != twin::copy_mode::overwrite_mask) {
     constexpr std::uint64_t per = 16 / sizeof(W);
     const std::uint64_t chunks = n / per;
     if (chunks > 0) {
@@ -122,8 +126,8 @@ status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_
     done = chunks * per;
     if (done == n) return status::success();
     // Tail: a contiguous piece after the chunks.
-    dst = {dst.data + done, device::linear(static_cast<std::int64_t>(n - done))};
-    src = {src.data + done, device::linear(static_cast<std::int64_t>(n - done))};
+    dst = {dst.data + done, twin::linear(static_cast<std::int64_t>(n - done))};
+    src = {src.data + done, twin::linear(static_cast<std::int64_t>(n - done))};
   }
   const tuning t = select_tuning(kernel_kind::copy_scalar, f.cc_major);
   copy_strided_kernel<W><<<grid_for(n - done, 1, t, f), t.block_threads, 0, stream>>>(
@@ -136,35 +140,35 @@ status launch_copy(device::view<W> dst, device::view<const W> src, device::copy_
 /// Copy device view `src` into device view `dst` in `mode`; `placeholder`
 /// is used by `overwrite`, `mask` (same extents as `src`) by
 /// `overwrite_mask`, `nan_dtype` by `overwrite_nan`. Returns after the launch.
-template <device::word W>
-status copy(device::view<W> dst, std::type_identity_t<device::view<const W>> src, device::copy_mode mode,
-            W placeholder = 0, device::view<const std::uint8_t> mask = {}, dtype_id nan_dtype = dtype_id::bf16,
+template <twin::word W>
+status copy(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src, twin::copy_mode mode,
+            W placeholder = 0, twin::view<const std::uint8_t> mask = {}, dtype_id nan_dtype = dtype_id::bf16,
             cudaStream_t stream = 0) {
-  DCR_TRY(device::check_copy(dst, src, mode, mask, nan_dtype));
+  DCR_TRY(twin::check_copy(dst, src, mode, mask, nan_dtype));
   detail::device_facts f;
-  DCR_TRY(detail::prepare(dst.data, src.data, mode == device::copy_mode::overwrite_mask ? mask.data : nullptr, f));
-  return detail::launch_copy(dst, src, mode, placeholder, mask, device::nan_rule_of(nan_dtype), f, stream);
+  DCR_TRY(detail::prepare(dst.data, src.data, mode == twin::copy_mode::overwrite_mask ? mask.data : nullptr, f));
+  return detail::launch_copy(dst, src, mode, placeholder, mask, twin::nan_rule_of(nan_dtype), f, stream);
 }
 
 /// Write `src` into `dst` where `src != placeholder` (device memory).
-template <device::word W>
-status masked_overwrite(device::view<W> dst, std::type_identity_t<device::view<const W>> src, W placeholder,
+template <twin::word W>
+status masked_overwrite(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src, W placeholder,
                         cudaStream_t stream = 0) {
-  return copy(dst, src, device::copy_mode::overwrite, placeholder, {}, dtype_id::bf16, stream);
+  return copy(dst, src, twin::copy_mode::overwrite, placeholder, {}, dtype_id::bf16, stream);
 }
 
 /// Write `src` into `dst` where `src` is not a NaN of `dtype` (device memory).
-template <device::word W>
-status masked_overwrite_nan(device::view<W> dst, std::type_identity_t<device::view<const W>> src, dtype_id dtype,
+template <twin::word W>
+status masked_overwrite_nan(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src, dtype_id dtype,
                             cudaStream_t stream = 0) {
-  return copy(dst, src, device::copy_mode::overwrite_nan, W{0}, {}, dtype, stream);
+  return copy(dst, src, twin::copy_mode::overwrite_nan, W{0}, {}, dtype, stream);
 }
 
 /// Write `src` into `dst` where `mask != 0` (device memory; for NaN-valued items).
-template <device::word W>
-status masked_overwrite(device::view<W> dst, std::type_identity_t<device::view<const W>> src,
-                        device::view<const std::uint8_t> mask, cudaStream_t stream = 0) {
-  return copy(dst, src, device::copy_mode::overwrite_mask, W{0}, mask, dtype_id::bf16, stream);
+template <twin::word W>
+status masked_overwrite(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src,
+                        twin::view<const std::uint8_t> mask, cudaStream_t stream = 0) {
+  return copy(dst, src, twin::copy_mode::overwrite_mask, W{0}, mask, dtype_id::bf16, stream);
 }
 
 /// Untyped device view: what a native loader hands the sink. `width` is
@@ -172,7 +176,7 @@ status masked_overwrite(device::view<W> dst, std::type_identity_t<device::view<c
 struct device_tensor {
   void* data = nullptr;
   unsigned width = 2;
-  device::layout shape;
+  twin::layout shape;
 };
 
 /// Intercepting copy sink for device storage. A loader calls
@@ -184,12 +188,12 @@ struct device_tensor {
 /// takes the dtype whose NaN patterns are placeholders.
 class device_copy_sink {
 public:
-  explicit device_copy_sink(device::copy_mode mode, std::uint64_t placeholder = 0, cudaStream_t stream = 0,
+  explicit device_copy_sink(twin::copy_mode mode, std::uint64_t placeholder = 0, cudaStream_t stream = 0,
                             dtype_id nan_dtype = dtype_id::bf16)
       : mode_(mode), placeholder_(placeholder), stream_(stream), nan_dtype_(nan_dtype) {}
 
   /// Apply one intercepted copy; both views must have the same word width.
-  status copy(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask = {}) {
+  status copy(const device_tensor& dst, const device_tensor& src, twin::view<const std::uint8_t> mask = {}) {
     DCR_RETURN_ERROR_IF(dst.width != src.width, bad_dtype,
                         "sink copy: destination words of " + std::to_string(dst.width) +
                             " bytes, source words of " + std::to_string(src.width));
@@ -203,12 +207,12 @@ public:
   /// Wait for every copy issued so far.
   status synchronize() const { return gpu::synchronize(stream_); }
 
-  device::copy_mode mode() const noexcept { return mode_; }
+  twin::copy_mode mode() const noexcept { return mode_; }
   std::uint64_t copies() const noexcept { return copies_; }
   std::uint64_t elements() const noexcept { return elements_; }
 
 private:
-  status by_width(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask) {
+  status by_width(const device_tensor& dst, const device_tensor& src, twin::view<const std::uint8_t> mask) {
     switch (dst.width) {
     case 1: return typed<std::uint8_t>(dst, src, mask);
     case 2: return typed<std::uint16_t>(dst, src, mask);
@@ -218,15 +222,15 @@ private:
     return fail(errc::bad_dtype, "sink copy: word width " + std::to_string(dst.width));
   }
 
-  template <device::word W>
-  status typed(const device_tensor& dst, const device_tensor& src, device::view<const std::uint8_t> mask) {
-    DCR_RETURN_ERROR_IF(mode_ == device::copy_mode::overwrite && placeholder_ > static_cast<W>(~W{0}),
+  template <twin::word W>
+  status typed(const device_tensor& dst, const device_tensor& src, twin::view<const std::uint8_t> mask) {
+    DCR_RETURN_ERROR_IF(mode_ == twin::copy_mode::overwrite && placeholder_ > static_cast<W>(~W{0}),
                         invalid_argument, "sink: placeholder wider than the words");
     return gpu::copy<W>({static_cast<W*>(dst.data), dst.shape}, {static_cast<const W*>(src.data), src.shape},
                          mode_, static_cast<W>(placeholder_), mask, nan_dtype_, stream_);
   }
 
-  device::copy_mode mode_;
+  twin::copy_mode mode_;
   std::uint64_t placeholder_;
   cudaStream_t stream_;
   dtype_id nan_dtype_;

@@ -1,6 +1,11 @@
 #pragma once
 /// \file
-/// Host twin of the device location decode (`cuda/dcr/cuda/locations.cuh`):
+/// Vocabulary: `twin/` (namespace `dcr::twin`) holds the host twins of the GPU
+/// kernels in `cuda/dcr/gpu/` (namespace `dcr::gpu`) and the element-level code
+/// both share; a twin has its kernel's semantics, checks and errors, runs in
+/// CI, and the GPU tests compare the two.
+///
+/// Host twin of the device location decode (`cuda/dcr/gpu/locations.cuh`):
 /// an item's raw location bytes, in any coding of the wire format
 /// (docs/wire-format.md 4.3), become its indices, and `scatter_encoded`
 /// lands the item's value bytes at them. The twin runs the kernels' phases
@@ -30,10 +35,10 @@
 
 #include "dcr/codec/locations.hpp"
 #include "dcr/core/error.hpp"
-#include "dcr/device/check.hpp"
-#include "dcr/device/element.hpp"
+#include "dcr/twin/check.hpp"
+#include "dcr/twin/element.hpp"
 
-namespace dcr::device {
+namespace dcr::twin {
 
 /// Form and word width of a location coding; `run` has neither (false).
 constexpr bool form_of(codec::location_id id, gap_form& form, unsigned& width) noexcept {
@@ -247,4 +252,4 @@ status scatter_encoded(view<W> dst, std::uint64_t first, std::uint64_t count, co
   return status::success();
 }
 
-} // namespace dcr::device
+} // namespace dcr::twin
