@@ -436,6 +436,38 @@ inline void encode_locations(location_id id, std::span<const std::uint64_t> idx,
   visit_location(id, [&](auto c) { decltype(c)::encode(idx, out); });
 }
 
+/// Location policies of an encoder: `p(idx, out)` appends the coding of one
+/// item's strictly increasing `idx` to `out` and returns its id.
+///
+/// `by_scheme`: the coding `choose_location` picks under a runtime scheme
+/// (the general path: one switch per item over every coding).
+struct by_scheme {
+  location_scheme scheme = location_scheme::escape_u8;
+  location_id operator()(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) const {
+    const location_id id = choose_location(idx, scheme);
+    encode_locations(id, idx, out);
+    return id;
+  }
+};
+
+/// `run_or<C>`: `run` for a contiguous item, else coding `C`; only these two
+/// are instantiated. `run_or<escape_u8>` and `run_or<varint_gaps>` choose
+/// exactly what `by_scheme` does under `escape_u8` and `varint`.
+template <location_coding C> struct run_or {
+  location_id operator()(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) const {
+    if (run::can_encode(idx)) return location_id::run;
+    C::encode(idx, out);
+    return C::id;
+  }
+};
+
+/// A location policy (see `by_scheme`).
+template <class L>
+concept location_policy = requires(const L& l, std::span<const std::uint64_t> idx, std::vector<std::byte>& out) {
+  { l(idx, out) } -> std::same_as<location_id>;
+};
+static_assert(location_policy<by_scheme> && location_policy<run_or<escape_u8>>);
+
 /// Decode `out.size() >= 1` indices; validates everything (see `location_coding`).
 inline status decode_locations(location_id id, std::span<const std::byte> in, std::uint64_t first,
                                std::uint64_t numel, std::span<std::uint64_t> out) {
