@@ -193,6 +193,16 @@ inline status validate_item(const item& it, std::size_t i = 0) {
   return status::success();
 }
 
+/// Check `it` against the canonical tensor it updates (what a receiver
+/// applies): dtype and shape equal `meta`'s, then every `item` invariant.
+inline status validate_item(const item& it, const tensor_meta& meta) {
+  DCR_RETURN_ERROR_IF(it.tensor.dtype != meta.dtype, bad_dtype,
+                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + ", canonical " +
+                          std::string(name_of(meta.dtype)));
+  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch, "item for " + meta.name + ": shape differs");
+  return validate_item(it);
+}
+
 /// Encode a payload into `out` (replaced), each item's locations coded by
 /// the location policy `locate` (`opt.locations` is not read). Fails on an
 /// invalid item or option.
@@ -463,13 +473,14 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
 }
 
 /// Decode and check the locations of row `i` (of a parsed table) into
-/// `out`, which holds `row.count > 0` entries.
+/// `out`, which holds `row.count > 0` entries, with location policy `L`.
+template <location_policy L = by_scheme>
 inline status decode_row_locations(std::span<const std::byte> body, const payload_header& h, const item_row& row,
                                    std::size_t i, std::span<std::uint64_t> out) {
   std::uint64_t numel;
   detail::checked_numel(row.tensor.shape, numel);
   const std::uint64_t loc_at = h.table_length + row.location_offset;
-  if (auto s = decode_locations(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out); !s)
+  if (auto s = L::decode(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out); !s)
     return fail(s.code, "item " + std::to_string(i) + " '" + row.tensor.name + "' (" +
                             std::string(to_string(row.location)) + " locations at body bytes [" +
                             std::to_string(loc_at) + ", +" + std::to_string(row.location_length) +
@@ -477,7 +488,9 @@ inline status decode_row_locations(std::span<const std::byte> body, const payloa
   return status::success();
 }
 
-/// Expand one row into an item (locations decoded and checked, values unfiltered).
+/// Expand one row into an item (locations decoded and checked by policy `L`,
+/// values unfiltered).
+template <location_policy L = by_scheme>
 inline status decode_row(std::span<const std::byte> body, const payload_header& h, const item_row& row,
                          std::size_t i, item& out) {
   out.tensor = row.tensor;
@@ -485,7 +498,7 @@ inline status decode_row(std::span<const std::byte> body, const payload_header& 
   out.indices.assign(row.count, 0);
   out.values.assign(row.value_length, std::byte{0});
   if (row.count == 0) return status::success();
-  DCR_TRY(decode_row_locations(body, h, row, i, out.indices));
+  DCR_TRY(decode_row_locations<L>(body, h, row, i, out.indices));
   const std::uint64_t val_at = h.table_length + h.location_length + row.value_offset;
   remove_filter(row.filter, body.subspan(val_at, row.value_length), width_of(row.tensor.dtype), out.values);
   return status::success();
@@ -528,7 +541,10 @@ inline status decode_payload(std::span<const std::byte> bytes, decoded_payload& 
 /// refuses it. A rejected item comes back with its tensor and encoding but no
 /// indices and no values: what it changes is not read out, because the
 /// caller said it has nowhere to put it.
-template <class Keep>
+///
+/// `L` is the location policy (every coding by default; a static pipeline
+/// names the codings it decodes).
+template <location_policy L = by_scheme, class Keep>
   requires std::predicate<Keep&, const item_row&>
 inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payload& out, Keep&& keep,
                                 const decode_limits& limits = {}) {
@@ -541,14 +557,14 @@ inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payloa
   for (std::size_t i = 0; i < pi.rows.size(); ++i) {
     const item_row& row = pi.rows[i];
     if (keep(row)) {
-      DCR_TRY(decode_row(pi.body, pi.header, row, i, out.items[i]));
+      DCR_TRY(decode_row<L>(pi.body, pi.header, row, i, out.items[i]));
       continue;
     }
     out.items[i].tensor = row.tensor;
     out.items[i].encoding = row.encoding;
     if (row.count == 0) continue;
     rejected.resize(row.count);
-    DCR_TRY(decode_row_locations(pi.body, pi.header, row, i, rejected));
+    DCR_TRY(decode_row_locations<L>(pi.body, pi.header, row, i, rejected));
   }
   return status::success();
 }
