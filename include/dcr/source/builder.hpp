@@ -353,23 +353,6 @@ private:
     }
   };
 
-  /// Sorts a builder's records by canonical index when a map emitted them
-  /// out of order (maps that are not monotone per tensor).
-  template <class W> static void sort_records(builder& b) {
-    if (std::is_sorted(b.indices.begin(), b.indices.end())) return;
-    std::vector<std::size_t> order(b.indices.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return b.indices[x] < b.indices[y]; });
-    std::vector<std::uint64_t> ii(order.size());
-    std::vector<std::byte> vv(b.values.size());
-    for (std::size_t k = 0; k < order.size(); ++k) {
-      ii[k] = b.indices[order[k]];
-      std::memcpy(vv.data() + k * sizeof(W), b.values.data() + order[k] * sizeof(W), sizeof(W));
-    }
-    b.indices = std::move(ii);
-    b.values = std::move(vv);
-  }
-
   /// Merges two sorted record lists of one tensor (disjoint by construction:
   /// each destination has one owner).
   static void merge_into(item& dst, builder& src, std::size_t w) {
@@ -401,7 +384,7 @@ private:
       emitted = true;
       const auto& meta = plan_->canonical[b.tensor];
       const std::size_t w = width_of(meta.dtype);
-      visit_dtype(meta.dtype, [&](auto tag) { sort_records<word_t<decltype(tag)>>(b); });
+      visit_dtype(meta.dtype, [&](auto tag) { stages::sort_records<word_t<decltype(tag)>>(b); });
       const std::uint64_t key = (std::uint64_t{b.tensor} << 8) | static_cast<std::uint8_t>(b.enc);
       auto [pos, fresh] = st.bucket_slot.try_emplace(key, st.bucket.size());
       if (fresh) st.bucket.push_back(item{meta, b.enc, std::move(b.indices), std::move(b.values)});

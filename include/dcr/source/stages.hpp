@@ -22,9 +22,12 @@
 /// owner.build<bf16_xor>(candidate, required, base_id, options);
 /// ```
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <numeric>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -166,6 +169,40 @@ void changes_to_records(const Project& proj, std::span<const typename Compare::w
       detail::target_ref{const_cast<void*>(static_cast<const void*>(&target)), [](void* ctx, std::uint32_t t) -> record_buffer& {
                            return (*static_cast<T*>(ctx))(t);
                          }});
+}
+
+/// Sorts `b`'s records (words of type `W`) by canonical index when a map
+/// emitted them out of order (maps that are not monotone per tensor).
+template <class W> void sort_records(record_buffer& b) {
+  if (std::is_sorted(b.indices.begin(), b.indices.end())) return;
+  std::vector<std::size_t> order(b.indices.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return b.indices[x] < b.indices[y]; });
+  std::vector<std::uint64_t> ii(order.size());
+  std::vector<std::byte> vv(b.values.size());
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    ii[k] = b.indices[order[k]];
+    std::memcpy(vv.data() + k * sizeof(W), b.values.data() + order[k] * sizeof(W), sizeof(W));
+  }
+  b.indices = std::move(ii);
+  b.values = std::move(vv);
+}
+
+/// The records of one tensor as an item of pipeline `P`'s encoding, sorted
+/// by canonical index (the encoder validates the rest: a map that leaves
+/// the tensor or writes an element twice fails `codec::validate_item`).
+template <class P> item to_item(const tensor_meta& meta, record_buffer&& b) {
+  sort_records<word_t<typename P::dtype>>(b);
+  return item{meta, P::encoding::id, std::move(b.indices), std::move(b.values)};
+}
+
+/// compare -> project -> encode of pipeline `P` over one shard (see
+/// `changes_to_records`).
+template <class P, class Target>
+void shard_records(const typename P::map_type& map, std::span<const word_t<typename P::dtype>> old_w,
+                   std::span<const word_t<typename P::dtype>> new_w, Target&& target) {
+  changes_to_records<typename P::compare_stage, typename P::project_stage, typename P::encode_stage>(
+      typename P::project_stage{map}, old_w, new_w, target);
 }
 
 } // namespace dcr::stages
