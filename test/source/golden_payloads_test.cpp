@@ -76,7 +76,7 @@ model_config moe_config() {
 
 std::vector<golden_case> cases() {
   std::vector<golden_case> v;
-  auto add = [&](const char* name, model_config c, trainer_layout l, megatron_options o, delta_mode m,
+  auto add = [&](const char* name, model_config c, trainer_layout l, megatron_options o, refit_mode m,
                  codec::location_scheme loc, codec::value_filter f, std::size_t chunk, std::size_t bucket,
                  double fraction, std::uint64_t seed) {
     builder_options b;
@@ -89,7 +89,7 @@ std::vector<golden_case> cases() {
   };
   using ls = codec::location_scheme;
   using vf = codec::value_filter;
-  constexpr auto mixed = delta_mode::mixed, over = delta_mode::overwrite_all;
+  constexpr auto mixed = refit_mode::mixed, over = refit_mode::overwrite_all;
   add("bf16 affine mixed escape_u8", dense_config(dtype_id::bf16), {2, 2, 1, 1, 1, 8}, {}, mixed, ls::escape_u8,
       vf::byte_planes, 256, 1024, 0.05, 11);
   add("bf16 affine overwrite gaps", dense_config(dtype_id::bf16), {2, 1, 1, 1, 2, 8}, {}, over, ls::gaps, vf::none,

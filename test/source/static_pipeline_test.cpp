@@ -76,7 +76,7 @@ config random_case(std::mt19937_64& rng) {
   const int conv = static_cast<int>(rng() % 3);
   k.o.qkv_residual = conv == 1;
   k.o.full_conversion = conv == 2;
-  k.b.mode = rng() % 2 ? delta_mode::mixed : delta_mode::overwrite_all;
+  k.b.mode = rng() % 2 ? refit_mode::mixed : refit_mode::overwrite_all;
   k.b.encoding.locations = rng() % 2 ? codec::location_scheme::escape_u8 : codec::location_scheme::varint;
   k.b.encoding.filter = rng() % 2 ? codec::value_filter::byte_planes : codec::value_filter::none;
   k.b.chunk_bytes = std::vector<std::size_t>{1, 512, 4096, std::size_t{64} << 20}[rng() % 4];
@@ -178,7 +178,7 @@ template <class D, class E, class C> outcome run_case(const config& k, std::uint
 }
 
 template <class D, class C> outcome by_mode(const config& k, std::uint64_t seed) {
-  return k.b.mode == delta_mode::mixed ? run_case<D, codec::xor_mask, C>(k, seed)
+  return k.b.mode == refit_mode::mixed ? run_case<D, codec::xor_mask, C>(k, seed)
                                        : run_case<D, codec::overwrite, C>(k, seed);
 }
 template <class D> outcome by_scheme(const config& k, std::uint64_t seed) {

@@ -48,17 +48,11 @@
 
 namespace dcr {
 
-/// Value encoding policy of one attempt.
-enum class delta_mode : std::uint8_t {
-  mixed,        ///< XOR for representation-preserving affine items, overwrite for residual items
-  overwrite_all ///< overwrite everywhere (retries after a failed attempt)
-};
-
 /// Chunk and bucket targets (bytes; tasks and chunks are never split, so a
 /// chunk or bucket can exceed its target) and the encoding policy.
 struct builder_options {
   std::size_t chunk_bytes = std::size_t{64} << 20, bucket_bytes = std::size_t{512} << 20;
-  delta_mode mode = delta_mode::mixed;
+  refit_mode mode = refit_mode::mixed; ///< mixed: XOR for unique affine maps, overwrite for residual items
   encode_options encoding{};
 };
 
@@ -255,7 +249,7 @@ private:
       const auto& sh = plan_->shards[shards_[i]];
       if (!sh.affine()) continue;
       auto cand = view_of(candidate, shards_[i]);
-      const bool xor_ok = opt.mode == delta_mode::mixed && sh.map->is_unique();
+      const bool xor_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
       select.affine(sh, trackers_[i], cand, xor_ok ? value_encoding::xor_mask : value_encoding::overwrite, st);
       st.chunk_bytes += sh.nbytes();
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
