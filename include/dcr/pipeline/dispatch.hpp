@@ -22,7 +22,10 @@
 
 #include <array>
 #include <cstddef>
-#include <optional>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
 
 #include <boost/hana/cartesian_product.hpp>
 #include <boost/hana/for_each.hpp>
@@ -31,6 +34,7 @@
 #include <boost/hana/type.hpp>
 #include <boost/hana/unpack.hpp>
 
+#include "dcr/codec/locations.hpp"
 #include "dcr/codec/values.hpp"
 #include "dcr/core/dtype.hpp"
 
@@ -38,9 +42,13 @@ namespace dcr::pipeline {
 
 namespace hana = boost::hana;
 
-/// The policy type lists of the wire: every dtype and every value encoding.
+/// The policy type lists of the wire: every dtype, value encoding and
+/// location coding.
 using dtype_list = decltype(hana::tuple_t<bf16, f16, f32, f8e4m3fn, f8e5m2>);
 using encoding_list = decltype(hana::tuple_t<codec::xor_mask, codec::overwrite>);
+using location_list =
+    decltype(hana::tuple_t<codec::run, codec::gap_u8, codec::gap_u16, codec::gap_u32, codec::gap_u64, codec::planes_u16,
+                           codec::planes_u32, codec::planes_u64, codec::varint_gaps, codec::escape_u8>);
 
 /// The runtime id of a policy: a dtype tag's `dtype_id`, else `T::id`.
 template <class T> constexpr auto policy_id() noexcept {
@@ -92,5 +100,48 @@ private:
   }
   static constexpr std::array<fn_ptr, size> table_ = make();
 };
+
+namespace detail {
+struct encode_locations_fn {
+  template <class C> static void call(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) {
+    C::encode(idx, out);
+  }
+};
+struct decode_locations_fn {
+  template <class C>
+  static status call(std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
+                     std::span<std::uint64_t> out) {
+    return C::decode(in, first, numel, out);
+  }
+};
+} // namespace detail
+
+/// The general location policy of host code: the coding `choose_location`
+/// picks under `scheme`, and every coding on decode, each selected from a
+/// table over `location_list` (what `codec::by_scheme` does with a switch,
+/// for code that CUDA compiles too).
+struct dispatched_locations {
+  codec::location_scheme scheme = codec::location_scheme::escape_u8;
+  codec::location_id operator()(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) const {
+    static constexpr dispatch_table<detail::encode_locations_fn,
+                                    void(std::span<const std::uint64_t>, std::vector<std::byte>&), location_list>
+        table{};
+    const codec::location_id id = codec::choose_location(idx, scheme);
+    table(position_of<location_list>(id))(idx, out); // choose_location names a coding of the list
+    return id;
+  }
+  static status decode(codec::location_id id, std::span<const std::byte> in, std::uint64_t first,
+                       std::uint64_t numel, std::span<std::uint64_t> out) {
+    static constexpr dispatch_table<detail::decode_locations_fn,
+                                    status(std::span<const std::byte>, std::uint64_t, std::uint64_t,
+                                           std::span<std::uint64_t>),
+                                    location_list>
+        table{};
+    auto* f = table(position_of<location_list>(id));
+    DCR_RETURN_ERROR_IF(!f, bad_location, "unknown location coding " + std::to_string(static_cast<int>(id)));
+    return f(in, first, numel, out);
+  }
+};
+static_assert(codec::location_policy<dispatched_locations>);
 
 } // namespace dcr::pipeline

@@ -255,7 +255,7 @@ public:
   /// skip, but none of its indices or values is copied or scanned. This is
   /// how `stage` and `apply_staged` decode.
   status decode(std::span<const std::byte> payload, decoded_payload& out) const {
-    return decode<stages::decode<codec::by_scheme>>(payload, out);
+    return decode<stages::decode<pipeline::dispatched_locations>>(payload, out);
   }
   /// As above with the location codings of decode stage `Dec` (a
   /// `stages::decode<L>`) only: other codings are `bad_location`.

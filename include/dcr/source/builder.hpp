@@ -158,7 +158,9 @@ public:
       payload_id id = base_id;
       id.owner = id_;
       id.sequence = b.sequence;
-      out.push_back(encode_payload(id, b.items, opt.encoding));
+      throw_if_failed(codec::encode_payload_with(id, b.items, opt.encoding,
+                                                 pipeline::dispatched_locations{opt.encoding.locations},
+                                                 out.emplace_back()));
     });
     return out;
   }
