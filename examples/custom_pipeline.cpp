@@ -1,27 +1,44 @@
 // custom_pipeline: plug your own index map, native loader and transport into
-// dcr's compile-time stages. The trainer keeps weight W transposed; the
-// server splits W into two row halves; payloads travel through a byte-counting
-// in-memory store. Three steps, each checked byte for byte against a dense refit.
+// dcr's refit stages, composed at compile time for one configuration (BF16
+// words, a transposed map, XOR masks, run/escape_u8 locations), so that only
+// that code is compiled. The trainer keeps weight W transposed; the server
+// splits W into two row halves; payloads travel through a byte-counting
+// in-memory store; building, encoding and upload overlap in pipeline::run.
+// Three steps, each checked byte for byte against a dense refit.
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
 
-#include "dcr/pipeline/stages.hpp"
+#include "dcr/codec/payload.hpp"
+#include "dcr/pipeline/stage.hpp"
 #include "dcr/receiver/receiver.hpp"
+#include "dcr/receiver/stages.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/simulator.hpp"
+#include "dcr/source/stages.hpp"
+#include "dcr/transport/attempt_objects.hpp"
+#include "dcr/transport/object_store.hpp"
 
 using namespace dcr;
-using namespace dcr::pipeline;
 
 // 1. Your mapping: local index j of the transposed shard W^T [cols, rows]
 //    to the canonical row-major index of W [rows, cols]. Injective (XOR-safe).
-struct transposed_map {
+struct transpose {
   std::uint64_t rows, cols;
   std::uint64_t operator()(std::uint64_t j) const { return (j % rows) * cols + j / rows; }
 };
-static_assert(flat_index_map<transposed_map>);
+using transposed_map = flat_map<transpose>;
+static_assert(index_map<transposed_map>);
+
+// The two pipelines, fixed at compile time: nothing for other dtypes,
+// encodings or location codings is instantiated.
+using trainer = stages::refit_pipeline<stages::compare<dcr::bf16>, stages::project<transposed_map>,
+                                       stages::encode<codec::xor_mask, codec::run_or<codec::escape_u8>>>;
+using rollout = stages::receive_pipeline<stages::decode<codec::run_or<codec::escape_u8>>, stages::scatter<dcr::bf16>,
+                                         stages::apply<codec::xor_mask>>;
 
 // 2. Your native loader: W lands in two row halves, the bias as is. Every
 //    copy's source is a view of the canonical input, so XOR deltas apply.
@@ -90,7 +107,7 @@ int main() {
   auto canonical = [&](const std::vector<std::uint16_t>& t, const std::vector<std::uint16_t>& b) {
     tensor_set s(metas);
     auto w = s.at("w").words<dcr::bf16>();
-    for (std::uint64_t j = 0; j < t.size(); ++j) w[transposed_map{rows, cols}(j)] = t[j];
+    for (std::uint64_t j = 0; j < t.size(); ++j) w[transpose{rows, cols}(j)] = t[j];
     std::copy(b.begin(), b.end(), s.at("bias").words<dcr::bf16>().begin());
     return s;
   };
@@ -99,27 +116,75 @@ int main() {
   server.dense_refit(canonical(wt, bias));
   counting_store store;
 
-  // The trainer pipeline and the rollout pipeline, fixed at compile time.
-  using shard = shard_update<dcr::bf16, transposed_map>;
+  // What flows into the trainer pipeline: one shard, old and new words.
+  struct shard {
+    const tensor_meta* meta;
+    transposed_map map;
+    std::span<const std::uint16_t> old_words, new_words;
+  };
+  struct fetched {
+    std::string name;
+    std::vector<std::byte> bytes;
+  };
   bool exact = true;
   for (std::uint64_t step = 1; step <= 3; ++step) {
     auto wt1 = wt, bias1 = bias;
     sim::stress_update(wt1, 0.02, 0.01, 10 + step);
     sim::stress_update(bias1, 0.02, 0.01, 20 + step);
     const std::uint64_t attempt = step;
-    auto writer = std::make_shared<transport::attempt_writer<counting_store>>(store, attempt, 0);
-    auto trainer = compare<dcr::bf16>() | project<transposed_map>() | encode<value_encoding::xor_mask>() |
-                   compress(payload_id{attempt, step, 0, 0}, zstd{1}) | send(writer);
-    run<bucket<dcr::bf16, transposed_map>>(
-        trainer,
-        [&](auto&& emit) { // one bucket per tensor: two payloads
-          emit(bucket<dcr::bf16, transposed_map>{shard{metas[0], {rows, cols}, wt, wt1, {}}});
-          emit(bucket<dcr::bf16, transposed_map>{shard{metas[1], {1, cols}, bias, bias1, {}}});
+    transport::attempt_writer<counting_store> writer(store, attempt, 0);
+    payload_id id{attempt, step, 0, 0};
+    // compare -> project -> encode, then payload coding, then upload: three
+    // threads, so shard l+1 is built while payload l is coded and l-1 sent.
+    auto build = pipeline::stage{[](shard s) {
+      stages::record_buffer records;
+      stages::shard_records<trainer>(s.map, s.old_words, s.new_words,
+                                     [&](std::uint32_t) -> stages::record_buffer& { return records; });
+      std::vector<item> items;
+      if (!records.indices.empty()) items.push_back(stages::to_item<trainer>(*s.meta, std::move(records)));
+      return items;
+    }};
+    auto code = pipeline::stage{[&id](std::vector<item> items) {
+      std::vector<std::byte> bytes;
+      throw_if_failed(codec::encode_payload_with(id, items, encode_options{}, trainer::locations{}, bytes));
+      ++id.sequence;
+      return bytes;
+    }};
+    auto upload = pipeline::stage{[&writer](std::vector<std::byte> bytes) {
+      throw_if_failed(writer.put_payload(bytes));
+      return writer.listed().payloads.back().name;
+    }};
+    pipeline::run<shard>(
+        build | code | upload,
+        [&](auto&& emit) { // one shard per tensor: two payloads
+          emit(shard{&metas[0], transposed_map(0, rows * cols, transpose{rows, cols}), wt, wt1}) &&
+              emit(shard{&metas[1], transposed_map(1, cols, transpose{1, cols}), bias, bias1});
         },
         [](const std::string& name) { std::printf("  sent %s\n", name.c_str()); });
-    throw_if_failed(writer->finish());
+    throw_if_failed(writer.finish());
 
-    run<fetched>(as_chain(decode(attempt)), receive(store, attempt, {0}), apply(server));
+    // Fetch as published -> decode (run and escape_u8 only) -> apply (XOR only).
+    auto decode = pipeline::stage{[&](fetched f) {
+      decoded_payload d;
+      if (auto s = server.decode<rollout::decode_stage>(f.bytes, d); !s) throw error(s.code, f.name + ": " + s.message);
+      if (d.id.attempt != attempt) throw error(errc::stale_attempt, f.name + ": payload of another attempt");
+      return d;
+    }};
+    pipeline::run<fetched>(
+        pipeline::as_chain(decode),
+        [&](auto&& emit) {
+          std::atomic<bool> stop{false};
+          transport::attempt_reader<counting_store> reader(store, attempt, {0});
+          throw_if_failed(reader.run(
+              [&](std::string_view name, std::span<const std::byte> b) {
+                DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}), aborted, "pipeline stopped");
+                return status::success();
+              },
+              stop, std::chrono::steady_clock::now() + std::chrono::seconds(60)));
+        },
+        [&](decoded_payload d) {
+          for (auto& it : d.items) throw_if_failed(server.apply_item<rollout>(it));
+        });
 
     receiver<split_loader> reference(loader, metas);
     reference.dense_refit(canonical(wt1, bias1));

@@ -72,7 +72,7 @@ auto required_for(const source_plan& plan, const source_view& committed, const s
 /// Seconds for all owners of `plan` to build their buckets (sum over owners,
 /// best of `reps` per owner); owners are built one at a time to bound memory.
 double time_build(const std::shared_ptr<const source_plan>& plan, const source_view& committed,
-                  const source_view& candidate, delta_mode mode, int reps, std::uint64_t* records = nullptr) {
+                  const source_view& candidate, refit_mode mode, int reps, std::uint64_t* records = nullptr) {
   double total = 0;
   if (records) *records = 0;
   const auto req = required_for(*plan, committed, candidate);
@@ -95,7 +95,7 @@ double time_build(const std::shared_ptr<const source_plan>& plan, const source_v
 
 /// Payload bytes all owners of `plan` emit (default encoding, zstd level 1).
 std::uint64_t payload_bytes(const std::shared_ptr<const source_plan>& plan, const source_view& committed,
-                            const source_view& candidate, delta_mode mode) {
+                            const source_view& candidate, refit_mode mode) {
   std::uint64_t total = 0;
   const auto req = required_for(*plan, committed, candidate);
   builder_options opt;
@@ -148,12 +148,12 @@ int main(int argc, char** argv) {
         bench::do_not_optimize(scratch);
       }
     });
-    r.x_s = time_build(direct, v0, v1, delta_mode::mixed, reps, &r.records);
-    r.p_s = time_build(direct, v0, v1, delta_mode::overwrite_all, reps);
-    r.f_s = time_build(full, v0, v1, delta_mode::overwrite_all, reps);
-    r.q_s = time_build(qkv, v0, v1, delta_mode::mixed, reps);
-    r.x_bytes = payload_bytes(direct, v0, v1, delta_mode::mixed);
-    r.q_bytes = payload_bytes(qkv, v0, v1, delta_mode::mixed);
+    r.x_s = time_build(direct, v0, v1, refit_mode::mixed, reps, &r.records);
+    r.p_s = time_build(direct, v0, v1, refit_mode::overwrite_all, reps);
+    r.f_s = time_build(full, v0, v1, refit_mode::overwrite_all, reps);
+    r.q_s = time_build(qkv, v0, v1, refit_mode::mixed, reps);
+    r.x_bytes = payload_bytes(direct, v0, v1, refit_mode::mixed);
+    r.q_bytes = payload_bytes(qkv, v0, v1, refit_mode::mixed);
     rows.push_back(r);
   }
 

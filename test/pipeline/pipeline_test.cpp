@@ -2,6 +2,7 @@
 // failure propagation.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -141,4 +142,47 @@ TEST_CASE("a failing stage stops the pipeline; run rethrows after joining every 
   CHECK_THROWS_AS(run<int>(p, [](auto&& emit) { emit(1); }, [](int) { throw std::logic_error("sink"); }),
                   std::logic_error);
   CHECK_THROWS_AS(run<int>(p, [](auto&&) { throw std::out_of_range("source"); }, [](int) {}), std::out_of_range);
+}
+
+TEST_CASE("an empty chain joins the source's thread and the sink by one queue of sink_capacity items") {
+  for (std::size_t cap : {1u, 3u}) {
+    std::atomic<int> produced{0};
+    int max_ahead = 0, next = 0;
+    run<int>(
+        chain<>{},
+        [&](auto&& emit) {
+          for (int i = 0; i < 40; ++i) {
+            if (!emit(i)) return;
+            ++produced;
+          }
+        },
+        [&](int v) {
+          CHECK(v == next++);
+          if (v % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20)); // let the producer run ahead
+          max_ahead = std::max(max_ahead, produced.load() - v);
+        },
+        cap);
+    CHECK(next == 40);
+    CHECK(max_ahead <= static_cast<int>(cap) + 1); // the queue, plus the item the sink holds
+  }
+}
+
+TEST_CASE("run_status: a dcr::error keeps its code and message; other exceptions are aborted") {
+  auto src = [](auto&& emit) {
+    for (int i = 0; i < 5; ++i)
+      if (!emit(i)) return;
+  };
+  auto failing = stage{[](int x) {
+    if (x == 3) throw error(errc::bad_format, "item 3");
+    return x;
+  }};
+  const status s = run_status<int>(as_chain(failing), src, [](int) {});
+  CHECK(s.code == errc::bad_format);
+  CHECK(s.message == "item 3");
+  const status t = run_status<int>(chain<>{}, src, [](int x) {
+    if (x == 2) throw std::runtime_error("sink");
+  });
+  CHECK(t.code == errc::aborted);
+  CHECK(t.message == "sink");
+  CHECK(run_status<int>(chain<>{}, src, [](int) {}).ok());
 }

@@ -1,23 +1,45 @@
-// The refit stages against a brute-force diff, over random permutation maps.
+// The refit stages (source/stages.hpp) composed statically, against a
+// brute-force diff over random permutation maps, and the compile-time
+// dispatch table (pipeline/dispatch.hpp) against every combination.
 #include <doctest/doctest.h>
 
 #include <numeric>
 #include <random>
 
-#include "dcr/pipeline/stages.hpp"
+#include "dcr/codec/payload.hpp"
+#include "dcr/pipeline/dispatch.hpp"
+#include "dcr/source/stages.hpp"
 
 using namespace dcr;
-using namespace dcr::pipeline;
 
 namespace {
-struct table_map {
+struct table {
   std::vector<std::uint64_t> to; // local -> canonical
   std::uint64_t operator()(std::uint64_t j) const { return to[j]; }
 };
-static_assert(flat_index_map<table_map>);
+using table_map = flat_map<table>;
+static_assert(index_map<table_map>);
+
+template <class E>
+using pipeline_for = stages::refit_pipeline<stages::compare<dcr::bf16>, stages::project<table_map>,
+                                            stages::encode<E, codec::by_scheme>>;
+
+/// Every shard's records into one buffer, then one item.
+template <class E>
+item run_shards(const tensor_meta& meta, std::span<const table_map> maps,
+                std::span<const std::vector<std::uint16_t>> olds, std::span<const std::vector<std::uint16_t>> news) {
+  stages::record_buffer b;
+  for (std::size_t s = 0; s < maps.size(); ++s)
+    stages::shard_records<pipeline_for<E>>(maps[s], olds[s], news[s],
+                                           [&](std::uint32_t t) -> stages::record_buffer& {
+                                             CHECK(t == 0);
+                                             return b;
+                                           });
+  return stages::to_item<pipeline_for<E>>(meta, std::move(b));
+}
 } // namespace
 
-TEST_CASE("compare | project | encode equals a brute-force diff, for XOR and overwrite, any permutation") {
+TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and overwrite, any permutation") {
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     std::mt19937_64 rng(seed);
     const std::uint64_t n = 1 + rng() % 700;
@@ -27,7 +49,8 @@ TEST_CASE("compare | project | encode equals a brute-force diff, for XOR and ove
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     const auto cut = rng() % (n + 1);
-    table_map a{{perm.begin(), perm.begin() + cut}}, b{{perm.begin() + cut, perm.end()}};
+    const std::vector<table_map> maps{table_map(0, cut, table{{perm.begin(), perm.begin() + cut}}),
+                                      table_map(0, n - cut, table{{perm.begin() + cut, perm.end()}})};
     std::vector<std::uint16_t> old_c(n), new_c(n);
     for (auto& w : old_c) w = static_cast<std::uint16_t>(rng());
     new_c = old_c;
@@ -35,19 +58,14 @@ TEST_CASE("compare | project | encode equals a brute-force diff, for XOR and ove
       if (rng() % 5 == 0) w ^= static_cast<std::uint16_t>(1 + rng() % 0xFFFF);
     auto local = [&](const table_map& m, const std::vector<std::uint16_t>& c) {
       std::vector<std::uint16_t> v;
-      for (auto k : m.to) v.push_back(c[k]);
+      for (std::uint64_t j = 0; j < m.domain_size(); ++j) v.push_back(c[m(j).index]);
       return v;
     };
-    const auto ao = local(a, old_c), an = local(a, new_c), bo = local(b, old_c), bn = local(b, new_c);
+    const std::vector<std::vector<std::uint16_t>> olds{local(maps[0], old_c), local(maps[1], old_c)};
+    const std::vector<std::vector<std::uint16_t>> news{local(maps[0], new_c), local(maps[1], new_c)};
     for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite}) {
-      bucket<dcr::bf16, table_map> bk{{meta, a, ao, an, {}}, {meta, b, bo, bn, {}}};
-      std::vector<item> items;
-      auto sink = [&](std::vector<item> v) { items = std::move(v); };
-      auto src = [&](auto&& emit) { emit(bk); };
-      if (enc == value_encoding::xor_mask)
-        run<decltype(bk)>(compare<dcr::bf16>() | project<table_map>() | encode<value_encoding::xor_mask>(), src, sink);
-      else
-        run<decltype(bk)>(compare<dcr::bf16>() | project<table_map>() | encode<value_encoding::overwrite>(), src, sink);
+      const item got = enc == value_encoding::xor_mask ? run_shards<codec::xor_mask>(meta, maps, olds, news)
+                                                       : run_shards<codec::overwrite>(meta, maps, olds, news);
       item want;
       want.tensor = meta;
       want.encoding = enc;
@@ -58,67 +76,76 @@ TEST_CASE("compare | project | encode equals a brute-force diff, for XOR and ove
           want.values.push_back(static_cast<std::byte>(v & 0xFF));
           want.values.push_back(static_cast<std::byte>(v >> 8));
         }
-      if (want.indices.empty()) {
-        CHECK(items.empty());
-      } else {
-        REQUIRE(items.size() == 1);
-        CHECK(items[0] == want);
-      }
+      CHECK(got == want);
+      CHECK(codec::validate_item(got).ok());
     }
   }
 }
 
-TEST_CASE("project rejects maps that leave the tensor or write one element twice") {
+TEST_CASE("records through a map that leaves the tensor or writes one element twice fail item validation") {
   tensor_meta meta{"t", {4}, dtype_id::bf16};
-  std::vector<std::uint16_t> o{1, 2, 3, 4}, c{5, 6, 7, 8};
-  auto run_with = [&](table_map m) {
-    bucket<dcr::bf16, table_map> bk{{meta, std::move(m), o, c, {}}};
-    run<decltype(bk)>(compare<dcr::bf16>() | project<table_map>(), [&](auto&& emit) { emit(bk); }, [](auto) {});
+  const std::vector<std::vector<std::uint16_t>> o{{1, 2, 3, 4}}, c{{5, 6, 7, 8}};
+  auto items_of = [&](std::vector<std::uint64_t> to) {
+    const std::vector<table_map> maps{table_map(0, 4, table{std::move(to)})};
+    return run_shards<codec::overwrite>(meta, maps, o, c);
   };
-  try {
-    run_with({{0, 1, 2, 9}});
-    FAIL("no error");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::index_out_of_range);
-  }
-  try {
-    run_with({{0, 1, 1, 2}});
-    FAIL("no error");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::parts_disagree);
-  }
+  CHECK(codec::validate_item(items_of({0, 1, 2, 3})).ok());
+  CHECK(codec::validate_item(items_of({0, 1, 2, 9})).code == errc::index_out_of_range);
+  CHECK(codec::validate_item(items_of({0, 1, 1, 2})).code == errc::not_increasing);
 }
 
-TEST_CASE("compress | send, then receive | decode | apply, round trip through an object store") {
-  transport::memory_object_store store;
-  item it{{"t", {8}, dtype_id::bf16}, value_encoding::overwrite, {1, 6}, {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}}};
-  auto writer = std::make_shared<transport::attempt_writer<transport::memory_object_store>>(store, 7, 3);
-  std::vector<std::string> names;
-  run<std::vector<item>>(compress(payload_id{7, 1, 3, 0}, zstd{3}) | send(writer),
-                         [&](auto&& emit) { emit(std::vector<item>{it}), emit(std::vector<item>{it}); },
-                         [&](std::string n) { names.push_back(n); });
-  REQUIRE(writer->finish().ok());
-  CHECK(names == std::vector<std::string>{transport::payload_name(7, 3, 0), transport::payload_name(7, 3, 1)});
-  struct collect {
-    std::vector<item> got;
-    status apply_item(const item& i) {
-      got.push_back(i);
-      return status::success();
+TEST_CASE("flat_map runs are the maximal stretches where the callable advances by one") {
+  const table_map m(3, 7, table{{4, 5, 6, 0, 2, 3, 1}});
+  std::vector<canonical_run> runs;
+  m.map_run(0, m.domain_size(), [&](const canonical_run& r) { runs.push_back(r); });
+  CHECK(runs == std::vector<canonical_run>{{0, 3, 3, 4}, {3, 1, 3, 0}, {4, 2, 3, 2}, {6, 1, 3, 1}});
+  std::vector<canonical_run> tail;
+  m.map_run(1, 3, [&](const canonical_run& r) { tail.push_back(r); });
+  CHECK(tail == std::vector<canonical_run>{{1, 2, 3, 5}, {3, 1, 3, 0}});
+}
+
+namespace {
+struct which {
+  template <class D, class E> static int call(int bias) {
+    return bias + 100 * static_cast<int>(dtype_traits<D>::id) + static_cast<int>(E::id);
+  }
+};
+} // namespace
+
+TEST_CASE("the dispatch table selects the instantiation of every dtype x encoding, and nothing else") {
+  constexpr pipeline::dispatch_table<which, int(int), pipeline::dtype_list, pipeline::encoding_list> t{};
+  static_assert(decltype(t)::size == 10);
+  for (auto d : {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2})
+    for (auto e : {value_encoding::xor_mask, value_encoding::overwrite}) {
+      auto* f = t(pipeline::position_of<pipeline::dtype_list>(d), pipeline::position_of<pipeline::encoding_list>(e));
+      const bool found = f != nullptr;
+      REQUIRE(found);
+      CHECK(f(7) == 7 + 100 * static_cast<int>(d) + static_cast<int>(e));
     }
-  } r;
-  run<fetched>(as_chain(decode(7)), receive(store, 7, {3}), apply(r));
-  REQUIRE(r.got.size() == 2);
-  CHECK(r.got[0] == it);
-  // Another attempt's reader rejects these payloads as stale.
-  std::vector<std::byte> p;
-  REQUIRE(store.get(transport::payload_name(7, 3, 0), p).ok());
-  REQUIRE(store.put(transport::payload_name(8, 3, 0), p).ok());
-  transport::attempt_writer<transport::memory_object_store> w8(store, 8, 3);
-  REQUIRE(w8.finish().ok());
-  try {
-    run<fetched>(as_chain(decode(8)), receive(store, 8, {3}), apply(r));
-    FAIL("no error");
-  } catch (const error& e) {
-    CHECK(e.code() == errc::stale_attempt);
+  const bool unknown_dtype = t(pipeline::position_of<pipeline::dtype_list>(static_cast<dtype_id>(77)), 0) == nullptr;
+  const bool unknown_encoding =
+      t(0, pipeline::position_of<pipeline::encoding_list>(static_cast<value_encoding>(9))) == nullptr;
+  CHECK(unknown_dtype);
+  CHECK(unknown_encoding);
+}
+
+TEST_CASE("dispatched_locations codes and decodes exactly as codec::by_scheme, for every scheme") {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::uint64_t> idx;
+    std::uint64_t at = rng() % 5;
+    const std::uint64_t spread = std::vector<std::uint64_t>{1, 2, 300, 70000, std::uint64_t{1} << 33}[rng() % 5];
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 50); k < n; ++k, at += 1 + rng() % spread) idx.push_back(at);
+    for (auto scheme : {codec::location_scheme::gaps, codec::location_scheme::planes, codec::location_scheme::varint,
+                        codec::location_scheme::escape_u8}) {
+      std::vector<std::byte> a, b;
+      const auto ia = codec::by_scheme{scheme}(idx, a);
+      const auto ib = pipeline::dispatched_locations{scheme}(idx, b);
+      CHECK(ia == ib);
+      CHECK(a == b);
+      std::vector<std::uint64_t> back(idx.size());
+      REQUIRE(pipeline::dispatched_locations::decode(ib, b, idx[0], idx.back() + 1, back).ok());
+      CHECK(back == idx);
+    }
   }
 }

@@ -252,7 +252,7 @@ TEST_CASE("item errors are typed") {
   CHECK(r.apply_item(bad).code == errc::index_out_of_range);
   bad = it;
   bad.values.resize(3);
-  CHECK(r.apply_item(bad).code == errc::offset_out_of_range);
+  CHECK(r.apply_item(bad).code == errc::invalid_argument);
   bad = it;
   bad.encoding = static_cast<value_encoding>(9);
   CHECK(r.apply_item(bad).code == errc::bad_encoding);

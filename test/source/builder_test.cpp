@@ -82,7 +82,7 @@ std::size_t run_case(const sweep_case& k, std::uint64_t seed) {
       const bool residual = plan->tasks.size() && std::any_of(plan->tasks.begin(), plan->tasks.end(), [&](auto& t) {
         return std::any_of(t.outputs.begin(), t.outputs.end(), [&](auto o) { return plan->canonical[o].name == it.tensor.name; });
       });
-      const auto expect = (k.b.mode == delta_mode::mixed && !residual) ? value_encoding::xor_mask : value_encoding::overwrite;
+      const auto expect = (k.b.mode == refit_mode::mixed && !residual) ? value_encoding::xor_mask : value_encoding::overwrite;
       CHECK(it.encoding == expect);
     }
   }
@@ -132,7 +132,7 @@ std::size_t sweep(int n) {
     k.o.qkv_residual = mode == 1;
     k.o.full_conversion = mode == 2;
     k.o.ownership = i % 3 == 2 ? ownership_policy::balanced : ownership_policy::key_hash;
-    k.b.mode = rng() % 3 == 0 ? delta_mode::overwrite_all : delta_mode::mixed;
+    k.b.mode = rng() % 3 == 0 ? refit_mode::overwrite_all : refit_mode::mixed;
     k.b.chunk_bytes = std::vector<std::size_t>{1, 512, 4096, std::size_t{64} << 20}[rng() % 4];
     k.b.bucket_bytes = std::vector<std::size_t>{1, 2048, 65536, std::size_t{512} << 20}[rng() % 4];
     k.fraction = std::vector<double>{0.0, 0.012, 0.05, 0.5, 1.0}[rng() % 5];
@@ -168,7 +168,7 @@ TEST_CASE("payloads: byte-identical across builds, decode to the built items, on
   test::stress(v1, 0.05, 1e-2, 6);
   auto s0 = source_from_canonical(*plan, v0), s1 = source_from_canonical(*plan, v1);
   training_side side(plan, s0.view());
-  for (auto mode : {delta_mode::mixed, delta_mode::overwrite_all}) {
+  for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all}) {
     builder_options o;
     o.mode = mode;
     o.chunk_bytes = 256;

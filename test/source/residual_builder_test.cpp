@@ -82,7 +82,7 @@ void stress_shard(source_state& s, std::uint32_t id, double fraction, std::uint6
 
 /// Builds, checks against brute force, returns the required set.
 required_set check_build(const std::shared_ptr<const source_plan>& p, training_side& side, const source_state& s0,
-                         const source_state& s1, delta_mode mode) {
+                         const source_state& s1, refit_mode mode) {
   builder_options opt;
   opt.mode = mode;
   opt.chunk_bytes = 512;
@@ -104,7 +104,7 @@ required_set check_build(const std::shared_ptr<const source_plan>& p, training_s
             CHECK(t.owner == residual_owner_of(p->canonical[t.outputs[0]].name, p->world));
           }
       } else {
-        CHECK(it.encoding == (mode == delta_mode::mixed ? value_encoding::xor_mask : value_encoding::overwrite));
+        CHECK(it.encoding == (mode == refit_mode::mixed ? value_encoding::xor_mask : value_encoding::overwrite));
       }
     }
   auto c0 = full_conversion(*p, s0), c1 = full_conversion(*p, s1);
@@ -128,7 +128,7 @@ TEST_CASE("residual tasks: U_req from flags, overwrite items equal the diff of f
     return 0u;
   };
 
-  for (auto mode : {delta_mode::mixed, delta_mode::overwrite_all}) {
+  for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all}) {
     CAPTURE(static_cast<int>(mode));
     { INFO("no change: nothing required, nothing emitted");
       auto req = check_build(p, side, s0, s0, mode);

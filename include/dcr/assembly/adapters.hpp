@@ -95,7 +95,7 @@ public:
     std::uint32_t owner_id() const { return r_; }
     status build(const build_request& rq, const payload_sink& emit) {
       builder_options opt = t_->opt_;
-      opt.mode = rq.mode == refit_mode::mixed ? delta_mode::mixed : delta_mode::overwrite_all;
+      opt.mode = rq.mode;
       struct stop_build {
         status s;
       };

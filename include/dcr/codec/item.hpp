@@ -28,6 +28,17 @@ constexpr std::string_view to_string(value_encoding e) noexcept {
   return "unknown";
 }
 
+/// How an attempt encodes its records (the builder's option and the
+/// coordinator's build request).
+enum class refit_mode : std::uint8_t {
+  mixed,         ///< XOR where representation-preserving, overwrite elsewhere (first attempt)
+  overwrite_all, ///< every record an absolute overwrite (retries: repairs any partial writes)
+};
+
+constexpr const char* to_string(refit_mode m) noexcept {
+  return m == refit_mode::mixed ? "mixed" : "overwrite_all";
+}
+
 /// One owner's changed entries of one canonical tensor.
 ///
 /// Invariants (checked by the encoder, guaranteed by the decoder):

@@ -63,7 +63,10 @@ inline status decode_payload(std::span<const std::byte> bytes, decoded_payload& 
 /// refuses it. A rejected item comes back with its tensor and encoding but no
 /// indices and no values: what it changes is not read out, because the
 /// caller said it has nowhere to put it.
-template <class Keep>
+///
+/// `L` is the location policy (every coding by default; a static pipeline
+/// names the codings it decodes).
+template <location_policy L = by_scheme, class Keep>
   requires std::predicate<Keep&, const item_row&>
 inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payload& out, Keep&& keep,
                                 const decode_limits& limits = {}) {
@@ -76,14 +79,14 @@ inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payloa
   for (std::size_t i = 0; i < pi.rows.size(); ++i) {
     const item_row& row = pi.rows[i];
     if (keep(row)) {
-      DCR_TRY(decode_row(pi.body, pi.header, row, i, out.items[i]));
+      DCR_TRY(decode_row<L>(pi.body, pi.header, row, i, out.items[i]));
       continue;
     }
     out.items[i].tensor = row.tensor;
     out.items[i].encoding = row.encoding;
     if (row.count == 0) continue;
     rejected.resize(row.count);
-    DCR_TRY(decode_row_locations(pi.body, pi.header, row, i, rejected));
+    DCR_TRY(decode_row_locations<L>(pi.body, pi.header, row, i, rejected));
   }
   return status::success();
 }

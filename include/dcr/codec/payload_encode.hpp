@@ -25,9 +25,12 @@ struct encode_options {
 
 namespace codec {
 
-/// Encode a payload into `out` (replaced). Fails on an invalid item or option.
-inline status encode_payload(const payload_id& id, std::span<const item> items,
-                             const encode_options& opt, std::vector<std::byte>& out) {
+/// Encode a payload into `out` (replaced), each item's locations coded by
+/// the location policy `locate` (`opt.locations` is not read). Fails on an
+/// invalid item or option.
+template <location_policy L>
+inline status encode_payload_with(const payload_id& id, std::span<const item> items, const encode_options& opt,
+                                  const L& locate, std::vector<std::byte>& out) {
   DCR_RETURN_ERROR_IF(items.size() > 0xFFFFFFFFu, length_overflow, "more than 2^32-1 items");
   std::vector<std::byte> table, locs, vals;
   std::size_t value_bytes = 0;
@@ -40,10 +43,9 @@ inline status encode_payload(const payload_id& id, std::span<const item> items,
   std::size_t vpos = 0;
   for (const item& it : items) {
     const std::size_t w = width_of(it.tensor.dtype);
-    const location_id loc = choose_location(it.indices, opt.locations);
     const value_filter filter = (w > 1 && !it.indices.empty()) ? opt.filter : value_filter::none;
     const std::size_t loc_start = locs.size();
-    encode_locations(loc, it.indices, locs);
+    const location_id loc = locate(std::span<const std::uint64_t>(it.indices), locs);
     apply_filter(filter, it.values, w, std::span(vals).subspan(vpos, it.values.size()));
 
     t.u16(static_cast<std::uint16_t>(it.tensor.name.size()));
@@ -93,6 +95,13 @@ inline status encode_payload(const payload_id& id, std::span<const item> items,
   h.put(dg.data(), dg.size());
   h.put(frame.data(), frame.size());
   return status::success();
+}
+
+/// Encode a payload into `out` (replaced), locations chosen by `opt.locations`.
+/// Fails on an invalid item or option.
+inline status encode_payload(const payload_id& id, std::span<const item> items,
+                             const encode_options& opt, std::vector<std::byte>& out) {
+  return encode_payload_with(id, items, opt, by_scheme{opt.locations}, out);
 }
 
 } // namespace codec

@@ -173,6 +173,16 @@ inline status validate_item(const item& it, std::size_t i = 0) {
   return status::success();
 }
 
+/// Check `it` against the canonical tensor it updates (what a receiver
+/// applies): dtype and shape equal `meta`'s, then every `item` invariant.
+inline status validate_item(const item& it, const tensor_meta& meta) {
+  DCR_RETURN_ERROR_IF(it.tensor.dtype != meta.dtype, bad_dtype,
+                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + ", canonical " +
+                          std::string(name_of(meta.dtype)));
+  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch, "item for " + meta.name + ": shape differs");
+  return validate_item(it);
+}
+
 /// Parse and check the header: every field, the total length (no truncated
 /// or trailing bytes) and the length bounds. Does not check the digest.
 inline status parse_header(std::span<const std::byte> bytes, payload_header& h,
@@ -352,13 +362,14 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
 }
 
 /// Decode and check the locations of row `i` (of a parsed table) into
-/// `out`, which holds `row.count > 0` entries.
+/// `out`, which holds `row.count > 0` entries, with location policy `L`.
+template <location_policy L = by_scheme>
 inline status decode_row_locations(std::span<const std::byte> body, const payload_header& h, const item_row& row,
                                    std::size_t i, std::span<std::uint64_t> out) {
   std::uint64_t numel;
   detail::checked_numel(row.tensor.shape, numel);
   const std::uint64_t loc_at = h.table_length + row.location_offset;
-  if (auto s = decode_locations(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out); !s)
+  if (auto s = L::decode(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out); !s)
     return fail(s.code, "item " + std::to_string(i) + " '" + row.tensor.name + "' (" +
                             std::string(to_string(row.location)) + " locations at body bytes [" +
                             std::to_string(loc_at) + ", +" + std::to_string(row.location_length) +
@@ -366,7 +377,9 @@ inline status decode_row_locations(std::span<const std::byte> body, const payloa
   return status::success();
 }
 
-/// Expand one row into an item (locations decoded and checked, values unfiltered).
+/// Expand one row into an item (locations decoded and checked by policy `L`,
+/// values unfiltered).
+template <location_policy L = by_scheme>
 inline status decode_row(std::span<const std::byte> body, const payload_header& h, const item_row& row,
                          std::size_t i, item& out) {
   out.tensor = row.tensor;
@@ -374,7 +387,7 @@ inline status decode_row(std::span<const std::byte> body, const payload_header& 
   out.indices.assign(row.count, 0);
   out.values.assign(row.value_length, std::byte{0});
   if (row.count == 0) return status::success();
-  DCR_TRY(decode_row_locations(body, h, row, i, out.indices));
+  DCR_TRY(decode_row_locations<L>(body, h, row, i, out.indices));
   const std::uint64_t val_at = h.table_length + h.location_length + row.value_offset;
   remove_filter(row.filter, body.subspan(val_at, row.value_length), width_of(row.tensor.dtype), out.values);
   return status::success();

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -257,6 +258,42 @@ private:
   std::uint64_t n_;
 };
 static_assert(index_map<replicated_map>);
+
+/// An index map from a callable `f(j) -> canonical flat index` that sends
+/// every local element of a `domain`-element shard into one tensor: how an
+/// application plugs in a layout the named classes do not cover (say a
+/// transposed shard). Runs are the maximal stretches where `f` advances by 1.
+/// `unique` states that `f` is injective (XOR records need it; a repeated XOR
+/// cancels itself); it is the caller's promise, not checked.
+template <class F>
+  requires std::is_invocable_r_v<std::uint64_t, const F&, std::uint64_t>
+class flat_map {
+public:
+  flat_map(std::uint32_t tensor, std::uint64_t domain, F f, bool unique = true)
+      : f_(std::move(f)), tensor_(tensor), n_(domain), unique_(unique) {}
+  std::uint64_t domain_size() const noexcept { return n_; }
+  destination operator()(std::uint64_t j) const { return {tensor_, f_(j)}; }
+  bool is_unique() const noexcept { return unique_; }
+  template <class Out> void map_run(std::uint64_t start, std::uint64_t count, Out&& out) const {
+    canonical_run cur{start, 0, tensor_, 0};
+    for (std::uint64_t j = start; j < start + count; ++j) {
+      const std::uint64_t k = f_(j);
+      if (cur.count && k == cur.canonical_start + cur.count) {
+        ++cur.count;
+        continue;
+      }
+      if (cur.count) out(std::as_const(cur));
+      cur = {j, 1, tensor_, k};
+    }
+    if (cur.count) out(std::as_const(cur));
+  }
+
+private:
+  F f_;
+  std::uint32_t tensor_;
+  std::uint64_t n_;
+  bool unique_;
+};
 
 /// Column-parallel (split dim 0): rank `r` of `t` holds rows
 /// `[r N/t, (r+1) N/t)` of an `N x K` tensor; local (i, j) -> (r N/t + i, j).

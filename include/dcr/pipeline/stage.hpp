@@ -14,6 +14,11 @@
 /// Failure: the first exception thrown by the source, a stage or the sink
 /// stops every stage (queues close, pending items are dropped) and `run`
 /// rethrows it after joining all threads, so no stage outlives `run`.
+/// `run_status` does the same for code that reports `dcr::status`.
+///
+/// An empty chain (`chain<>{}`) is a producer thread and the calling thread
+/// joined by one queue of `sink_capacity` items: e.g. fetch payload ℓ+1
+/// while payload ℓ is applied.
 
 #include <array>
 #include <cstddef>
@@ -27,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcr/core/error.hpp"
 #include "dcr/pipeline/bounded_queue.hpp"
 
 namespace dcr::pipeline {
@@ -79,6 +85,13 @@ struct failure {
   }
 };
 
+/// Capacity of queue `I` of a run: the capacity of stage `I`, or the sink's
+/// for the last queue.
+template <std::size_t I, class... S> constexpr std::size_t capacity_of(const chain<S...>& c, std::size_t sink) {
+  if constexpr (I < sizeof...(S)) return std::get<I>(c.stages).capacity;
+  else return sink;
+}
+
 } // namespace detail
 
 /// Output type of chain `C` for input type `In`.
@@ -89,10 +102,11 @@ template <class In, class... S> struct chain_output<In, chain<S...>> {
 
 /// Run `c` over the items `source(emit)` produces (`emit(In)` returns false
 /// once the pipeline has failed; the source should then return), delivering
-/// each output in order to `sink(Out)` on the calling thread. Items keep their
-/// order. Rethrows the first failure after every thread has ended.
+/// each output in order to `sink(Out)` on the calling thread, with at most
+/// `sink_capacity` outputs queued in front of it. Items keep their order.
+/// Rethrows the first failure after every thread has ended.
 template <class In, class... S, class Source, class Sink>
-void run(chain<S...> c, Source&& source, Sink&& sink) {
+void run(chain<S...> c, Source&& source, Sink&& sink, std::size_t sink_capacity = 2) {
   constexpr std::size_t n = sizeof...(S);
   using Out = typename detail::types<In, S...>::out;
   detail::failure fail_state;
@@ -102,7 +116,7 @@ void run(chain<S...> c, Source&& source, Sink&& sink) {
                                          std::declval<std::tuple<bounded_queue<Out>*>>()));
   auto storage = [&]<std::size_t... I>(std::index_sequence<I...>) {
     return std::tuple{std::make_unique<std::remove_pointer_t<std::tuple_element_t<I, qtuple>>>(
-        I < n ? std::get<(I < n ? I : 0)>(c.stages).capacity : 2)...};
+        detail::capacity_of<I>(c, sink_capacity))...};
   }(std::make_index_sequence<n + 1>{});
   std::apply([&](auto&... q) { (fail_state.closers.push_back([p = q.get()] { p->close(); }), ...); }, storage);
 
@@ -146,6 +160,24 @@ void run(chain<S...> c, Source&& source, Sink&& sink) {
   producer.join();
   for (auto& t : threads) t.join();
   if (fail_state.first) std::rethrow_exception(fail_state.first);
+}
+
+/// `run` reporting a `dcr::status`: ok, or the first failure (a `dcr::error`
+/// keeps its code and message; any other exception is `errc::aborted` with
+/// its `what()`).
+template <class In, class... S, class Source, class Sink>
+status run_status(chain<S...> c, Source&& source, Sink&& sink, std::size_t sink_capacity = 2) {
+  try {
+    run<In>(std::move(c), std::forward<Source>(source), std::forward<Sink>(sink), sink_capacity);
+  } catch (const error& e) {
+    std::string what = e.what();
+    const std::string prefix = std::string(to_string(e.code())) + ": ";
+    if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+    return fail(e.code(), std::move(what));
+  } catch (const std::exception& e) {
+    return fail(errc::aborted, e.what());
+  }
+  return status::success();
 }
 
 /// Run a single stage (convenience).

@@ -11,20 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "dcr/codec/item.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
 
 namespace dcr::protocol {
 
-/// How an attempt encodes its records.
-enum class refit_mode : std::uint8_t {
-  mixed,         ///< XOR where representation-preserving, overwrite elsewhere (first attempt)
-  overwrite_all, ///< every record an absolute overwrite (retries: repairs any partial writes)
-};
-
-constexpr const char* to_string(refit_mode m) noexcept {
-  return m == refit_mode::mixed ? "mixed" : "overwrite_all";
-}
+/// How an attempt encodes its records (one enum with the builder's option).
+using dcr::refit_mode;
 
 /// What the coordinator asks an owner to build: the complete changed set of
 /// its candidate against its (unchanged) committed baseline, stamped with the

@@ -4,7 +4,10 @@
 /// (copy plan, one scratch for the largest canonical tensor); `dense_refit`
 /// loads full canonical tensors through the native loader (restore path and
 /// the reference for bit-exactness); `apply_item` applies one decoded item
-/// through scratch -> loader -> intercepting sink.
+/// through scratch -> loader -> intercepting sink: the stages scatter<Dtype>
+/// -> apply<Encoding> of receiver/stages.hpp, selected per item from a
+/// compile-time table over the dtype and encoding lists, or one statically
+/// composed pipeline (`apply_item<P>`).
 ///
 /// Scratch: the loader always runs over the scratch view of the item's
 /// tensor. For a direct tensor (every copy maps the scratch through a unique
@@ -35,39 +38,12 @@
 #include "dcr/core/tensor.hpp"
 #include "dcr/receiver/loader.hpp"
 #include "dcr/receiver/plan.hpp"
+#include "dcr/pipeline/dispatch.hpp"
 #include "dcr/receiver/sinks.hpp"
+#include "dcr/receiver/stages.hpp"
 #include "dcr/receiver/storage.hpp"
 
 namespace dcr {
-
-/// Check an item's invariants against its canonical meta (apply never trusts input).
-inline status check_item(const item& it, const tensor_meta& meta) {
-  DCR_RETURN_ERROR_IF(it.tensor.dtype != meta.dtype, bad_dtype,
-                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + ", canonical " +
-                          std::string(name_of(meta.dtype)));
-  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch, "item for " + meta.name + ": shape differs");
-  DCR_RETURN_ERROR_IF(it.encoding != value_encoding::xor_mask && it.encoding != value_encoding::overwrite,
-                      bad_encoding, "item for " + meta.name + ": unknown value encoding");
-  const auto n = meta.numel();
-  const auto w = width_of(meta.dtype);
-  DCR_RETURN_ERROR_IF(it.values.size() != it.indices.size() * w, offset_out_of_range,
-                      "item for " + meta.name + ": " + std::to_string(it.values.size()) + " value bytes for " +
-                          std::to_string(it.indices.size()) + " indices");
-  // Branch-free scan first; the slow loop below only runs to name the entry.
-  bool bad = false;
-  const std::uint64_t* ix = it.indices.data();
-  for (std::size_t k = 1; k < it.indices.size(); ++k) bad |= ix[k] <= ix[k - 1];
-  if (!it.indices.empty()) bad |= it.indices.back() >= n;
-  if (!bad) return status::success();
-  for (std::size_t k = 0; k < it.indices.size(); ++k) {
-    DCR_RETURN_ERROR_IF(it.indices[k] >= n, index_out_of_range,
-                        "item for " + meta.name + ": index " + std::to_string(it.indices[k]) + " at entry " +
-                            std::to_string(k) + " >= numel " + std::to_string(n));
-    DCR_RETURN_ERROR_IF(k > 0 && it.indices[k] <= it.indices[k - 1], not_increasing,
-                        "item for " + meta.name + ": indices not strictly increasing at entry " + std::to_string(k));
-  }
-  return status::success();
-}
 
 /// How `receiver::stage` admits a payload.
 struct stage_policy {
@@ -132,64 +108,37 @@ public:
     }
   }
 
-  /// Apply one decoded item (XOR or overwrite) through scratch -> loader -> sink.
+  /// Apply one decoded item (XOR or overwrite) through scratch -> loader ->
+  /// sink: one table lookup selects scatter<D> -> apply<E> for the item's
+  /// dtype and encoding.
   status apply_item(const item& it) {
-    const tensor_plan* tp = plan_.find(it.tensor.name);
-    DCR_RETURN_ERROR_IF(!tp, not_found, "item for unknown tensor " + it.tensor.name);
-    DCR_TRY(check_item(it, tp->meta));
-    DCR_RETURN_ERROR_IF(it.encoding == value_encoding::xor_mask && !tp->xor_allowed && !tp->skipped,
-                        unsupported_loader,
-                        "XOR item for " + tp->meta.name + ", whose loader path is not representation preserving");
-    const std::size_t w = width_of(tp->meta.dtype);
-    std::byte* s = scratch();
-    tensor_view input{s, tp->meta.dtype, strided_layout::row_major(tp->meta.shape)};
-    auto scatter = [&] {
-      for (std::size_t k = 0; k < it.indices.size(); ++k)
-        std::memcpy(s + it.indices[k] * w, it.values.data() + k * w, w);
-    };
-    const active_entries active{it.indices, it.values};
-    if (tp->skipped || tp->direct) {
-      // Every copy aliases the scratch through a unique view: the sinks read
-      // the item's words directly (see `active_entries`), so the scratch is
-      // neither written nor reset and the work is O(entries).
-      if (it.encoding == value_encoding::xor_mask) {
-        xor_sink sink(store_, *tp, input, active);
-        return run(*tp, input, sink);
-      }
-      overwrite_sink sink(store_, *tp, input, active, overwrite_pass::placeholder, nullptr);
-      return run(*tp, input, sink);
-    }
-    // Unmapped copies read whole (transformed) tensors: inactive positions
-    // must hold a placeholder distinct from every value.
-    const std::size_t nbytes = tp->meta.nbytes();
-    bool has_nan = false;
-    for (std::size_t k = 0; k < it.indices.size() && !has_nan; ++k) {
-      std::uint64_t v = 0;
-      std::memcpy(&v, it.values.data() + k * w, w); // little-endian host
-      has_nan = is_nan_bits(tp->meta.dtype, v);
-    }
-    status st;
-    if (!has_nan) {
-      fill_placeholder(tp->meta, s);
-      scatter();
-      overwrite_sink sink(store_, *tp, input, active, overwrite_pass::placeholder, nullptr);
-      st = run(*tp, input, sink);
-    } else {
-      captures_.clear();
-      std::memset(s, 0, nbytes);
-      scatter();
-      overwrite_sink first(store_, *tp, input, active, overwrite_pass::capture, &captures_);
-      st = run(*tp, input, first);
-      if (st.ok()) {
-        fill_placeholder(tp->meta, s);
-        scatter();
-        overwrite_sink second(store_, *tp, input, active, overwrite_pass::compare, &captures_);
-        st = run(*tp, input, second);
-      }
-      captures_.clear();
-    }
-    std::memset(s, 0, nbytes);
-    return st;
+    const tensor_plan* tp = nullptr;
+    DCR_TRY(admit(it, tp));
+    static constexpr pipeline::dispatch_table<apply_fn, status(receiver&, const tensor_plan&, const item&),
+                                              pipeline::dtype_list, pipeline::encoding_list>
+        table{};
+    auto* f = table(pipeline::position_of<pipeline::dtype_list>(tp->meta.dtype),
+                    pipeline::position_of<pipeline::encoding_list>(it.encoding));
+    DCR_RETURN_ERROR_IF(!f, bad_encoding, "item for " + tp->meta.name + ": no pipeline for its dtype and encoding");
+    return f(*this, *tp, it);
+  }
+
+  /// Apply one decoded item through the statically composed pipeline `P` (a
+  /// `stages::receive_pipeline`) only: an item of another dtype is
+  /// `bad_dtype`, of another encoding `bad_encoding`. Otherwise the same
+  /// checks and the same effect as `apply_item(it)`.
+  template <class P> status apply_item(const item& it) {
+    using D = typename P::dtype;
+    using E = typename P::encoding;
+    const tensor_plan* tp = nullptr;
+    DCR_TRY(admit(it, tp));
+    DCR_RETURN_ERROR_IF(tp->meta.dtype != dtype_traits<D>::id, bad_dtype,
+                        "item for " + tp->meta.name + ": " + std::string(name_of(tp->meta.dtype)) +
+                            ", pipeline for " + std::string(name_of(dtype_traits<D>::id)));
+    DCR_RETURN_ERROR_IF(it.encoding != E::id, bad_encoding,
+                        "item for " + tp->meta.name + ": " + std::string(to_string(it.encoding)) +
+                            ", pipeline applies " + std::string(to_string(E::id)));
+    return apply_as<D, E>(*tp, it);
   }
 
   /// Apply items in order; stops at the first failure.
@@ -306,7 +255,12 @@ public:
   /// skip, but none of its indices or values is copied or scanned. This is
   /// how `stage` and `apply_staged` decode.
   status decode(std::span<const std::byte> payload, decoded_payload& out) const {
-    return codec::decode_payload_if(payload, out, [this](const codec::item_row& row) {
+    return decode<stages::decode<pipeline::dispatched_locations>>(payload, out);
+  }
+  /// As above with the location codings of decode stage `Dec` (a
+  /// `stages::decode<L>`) only: other codings are `bad_location`.
+  template <class Dec> status decode(std::span<const std::byte> payload, decoded_payload& out) const {
+    return codec::decode_payload_if<typename Dec::locations>(payload, out, [this](const codec::item_row& row) {
       const tensor_plan* tp = plan_.find(row.tensor.name);
       return !tp || !tp->skipped;
     });
@@ -327,13 +281,68 @@ private:
     return *v;
   }
 
-  static void fill_placeholder(const tensor_meta& m, std::byte* s) {
-    const auto p = info(m.dtype)->placeholder;
-    const auto n = m.numel();
-    visit_word(width_of(m.dtype), [&](auto word) {
-      using W = decltype(word);
-      std::fill_n(reinterpret_cast<W*>(s), n, static_cast<W>(p));
-    });
+  /// The item's tensor plan, after every check that does not depend on the pipeline.
+  status admit(const item& it, const tensor_plan*& tp) const {
+    tp = plan_.find(it.tensor.name);
+    DCR_RETURN_ERROR_IF(!tp, not_found, "item for unknown tensor " + it.tensor.name);
+    DCR_TRY(codec::validate_item(it, tp->meta));
+    DCR_RETURN_ERROR_IF(it.encoding == value_encoding::xor_mask && !tp->xor_allowed && !tp->skipped,
+                        unsupported_loader,
+                        "XOR item for " + tp->meta.name + ", whose loader path is not representation preserving");
+    return status::success();
+  }
+
+  /// A dispatch table entry: the pipeline for dtype `D` and encoding `E`.
+  struct apply_fn {
+    template <class D, class E> static status call(receiver& r, const tensor_plan& tp, const item& it) {
+      return r.template apply_as<D, E>(tp, it);
+    }
+  };
+
+  /// scatter<D> -> apply<E> of one admitted item.
+  template <class D, class E> status apply_as(const tensor_plan& tp, const item& it) {
+    using scatter = stages::scatter<D>;
+    using W = word_t<D>;
+    std::byte* s = scratch();
+    tensor_view input{s, tp.meta.dtype, strided_layout::row_major(tp.meta.shape)};
+    const active_entries active{it.indices, it.values};
+    if (tp.skipped || tp.direct) {
+      // Every copy aliases the scratch through a unique view: the sinks read
+      // the item's words directly (see `active_entries`), so the scratch is
+      // neither written nor reset and the work is O(entries).
+      delta_sink<E, W> sink(store_, tp, input, active);
+      return run(tp, input, sink);
+    }
+    if constexpr (E::id == value_encoding::xor_mask) {
+      // `xor_allowed` implies `direct`; `admit` refused this item already.
+      return fail(errc::unsupported_loader, "XOR item for " + tp.meta.name + " through unmapped copies");
+    } else {
+      // Unmapped copies read whole (transformed) tensors: inactive positions
+      // must hold a placeholder distinct from every value.
+      const std::size_t nbytes = tp.meta.nbytes();
+      status st;
+      if (!scatter::any_nan(it)) {
+        scatter::fill_placeholder(tp.meta, s);
+        scatter::entries(it, s);
+        delta_sink<E, W> sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr);
+        st = run(tp, input, sink);
+      } else {
+        captures_.clear();
+        std::memset(s, 0, nbytes);
+        scatter::entries(it, s);
+        delta_sink<E, W> first(store_, tp, input, active, overwrite_pass::capture, &captures_);
+        st = run(tp, input, first);
+        if (st.ok()) {
+          scatter::fill_placeholder(tp.meta, s);
+          scatter::entries(it, s);
+          delta_sink<E, W> second(store_, tp, input, active, overwrite_pass::compare, &captures_);
+          st = run(tp, input, second);
+        }
+        captures_.clear();
+      }
+      std::memset(s, 0, nbytes);
+      return st;
+    }
   }
 
   /// Run the loader on one tensor; a loader that throws fails the apply.

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// The intercepting sinks used after prewarm: dense (plain strided copy),
-/// XOR (masks XORed into storage through aliasing views), overwrite (only
-/// active positions written) and compare (post-apply check). Each one first
+/// delta (`delta_sink<E, W>`: XOR masks XORed into storage through aliasing
+/// views, or overwrites of only the active positions, each through
+/// `codec::delta_encoding::apply`) and compare (post-apply check). Each one first
 /// checks that the loader repeats its planned path: the k-th copy must have
 /// the k-th planned destination, layouts and aliasing. A copy that does not
 /// is not performed and fails the apply with `errc::loader_condition`.
@@ -23,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dcr/codec/values.hpp"
 #include "dcr/core/dtype.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/tensor.hpp"
@@ -181,31 +183,6 @@ template <class F> void for_each_active(const active_entries& a, const planned_c
   c.inverse.for_each_sorted(sub.data(), sub.size(), [&](std::size_t j, std::int64_t e) { f(first + j, e); });
 }
 
-/// XOR delta: each mapped copy XORs the item's masks into storage at the
-/// destinations of its active indices. Requires `xor_allowed`.
-class xor_sink final : public checked_sink {
-public:
-  xor_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input, active_entries active)
-      : checked_sink(store, plan, input), active_(active) {}
-  void copy(const tensor_view& dst, const tensor_view& src) override {
-    const planned_copy* c = next(dst, src);
-    if (!c) return;
-    if (!c->mapped) {
-      violate("XOR through a copy whose source is not the scratch");
-      return;
-    }
-    visit_word(dst.width(), [&](auto word) {
-      using W = decltype(word);
-      auto* D = reinterpret_cast<W*>(param_data(c->param));
-      auto* V = reinterpret_cast<const W*>(active_.values.data());
-      for_each_active(active_, *c, [&](std::size_t k, std::int64_t e) { D[e] ^= V[k]; });
-    });
-  }
-
-private:
-  active_entries active_;
-};
-
 /// How the overwrite sink finds the active positions of unmapped copies.
 enum class overwrite_pass {
   placeholder, ///< active = source word is not NaN (scratch filled with the NaN placeholder)
@@ -213,37 +190,60 @@ enum class overwrite_pass {
   compare,     ///< second run (NaN fill): active = source word equals the captured word
 };
 
-/// Overwrite delta. Mapped copies write the scratch values at the item's
-/// active indices (no placeholder involved, so any value, NaN included, is
-/// exact). Unmapped copies (loader temporaries) see the placeholder at
-/// inactive positions: with `placeholder`, positions whose source is NaN are
-/// inactive; when the item's values contain NaN, the receiver runs the loader
-/// twice with different fills and a position is active exactly when its
-/// source bits do not depend on the fill (elementwise deterministic
-/// transforms, and distinct images of the two fills).
-class overwrite_sink final : public checked_sink {
+/// The apply stage's sink: each mapped copy updates storage at the
+/// destinations of the item's active indices with `E::apply(resident, value)`
+/// (`codec::delta_encoding`; `W` is the tensor's stored word).
+///
+/// XOR (`codec::xor_mask`) requires `xor_allowed`: every copy mapped, no
+/// destination written twice. Overwrite (`codec::overwrite`): mapped copies
+/// write the values at the item's active indices (no placeholder involved,
+/// so any value, NaN included, is exact). Unmapped copies (loader
+/// temporaries) see the placeholder at inactive positions: with
+/// `placeholder`, positions whose source is NaN are inactive; when the item's
+/// values contain NaN, the receiver runs the loader twice with different
+/// fills and a position is active exactly when its source bits do not depend
+/// on the fill (elementwise deterministic transforms, and distinct images of
+/// the two fills).
+template <codec::delta_encoding E, class W> class delta_sink final : public checked_sink {
 public:
-  overwrite_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
-                 active_entries active, overwrite_pass pass,
-                 std::vector<std::vector<std::byte>>* captures)
+  delta_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input, active_entries active,
+             overwrite_pass pass = overwrite_pass::placeholder,
+             std::vector<std::vector<std::byte>>* captures = nullptr)
       : checked_sink(store, plan, input), active_(active), pass_(pass), captures_(captures) {}
 
   void copy(const tensor_view& dst, const tensor_view& src) override {
     const std::size_t k = n_;
     const planned_copy* c = next(dst, src);
     if (!c) return;
-    visit_word(dst.width(), [&](auto word) {
-      using W = decltype(word);
-      auto* D = reinterpret_cast<W*>(param_data(c->param));
-      if (c->mapped) {
-        if (pass_ == overwrite_pass::capture) return;
-        auto* V = reinterpret_cast<const W*>(active_.values.data());
-        const auto p = c->param;
-        if (plan_.self_overlap) for_each_active(active_, *c, [&](std::size_t k, std::int64_t e) { put(D, p, e, V[k]); });
-        else for_each_active(active_, *c, [&](std::size_t k, std::int64_t e) { D[e] = V[k]; });
+    if (c->mapped) {
+      if (pass_ == overwrite_pass::capture) return;
+      if (dst.width() != sizeof(W)) { // a mapped copy aliases the input: same dtype
+        violate("mapped copy of " + std::to_string(dst.width()) + "-byte words from a " +
+                std::to_string(sizeof(W)) + "-byte tensor");
         return;
       }
-      auto* S = reinterpret_cast<const W*>(src.data);
+      auto* D = reinterpret_cast<W*>(param_data(c->param));
+      auto* V = reinterpret_cast<const W*>(active_.values.data());
+      const auto p = c->param;
+      if (plan_.self_overlap)
+        for_each_active(active_, *c, [&](std::size_t j, std::int64_t e) { put(D, p, e, E::apply(D[e], V[j])); });
+      else for_each_active(active_, *c, [&](std::size_t j, std::int64_t e) { D[e] = E::apply(D[e], V[j]); });
+      return;
+    }
+    if constexpr (E::id == value_encoding::xor_mask) {
+      violate("XOR through a copy whose source is not the scratch");
+    } else {
+      unmapped(*c, k, dst, src);
+    }
+  }
+
+private:
+  void unmapped(const planned_copy& cp, std::size_t k, const tensor_view& dst, const tensor_view& src) {
+    const planned_copy* c = &cp;
+    visit_word(dst.width(), [&](auto word) {
+      using U = decltype(word);
+      auto* D = reinterpret_cast<U*>(param_data(c->param));
+      auto* S = reinterpret_cast<const U*>(src.data);
       const auto d0 = c->dst_offset;
       switch (pass_) {
       case overwrite_pass::placeholder:
@@ -254,18 +254,18 @@ public:
       case overwrite_pass::capture: {
         if (captures_->size() <= k) captures_->resize(k + 1);
         auto& cap = (*captures_)[k];
-        cap.resize(static_cast<std::size_t>(src.size()) * sizeof(W));
-        auto* C = reinterpret_cast<W*>(cap.data());
+        cap.resize(static_cast<std::size_t>(src.size()) * sizeof(U));
+        auto* C = reinterpret_cast<U*>(cap.data());
         std::size_t j = 0;
         for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t, std::int64_t s) { C[j++] = S[s]; });
         break;
       }
       case overwrite_pass::compare: {
-        if (captures_->size() <= k || (*captures_)[k].size() != static_cast<std::size_t>(src.size()) * sizeof(W)) {
+        if (captures_->size() <= k || (*captures_)[k].size() != static_cast<std::size_t>(src.size()) * sizeof(U)) {
           violate("second run made a copy the first run did not");
           return;
         }
-        const auto* C = reinterpret_cast<const W*>((*captures_)[k].data());
+        const auto* C = reinterpret_cast<const U*>((*captures_)[k].data());
         std::size_t j = 0;
         for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t d, std::int64_t s) {
           if (S[s] == C[j]) put(D, c->param, d0 + d, S[s]);
@@ -277,11 +277,14 @@ public:
     });
   }
 
-private:
   active_entries active_;
   overwrite_pass pass_;
   std::vector<std::vector<std::byte>>* captures_;
 };
+
+/// The two sinks of the wire's encodings.
+template <class W> using xor_sink = delta_sink<codec::xor_mask, W>;
+template <class W> using overwrite_sink = delta_sink<codec::overwrite, W>;
 
 /// Post-apply check: compares stored bits with what a dense copy of the
 /// expected tensor would store, at every `stride`-th coordinate of each copy

@@ -24,6 +24,12 @@
 /// canonical element) and overwrites for residual items; `overwrite_all`
 /// (retries) uses overwrites everywhere. Same candidate, baseline and options
 /// give byte-identical payloads.
+///
+/// Per-item work: the stages of source/stages.hpp, compare<Dtype> ->
+/// project<piecewise_map> -> encode<Encoding, Locations>. `build` selects the
+/// instantiation for each shard's dtype and encoding from a table built at
+/// compile time over the policy lists (pipeline/dispatch.hpp); `build<P>`
+/// runs one statically composed `stages::refit_pipeline` P and nothing else.
 
 #include <bit>
 #include <cstring>
@@ -34,23 +40,19 @@
 
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
+#include "dcr/pipeline/dispatch.hpp"
 #include "dcr/source/detect.hpp"
 #include "dcr/source/plan.hpp"
+#include "dcr/source/stages.hpp"
 #include "dcr/source/state.hpp"
 
 namespace dcr {
-
-/// Value encoding policy of one attempt.
-enum class delta_mode : std::uint8_t {
-  mixed,        ///< XOR for representation-preserving affine items, overwrite for residual items
-  overwrite_all ///< overwrite everywhere (retries after a failed attempt)
-};
 
 /// Chunk and bucket targets (bytes; tasks and chunks are never split, so a
 /// chunk or bucket can exceed its target) and the encoding policy.
 struct builder_options {
   std::size_t chunk_bytes = std::size_t{64} << 20, bucket_bytes = std::size_t{512} << 20;
-  delta_mode mode = delta_mode::mixed;
+  refit_mode mode = refit_mode::mixed; ///< mixed: XOR for unique affine maps, overwrite for residual items
   encode_options encoding{};
 };
 
@@ -126,37 +128,17 @@ public:
   /// (e.g. `errc::coverage`, `errc::parts_disagree` from a residual task).
   template <class Sink>
   void build_buckets(const source_view& candidate, const required_set& req, const builder_options& opt, Sink&& sink) const {
-    state st{opt, {}, {}, {}};
-    std::vector<std::uint64_t> idx;
-    for (std::size_t i = 0; i < shards_.size(); ++i) {
-      const auto& sh = plan_->shards[shards_[i]];
-      if (!sh.affine()) continue;
-      auto cand = view_of(candidate, shards_[i]);
-      const bool xor_ok = opt.mode == delta_mode::mixed && sh.map->is_unique();
-      visit_dtype(sh.dtype, [&](auto tag) {
-        using W = word_t<decltype(tag)>;
-        project_shard<W>(sh, as_words<W>(trackers_[i]), as_words<W>(cand), xor_ok, st, idx);
-      });
-      st.chunk_bytes += sh.nbytes();
-      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
-    }
-    std::vector<host_tensor> produced;
-    for (std::size_t i = 0; i < tasks_.size(); ++i) {
-      if (!req.contains(tasks_[i])) continue;
-      const auto& task = plan_->tasks[tasks_[i]];
-      throw_if_failed(run_rule(task.rule, task_inputs(*plan_, tasks_[i], candidate), produced));
-      for (std::size_t k = 0; k < produced.size(); ++k) {
-        const auto& meta = plan_->canonical[task.outputs[k]];
-        visit_dtype(meta.dtype, [&](auto tag) {
-          using W = word_t<decltype(tag)>;
-          diff_residual<W>(task.outputs[k], as_words<W>(residual_[i][k].bytes), as_words<W>(produced[k].bytes), st, idx);
-        });
-      }
-      st.chunk_bytes += task.output_bytes;
-      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
-    }
-    close_chunk(st, sink);
-    flush(st, sink);
+    build_with(dispatched{}, candidate, req, opt, sink);
+  }
+  /// As above, through the statically composed pipeline `P` only (a
+  /// `stages::refit_pipeline` over `piecewise_map`): its encoding for affine
+  /// shards, overwrites for residual outputs. Throws `errc::bad_dtype` for a
+  /// shard or output of another dtype and `errc::invalid_argument` for an
+  /// affine shard whose encoding under `opt.mode` is not P's, so a result is
+  /// always the bytes `build_buckets` gives.
+  template <class P, class Sink>
+  void build_buckets(const source_view& candidate, const required_set& req, const builder_options& opt, Sink&& sink) const {
+    build_with(composed<P>{}, candidate, req, opt, sink);
   }
 
   /// All buckets of one attempt.
@@ -176,7 +158,23 @@ public:
       payload_id id = base_id;
       id.owner = id_;
       id.sequence = b.sequence;
-      out.push_back(encode_payload(id, b.items, opt.encoding));
+      throw_if_failed(codec::encode_payload_with(id, b.items, opt.encoding,
+                                                 pipeline::dispatched_locations{opt.encoding.locations},
+                                                 out.emplace_back()));
+    });
+    return out;
+  }
+  /// As above through the statically composed pipeline `P`, whose location
+  /// policy codes the payloads (`opt.encoding.locations` is not read).
+  template <class P>
+  std::vector<std::vector<std::byte>> build(const source_view& candidate, const required_set& req,
+                                            const payload_id& base_id, const builder_options& opt = {}) const {
+    std::vector<std::vector<std::byte>> out;
+    build_buckets<P>(candidate, req, opt, [&](delta_bucket&& b) {
+      payload_id id = base_id;
+      id.owner = id_;
+      id.sequence = b.sequence;
+      throw_if_failed(codec::encode_payload_with(id, b.items, opt.encoding, typename P::locations{}, out.emplace_back()));
     });
     return out;
   }
@@ -206,11 +204,9 @@ public:
   }
 
 private:
-  struct builder {
+  struct builder : stages::record_buffer {
     std::uint32_t tensor;
     value_encoding enc;
-    std::vector<std::uint64_t> indices;
-    std::vector<std::byte> values;
   };
   struct state {
     const builder_options& opt;
@@ -222,7 +218,7 @@ private:
     builder& get(std::uint32_t tensor, value_encoding e) {
       for (auto it = chunk.rbegin(); it != chunk.rend(); ++it)
         if (it->tensor == tensor && it->enc == e) return *it;
-      chunk.push_back({tensor, e, {}, {}});
+      chunk.push_back({{}, tensor, e});
       return chunk.back();
     }
   };
@@ -244,86 +240,114 @@ private:
     return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
   }
 
-  /// Change detection fused with direct projection: each piece is scanned
-  /// as segments of local indices with a constant local -> canonical shift
-  /// (the whole piece when its rows are contiguous in the canonical tensor,
-  /// else one segment per row), and a changed word's record is written while
-  /// its cache line is still hot from the compare.
-  template <class W>
-  static void project_shard(const source_shard& sh, std::span<const W> old_w, std::span<const W> new_w, bool xor_ok,
-                            state& st, std::vector<std::uint64_t>&) {
-    const auto& m = *sh.map;
-    const std::uint64_t cols = m.local_cols();
-    const auto enc = xor_ok ? value_encoding::xor_mask : value_encoding::overwrite;
-    constexpr std::size_t cap = 1024;
-    std::uint64_t ib[cap];
-    W vb[cap];
-    std::size_t k = 0;
-    builder* b = nullptr;
-    const W* o = old_w.data();
-    const W* c = new_w.data();
-    auto flush = [&] {
-      b->indices.insert(b->indices.end(), ib, ib + k);
-      const auto* vp = reinterpret_cast<const std::byte*>(vb);
-      b->values.insert(b->values.end(), vp, vp + k * sizeof(W));
-      k = 0;
-    };
-    auto segment = [&](std::uint64_t lo, std::uint64_t len, std::uint64_t canonical_lo) {
-      const std::uint64_t shift = canonical_lo - lo; // modular: canonical = local + shift
-      for_each_change_mask<W>(old_w.subspan(lo, len), new_w.subspan(lo, len), lo, [&](std::uint64_t first, std::uint64_t mask) {
-        if (mask == 0) return;
-        if (k > cap - change_block_words) flush();
-        while (mask) {
-          const std::uint64_t j = first + static_cast<std::uint64_t>(std::countr_zero(mask));
-          mask &= mask - 1;
-          ib[k] = j + shift;
-          vb[k] = xor_ok ? static_cast<W>(o[j] ^ c[j]) : c[j];
-          ++k;
-        }
-      });
-    };
-    for (const auto& p : m.pieces()) {
-      b = &st.get(p.tensor, enc);
-      const std::uint64_t lo = p.local_row * cols;
-      if (cols == p.canonical_cols) segment(lo, p.rows * cols, p.canonical_row * cols);
-      else
-        for (std::uint64_t i = 0; i < p.rows; ++i)
-          segment(lo + i * cols, cols, (p.canonical_row + i) * p.canonical_cols + p.canonical_col);
-      if (k) flush();
+  /// The walk of one attempt: owned affine shards, then owned required
+  /// residual tasks, in plan order, grouped into chunks and buckets; the
+  /// per-shard work is `select.affine` / `select.residual`.
+  template <class Select, class Sink>
+  void build_with(const Select& select, const source_view& candidate, const required_set& req,
+                  const builder_options& opt, Sink& sink) const {
+    state st{opt, {}, {}, {}};
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const auto& sh = plan_->shards[shards_[i]];
+      if (!sh.affine()) continue;
+      auto cand = view_of(candidate, shards_[i]);
+      const bool xor_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
+      select.affine(sh, trackers_[i], cand, xor_ok ? value_encoding::xor_mask : value_encoding::overwrite, st);
+      st.chunk_bytes += sh.nbytes();
+      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
+    std::vector<host_tensor> produced;
+    for (std::size_t i = 0; i < tasks_.size(); ++i) {
+      if (!req.contains(tasks_[i])) continue;
+      const auto& task = plan_->tasks[tasks_[i]];
+      throw_if_failed(run_rule(task.rule, task_inputs(*plan_, tasks_[i], candidate), produced));
+      for (std::size_t k = 0; k < produced.size(); ++k) {
+        const auto& meta = plan_->canonical[task.outputs[k]];
+        if (produced[k].bytes.size() != meta.nbytes() || residual_[i][k].bytes.size() != meta.nbytes())
+          throw error(errc::shape_mismatch, task.rule.name + ": output " + meta.name + " has the wrong size");
+        select.residual(plan_->canonical[task.outputs[k]], task.outputs[k], residual_[i][k].bytes, produced[k].bytes,
+                        st);
+      }
+      st.chunk_bytes += task.output_bytes;
+      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
+    }
+    close_chunk(st, sink);
+    flush(st, sink);
   }
 
-  /// Residual diff: overwrite records where converted bits differ from the residual baseline.
-  template <class W>
-  static void diff_residual(std::uint32_t tensor, std::span<const W> base, std::span<const W> cur, state& st,
-                            std::vector<std::uint64_t>& idx) {
-    idx.clear();
-    detect_changes<W>(base, cur, 0, idx);
-    if (idx.empty()) return;
-    auto& b = st.get(tensor, value_encoding::overwrite);
-    const std::size_t i0 = b.indices.size();
-    b.indices.insert(b.indices.end(), idx.begin(), idx.end());
-    b.values.resize((i0 + idx.size()) * sizeof(W));
-    W* out_v = reinterpret_cast<W*>(b.values.data()) + i0;
-    for (std::size_t k = 0; k < idx.size(); ++k) out_v[k] = cur[idx[k]];
+  /// compare<D> -> project<M> -> encode<E> of one shard into the open chunk.
+  template <class D, class M, class E>
+  static void project_shard(const M& map, std::span<const std::byte> old_b, std::span<const std::byte> new_b,
+                            state& st) {
+    using W = word_t<D>;
+    stages::changes_to_records<stages::compare<D>, stages::project<M>, stages::encode<E, codec::by_scheme>>(
+        stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b),
+        [&](std::uint32_t tensor) -> builder& { return st.get(tensor, E::id); });
   }
-
-  /// Sorts a builder's records by canonical index when a map emitted them
-  /// out of order (maps that are not monotone per tensor).
-  template <class W> static void sort_records(builder& b) {
-    if (std::is_sorted(b.indices.begin(), b.indices.end())) return;
-    std::vector<std::size_t> order(b.indices.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return b.indices[x] < b.indices[y]; });
-    std::vector<std::uint64_t> ii(order.size());
-    std::vector<std::byte> vv(b.values.size());
-    for (std::size_t k = 0; k < order.size(); ++k) {
-      ii[k] = b.indices[order[k]];
-      std::memcpy(vv.data() + k * sizeof(W), b.values.data() + order[k] * sizeof(W), sizeof(W));
+  /// The instantiations a table entry runs.
+  struct affine_fn {
+    template <class D, class E>
+    static void call(const piecewise_map& m, std::span<const std::byte> o, std::span<const std::byte> c, state& st) {
+      project_shard<D, piecewise_map, E>(m, o, c, st);
     }
-    b.indices = std::move(ii);
-    b.values = std::move(vv);
-  }
+  };
+  struct residual_fn {
+    template <class D>
+    static void call(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
+                     std::span<const std::byte> c, state& st) {
+      project_shard<D, stages::identity_map, codec::overwrite>(stages::identity_map{tensor, meta.numel()}, o, c, st);
+    }
+  };
+  /// The general path: one table lookup per shard (dtype x encoding) and per
+  /// residual output (dtype).
+  struct dispatched {
+    void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c, value_encoding e,
+                state& st) const {
+      static constexpr pipeline::dispatch_table<affine_fn,
+                                                void(const piecewise_map&, std::span<const std::byte>,
+                                                     std::span<const std::byte>, state&),
+                                                pipeline::dtype_list, pipeline::encoding_list>
+          table{};
+      auto* f = table(pipeline::position_of<pipeline::dtype_list>(sh.dtype),
+                      pipeline::position_of<pipeline::encoding_list>(e));
+      if (!f) throw error(errc::bad_dtype, sh.key + ": no pipeline for its dtype");
+      f(*sh.map, o, c, st);
+    }
+    void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
+                  std::span<const std::byte> c, state& st) const {
+      static constexpr pipeline::dispatch_table<residual_fn,
+                                                void(const tensor_meta&, std::uint32_t, std::span<const std::byte>,
+                                                     std::span<const std::byte>, state&),
+                                                pipeline::dtype_list>
+          table{};
+      auto* f = table(pipeline::position_of<pipeline::dtype_list>(meta.dtype));
+      if (!f) throw error(errc::bad_dtype, meta.name + ": no pipeline for its dtype");
+      f(meta, tensor, o, c, st);
+    }
+  };
+  /// A statically composed pipeline: P's instantiation or a typed error.
+  template <class P> struct composed {
+    static_assert(std::is_same_v<typename P::map_type, piecewise_map>, "an owner's shards carry piecewise maps");
+    using D = typename P::dtype;
+    using E = typename P::encoding;
+    void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c, value_encoding e,
+                state& st) const {
+      if (sh.dtype != dtype_traits<D>::id)
+        throw error(errc::bad_dtype, sh.key + ": " + std::string(name_of(sh.dtype)) + " shard, pipeline for " +
+                                         std::string(name_of(dtype_traits<D>::id)));
+      if (e != E::id)
+        throw error(errc::invalid_argument, sh.key + ": needs " + std::string(to_string(e)) + " items, pipeline encodes " +
+                                                std::string(to_string(E::id)));
+      project_shard<D, piecewise_map, E>(*sh.map, o, c, st);
+    }
+    void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
+                  std::span<const std::byte> c, state& st) const {
+      if (meta.dtype != dtype_traits<D>::id)
+        throw error(errc::bad_dtype, meta.name + ": " + std::string(name_of(meta.dtype)) + " output, pipeline for " +
+                                         std::string(name_of(dtype_traits<D>::id)));
+      project_shard<D, stages::identity_map, codec::overwrite>(stages::identity_map{tensor, meta.numel()}, o, c, st);
+    }
+  };
 
   /// Merges two sorted record lists of one tensor (disjoint by construction:
   /// each destination has one owner).
@@ -356,7 +380,7 @@ private:
       emitted = true;
       const auto& meta = plan_->canonical[b.tensor];
       const std::size_t w = width_of(meta.dtype);
-      visit_dtype(meta.dtype, [&](auto tag) { sort_records<word_t<decltype(tag)>>(b); });
+      visit_dtype(meta.dtype, [&](auto tag) { stages::sort_records<word_t<decltype(tag)>>(b); });
       const std::uint64_t key = (std::uint64_t{b.tensor} << 8) | static_cast<std::uint8_t>(b.enc);
       auto [pos, fresh] = st.bucket_slot.try_emplace(key, st.bucket.size());
       if (fresh) st.bucket.push_back(item{meta, b.enc, std::move(b.indices), std::move(b.values)});
