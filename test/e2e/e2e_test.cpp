@@ -139,7 +139,7 @@ model_config small_moe() {
 } // namespace
 
 TEST_CASE("e2e: Megatron TP2xEP2xDP2 owners -> fs object store -> vLLM TP 4, DP 2, expert parallel receivers, bit-exact every step") {
-  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2}, 4, 2, 1, targets(1 << 14, 1 << 15));
+  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2, 128}, 4, 2, 1, targets(1 << 14, 1 << 15));
   auto c = w.coordinator();
   REQUIRE(c.take_over().ok());
   REQUIRE(c.bootstrap().ok());
@@ -216,7 +216,7 @@ TEST_CASE("e2e: dense Llama, trainer TP2xPP2xDP2, vLLM TP4 (KV heads replicated)
 }
 
 TEST_CASE("e2e: asynchronous RL stages while serving, applies after the gate closes") {
-  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2}, 2, 2, 3);
+  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2, 128}, 2, 2, 3);
   std::vector<std::unique_ptr<request_gate>> gates;
   // Rebuild endpoints with gates.
   w.endpoints.clear();
