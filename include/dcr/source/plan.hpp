@@ -93,7 +93,7 @@ public:
                           std::vector<std::uint32_t> replicas, std::optional<piecewise_map> map = std::nullopt) {
     if (shard_ids_.count(key)) throw error(errc::invalid_argument, "duplicate shard key " + key);
     shard_ids_[key] = static_cast<std::uint32_t>(shards.size());
-    shards.push_back({std::move(key), std::move(param), std::move(shape), dtype, std::move(replicas), 0, std::move(map), {}, true});
+    shards.push_back({std::move(key), std::move(param), std::move(shape), dtype, std::move(replicas), 0, std::move(map), {}, true, {}});
     return static_cast<std::uint32_t>(shards.size() - 1);
   }
   /// Registers a residual task over `inputs` (shard ids). Outputs are added
