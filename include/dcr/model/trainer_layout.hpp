@@ -32,6 +32,11 @@ struct trainer_layout {
   /// (unset: every stage gets layers / pp).
   std::optional<std::uint64_t> first_stage_layers, last_stage_layers;
 
+  /// Degrees in Megatron's order of mention (tp, pp, ep, etp, dp), then the vocabulary padding.
+  constexpr trainer_layout(std::uint64_t tp_ = 1, std::uint64_t pp_ = 1, std::uint64_t ep_ = 1, std::uint64_t etp_ = 1,
+                           std::uint64_t dp_ = 1, std::uint64_t vocab_block_ = 0) noexcept
+      : tp(tp_), pp(pp_), ep(ep_), etp(etp_), dp(dp_), vocab_block(vocab_block_) {}
+
   std::uint64_t ranks_per_stage() const noexcept { return tp * dp; }
   std::uint64_t world() const noexcept { return pp * tp * dp; }
   /// Expert-data-parallel degree: replicas of each expert shard per stage.
