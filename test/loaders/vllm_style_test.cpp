@@ -373,6 +373,7 @@ TEST_CASE("vLLM rule functions at real sizes") {
   CHECK(get_pp_indices(48, 4, 5) == std::pair<std::uint64_t, std::uint64_t>{39, 48});
   CHECK(get_pp_indices(30, 1, 4) == std::pair<std::uint64_t, std::uint64_t>{7, 15}); // 7, 8, 8, 7
   CHECK(get_pp_indices(32, 1, 3, "10,11,11") == std::pair<std::uint64_t, std::uint64_t>{10, 21});
+  CHECK(get_pp_indices(32, 2, 3, "10, 11 ,11") == std::pair<std::uint64_t, std::uint64_t>{21, 32});
   for (auto bad : {"10,11", "10,11,12", "10,x,11", "10,,22", ""})
     if (*bad) CHECK_THROWS_AS(get_pp_indices(32, 0, 3, bad), error);
   // determine_expert_map: 6 experts over 4 EP ranks.

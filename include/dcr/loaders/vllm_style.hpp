@@ -186,7 +186,9 @@ inline std::pair<std::uint64_t, std::uint64_t> get_pp_indices(std::uint64_t laye
     std::uint64_t sum = 0;
     while (pos <= text.size()) {
       const auto comma = std::min(text.find(',', pos), text.size());
-      const auto item = text.substr(pos, comma - pos);
+      auto item = text.substr(pos, comma - pos); // Python's int() accepts surrounding blanks
+      item.erase(0, item.find_first_not_of(" \t"));
+      item.erase(item.find_last_not_of(" \t") + 1);
       if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 9)
         throw error(errc::invalid_argument, "VLLM_PP_LAYER_PARTITION: invalid partition string: " + text);
       parts.push_back(std::stoull(item));
