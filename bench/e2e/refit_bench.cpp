@@ -1,6 +1,6 @@
 // dcr-bench-refit: delta refit vs dense refit end to end, in one process on
 // the embedded defaults: Megatron-style owners (TP2 x EP2 x DP2) → durable
-// filesystem object store → vLLM-style receivers (TP4 x EP2) → joint commit in
+// filesystem object store → vLLM-style receivers (TP 4, DP 2, expert parallel) → joint commit in
 // a file commit store. Dense reference, measured in the same run: canonical
 // export + upload of every tensor + one download + dense load into every
 // receiver through the same native loader. Change rates 1.2 / 3 / 5 % of
@@ -75,8 +75,11 @@ int main(int argc, char** argv) try {
   std::vector<member_t*> op;
   for (auto& m : members) op.push_back(&m);
   std::vector<loader_t> layouts;
-  for (std::uint64_t e = 0; e < 2; ++e)
-    for (std::uint64_t r = 0; r < 4; ++r) layouts.emplace_back(cfg, loaders::vllm_layout{4, r, 2, e, {}});
+  loaders::vllm_parallel_config vp; // "TP 4, DP 2, expert parallel": 8 ranks, EP 8
+  vp.tensor_parallel_size = 4;
+  vp.data_parallel_size = 2;
+  vp.enable_expert_parallel = true;
+  for (std::uint64_t k = 0; k < vp.world_size(); ++k) layouts.emplace_back(cfg, loaders::vllm_layout::of_rank(vp, k));
   std::vector<std::unique_ptr<endpoint_t>> eps;
   std::vector<endpoint_t*> ep;
   for (std::size_t k = 0; k < layouts.size(); ++k) {
@@ -155,7 +158,7 @@ int main(int argc, char** argv) try {
   if (o.markdown) std::cout << "\n## Delta refit vs dense refit, end to end (`dcr-bench-refit`)\n\n";
   std::cout << (o.markdown ? "" : "dcr-bench-refit: ") << "Qwen3-MoE-style model, "
             << bench::fmt(plan->checkpoint_bytes() / 1e6, 1) << " MB BF16 (" << metas.size()
-            << " tensors); owners Megatron TP2 x EP2 x DP2; receivers vLLM-style TP4 x EP2 (" << layouts.size()
+            << " tensors); owners Megatron TP2 x EP2 x DP2; receivers vLLM-style TP 4, DP 2, expert parallel (" << layouts.size()
             << "); durable filesystem object store, file commit store; " << bench::machine_description()
             << (o.markdown ? ".\nDense reference in the same run: export + upload + download + load into every receiver.\n\n" : "\n\n");
   bench::table t({"change % (target)", "change % (canonical)", "payload MB", "% of ckpt", "construct s", "transport s",

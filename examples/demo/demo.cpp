@@ -2,7 +2,7 @@
 // defaults (no servers). Megatron-style trainer owners (TP2 x EP2 x DP2) train
 // with AdamW (lr 1e-6); after every step the changed weights travel as
 // compressed payloads through a filesystem object store to vLLM-style
-// receivers (TP4 x EP2), which apply them through their native loader; a
+// receivers ("TP 4, DP 2, expert parallel"), which apply them through their native loader; a
 // joint commit in a file commit store publishes each version. The run ends by
 // checking every receiver byte for byte against a dense refit.
 //
@@ -481,15 +481,20 @@ int main(int argc, char** argv) try {
   const trainer_layout tl{2, 1, cfg.is_moe() ? 2u : 1u, 1, 2};
   auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
   const auto& metas = plan->canonical;
-  const std::uint64_t rtp = 4, rep = cfg.is_moe() ? 2 : 1;
+  // Receivers as vLLM is started: MoE "TP 4, DP 2, expert parallel" (8 ranks), dense TP 4.
+  loaders::vllm_parallel_config vp;
+  vp.tensor_parallel_size = 4;
+  vp.data_parallel_size = cfg.is_moe() ? 2 : 1;
+  vp.enable_expert_parallel = cfg.is_moe();
   rollout<loaders::vllm_style_loader> ro;
-  for (std::uint64_t e = 0; e < rep; ++e)
-    for (std::uint64_t r = 0; r < rtp; ++r) {
-      ro.layouts.emplace_back(cfg, loaders::vllm_layout{rtp, r, rep, e, {}});
-      ro.ids.push_back("tp" + std::to_string(r) + "-ep" + std::to_string(e));
-    }
-  ro.description = std::to_string(rtp * rep) + " vLLM-style receivers (TP" + std::to_string(rtp) + " x EP" +
-                   std::to_string(rep) + ")";
+  for (std::uint64_t k = 0; k < vp.world_size(); ++k) {
+    const auto rl = loaders::vllm_layout::of_rank(vp, k);
+    ro.layouts.emplace_back(cfg, rl);
+    ro.ids.push_back("dp" + std::to_string(rl.dp_rank) + "-tp" + std::to_string(rl.tp_rank));
+  }
+  ro.description = std::to_string(vp.world_size()) + " vLLM-style receivers (TP " +
+                   std::to_string(vp.tensor_parallel_size) + ", DP " + std::to_string(vp.data_parallel_size) +
+                   (vp.enable_expert_parallel ? ", expert parallel)" : ")");
   const std::string trainer_desc = std::to_string(plan->world) + " trainer owners (TP" + std::to_string(tl.tp) + " x EP" +
                                    std::to_string(tl.ep) + " x DP" + std::to_string(tl.dp) + ")";
   say("model: " + cfg.family + ", " + std::to_string(cfg.layers) + " layers, " + std::to_string(cfg.experts) +

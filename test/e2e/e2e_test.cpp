@@ -45,7 +45,9 @@ struct world {
   std::vector<std::unique_ptr<endpoint_t>> endpoints;
   std::uint64_t seed;
 
-  world(model_config c, trainer_layout t, std::uint64_t rtp, std::uint64_t rep, std::uint64_t s, builder_options bo = {})
+  /// Receivers: vLLM with tensor_parallel_size `rtp`, data_parallel_size
+  /// `rdp`, expert parallelism enabled for MoE models.
+  world(model_config c, trainer_layout t, std::uint64_t rtp, std::uint64_t rdp, std::uint64_t s, builder_options bo = {})
       : cfg(std::move(c)), tl(t), seed(s) {
     plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
     std::vector<host_tensor> init;
@@ -62,8 +64,11 @@ struct world {
     commits = std::make_unique<file_commit_store>(dir / "control");
     round = std::make_unique<training_round>(plan, state.view(), bo);
     members = round->members();
-    for (std::uint64_t e = 0; e < rep; ++e)
-      for (std::uint64_t r = 0; r < rtp; ++r) layouts.emplace_back(cfg, loaders::vllm_layout{rtp, r, rep, e, {}});
+    loaders::vllm_parallel_config vp;
+    vp.tensor_parallel_size = rtp;
+    vp.data_parallel_size = rdp;
+    vp.enable_expert_parallel = cfg.is_moe();
+    layouts = loaders::vllm_style_loaders(cfg, vp);
     snapshot();
     for (std::size_t k = 0; k < layouts.size(); ++k)
       endpoints.push_back(std::make_unique<endpoint_t>(
@@ -133,8 +138,8 @@ model_config small_moe() {
 
 } // namespace
 
-TEST_CASE("e2e: Megatron TP2xEP2xDP2 owners -> fs object store -> vLLM TP4xEP2 receivers, bit-exact every step") {
-  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2}, 4, 2, 1, targets(1 << 14, 1 << 15));
+TEST_CASE("e2e: Megatron TP2xEP2xDP2 owners -> fs object store -> vLLM TP 4, DP 2, expert parallel receivers, bit-exact every step") {
+  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2, 128}, 4, 2, 1, targets(1 << 14, 1 << 15));
   auto c = w.coordinator();
   REQUIRE(c.take_over().ok());
   REQUIRE(c.bootstrap().ok());
@@ -211,7 +216,7 @@ TEST_CASE("e2e: dense Llama, trainer TP2xPP2xDP2, vLLM TP4 (KV heads replicated)
 }
 
 TEST_CASE("e2e: asynchronous RL stages while serving, applies after the gate closes") {
-  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2}, 2, 2, 3);
+  world w(small_moe(), trainer_layout{2, 1, 2, 1, 2, 128}, 2, 2, 3);
   std::vector<std::unique_ptr<request_gate>> gates;
   // Rebuild endpoints with gates.
   w.endpoints.clear();

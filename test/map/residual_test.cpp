@@ -178,16 +178,19 @@ TEST_CASE("fp8_block_quant_rule: per-128x128 scale_inv and e4m3 values match a r
       float& a = amax[(i / B) * 3 + j / B];
       a = std::max(a, std::fabs(bf16_at(x, i * C + j)));
     }
+  // per_block_cast_to_fp8: amax clamped at 1e-4, x * (448 / amax), amax / 448 stored
   for (std::size_t b = 0; b < 6; ++b) {
     float s;
     std::memcpy(&s, out[1].bytes.data() + 4 * b, 4);
-    CHECK(s == amax[b] / 448.0f);
+    CHECK(s == std::max(amax[b], 1e-4f) / 448.0f);
   }
+  std::size_t bad = 0;
   for (std::size_t i = 0; i < R; ++i)
     for (std::size_t j = 0; j < C; ++j) {
-      const float s = amax[(i / B) * 3 + j / B] / 448.0f;
-      CHECK(static_cast<std::uint8_t>(out[0].bytes[i * C + j]) == f32_to_e4m3_rne(bf16_at(x, i * C + j) / s));
+      const float f = 448.0f / std::max(amax[(i / B) * 3 + j / B], 1e-4f);
+      bad += static_cast<std::uint8_t>(out[0].bytes[i * C + j]) != f32_to_e4m3_rne(bf16_at(x, i * C + j) * f);
     }
+  CHECK(bad == 0);
   // one changed element that becomes the new tile maximum rescales its whole tile
   auto y = p0;
   const std::uint16_t big = f32_to_bf16_rne(100.0f);
@@ -201,15 +204,37 @@ TEST_CASE("fp8_block_quant_rule: per-128x128 scale_inv and e4m3 values match a r
       if (out2[0].bytes[i * C + j] != out[0].bytes[i * C + j]) (i < B && j < B ? changed_in_tile : changed_elsewhere)++;
   CHECK(changed_in_tile > B * B / 2);
   CHECK(changed_elsewhere == 0);
-  // an all-zero tile gets scale_inv 1 and zeros
+  // an all-zero tile: the clamped amax gives scale_inv 1e-4 / 448 and zero codes
   std::vector<std::byte> z(2 * 4 * 4);
   auto zr = fp8_block_quant_rule("z", "z", 4, 4, dtype_id::bf16, {piecewise_map(4, 4, {{0, 4, 0, 0, 0, 4}})});
   std::vector<residual_input> zin{{z, dtype_id::bf16}};
   REQUIRE(run_rule(zr, zin, out).ok());
   float s;
   std::memcpy(&s, out[1].bytes.data(), 4);
-  CHECK(s == 1.0f);
+  CHECK(s == 1e-4f / 448.0f);
   for (auto b : out[0].bytes) CHECK(b == std::byte{0});
+  // the division policy keeps the earlier behaviour: scale 1 for a zero tile
+  auto zd = fp8_block_quant_rule("z", "z", 4, 4, dtype_id::bf16, {piecewise_map(4, 4, {{0, 4, 0, 0, 0, 4}})}, 128,
+                                 divide_by_scale_inv{});
+  REQUIRE(run_rule(zd, zin, out).ok());
+  std::memcpy(&s, out[1].bytes.data(), 4);
+  CHECK(s == 1.0f);
+}
+
+TEST_CASE("fp8 block quantizers: the reference multiplies by 448/amax, the division policy differs on some tiles") {
+  // A tile whose amax is tiny is clamped (1e-4): its values are scaled by 448e4, not by 448/amax.
+  per_block_cast_to_fp8 ref;
+  divide_by_scale_inv div;
+  CHECK(ref.scale_inv(1e-6f) == 1e-4f / 448.0f);
+  CHECK(ref.scaled(1e-6f, 1e-6f) == 1e-6f * (448.0f / 1e-4f));
+  CHECK(f32_to_e4m3_rne(ref.scaled(1e-6f, 1e-6f)) != f32_to_e4m3_rne(div.scaled(1e-6f, 1e-6f)));
+  // Without the clamp the two still differ where x * 448/amax is an E4M3 rounding tie: amax 2^-7,
+  // x 2^-23 scales to exactly 3.5 subnormal steps (code 4 by ties-to-even), while dividing by the
+  // rounded amax/448 lands just below the tie.
+  const float amax = std::ldexp(1.0f, -7), x = std::ldexp(1.0f, -23);
+  CHECK(ref.scaled(x, amax) == 3.5f * std::ldexp(1.0f, -9));
+  CHECK(f32_to_e4m3_rne(ref.scaled(x, amax)) == 4);
+  CHECK(f32_to_e4m3_rne(div.scaled(x, amax)) != f32_to_e4m3_rne(ref.scaled(x, amax)));
 }
 
 TEST_CASE("tied, stack and custom rules") {

@@ -131,7 +131,8 @@ TEST_CASE("strided_copy equals an elementwise copy for every width") {
 TEST_CASE("prewarm of the vLLM-style loader: direct, XOR-allowed plans and explicit skips") {
   auto c = tiny_qwen3_moe();
   auto metas = canonical_tensors(c);
-  loaders::vllm_style_loader l(c, {2, 1, 2, 1, loaders::expert_map::round_robin});
+  // TP 2, DP 2, expert parallel: 4 EP ranks of 2 experts each; rank (dp 1, tp 1) is EP rank 3.
+  loaders::vllm_style_loader l(c, loaders::vllm_layout::of_rank(test::vllm_deployment(2, 1, 2, true), 3));
   receiver<loaders::vllm_style_loader> r(l, metas);
   std::size_t skipped = 0;
   for (auto& tp : r.plan().tensors) {
@@ -144,7 +145,9 @@ TEST_CASE("prewarm of the vLLM-style loader: direct, XOR-allowed plans and expli
     CHECK(tp.xor_allowed);
     CHECK(!tp.self_overlap);
   }
-  CHECK(skipped == c.layers * (c.experts / 2) * 3); // half the experts live on the other EP rank
+  CHECK(l.moe_parallel().ep_size == 4);
+  CHECK(l.moe_parallel().ep_rank == 3);
+  CHECK(skipped == c.layers * (c.experts - c.experts / 4) * 3); // three quarters live on other EP ranks
   std::uint64_t largest = 0;
   for (auto& m : metas) largest = std::max(largest, m.nbytes());
   CHECK(r.scratch_bytes() == largest);
@@ -166,17 +169,20 @@ TEST_CASE("prewarm of the cast/transpose loader: casts are overwrite-only, trans
 TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") {
   struct lay {
     model_config c;
-    std::uint64_t tp, ep;
-    loaders::expert_map map;
+    loaders::vllm_parallel_config p;
   };
   auto tied = tiny_llama();
   tied.tied_embeddings = true;
   tied.vocab = 777;
   tied.attention_bias = true;
-  std::vector<lay> lays = {{tiny_llama(), 1, 1, loaders::expert_map::linear},
-                           {tiny_llama(), 8, 1, loaders::expert_map::linear}, // t > nkv
-                           {tied, 8, 1, loaders::expert_map::linear},          // odd vocab: rank 7 only padding
-                           {tiny_qwen3_moe(), 2, 2, loaders::expert_map::round_robin}};
+  auto llama4 = tiny_llama();
+  llama4.layers = 5;
+  std::vector<lay> lays = {{tiny_llama(), test::vllm_deployment(1)},
+                           {tiny_llama(), test::vllm_deployment(8)}, // t > nkv
+                           {tied, test::vllm_deployment(8)},         // odd vocab, tied
+                           {llama4, test::vllm_deployment(2, 3)},    // PP 3 over 5 layers: 1, 2, 2
+                           {tiny_qwen3_moe(), test::vllm_deployment(2, 1, 2, true)},
+                           {tiny_qwen3_moe(), test::vllm_deployment(2, 2, 2, false)}};
   std::uint64_t seed = 100;
   for (auto& L : lays) {
     auto metas = canonical_tensors(L.c);
@@ -184,8 +190,10 @@ TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") 
     auto v1 = test::clone(v);
     test::stress(v1, 0.03, 0.05, seed + 1);
     for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only}) {
-      INFO("tp " << L.tp << " ep " << L.ep << " mode " << static_cast<int>(mode));
-      auto st = test::check_delta_equals_dense(test::all_ranks(L.c, L.tp, L.ep, L.map), metas, v, v1, mode, seed + 2);
+      INFO("tp " << L.p.tensor_parallel_size << " pp " << L.p.pipeline_parallel_size << " dp "
+                 << L.p.data_parallel_size << " ep " << L.p.enable_expert_parallel << " mode "
+                 << static_cast<int>(mode));
+      auto st = test::check_delta_equals_dense(test::all_ranks(L.c, L.p), metas, v, v1, mode, seed + 2);
       CHECK(st.changed > 0);
       if (mode == delta_mode::overwrite_only) CHECK(st.xor_items == 0);
       if (mode == delta_mode::xor_only) CHECK(st.xor_items == st.items);
@@ -203,7 +211,7 @@ TEST_CASE("delta apply equals dense refit with NaN values (placeholder pattern i
   test::stress(v1, 0.02, 0.1, 7);
   test::inject_nans(v1, 7, 8);
   for (auto mode : {delta_mode::mixed, delta_mode::overwrite_only}) {
-    test::check_delta_equals_dense(test::all_ranks(c, 4, 1, loaders::expert_map::linear), metas, v, v1, mode, 9);
+    test::check_delta_equals_dense(test::all_ranks(c, test::vllm_deployment(4)), metas, v, v1, mode, 9);
     // Cast paths: NaN values force the two-fill active mask.
     auto st = test::check_delta_equals_dense(std::vector{loaders::cast_transpose_loader(c)}, metas, v, v1, mode, 10);
     CHECK(st.changed > 0);
@@ -267,7 +275,7 @@ TEST_CASE("applying an XOR item twice reverts it; verify and digest see it") {
   auto v = test::random_model(metas, 21);
   auto v1 = test::clone(v);
   test::stress(v1, 0.05, 0.05, 22);
-  loaders::vllm_style_loader l(c, {2, 0});
+  loaders::vllm_style_loader l(c, loaders::vllm_layout::of_rank(test::vllm_deployment(2), 0));
   auto items = test::diff_items(v, v1, delta_mode::xor_only, [](const std::string&) { return true; });
   receiver<loaders::vllm_style_loader> r(l, metas), ref(l, metas);
   ref.dense_refit(v1);

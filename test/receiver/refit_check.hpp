@@ -17,13 +17,20 @@
 
 namespace dcr::test {
 
-/// Every rank of a TP × EP layout.
-inline std::vector<loaders::vllm_style_loader> all_ranks(const model_config& c, std::uint64_t tp, std::uint64_t ep,
-                                                         loaders::expert_map map) {
-  std::vector<loaders::vllm_style_loader> v;
-  for (std::uint64_t e = 0; e < ep; ++e)
-    for (std::uint64_t r = 0; r < tp; ++r) v.emplace_back(c, loaders::vllm_layout{tp, r, ep, e, map});
-  return v;
+/// Every rank of a vLLM deployment (DP-major, then PP, then TP).
+inline std::vector<loaders::vllm_style_loader> all_ranks(const model_config& c, const loaders::vllm_parallel_config& p) {
+  return loaders::vllm_style_loaders(c, p);
+}
+
+/// A deployment as vLLM's flags give it.
+inline loaders::vllm_parallel_config vllm_deployment(std::uint64_t tp, std::uint64_t pp = 1, std::uint64_t dp = 1,
+                                                     bool ep = false) {
+  loaders::vllm_parallel_config p;
+  p.tensor_parallel_size = tp;
+  p.pipeline_parallel_size = pp;
+  p.data_parallel_size = dp;
+  p.enable_expert_parallel = ep;
+  return p;
 }
 
 /// Result counters so callers can assert the check did real work.

@@ -10,7 +10,6 @@
 
 using namespace dcr;
 using dcr::test::delta_mode;
-using loaders::expert_map;
 
 namespace {
 
@@ -32,8 +31,7 @@ tensor_set transition(const tensor_set& v, workload w, std::uint64_t seed) {
 
 struct layout_case {
   model_config c;
-  std::uint64_t tp, ep;
-  expert_map map;
+  loaders::vllm_parallel_config p;
 };
 
 std::vector<layout_case> layouts() {
@@ -45,13 +43,26 @@ std::vector<layout_case> layouts() {
   odd.layers = 1;
   auto moe = tiny_qwen3_moe();
   moe.layers = 1;
+  auto moe6 = tiny_qwen3_moe(); // 6 experts: uneven over 4 EP ranks
+  moe6.experts = 6;
+  moe6.layers = 3;
+  moe6.decoder_sparse_step = 2; // layer 1 MoE, layers 0 and 2 dense
+  moe6.ffn = 96;
+  auto grouped = tiny_qwen3_moe(); // expert groups: round-robin placement is honoured
+  grouped.layers = 1;
+  grouped.expert_groups = 2;
+  using test::vllm_deployment;
   std::vector<layout_case> v;
-  for (std::uint64_t t : {1, 2, 4, 8}) v.push_back({llama, t, 1, expert_map::linear}); // t = 4, 8 > nkv
-  for (std::uint64_t t : {1, 2, 8}) v.push_back({odd, t, 1, expert_map::linear});
-  v.push_back({moe, 1, 4, expert_map::linear});
-  v.push_back({moe, 2, 2, expert_map::round_robin});
-  v.push_back({moe, 4, 2, expert_map::linear});
-  v.push_back({moe, 2, 4, expert_map::round_robin});
+  for (std::uint64_t t : {1, 2, 4, 8}) v.push_back({llama, vllm_deployment(t)}); // t = 4, 8 > nkv
+  for (std::uint64_t t : {1, 2, 8}) v.push_back({odd, vllm_deployment(t)});
+  v.push_back({llama, vllm_deployment(2, 2)});
+  v.push_back({moe, vllm_deployment(4, 1, 1, true)});
+  v.push_back({moe, vllm_deployment(2, 1, 2, true)});
+  v.push_back({moe, vllm_deployment(2, 1, 2, false)}); // experts TP-sharded over dp x tp = 4
+  v.push_back({moe6, vllm_deployment(2, 3, 2, true)});
+  auto rr = vllm_deployment(2, 1, 1, true);
+  rr.expert_placement_strategy = loaders::expert_placement::round_robin;
+  v.push_back({grouped, rr});
   return v;
 }
 
@@ -63,11 +74,12 @@ TEST_CASE("sweep: vLLM-style layouts x workloads x modes, delta refit == dense r
   for (auto& L : layouts()) {
     const auto metas = canonical_tensors(L.c);
     const auto v = test::random_model(metas, seed);
-    const auto ranks = test::all_ranks(L.c, L.tp, L.ep, L.map);
+    const auto ranks = test::all_ranks(L.c, L.p);
     for (auto w : {workload::adamw, workload::stress_low, workload::stress_high, workload::nan_values}) {
       const auto v1 = transition(v, w, seed + 7);
       for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only}) {
-        INFO(L.c.family << " tp " << L.tp << " ep " << L.ep << " map " << static_cast<int>(L.map) << " workload "
+        INFO(L.c.family << " tp " << L.p.tensor_parallel_size << " pp " << L.p.pipeline_parallel_size << " dp "
+                        << L.p.data_parallel_size << " ep " << L.p.enable_expert_parallel << " workload "
                         << static_cast<int>(w) << " mode " << static_cast<int>(mode));
         auto st = test::check_delta_equals_dense(ranks, metas, v, v1, mode, seed + 11, 3);
         CHECK(st.changed > 0);

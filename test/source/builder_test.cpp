@@ -40,7 +40,12 @@ model_config random_config(std::mt19937_64& rng, bool moe) {
     c.family = "qwen3_moe";
     c.experts = std::vector<std::uint64_t>{2, 4, 8}[rng() % 3];
     c.moe_ffn = t3 ? 12 : 16;
-    c.ffn = 0;
+    if (rng() % 2) { // mixed dense/MoE stack (dense layers keep ffn)
+      c.decoder_sparse_step = 1 + rng() % 2;
+      if (rng() % 2) c.mlp_only_layers = {rng() % c.layers};
+    } else {
+      c.ffn = 0;
+    }
   }
   return c;
 }
@@ -52,7 +57,11 @@ trainer_layout random_layout(std::mt19937_64& rng, const model_config& c) {
     l.tp = t3 ? std::vector<std::uint64_t>{1, 3}[rng() % 2] : std::vector<std::uint64_t>{1, 2, 4, 8}[rng() % 4];
     l.pp = std::vector<std::uint64_t>{1, 2, 4}[rng() % 3];
     l.dp = std::vector<std::uint64_t>{1, 2, 3}[rng() % 3];
-    l.vocab_block = std::vector<std::uint64_t>{1, 8, 128}[rng() % 3];
+    l.vocab_block = std::vector<std::uint64_t>{0, 1, 8, 128}[rng() % 4];
+    if (l.pp > 1 && rng() % 3 == 0) { // uneven first and/or last stage
+      if (rng() % 2) l.first_stage_layers = rng() % (c.layers + 1);
+      if (rng() % 2) l.last_stage_layers = rng() % (c.layers + 1);
+    }
     if (c.is_moe()) {
       l.ep = std::vector<std::uint64_t>{1, 2, 4}[rng() % 3];
       l.etp = std::vector<std::uint64_t>{1, 2}[rng() % 2];

@@ -131,14 +131,26 @@ TEST_CASE("megatron_plan: replica groups, rank views and ownership follow the la
     CHECK(bal.bytes.size() == p.world);
     CHECK(bal.imbalance() >= 1.0);
     CHECK(bal.max >= bal.min);
-    // PP naming: every layer-named shard lives on the stage that holds its global layer
+    // PP naming: layer modules carry their stage-local index; local index +
+    // stage offset is the global layer whose canonical tensors the shard maps.
     const auto T = l.ranks_per_stage();
     for (auto& sh : p.shards) {
       if (sh.param.rfind("decoder.layers.", 0) != 0) continue;
-      const auto layer = std::stoull(sh.param.substr(15));
-      const auto [a, b] = pp_stage_layers(c.layers, l.pp, sh.replicas[0] / T);
-      CHECK(layer >= a);
-      CHECK(layer < b);
+      const auto local = std::stoull(sh.param.substr(15));
+      const auto stage = sh.replicas[0] / T;
+      for (auto r : sh.replicas) CHECK(r / T == stage);
+      const auto [a, b] = megatron_stage_layers(c, l, stage);
+      CHECK(a + local < b);
+      const auto prefix = "model.layers." + std::to_string(a + local) + ".";
+      for (auto& pc : sh.map->pieces()) CHECK(p.canonical[pc.tensor].name.rfind(prefix, 0) == 0);
+      if (l.pp > 1) CHECK(sh.key.find("pp" + std::to_string(stage) + "/" + std::to_string(l.pp)) != std::string::npos);
+    }
+    // Tied embeddings with PP > 1: the last stage's replicas are named output_layer.weight.
+    for (auto& sh : p.shards) {
+      if (sh.param != "embedding.word_embeddings.weight") continue;
+      for (auto r : sh.replicas)
+        CHECK(sh.param_on(r) == (c.tied_embeddings && l.pp > 1 && r / T == l.pp - 1 ? "output_layer.weight"
+                                                                                      : "embedding.word_embeddings.weight"));
     }
   }
 }
@@ -147,16 +159,22 @@ TEST_CASE("megatron_plan uses Megatron parameter names") {
   auto c = moe_small();
   trainer_layout l{2, 2, 2, 1, 1, 8};
   auto p = megatron_plan(c, l);
-  for (auto key : {"embedding.word_embeddings.weight@tp1/2", "decoder.layers.1.self_attention.linear_qkv.weight@tp0/2",
-                   "decoder.layers.1.self_attention.linear_proj.weight@tp1/2", "decoder.layers.0.self_attention.q_layernorm.weight",
-                   "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", "decoder.layers.1.pre_mlp_layernorm.weight",
-                   "decoder.layers.1.mlp.router.weight", "decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1",
-                   "decoder.layers.0.mlp.experts.linear_fc2.weight0@ep0/2.etp0/1", "decoder.final_layernorm.weight",
+  // 2 layers over PP 2: global layer 1 is module 0 of stage 1.
+  for (auto key : {"embedding.word_embeddings.weight@tp1/2", "decoder.layers.0.self_attention.linear_qkv.weight@tp0/2.pp1/2",
+                   "decoder.layers.0.self_attention.linear_proj.weight@tp1/2.pp1/2",
+                   "decoder.layers.0.self_attention.q_layernorm.weight@pp0/2",
+                   "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight@pp0/2",
+                   "decoder.layers.0.pre_mlp_layernorm.weight@pp1/2", "decoder.layers.0.mlp.router.weight@pp1/2",
+                   "decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp0/2",
+                   "decoder.layers.0.mlp.experts.linear_fc2.weight0@ep0/2.etp0/1.pp1/2", "decoder.final_layernorm.weight",
                    "output_layer.weight@tp0/2"})
     CHECK_NOTHROW((void)p.shard_id(key));
+  CHECK_THROWS_AS((void)p.shard_id("decoder.layers.1.mlp.router.weight@pp1/2"), dcr::error);
   // local expert 3 on EP rank 1 of 2 with 8 experts is global expert 7
-  const auto& fc1 = p.shards[p.shard_id("decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1")];
+  const auto& fc1 = p.shards[p.shard_id("decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp0/2")];
   CHECK(p.canonical[fc1.map->pieces()[0].tensor].name == expert_name(0, 7, "gate_proj.weight"));
+  const auto& late = p.shards[p.shard_id("decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp1/2")];
+  CHECK(p.canonical[late.map->pieces()[0].tensor].name == expert_name(1, 7, "gate_proj.weight"));
   CHECK_THROWS_AS((void)p.shard_id("nope"), dcr::error);
   CHECK_THROWS_AS((void)p.tensor_id("nope"), dcr::error);
 }
@@ -177,7 +195,64 @@ TEST_CASE("invalid layouts are rejected with invalid_argument") {
   CHECK(validate(m, {1, 1, 3, 1, 3}).code == errc::invalid_argument); // experts % ep
   CHECK(validate(m, {1, 1, 2, 1, 1}).code == errc::invalid_argument); // tp*dp % (ep*etp)
   CHECK(validate(m, {1, 1, 1, 3, 3}).code == errc::invalid_argument); // moe_ffn % etp
-  CHECK(validate(m, {2, 2, 2, 2, 2}).ok());
+  CHECK(validate(m, {2, 2, 2, 2, 2, 8}).ok());
+  CHECK(validate(m, {2, 2, 2, 2, 2}).code == errc::invalid_argument); // vocab 77 % 2 without padding
+  CHECK(validate(m, {1, 2, 2, 1, 2}).ok()); // tp 1: any vocabulary divides
+}
+
+TEST_CASE("uneven first/last pipeline stages (num_layers_in_first/last_pipeline_stage)") {
+  auto c = dense_small();
+  c.layers = 7;
+  trainer_layout l{1, 3, 1, 1, 1, 8};
+  CHECK(validate(c, l).code == errc::invalid_argument); // 7 % 3
+  l.first_stage_layers = 1;                            // 1, then 6 over 2 stages: 1, 3, 3
+  REQUIRE(validate(c, l).ok());
+  CHECK(megatron_stage_layers(c, l, 0) == std::pair<std::uint64_t, std::uint64_t>{0, 1});
+  CHECK(megatron_stage_layers(c, l, 1) == std::pair<std::uint64_t, std::uint64_t>{1, 4});
+  CHECK(megatron_stage_layers(c, l, 2) == std::pair<std::uint64_t, std::uint64_t>{4, 7});
+  l.last_stage_layers = 2; // 1, 4, 2
+  CHECK(megatron_stage_layers(c, l, 1) == std::pair<std::uint64_t, std::uint64_t>{1, 5});
+  CHECK(megatron_stage_layers(c, l, 2) == std::pair<std::uint64_t, std::uint64_t>{5, 7});
+  l.pp = 2; // 1 + 2 != 7 with no middle stage
+  CHECK(validate(c, l).code == errc::invalid_argument);
+  l = trainer_layout{1, 4, 1, 1, 1, 8};
+  l.last_stage_layers = 2; // 5 over 3 stages
+  CHECK(validate(c, l).code == errc::invalid_argument);
+  l.first_stage_layers = 2; // 2, 3 over 2 stages: no
+  CHECK(validate(c, l).code == errc::invalid_argument);
+  l.first_stage_layers = 3; // 3, 1, 1, 2
+  REQUIRE(validate(c, l).ok());
+  auto p = megatron_plan(c, l);
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.2.mlp.linear_fc1.weight@tp0/1.pp0/4"));
+  CHECK_THROWS_AS((void)p.shard_id("decoder.layers.1.mlp.linear_fc1.weight@tp0/1.pp1/4"), dcr::error);
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.1.mlp.linear_fc1.weight@tp0/1.pp3/4"));
+}
+
+TEST_CASE("mixed dense/MoE stacks: dense layers of a MoE model get Megatron's dense MLP") {
+  auto c = moe_small();
+  c.layers = 4;
+  c.ffn = 32;
+  c.decoder_sparse_step = 2;
+  c.mlp_only_layers = {3};
+  auto p = megatron_plan(c, trainer_layout{2, 1, 2, 1, 1, 8});
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.0.mlp.linear_fc1.weight@tp1/2"));
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.0.mlp.linear_fc1.layer_norm_weight"));
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.1.mlp.router.weight"));
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.1.pre_mlp_layernorm.weight"));
+  CHECK_THROWS_AS((void)p.shard_id("decoder.layers.3.mlp.router.weight"), dcr::error);
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.3.mlp.linear_fc2.weight@tp0/2"));
+  CHECK_NOTHROW((void)p.shard_id("decoder.layers.1.mlp.experts.linear_fc1.weight0@ep1/2.etp0/1"));
+}
+
+TEST_CASE("vocabulary padding: none by default, Megatron's make_vocab_size_divisible_by when set") {
+  auto c = dense_small();
+  c.vocab = 100;
+  trainer_layout l{4, 1, 1, 1, 1};
+  auto p = megatron_plan(c, l);
+  CHECK(p.shards[p.shard_id("embedding.word_embeddings.weight@tp3/4")].shape == std::vector<std::uint64_t>{25, 32});
+  l.vocab_block = 128; // padded to 512: 128 rows per rank, rank 0 real rows only
+  p = megatron_plan(c, l);
+  CHECK(p.shards[p.shard_id("embedding.word_embeddings.weight@tp3/4")].shape == std::vector<std::uint64_t>{128, 32});
 }
 
 TEST_CASE("simulator: shards from canonical tensors round-trip through full conversion, in every mode") {

@@ -1,10 +1,13 @@
 #pragma once
 /// \file
 /// FP8 E4M3 ("fn": no infinities, max finite 448) conversions used by block
-/// quantisation rules: round-to-nearest-even with saturation, and decoding.
+/// quantisation rules: round-to-nearest-even with saturation, and decoding;
+/// and the per-tile scaling policies of block quantisation.
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 
 namespace dcr {
@@ -42,5 +45,36 @@ inline float e4m3_to_f32(std::uint8_t w) noexcept {
   if (e == 0) return s * std::ldexp(static_cast<float>(m), -9);
   return s * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
 }
+
+/// A per-tile FP8 block-quantisation policy. Given the tile's amax (the
+/// largest |x| of the tile, in FP32), `scale_inv(amax)` is the stored
+/// inverse scale and `scaled(x, amax)` the FP32 value that is cast to E4M3
+/// (round to nearest even, saturating). Laws: both are pure functions of
+/// their arguments (the receiver's dequantisation is `e4m3 * scale_inv`).
+template <class Q>
+concept fp8_block_quantizer = requires(const Q& q, float amax, float x) {
+  { q.scale_inv(amax) } -> std::same_as<float>;
+  { q.scaled(x, amax) } -> std::same_as<float>;
+};
+
+/// The reference behaviour, as `per_block_cast_to_fp8` used with DeepGEMM
+/// and vLLM computes it: amax clamped below at 1e-4, values multiplied by
+/// `448 / amax`, `amax / 448` stored (all in FP32). The default.
+struct per_block_cast_to_fp8 {
+  static constexpr float amax_floor = 1e-4f;
+  float scale_inv(float amax) const noexcept { return std::max(amax, amax_floor) / e4m3_max; }
+  float scaled(float x, float amax) const noexcept { return x * (e4m3_max / std::max(amax, amax_floor)); }
+};
+static_assert(fp8_block_quantizer<per_block_cast_to_fp8>);
+
+/// Values divided by `scale_inv = amax / 448`, and scale_inv 1 for an
+/// all-zero tile. Codes differ from the reference for some tiles (division
+/// by the rounded scale_inv is not multiplication by 448/amax); kept for
+/// checkpoints produced this way.
+struct divide_by_scale_inv {
+  float scale_inv(float amax) const noexcept { return amax > 0 ? amax / e4m3_max : 1.0f; }
+  float scaled(float x, float amax) const noexcept { return x / scale_inv(amax); }
+};
+static_assert(fp8_block_quantizer<divide_by_scale_inv>);
 
 } // namespace dcr

@@ -243,36 +243,40 @@ inline residual_rule scale_cast_rule(std::string name, tensor_meta output, dtype
 inline std::string scale_inv_name(const std::string& weight) { return weight + "_scale_inv"; }
 
 /// FP8 E4M3 block quantisation of a `rows x cols` weight with one f32
-/// `scale_inv` per `block x block` tile (DeepSeek-V3 style): per tile,
-/// `scale_inv = amax / 448` (1 for an all-zero tile) and
-/// `q = e4m3_rne(x / scale_inv)`. Parts of x (dtype `source_dtype`) are placed
-/// through `maps`. One changed element can rescale its whole tile.
-inline residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, std::uint64_t rows,
-                                          std::uint64_t cols, dtype_id source_dtype, std::vector<piecewise_map> maps,
-                                          std::uint64_t block = 128) {
+/// `scale_inv` per `block x block` tile (DeepSeek-V3 style). Per tile, with
+/// `amax` the largest |x| of the tile: `scale_inv = quantizer.scale_inv(amax)`
+/// and `q = e4m3_rne(quantizer.scaled(x, amax))`; the default quantizer is the
+/// reference `per_block_cast_to_fp8` (amax clamped at 1e-4, x · 448/amax,
+/// amax/448 stored). Parts of x (dtype `source_dtype`) are placed through
+/// `maps`. One changed element can rescale its whole tile.
+template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
+residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, std::uint64_t rows, std::uint64_t cols,
+                                   dtype_id source_dtype, std::vector<piecewise_map> maps, std::uint64_t block = 128,
+                                   Quantizer quantizer = {}) {
   if (!detail::castable(source_dtype) || block == 0) throw error(errc::invalid_argument, name + ": bad dtype or block");
   const std::uint64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
   std::vector<tensor_meta> outs{{weight_name, {rows, cols}, dtype_id::f8e4m3fn},
                                 {scale_inv_name(weight_name), {br, bc}, dtype_id::f32}};
   residual_rule r{std::move(name), std::move(outs), maps.size(), {}};
-  r.convert = [maps = std::move(maps), source_dtype, rows, cols, block, br, bc,
+  r.convert = [maps = std::move(maps), source_dtype, rows, cols, block, br, bc, quantizer,
                nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
     tensor_meta xm{"x", {rows, cols}, source_dtype};
     host_tensor x(xm);
     DCR_TRY(detail::assemble_all(nm, maps, in, std::span<host_tensor>(&x, 1)));
     auto* q = out[0].bytes.data();
     auto* s = out[1].bytes.data();
+    const auto* xb = x.bytes.data();
     for (std::uint64_t bi = 0; bi < br; ++bi)
       for (std::uint64_t bj = 0; bj < bc; ++bj) {
         const std::uint64_t r0 = bi * block, r1 = std::min(rows, r0 + block), c0 = bj * block, c1 = std::min(cols, c0 + block);
         float amax = 0;
         for (std::uint64_t i = r0; i < r1; ++i)
-          for (std::uint64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(detail::load_f32(source_dtype, x.bytes.data(), i * cols + j)));
-        const float sinv = amax > 0 ? amax / e4m3_max : 1.0f;
+          for (std::uint64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(detail::load_f32(source_dtype, xb, i * cols + j)));
+        const float sinv = quantizer.scale_inv(amax);
         std::memcpy(s + 4 * (bi * bc + bj), &sinv, 4);
         for (std::uint64_t i = r0; i < r1; ++i)
           for (std::uint64_t j = c0; j < c1; ++j)
-            q[i * cols + j] = static_cast<std::byte>(f32_to_e4m3_rne(detail::load_f32(source_dtype, x.bytes.data(), i * cols + j) / sinv));
+            q[i * cols + j] = static_cast<std::byte>(f32_to_e4m3_rne(quantizer.scaled(detail::load_f32(source_dtype, xb, i * cols + j), amax)));
       }
     return status::success();
   };

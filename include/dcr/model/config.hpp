@@ -13,8 +13,10 @@
 namespace dcr {
 
 /// Llama-style dense or Qwen3-MoE-style transformer. `experts == 0` means dense.
+/// A MoE model may mix dense layers in (Qwen3-MoE's `decoder_sparse_step` and
+/// `mlp_only_layers`); its dense layers use the `ffn` intermediate size.
 struct model_config {
-  std::string family = "llama";   ///< "llama" or "qwen3_moe" (informational)
+  std::string family = "llama";   ///< "llama", "qwen2", "qwen3" or "qwen3_moe"
   std::uint64_t hidden = 256;
   std::uint64_t layers = 2;
   std::uint64_t heads = 8;        ///< query heads (nh)
@@ -27,9 +29,27 @@ struct model_config {
   bool tied_embeddings = false;   ///< lm_head shares embed_tokens (no lm_head tensor)
   bool qk_norm = false;           ///< Qwen3 per-head q_norm / k_norm
   bool attention_bias = false;    ///< q/k/v biases (Qwen2-style)
+  std::uint64_t decoder_sparse_step = 1;     ///< layer i is MoE when (i + 1) % step == 0 ...
+  std::vector<std::uint64_t> mlp_only_layers; ///< ... and i is not listed here
+  std::uint64_t expert_groups = 0;            ///< grouped top-k groups (0: none; Qwen3-MoE has none)
   dtype_id dtype = dtype_id::bf16;
 
   bool is_moe() const noexcept { return experts > 0; }
+  /// Whether layer `i` has a routed-expert MLP, by the rule of vLLM's and
+  /// Hugging Face's `Qwen3MoeDecoderLayer`: experts > 0, `i` not in
+  /// `mlp_only_layers`, and `(i + 1) % decoder_sparse_step == 0`.
+  bool is_moe_layer(std::uint64_t i) const noexcept {
+    if (!is_moe() || decoder_sparse_step == 0 || (i + 1) % decoder_sparse_step != 0) return false;
+    for (auto l : mlp_only_layers)
+      if (l == i) return false;
+    return true;
+  }
+  /// Whether some layer has a dense MLP.
+  bool has_dense_layer() const noexcept {
+    for (std::uint64_t i = 0; i < layers; ++i)
+      if (!is_moe_layer(i)) return true;
+    return false;
+  }
 };
 
 /// Name of a per-layer tensor, e.g. layer_name(3, "self_attn.q_proj.weight").
@@ -67,7 +87,7 @@ inline std::vector<tensor_meta> canonical_tensors(const model_config& c) {
       add(layer_name(i, "self_attn.k_norm.weight"), {c.head_dim});
     }
     add(layer_name(i, "post_attention_layernorm.weight"), {c.hidden});
-    if (c.is_moe()) {
+    if (c.is_moe_layer(i)) {
       add(layer_name(i, "mlp.gate.weight"), {c.experts, c.hidden});
       for (std::uint64_t e = 0; e < c.experts; ++e) {
         add(expert_name(i, e, "gate_proj.weight"), {c.moe_ffn, c.hidden});

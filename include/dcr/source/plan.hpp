@@ -37,6 +37,16 @@ struct source_shard {
   std::optional<piecewise_map> map;    ///< geometry: local -> canonical (plan tensor ids), when it has one
   std::vector<std::uint32_t> feeds;    ///< residual tasks this shard is an input of
   bool direct = true;                  ///< affine task: changes are projected through `map`
+  /// Replicas that hold this shard under another parameter name (Megatron's
+  /// last stage holds a tied embedding as `output_layer.weight`).
+  std::vector<std::pair<std::uint32_t, std::string>> renamed;
+
+  /// The parameter name of this shard on replica `rank`.
+  const std::string& param_on(std::uint32_t rank) const noexcept {
+    for (auto& [r, n] : renamed)
+      if (r == rank) return n;
+    return param;
+  }
 
   /// True when changes of this shard are projected directly through its map.
   bool affine() const noexcept { return direct && map.has_value(); }
@@ -83,7 +93,7 @@ public:
                           std::vector<std::uint32_t> replicas, std::optional<piecewise_map> map = std::nullopt) {
     if (shard_ids_.count(key)) throw error(errc::invalid_argument, "duplicate shard key " + key);
     shard_ids_[key] = static_cast<std::uint32_t>(shards.size());
-    shards.push_back({std::move(key), std::move(param), std::move(shape), dtype, std::move(replicas), 0, std::move(map), {}, true});
+    shards.push_back({std::move(key), std::move(param), std::move(shape), dtype, std::move(replicas), 0, std::move(map), {}, true, {}});
     return static_cast<std::uint32_t>(shards.size() - 1);
   }
   /// Registers a residual task over `inputs` (shard ids). Outputs are added
@@ -290,15 +300,22 @@ template <class Pick> void convert_to_residual(source_plan& p, Pick&& pick) {
 /// Plan of a Megatron-style trainer (Megatron-Core parameter names, TE fused
 /// layer norms, grouped experts `linear_fc1.weight{L}`):
 /// - `embedding.word_embeddings.weight` / `output_layer.weight`: vocab-padded
-///   column-parallel on the first / last stage (tied: the last stage holds a
-///   replica of the embedding, as Megatron does for PP > 1);
+///   (`trainer_layout::vocab_block`, none by default) column-parallel on the
+///   first / last stage; tied embeddings with PP > 1: the last stage holds a
+///   replica of the embedding named `output_layer.weight`, as Megatron's
+///   `LanguageModule.setup_embeddings_and_output_layer` allocates it there;
 /// - `linear_qkv.weight|bias`: fused QKV interleaved per query group;
 /// - `linear_proj.weight`, `linear_fc2.weight`: row-parallel;
 /// - `linear_fc1.weight`: gated [G_r; U_r];
 /// - norms and router: replicated over TP;
-/// - experts: EP rank k holds global experts [k E/S, (k+1) E/S), expert-TP
-///   splitting fc1 (gated) and fc2 (row-parallel) inside;
-/// - PP stage s holds layers [s L/P, (s+1) L/P), names carry global indices.
+/// - MoE layers (`model_config::is_moe_layer`; other layers of a MoE model
+///   have a dense MLP): EP rank k holds global experts [k E/S, (k+1) E/S),
+///   expert-TP splitting fc1 (gated) and fc2 (row-parallel) inside;
+/// - PP stage s holds the layers `megatron_stage_layers` gives it (uneven
+///   first / last stage included) and names them by their stage-local index
+///   (global layer - stage offset), as `TransformerBlock` numbers its modules.
+/// Shard keys are the parameter name plus coordinates (`@tp1/4`, `@ep0/2.etp0/1`,
+/// and `.pp1/2` / `@pp1/2` for layers when PP > 1, where local names repeat).
 inline source_plan megatron_plan(const model_config& c, const trainer_layout& l, const megatron_options& o = {}) {
   throw_if_failed(validate(c, l));
   source_plan p(static_cast<std::uint32_t>(l.world()));
@@ -321,89 +338,102 @@ inline source_plan megatron_plan(const model_config& c, const trainer_layout& l,
     return v;
   };
   auto tid = [&](const std::string& n) { return p.tensor_id(n); };
-  auto tpkey = [](const std::string& n, std::uint64_t r, std::uint64_t t) {
-    return n + "@tp" + std::to_string(r) + "/" + std::to_string(t);
+  auto tpc = [](std::uint64_t r, std::uint64_t t) { return "tp" + std::to_string(r) + "/" + std::to_string(t); };
+  // Key of a shard: parameter name, then its coordinates; layer shards of
+  // different stages share local names, so their keys carry the stage.
+  std::uint64_t stage = 0;
+  auto key = [&](const std::string& n, const std::string& coords, bool layer) {
+    std::string k = n;
+    if (!coords.empty()) k += "@" + coords;
+    if (layer && l.pp > 1) k += (coords.empty() ? "@pp" : ".pp") + std::to_string(stage) + "/" + std::to_string(l.pp);
+    return k;
   };
   const auto H = c.hidden, d = c.head_dim, nh = c.heads, ng = c.kv_heads, t = l.tp;
   const auto fused = ng * (nh / ng + 2) * d;
   const auto vp = padded_vocab(c.vocab, t, l.vocab_block);
-  auto replicated = [&](const std::string& param, const std::string& canon, std::uint64_t s) {
+  auto replicated = [&](const std::string& param, const std::string& canon, std::uint64_t s, bool layer) {
     const auto id = tid(canon);
     const auto& m = p.canonical[id];
     const std::uint64_t rows = m.shape[0], cols = m.numel() / std::max<std::uint64_t>(rows, 1);
-    p.add_shard(param, param, m.shape, c.dtype, stage_group(s), replicated_map(id, rows, cols).pieces());
+    p.add_shard(key(param, "", layer), param, m.shape, c.dtype, stage_group(s), replicated_map(id, rows, cols).pieces());
   };
 
   for (std::uint64_t s = 0; s < l.pp; ++s) {
+    stage = s;
     const bool first = s == 0, last = s + 1 == l.pp;
     if (first)
       for (std::uint64_t r = 0; r < t; ++r) {
         auto reps = tp_group(0, r);
+        std::vector<std::pair<std::uint32_t, std::string>> renamed;
         if (c.tied_embeddings && l.pp > 1)
-          for (auto x : tp_group(l.pp - 1, r)) reps.push_back(x);
+          for (auto x : tp_group(l.pp - 1, r)) {
+            reps.push_back(x);
+            renamed.emplace_back(x, "output_layer.weight");
+          }
         const std::string n = "embedding.word_embeddings.weight";
-        p.add_shard(tpkey(n, r, t), n, {vp / t, H}, c.dtype, reps,
-                    vocab_padded_map(tid("model.embed_tokens.weight"), c.vocab, H, t, r, l.vocab_block).pieces());
+        const auto id = p.add_shard(key(n, tpc(r, t), false), n, {vp / t, H}, c.dtype, reps,
+                                    vocab_padded_map(tid("model.embed_tokens.weight"), c.vocab, H, t, r, l.vocab_block).pieces());
+        p.shards[id].renamed = std::move(renamed);
       }
-    const auto [l0, l1] = pp_stage_layers(c.layers, l.pp, s);
+    const auto [l0, l1] = megatron_stage_layers(c, l, s);
     for (std::uint64_t i = l0; i < l1; ++i) {
       auto L = [&](const std::string& x) { return layer_name(i, x); };
-      auto M = [&](const std::string& x) { return detail::mg_layer(i, x); };
-      replicated(M("self_attention.linear_qkv.layer_norm_weight"), L("input_layernorm.weight"), s);
+      auto M = [&](const std::string& x) { return detail::mg_layer(i - l0, x); };
+      replicated(M("self_attention.linear_qkv.layer_norm_weight"), L("input_layernorm.weight"), s, true);
       for (std::uint64_t r = 0; r < t; ++r) {
         const auto n = M("self_attention.linear_qkv.weight");
-        p.add_shard(tpkey(n, r, t), n, {fused / t, H}, c.dtype, tp_group(s, r),
+        p.add_shard(key(n, tpc(r, t), true), n, {fused / t, H}, c.dtype, tp_group(s, r),
                     fused_qkv_map(tid(L("self_attn.q_proj.weight")), tid(L("self_attn.k_proj.weight")),
                                   tid(L("self_attn.v_proj.weight")), nh, ng, d, H, t, r).pieces());
         if (c.attention_bias) {
           const auto b = M("self_attention.linear_qkv.bias");
-          p.add_shard(tpkey(b, r, t), b, {fused / t}, c.dtype, tp_group(s, r),
+          p.add_shard(key(b, tpc(r, t), true), b, {fused / t}, c.dtype, tp_group(s, r),
                       fused_qkv_map(tid(L("self_attn.q_proj.bias")), tid(L("self_attn.k_proj.bias")),
                                     tid(L("self_attn.v_proj.bias")), nh, ng, d, 1, t, r).pieces());
         }
         const auto o = M("self_attention.linear_proj.weight");
-        p.add_shard(tpkey(o, r, t), o, {H, nh * d / t}, c.dtype, tp_group(s, r),
+        p.add_shard(key(o, tpc(r, t), true), o, {H, nh * d / t}, c.dtype, tp_group(s, r),
                     row_parallel_map(tid(L("self_attn.o_proj.weight")), H, nh * d, t, r).pieces());
       }
       if (c.qk_norm) {
-        replicated(M("self_attention.q_layernorm.weight"), L("self_attn.q_norm.weight"), s);
-        replicated(M("self_attention.k_layernorm.weight"), L("self_attn.k_norm.weight"), s);
+        replicated(M("self_attention.q_layernorm.weight"), L("self_attn.q_norm.weight"), s, true);
+        replicated(M("self_attention.k_layernorm.weight"), L("self_attn.k_norm.weight"), s, true);
       }
-      if (!c.is_moe()) {
-        replicated(M("mlp.linear_fc1.layer_norm_weight"), L("post_attention_layernorm.weight"), s);
+      if (!c.is_moe_layer(i)) {
+        replicated(M("mlp.linear_fc1.layer_norm_weight"), L("post_attention_layernorm.weight"), s, true);
         for (std::uint64_t r = 0; r < t; ++r) {
           const auto f1 = M("mlp.linear_fc1.weight"), f2 = M("mlp.linear_fc2.weight");
-          p.add_shard(tpkey(f1, r, t), f1, {2 * c.ffn / t, H}, c.dtype, tp_group(s, r),
+          p.add_shard(key(f1, tpc(r, t), true), f1, {2 * c.ffn / t, H}, c.dtype, tp_group(s, r),
                       gated_fc1_map(tid(L("mlp.gate_proj.weight")), tid(L("mlp.up_proj.weight")), c.ffn, H, t, r).pieces());
-          p.add_shard(tpkey(f2, r, t), f2, {H, c.ffn / t}, c.dtype, tp_group(s, r),
+          p.add_shard(key(f2, tpc(r, t), true), f2, {H, c.ffn / t}, c.dtype, tp_group(s, r),
                       row_parallel_map(tid(L("mlp.down_proj.weight")), H, c.ffn, t, r).pieces());
         }
       } else {
-        replicated(M("pre_mlp_layernorm.weight"), L("post_attention_layernorm.weight"), s);
-        replicated(M("mlp.router.weight"), L("mlp.gate.weight"), s);
+        replicated(M("pre_mlp_layernorm.weight"), L("post_attention_layernorm.weight"), s, true);
+        replicated(M("mlp.router.weight"), L("mlp.gate.weight"), s, true);
         const auto per = c.experts / l.ep, te = l.etp, F = c.moe_ffn;
         for (std::uint64_t k = 0; k < l.ep; ++k)
           for (std::uint64_t loc = 0; loc < per; ++loc) {
             const auto e = global_expert(loc, k, c.experts, l.ep);
             for (std::uint64_t r = 0; r < te; ++r) {
-              const auto coord = "@ep" + std::to_string(k) + "/" + std::to_string(l.ep) + ".etp" + std::to_string(r) + "/" +
+              const auto coord = "ep" + std::to_string(k) + "/" + std::to_string(l.ep) + ".etp" + std::to_string(r) + "/" +
                                  std::to_string(te);
               const auto f1 = M("mlp.experts.linear_fc1.weight" + std::to_string(loc));
               const auto f2 = M("mlp.experts.linear_fc2.weight" + std::to_string(loc));
-              p.add_shard(f1 + coord, f1, {2 * F / te, H}, c.dtype, expert_group(s, k, r),
+              p.add_shard(key(f1, coord, true), f1, {2 * F / te, H}, c.dtype, expert_group(s, k, r),
                           gated_fc1_map(tid(expert_name(i, e, "gate_proj.weight")), tid(expert_name(i, e, "up_proj.weight")), F, H, te, r).pieces());
-              p.add_shard(f2 + coord, f2, {H, F / te}, c.dtype, expert_group(s, k, r),
+              p.add_shard(key(f2, coord, true), f2, {H, F / te}, c.dtype, expert_group(s, k, r),
                           row_parallel_map(tid(expert_name(i, e, "down_proj.weight")), H, F, te, r).pieces());
             }
           }
       }
     }
     if (last) {
-      replicated("decoder.final_layernorm.weight", "model.norm.weight", s);
+      replicated("decoder.final_layernorm.weight", "model.norm.weight", s, false);
       if (!c.tied_embeddings)
         for (std::uint64_t r = 0; r < t; ++r) {
           const std::string n = "output_layer.weight";
-          p.add_shard(tpkey(n, r, t), n, {vp / t, H}, c.dtype, tp_group(s, r),
+          p.add_shard(key(n, tpc(r, t), false), n, {vp / t, H}, c.dtype, tp_group(s, r),
                       vocab_padded_map(tid("lm_head.weight"), c.vocab, H, t, r, l.vocab_block).pieces());
         }
     }
