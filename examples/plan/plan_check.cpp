@@ -24,7 +24,6 @@
 #include "dcr/core/json.hpp"
 
 using namespace dcr;
-using json_value;
 
 namespace {
 
