@@ -4,7 +4,7 @@
 /// its JSON gateway (`POST /v3/kv/txn`, served by etcd 3.4 and later).
 ///
 /// Keys, under a configurable prefix P (default "dcr/commit/"):
-///  - `P record`: the stored record in the `dcr-commit 1` text format of
+///  - `P record`: the stored record in the `dcr-commit 2` text format of
 ///    `serialize` (digest-sealed, so a value damaged or written by someone
 ///    else is detected); its embedded `revision` equals the key's version;
 ///  - `P epoch`: the active coordinator epoch, decimal; absent means 0;
@@ -109,6 +109,8 @@ public:
     std::lock_guard g(m_);
     std::uint64_t seen = epoch_hint_;
     for (unsigned race = 0; race <= opt_.max_races; ++race) {
+      DCR_RETURN_ERROR_IF(seen >= max_counter, length_overflow,
+                          "etcd take_over: coordinator epochs exhausted (" + std::to_string(seen) + ")");
       const std::string body = txn_body({compare_counter(epoch_key_, seen)},
                                         {put(epoch_key_, std::to_string(seen + 1))}, {range(epoch_key_)});
       txn_result t;
@@ -127,6 +129,8 @@ public:
     std::lock_guard g(m_);
     std::uint64_t seen = attempt_hint_;
     for (unsigned race = 0; race <= opt_.max_races; ++race) {
+      DCR_RETURN_ERROR_IF(seen >= max_counter, length_overflow,
+                          "etcd prepare: attempt ids exhausted (" + std::to_string(seen) + ")");
       const std::string body =
           txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, seen)},
                    {put(attempt_key_, std::to_string(seen + 1))}, {range(epoch_key_), range(attempt_key_)});
@@ -150,6 +154,14 @@ public:
                          const commit_record& next) {
     std::lock_guard g(m_);
     const stored_record written{next, expected_revision + 1, epoch, attempt};
+    if (auto v = detail::check_record(written); !v) {
+      // A record naming an attempt after τ is refused; but a fenced caller
+      // is told `conflict` first, as by the other models.
+      stored_record now;
+      DCR_TRY(load_locked(now));
+      DCR_TRY(detail::check_cas(now, epoch, attempt, expected_revision));
+      return v;
+    }
     const std::string body =
         txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, attempt),
                   compare_version(record_key_, expected_revision)},
