@@ -64,4 +64,15 @@ rc=$?
 set -e
 [ "$rc" -ne 0 ] || { echo "a workdir past --steps was not refused"; exit 1; }
 grep -q "pass --steps >= $steps" "$tmp/err" || { cat "$tmp/err"; echo "refusal does not say what to do"; exit 1; }
+# A lost commit record next to a killed run's attempt objects: refused, not a fresh start.
+w=$tmp/lost
+set +e
+DCR_DEMO_KILL_AT=after_first_ack:2 "$demo" --size small --steps $steps --workdir "$w" >/dev/null 2>&1
+rm -f "$w/control/commit"
+"$demo" --size small --steps $steps --workdir "$w" >/dev/null 2>"$tmp/err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || { echo "a lost record next to attempt objects was not refused"; exit 1; }
+grep -q "foreign_incarnation" "$tmp/err" && grep -q "restore the commit record" "$tmp/err" || {
+  cat "$tmp/err"; echo "lost-record refusal does not say what to do"; exit 1; }
 echo "demo resume checks passed"
