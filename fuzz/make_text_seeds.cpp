@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   using namespace dcr;
   transport::manifest m;
+  m.incarnation = "0123456789abcdef0123456789abcdef";
   m.attempt = 7;
   m.owner = 3;
   const std::string pl = "p1";
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   r.record.attempt = 8;
   r.record.time_unix_ns = 1700000000000000000ull;
   r.record.receivers = {{"tp0", {}}, {"tp1", {}}};
+  r.record.incarnation = "0123456789abcdef0123456789abcdef";
   put(dir, "commit", 1, unsealed(protocol::serialize(r)));
   protocol::stored_record r2;
   require(protocol::parse(protocol::serialize(r), r2), "commit");

@@ -4,11 +4,14 @@
 // compressed payloads through a filesystem object store to vLLM-style
 // receivers ("TP 4, DP 2, expert parallel"), which apply them through their native loader; a
 // joint commit in a file commit store publishes each version. The run ends by
-// checking every receiver byte for byte against a dense refit.
+// checking every receiver byte for byte against a dense refit. A --workdir
+// that already holds a committed version (a run killed at any point) resumes
+// from that version, or is refused with what to do.
 //
 //   dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]
 //            [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include <csignal>
 #include <unistd.h>
 
 #include "bench/bench_common.hpp"
@@ -253,6 +257,14 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     trainers[s] = std::make_unique<sim::adamw_trainer>(w, opt.seed * 104729 + s);
   });
   say("source shards and AdamW state ready (" + bench::fmt(since(t0), 1) + " s)");
+  auto train_step = [&] {
+    parallel_for(plan->shards.size(), [&](std::size_t s) {
+      if (!trainers[s]) return;
+      trainers[s]->step();
+      auto w = trainers[s]->bf16();
+      std::memcpy(state.shards[s].data(), w.data(), w.size_bytes());
+    });
+  };
 
   // ---- embedded infrastructure ----------------------------------------------
   std::filesystem::path work = opt.workdir;
@@ -265,6 +277,32 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
   }
   transport::fs_object_store objects(work / "objects");
   protocol::file_commit_store commits(work / "control");
+
+  // ---- resume: a workdir that already holds a committed version -------------
+  // Training is deterministic in (model, seed), so replaying the committed
+  // number of AdamW steps rebuilds the owners' baseline of that version; the
+  // record's source-baseline and receiver digests then prove it is the same
+  // run (checked after the dense refit below).
+  std::uint64_t resumed = 0;
+  bool resuming = false;
+  {
+    protocol::stored_record cur;
+    if (auto s = commits.load(cur); !s)
+      throw error(s.code, s.message + " (the commit record in " + (work / "control").string() +
+                              " cannot be read: restore it, or remove " + work.string() + " to start afresh)");
+    if (cur.revision != 0) {
+      resuming = true;
+      resumed = cur.record.version;
+      if (resumed > static_cast<std::uint64_t>(opt.steps))
+        throw error(errc::invalid_argument, work.string() + " already holds version " + std::to_string(resumed) +
+                                                 ", past --steps " + std::to_string(opt.steps) +
+                                                 ": pass --steps >= " + std::to_string(resumed) +
+                                                 " to continue it, or another --workdir");
+      say("resuming " + work.string() + " from committed version " + std::to_string(resumed) + " (replaying " +
+          std::to_string(resumed) + " AdamW steps)");
+      for (std::uint64_t k = 0; k < resumed; ++k) train_step();
+    }
+  }
 
   protocol::training_round round(plan, state.view());
   auto members = round.members();
@@ -292,8 +330,9 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
           return status::success();
         }));
 
-  // ---- version 0 by dense refit (also the dense reference timing) -----------
-  say("dense refit of version 0 to " + std::to_string(layouts.size()) + " receivers...");
+  // ---- version 0 (or the resumed one) by dense refit (also the dense reference timing)
+  const std::string dense_prefix = "dense/v" + std::to_string(resumed) + "/";
+  say("dense refit of version " + std::to_string(resumed) + " to " + std::to_string(layouts.size()) + " receivers...");
   t0 = clk::now();
   double dense_seconds = 0;
   {
@@ -301,12 +340,12 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     const double t_export = since(t0);
     // The dense path ships every tensor through the same object store once
     // per rollout node, then loads it into every rank.
-    for (auto& t : canon.tensors()) throw_if_failed(objects.put("dense/v0/" + t.meta.name, t.bytes));
+    for (auto& t : canon.tensors()) throw_if_failed(objects.put(dense_prefix + t.meta.name, t.bytes));
     const double t_put = since(t0);
     tensor_set fetched;
     for (auto& m : metas) {
       host_tensor h(m);
-      throw_if_failed(objects.get("dense/v0/" + m.name, h.bytes));
+      throw_if_failed(objects.get(dense_prefix + m.name, h.bytes));
       fetched.add(std::move(h));
     }
     std::vector<std::unique_ptr<staged>> ranks(layouts.size());
@@ -326,25 +365,67 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
   std::vector<endpoint_t*> ep_ptrs;
   for (auto& e : endpoints) ep_ptrs.push_back(e.get());
   protocol::coordinator_options copt;
+  int current_step = 0;
+  // DCR_DEMO_KILL_AT=<point>:<step> (point: after_prepare, after_first_ack,
+  // after_commit) makes the process SIGKILL itself at that crash point of
+  // that step's transition: a hard stop at a named moment, for resume tests.
+  if (const char* k = std::getenv("DCR_DEMO_KILL_AT")) {
+    const std::string spec = k;
+    const auto colon = spec.find(':');
+    const std::string point = spec.substr(0, colon);
+    const int at = colon == std::string::npos ? 1 : std::atoi(spec.c_str() + colon + 1);
+    protocol::crash_point p{};
+    if (point == "after_prepare") p = protocol::crash_point::after_prepare;
+    else if (point == "after_first_ack") p = protocol::crash_point::after_first_ack;
+    else if (point == "after_commit") p = protocol::crash_point::after_commit;
+    else usage("DCR_DEMO_KILL_AT: unknown crash point " + point);
+    copt.crash = [p, at, &current_step](protocol::crash_point q) {
+      if (q == p && current_step == at) ::kill(::getpid(), SIGKILL);
+      return false;
+    };
+  }
   coordinator_t coord(commits, objects, owner_ptrs, ep_ptrs, copt);
   throw_if_failed(coord.take_over());
   throw_if_failed(coord.bootstrap());
-  say("version 0 committed (dense refit " + bench::fmt(dense_seconds, 2) + " s)");
+  if (resuming) {
+    // Same run? The replayed baseline and the dense receivers must be what
+    // the record committed; otherwise refuse rather than publish a mix.
+    protocol::stored_record cur;
+    throw_if_failed(commits.load(cur));
+    std::vector<digest128> base;
+    for (auto& m : members) base.push_back(m.baseline_digest());
+    const std::string what_to_do = ": re-run with the --size/--checkpoint/--seed that created " + work.string() +
+                                   ", or remove it to start afresh";
+    if (cur.record.version != resumed || cur.record.source_baseline != protocol::combine(base))
+      throw error(errc::verification, work.string() + " holds version " + std::to_string(cur.record.version) +
+                                          " of another run (its source baseline differs from the replayed one)" +
+                                          what_to_do);
+    for (auto* e : ep_ptrs) {
+      auto it = std::find_if(cur.record.receivers.begin(), cur.record.receivers.end(),
+                             [&](const protocol::receiver_ack& a) { return a.receiver == e->id(); });
+      const bool same = it != cur.record.receivers.end() &&
+                        e->with_receiver([&](staged& s) { return s.state_digest() == it->state; });
+      if (!same)
+        throw error(errc::verification, work.string() + ": receiver " + e->id() + " of version " +
+                                            std::to_string(resumed) + " differs from the committed digest" +
+                                            what_to_do);
+    }
+    say("version " + std::to_string(resumed) + " resumed (dense refit " + bench::fmt(dense_seconds, 2) +
+        " s matches the committed digests)");
+  } else {
+    say("version 0 committed (dense refit " + bench::fmt(dense_seconds, 2) + " s)");
+  }
 
   // ---- training steps, each followed by a delta refit ------------------------
   std::vector<step_row> rows;
   bool ok = true;
-  for (int step = 1; step <= opt.steps; ++step) {
+  for (int step = static_cast<int>(resumed) + 1; step <= opt.steps; ++step) {
+    current_step = step;
     const bool kill = opt.kill_every > 0 && step % opt.kill_every == 0;
     say("step " + std::to_string(step) + "/" + std::to_string(opt.steps) + ": AdamW step...");
     if (kill) committed_canon = export_committed(); // what a restarted receiver restores
     t0 = clk::now();
-    parallel_for(plan->shards.size(), [&](std::size_t s) {
-      if (!trainers[s]) return;
-      trainers[s]->step();
-      auto w = trainers[s]->bf16();
-      std::memcpy(state.shards[s].data(), w.data(), w.size_bytes());
-    });
+    train_step();
     const double train_s = since(t0);
     round.set_candidate(state.view());
     if (kill) {
@@ -373,9 +454,14 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
       bytes += a.payload_bytes;
     }
     r.payload_mb = static_cast<double>(bytes) / 1e6;
-    r.payload_pct = 100.0 * static_cast<double>(rep_t.attempts.back().payload_bytes) / static_cast<double>(ckpt_bytes);
-    r.change_pct = 100.0 * static_cast<double>(round.emitted_records(rep_t.attempts.back().attempt)) /
-                   static_cast<double>(ckpt_elems);
+    // A rolled-forward transition ran no attempt (the record was already
+    // committed): nothing was sent.
+    if (!rep_t.attempts.empty()) {
+      r.payload_pct =
+          100.0 * static_cast<double>(rep_t.attempts.back().payload_bytes) / static_cast<double>(ckpt_bytes);
+      r.change_pct = 100.0 * static_cast<double>(round.emitted_records(rep_t.attempts.back().attempt)) /
+                     static_cast<double>(ckpt_elems);
+    }
     r.commit = rep_t.commit_seconds;
     r.refit = rep_t.wall_seconds;
     r.speedup = r.refit > 0 ? dense_seconds / r.refit : 0;
@@ -392,7 +478,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     auto canon = export_committed();
     protocol::stored_record cur;
     throw_if_failed(commits.load(cur));
-    if (cur.record.version != static_cast<std::uint64_t>(rows.size())) exact = false;
+    if (cur.record.version != resumed + rows.size()) exact = false;
     std::mutex m;
     parallel_for(endpoints.size(), [&](std::size_t k) {
       rank_receiver ref(layouts[k], metas);
@@ -438,7 +524,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
              bench::fmt(r.speedup, 1) + "x"});
     t.print(std::cout, false);
     std::cout << "\nverification: " << checked << " receivers " << (exact ? "equal" : "DIFFER FROM")
-              << " a dense refit of version " << rows.size() << " byte for byte: " << (exact ? "PASS" : "FAIL") << "\n"
+              << " a dense refit of version " << resumed + rows.size() << " byte for byte: " << (exact ? "PASS" : "FAIL") << "\n"
               << "total " << bench::fmt(since(t_start), 1) << " s\n";
   }
   if (own_work) std::filesystem::remove_all(work);

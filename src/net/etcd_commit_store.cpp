@@ -40,6 +40,8 @@ struct etcd_commit_store::impl {
     std::lock_guard g(m_);
     std::uint64_t seen = epoch_hint_;
     for (unsigned race = 0; race <= opt_.max_races; ++race) {
+      DCR_RETURN_ERROR_IF(seen >= max_counter, length_overflow,
+                          "etcd take_over: coordinator epochs exhausted (" + std::to_string(seen) + ")");
       const std::string body = txn_body({compare_counter(epoch_key_, seen)},
                                         {put(epoch_key_, std::to_string(seen + 1))}, {range(epoch_key_)});
       txn_result t;
@@ -58,6 +60,8 @@ struct etcd_commit_store::impl {
     std::lock_guard g(m_);
     std::uint64_t seen = attempt_hint_;
     for (unsigned race = 0; race <= opt_.max_races; ++race) {
+      DCR_RETURN_ERROR_IF(seen >= max_counter, length_overflow,
+                          "etcd prepare: attempt ids exhausted (" + std::to_string(seen) + ")");
       const std::string body =
           txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, seen)},
                    {put(attempt_key_, std::to_string(seen + 1))}, {range(epoch_key_), range(attempt_key_)});
@@ -81,6 +85,14 @@ struct etcd_commit_store::impl {
                          const commit_record& next) {
     std::lock_guard g(m_);
     const stored_record written{next, expected_revision + 1, epoch, attempt};
+    if (auto v = detail::check_record(written); !v) {
+      // A record naming an attempt after τ is refused; but a fenced caller
+      // is told `conflict` first, as by the other models.
+      stored_record now;
+      DCR_TRY(load_locked(now));
+      DCR_TRY(detail::check_cas(now, epoch, attempt, expected_revision));
+      return v;
+    }
     const std::string body =
         txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, attempt),
                   compare_version(record_key_, expected_revision)},

@@ -200,6 +200,7 @@ TEST_CASE("etcd store: two store objects racing compare-and-set: exactly one win
       sync.arrive_and_wait(); // both loaded the same revision before either writes
       auto next = cur.record;
       ++next.version;
+      next.incarnation = std::string(32, 'e');
       next.receivers = {{"racer-" + std::to_string(who), {}}};
       results[static_cast<std::size_t>(who)].push_back(
           l.ok() ? s.compare_and_set(epoch, attempt, cur.revision, next).code : l.code);

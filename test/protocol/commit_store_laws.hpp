@@ -29,6 +29,9 @@ inline commit_record sample_record(std::uint64_t version, std::uint64_t attempt,
     k.receivers.push_back(a);
   }
   k.time_unix_ns = rng();
+  digest128 inc{};
+  for (auto& b : inc) b = static_cast<std::uint8_t>(rng());
+  k.incarnation = to_hex(inc);
   return k;
 }
 

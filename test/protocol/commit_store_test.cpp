@@ -71,13 +71,19 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
   CHECK(parse("dcr-commit 1\n", out).code == errc::bad_format);
   {
     // A well-digested record of an unknown version.
-    std::string body = "dcr-commit 2\n";
+    std::string body = "dcr-commit 3\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
     CHECK(parse(text, out).code == errc::unsupported_version);
+    // The format before incarnations is refused with what to do.
+    body = "dcr-commit 1\nrevision 1\n";
+    text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+    auto st = parse(text, out);
+    CHECK(st.code == errc::unsupported_version);
+    CHECK(st.message.find("incarnation") != std::string::npos);
   }
   {
     // Valid digest over malformed fields.
-    std::string body = "dcr-commit 1\nrevision x\n";
+    std::string body = "dcr-commit 2\nincarnation none\nrevision x\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
     CHECK(parse(text, out).code == errc::bad_format);
   }
@@ -86,6 +92,72 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
     text.pop_back();
     CHECK(parse(text, out).code == errc::bad_format);
   }
+}
+
+TEST_CASE("validation rejects what no correct writer produces, resealed or not") {
+  const std::uint64_t top = ~std::uint64_t{0};
+  auto refused = [](const stored_record& s) {
+    // Sealed by hand: the digest line is right, the content is not.
+    stored_record back;
+    const auto st = parse(serialize(s), back);
+    CHECK(st.code == errc::bad_format);
+    return st;
+  };
+  auto good = stored_record{sample_record(3, 5, 1), 4, 2, 6};
+  stored_record back;
+  REQUIRE(parse(serialize(good), back).ok());
+  {
+    auto s = good;
+    s.record.receivers = {{"rank-0", {}}, {"rank-1", {}}, {"rank-0", {}}};
+    CHECK(refused(s).message.find("listed twice") != std::string::npos);
+  }
+  {
+    auto s = good;
+    s.record.receivers = {{"", {}}};
+    (void)refused(s);
+  }
+  for (int field = 0; field < 5; ++field) {
+    CAPTURE(field);
+    auto s = good;
+    if (field == 0) s.attempt = top;
+    if (field == 1) s.record.attempt = s.attempt = top;
+    if (field == 2) s.epoch = top;
+    if (field == 3) s.revision = top;
+    if (field == 4) s.record.version = top;
+    CHECK(refused(s).message.find("2^64-1") != std::string::npos);
+  }
+  {
+    auto s = good;
+    s.record.attempt = s.attempt + 1; // committed an attempt never handed out
+    (void)refused(s);
+  }
+  {
+    auto s = good;
+    s.record.incarnation.clear(); // a committed record without its incarnation
+    (void)refused(s);
+    s.revision = 0; // a never-committed store that holds a record
+    s.record.incarnation = good.record.incarnation;
+    (void)refused(s);
+  }
+  // Counters stop one short of 2^64-1: prepare and take_over refuse, typed, and change nothing.
+  temp_dir d;
+  {
+    stored_record s;
+    s.epoch = 1;
+    s.attempt = max_counter;
+    std::ofstream(d.path / "commit") << serialize(s);
+  }
+  file_commit_store fs(d.path);
+  std::uint64_t a = 0, e = 0;
+  CHECK(fs.prepare(1, a).code == errc::length_overflow);
+  {
+    stored_record s;
+    s.epoch = max_counter;
+    std::ofstream(d.path / "commit") << serialize(s);
+  }
+  CHECK(fs.take_over(e).code == errc::length_overflow);
+  REQUIRE(fs.load(back).ok());
+  CHECK(back.epoch == max_counter);
 }
 
 TEST_CASE("file backend: a damaged record file is reported, not misread") {
@@ -176,6 +248,7 @@ TEST_CASE("file backend: forked processes racing compare-and-set never lose an i
         if (!s.load(r).ok()) ::_exit(2);
         auto next = r.record;
         ++next.version;
+        next.incarnation = std::string(32, 'a');
         next.receivers = {{"p" + std::to_string(p), {}}};
         auto st = s.compare_and_set(epoch, attempt, r.revision, next);
         if (st.ok()) ++won;
@@ -217,6 +290,7 @@ TEST_CASE("file backend: processes killed mid-operation leave a readable record 
         if (!s.load(r).ok()) ::_exit(2);
         auto next = r.record;
         ++next.version;
+        next.incarnation = std::string(32, 'a');
         (void)s.compare_and_set(epoch, attempt, r.revision, next);
       }
     }
@@ -231,6 +305,7 @@ TEST_CASE("file backend: processes killed mid-operation leave a readable record 
     CHECK(r.record.version == r.revision);
     auto next = r.record;
     ++next.version;
+    next.incarnation = std::string(32, 'a');
     REQUIRE(s.compare_and_set(epoch, attempt, r.revision, next).ok()); // lock was released
   }
 }

@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "attempt_faults.hpp"
 #include "models.hpp"
 #include "dcr/protocol/coordinator.hpp"
 
@@ -137,7 +138,7 @@ TEST_CASE("clean transitions: one mixed attempt each, receivers bit-exact, attem
     CHECK(rep.attempts[0].payloads > 0);
     s.check_consistent(v);
     std::vector<std::string> left;
-    REQUIRE(s.objects.list("attempt/", left).ok());
+    REQUIRE(s.objects.list("", left).ok());
     CHECK(left.empty());
   }
   // An unchanged candidate still commits a version (empty delta).
@@ -362,7 +363,7 @@ TEST_CASE("endpoint: duplicates (same object, or same payload id) and stale atte
   CHECK(e.finish(tau, d).code == errc::aborted);
 }
 
-TEST_CASE("scenario: a stale attempt's payload appears under the current attempt -> ignored, one attempt") {
+TEST_CASE("scenario: a stale attempt's payload appears under the current attempt -> unlisted, attempt fails, retry commits") {
   rig<> s;
   auto c = s.coord();
   s.start(c);
@@ -372,11 +373,33 @@ TEST_CASE("scenario: a stale attempt's payload appears under the current attempt
   s.store.remaining = 1;
   auto rep = c.transition();
   REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
-  REQUIRE(rep.attempts.size() == 2);
+  REQUIRE(rep.attempts.size() == 3);
+  CHECK(rep.attempts[1].result.code == errc::verification); // no manifest lists it
   std::uint64_t stale = 0;
   for (auto& e : s.endpoints) stale += e->counters().stale;
-  CHECK(stale >= s.endpoints.size()); // every receiver saw and ignored it
+  CHECK(stale >= s.endpoints.size()); // every receiver saw and ignored its bytes
   s.check_consistent(1);
+}
+
+
+TEST_CASE("unlisted payload: a copy with another sequence number fails the attempt; the retry commits bit-exact (memory)") {
+  for (auto mode : {rl_mode::synchronous, rl_mode::asynchronous}) {
+    CAPTURE(int(mode));
+    transport::memory_object_store objects;
+    memory_commit_store commits;
+    check_unlisted_copy(objects, commits, mode);
+  }
+}
+
+TEST_CASE("unlisted payload: same on the filesystem object store with the file commit store") {
+  char tmpl[] = "/tmp/dcr-unlisted-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  {
+    transport::fs_object_store objects(dir / "objects");
+    file_commit_store commits(dir / "control");
+    check_unlisted_copy(objects, commits, rl_mode::synchronous);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("scenario: coordinator dies after prepare -> successor fences it and commits with overwrite") {
@@ -639,8 +662,122 @@ TEST_CASE("file-backed run: filesystem object store + file commit store, crash a
         for (std::size_t t = 0; t < metas.size(); ++t) CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
       });
     std::vector<std::string> left;
-    REQUIRE(objects.list("attempt/", left).ok());
+    REQUIRE(objects.list("", left).ok());
     CHECK(left.empty());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("lost commit record next to attempt objects: bootstrap refuses, typed; after cleanup a new history commits (memory)") {
+  transport::memory_object_store objects;
+  check_lost_record<transport::memory_object_store, memory_commit_store>(
+      objects, [] { return std::make_unique<memory_commit_store>(); });
+}
+
+TEST_CASE("lost commit record next to attempt objects: same with the fs object store and a deleted commit file") {
+  char tmpl[] = "/tmp/dcr-lost-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  {
+    transport::fs_object_store objects(dir / "objects");
+    check_lost_record<transport::fs_object_store, file_commit_store>(objects, [&] {
+      std::filesystem::remove(dir / "control" / "commit");
+      return std::make_unique<file_commit_store>(dir / "control");
+    });
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("attempt objects are bound to the incarnation: another history's objects are never listed or read") {
+  transport::memory_object_store raw;
+  const std::string a(32, 'a'), b(32, 'b');
+  transport::incarnation_scope<transport::memory_object_store> sa(raw, a), sb(raw, b);
+  CHECK_THROWS_AS((transport::incarnation_scope<transport::memory_object_store>(raw, "xyz")), error);
+  std::vector<std::byte> p1(40, std::byte{1}), p2(40, std::byte{2});
+  {
+    transport::attempt_writer w(sa, 5, 0);
+    REQUIRE(w.put_payload(p1).ok());
+    REQUIRE(w.finish().ok());
+  }
+  std::vector<std::string> names;
+  REQUIRE(sb.list("attempt/", names).ok());
+  CHECK(names.empty()); // b's attempt 5 does not see a's
+  REQUIRE(sa.list("attempt/", names).ok());
+  CHECK(names.size() == 2);
+  // a's manifest copied under b's prefix: refused as another incarnation's.
+  std::vector<std::byte> m;
+  REQUIRE(sa.get(transport::manifest_name(5, 0), m).ok());
+  REQUIRE(sb.put(transport::payload_name(5, 0, 0), p1).ok());
+  REQUIRE(sb.put(transport::manifest_name(5, 0), m).ok());
+  std::atomic<bool> stop{false};
+  transport::attempt_reader<decltype(sb)> reader(sb, 5, {0});
+  auto st = reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); }, stop,
+                       std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  CHECK(st.code == errc::foreign_incarnation);
+  // Garbage collection of one history leaves the other's objects alone.
+  REQUIRE(transport::collect_attempts(sa, 5).ok());
+  REQUIRE(sa.list("", names).ok());
+  CHECK(names.empty());
+  REQUIRE(sb.list("", names).ok());
+  CHECK(names.size() == 2);
+}
+
+TEST_CASE("a commit record replaced by an older one hands out attempt ids again: their objects are never read") {
+  char tmpl[] = "/tmp/dcr-rollback-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  {
+    auto metas = canonical_tensors(small_llama());
+    auto trainer = trainer_state::make(metas, 41);
+    std::vector<std::unique_ptr<model_owner>> owners;
+    std::vector<model_owner*> op;
+    for (std::uint32_t k = 0; k < 2; ++k) {
+      owners.push_back(std::make_unique<model_owner>(k, 2, &trainer));
+      op.push_back(owners.back().get());
+    }
+    transport::fs_object_store objects(dir / "objects");
+    file_commit_store commits(dir / "control");
+    auto dense = [&](model_receiver& r) {
+      for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
+      return status::success();
+    };
+    std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
+    std::vector<receiver_endpoint<model_receiver>*> ep;
+    for (int r = 0; r < 2; ++r) {
+      auto id = "rank-" + std::to_string(r);
+      eps.push_back(std::make_unique<receiver_endpoint<model_receiver>>(
+          id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
+      ep.push_back(eps.back().get());
+    }
+    using C = coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
+    C c1(commits, objects, op, ep, crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
+    C c0(commits, objects, op, ep);
+    REQUIRE(c0.take_over().ok());
+    REQUIRE(c0.bootstrap().ok());
+    trainer.step(0.1, 1);
+    REQUIRE(c0.transition().result.ok());
+    const auto saved = dir / "commit.saved";
+    std::filesystem::copy_file(dir / "control" / "commit", saved);
+    trainer.step(0.1, 2);
+    REQUIRE(c1.take_over().ok());
+    CHECK(c1.transition().result.code == errc::aborted); // its objects stay
+    // The record (with its attempt counter) is put back to the saved one,
+    // and the candidate moves on: the old attempt's objects are now wrong.
+    std::filesystem::copy_file(saved, dir / "control" / "commit", std::filesystem::copy_options::overwrite_existing);
+    trainer.step(0.1, 3);
+    for (auto* e : ep) e->kill(); // restarted receivers: no in-memory fence helps
+    C c2(commits, objects, op, ep);
+    REQUIRE(c2.take_over().ok());
+    auto rep = c2.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    stored_record cur;
+    REQUIRE(commits.load(cur).ok());
+    CHECK(cur.record.version == 2);
+    for (std::size_t r = 0; r < ep.size(); ++r)
+      ep[r]->with_receiver([&](model_receiver& rc) {
+        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
+        CHECK(cur.record.receivers[r].state == rc.state_digest());
+      });
+    REQUIRE(rep.attempts.size() == 2);
+    CHECK(rep.attempts[0].result.code == errc::stale_attempt); // τ reused: refused, nothing read
   }
   std::filesystem::remove_all(dir);
 }

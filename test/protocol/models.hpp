@@ -217,9 +217,12 @@ public:
     if (payload && mode == fault::drop && take()) return status::success(); // lost in transit
     if (payload && mode == fault::inject_stale) {
       std::lock_guard l(m_);
-      const auto a = transport::attempt_of(name);
+      // Names arrive inside the coordinator's incarnation scope: keep it.
+      const auto at = name.find("attempt/");
+      const auto scope = std::string(name.substr(0, at));
+      const auto a = transport::attempt_of(name.substr(at));
       if (!old_.empty() && old_attempt_ < a && take()) {
-        DCR_TRY(s_->put(transport::attempt_prefix(a) + "payload/o0000000099-s0000000000", old_));
+        DCR_TRY(s_->put(scope + transport::attempt_prefix(a) + "payload/o0000000099-s0000000000", old_));
       }
       if (old_.empty() || a == old_attempt_) {
         old_.assign(b.begin(), b.end());

@@ -95,7 +95,7 @@ TEST_CASE("fault sweep: random faults every transition, receivers always equal t
           CHECK(cur.record.receivers[r].state == rc.state_digest());
         });
       std::vector<std::string> left;
-      REQUIRE(objects.list("attempt/", left).ok());
+      REQUIRE(objects.list("", left).ok());
       CHECK(left.empty());
     }
   }

@@ -541,3 +541,99 @@ TEST_CASE("relay writer: an unreachable or vanished root is a typed error, never
   w = tree->open_writer(5, 0); // assigning over a writer ends its link first
   }
 }
+
+TEST_CASE("coordinator over the relay tree: a copy of a payload with another sequence number fails the attempt; the retry commits") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    // Just before owner 0 finishes the first attempt of the transition, a
+    // copy of its first payload, renumbered 77 (the body digest stays
+    // valid), arrives at the root on a link of its own.
+    struct plant {
+      std::atomic<bool> armed{false};
+      std::function<void(std::uint64_t)> act;
+    };
+    auto p = std::make_shared<plant>();
+    auto opt = small_tree(3, 2);
+    opt.before_finish = [p](std::uint64_t attempt, std::uint32_t owner) {
+      if (owner == 0 && p->armed.exchange(false)) p->act(attempt);
+    };
+    relay_rig<> s(tcp, 2, opt);
+    auto c = s.coord();
+    s.start(c);
+    s.trainer.step(0.1, 1);
+    std::shared_ptr<frame_conn> planted;
+    p->act = [&](std::uint64_t attempt) {
+      std::vector<std::vector<std::byte>> built;
+      REQUIRE(s.owners[0]->build({attempt, 1, refit_mode::mixed}, [&](std::vector<std::byte>&& b) {
+        built.push_back(std::move(b));
+        return status::success();
+      }).ok());
+      REQUIRE_FALSE(built.empty());
+      auto copy = built[0];
+      for (int i = 0; i < 4; ++i) copy[28 + i] = static_cast<std::byte>((77u >> (8 * i)) & 0xFF);
+      payload_id pid;
+      REQUIRE(read_payload_id(copy, pid).ok());
+      REQUIRE(pid.sequence == 77);
+      REQUIRE(s.tree->network().dial(0, planted).ok());
+      REQUIRE(planted->write({frame_kind::payload, attempt, 0, 77, copy.size()}, copy, std::chrono::milliseconds(2000)).ok());
+      frame ack;
+      REQUIRE(planted->read(ack).ok());
+      CHECK(ack.header.kind == frame_kind::payload_ack); // queued like any payload...
+    };
+    p->armed = true;
+    auto rep = c.transition();
+    if (planted) planted->close();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    s.check_consistent(1); // ...but never committed: owner 0's count disagrees
+    REQUIRE(rep.attempts.size() == 2);
+    CHECK_FALSE(rep.attempts[0].result.ok());
+    CHECK(rep.attempts[1].mode == refit_mode::overwrite_all);
+  }
+}
+
+TEST_CASE("coordinator over the relay tree: a lost commit record restarts attempt ids; nodes fence them, nothing wrong commits") {
+  relay_rig<> s(false, 2, small_tree(3, 2));
+  {
+    auto c = s.coord();
+    s.start(c);
+    for (std::uint64_t v = 1; v <= 2; ++v) {
+      s.trainer.step(0.1, v);
+      REQUIRE(c.transition().result.ok());
+    }
+  }
+  // The control store is wiped and every process but the relay nodes restarts.
+  commits_t wiped;
+  std::vector<model_owner*> o;
+  for (auto& p : s.owners) o.push_back(p.get());
+  std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> fresh;
+  std::vector<receiver_endpoint<model_receiver>*> e;
+  for (auto& p : s.endpoints) {
+    const auto id = p->id();
+    fresh.push_back(std::make_unique<receiver_endpoint<model_receiver>>(
+        id, [&s, id] { return s.make_receiver(id); }, [&s](model_receiver& rc) { return s.dense_refit(rc); }));
+    e.push_back(fresh.back().get());
+  }
+  coordinator_options co;
+  co.max_attempts = 6;
+  co.attempt_deadline = std::chrono::milliseconds(3000);
+  relay_rig<>::coord_t c(wiped, *s.tree, o, e, co);
+  REQUIRE(c.take_over().ok());
+  REQUIRE(c.bootstrap().ok()); // a new history: K^0 by dense restore of the owners' baseline
+  s.trainer.step(0.1, 3);
+  auto rep = c.transition();
+  stored_record cur;
+  REQUIRE(wiped.load(cur).ok());
+  for (auto& a : rep.attempts) MESSAGE("attempt " << a.attempt << ": " << to_string(a.result.code));
+  if (rep.result.ok()) {
+    CHECK(cur.record.version == 1);
+    for (std::size_t r = 0; r < e.size(); ++r)
+      e[r]->with_receiver([&](model_receiver& rc) {
+        for (std::size_t t = 0; t < s.metas.size(); ++t) CHECK(rc.tensors()[t].bytes == s.trainer.tensors[t].bytes);
+        CHECK(cur.record.receivers[r].state == rc.state_digest());
+      });
+    CHECK(rep.attempts.size() > 1); // the reused ids were refused first
+    for (std::size_t i = 0; i + 1 < rep.attempts.size(); ++i) CHECK_FALSE(rep.attempts[i].result.ok());
+  } else {
+    CHECK(cur.record.version == 0); // typed failure, v still committed
+  }
+}

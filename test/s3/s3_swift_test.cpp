@@ -25,6 +25,7 @@
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/transport/s3_object_store.hpp"
 
+#include "protocol/attempt_faults.hpp"
 #include "protocol/models.hpp"
 #include "swift_cluster.hpp"
 #include "transport/object_store_laws.hpp"
@@ -250,8 +251,20 @@ TEST_CASE("S3 (Swift s3api): joint refits through the coordinator, payloads in S
   }
   CHECK(objects->stats().list_pages > 0);
   std::vector<std::string> left;
-  REQUIRE(objects->list("attempt/", left).ok());
+  REQUIRE(objects->list("", left).ok());
   CHECK(left.empty()); // every committed attempt's objects were collected
+}
+
+TEST_CASE("S3 (Swift s3api): an unlisted copy of a payload fails its attempt; the overwrite retry commits bit-exact") {
+  auto objects = fresh_store("dcr-unlisted", 5);
+  protocol::memory_commit_store commits;
+  dcr::test_models::check_unlisted_copy(*objects, commits, protocol::rl_mode::synchronous);
+}
+
+TEST_CASE("S3 (Swift s3api): a lost commit record next to attempt objects is refused; after cleanup a new history commits") {
+  auto objects = fresh_store("dcr-lost-record");
+  dcr::test_models::check_lost_record<s3_object_store, protocol::memory_commit_store>(
+      *objects, [] { return std::make_unique<protocol::memory_commit_store>(); });
 }
 
 int main(int argc, char** argv) {

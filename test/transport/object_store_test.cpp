@@ -79,13 +79,19 @@ TEST_CASE("filesystem backend: readers never see a partial object; temporaries a
 }
 
 TEST_CASE("manifest serialisation round-trips and rejects damage") {
-  manifest m{42, 7, {}};
+  manifest m{std::string(32, 'c'), 42, 7, {}};
   for (std::uint32_t i = 0; i < 5; ++i)
     m.payloads.push_back({payload_name(42, 7, i), 100u + i, digest(random_bytes(10, i))});
   const auto text = serialize(m);
   manifest back;
   REQUIRE(parse(text, back).ok());
   CHECK(back == m);
+  {
+    auto unscoped = m;
+    unscoped.incarnation.clear();
+    REQUIRE(parse(serialize(unscoped), back).ok());
+    CHECK(back == unscoped);
+  }
   for (std::size_t pos = 0; pos < text.rfind("digest "); pos += 7) {
     auto bad = text;
     bad[pos] = static_cast<char>(bad[pos] ^ 0x02);
@@ -94,13 +100,19 @@ TEST_CASE("manifest serialisation round-trips and rejects damage") {
   auto with_digest = [](std::string body) {
     return body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
   };
-  CHECK(parse(with_digest("dcr-manifest 2\nattempt 1\nowner 0\npayloads 0\n"), back).code == errc::unsupported_version);
-  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 1\n"), back).code == errc::bad_format);
-  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 1\nattempt/00000000000000000002/payload/x 1 " +
-                          std::string(32, '0') + "\n"),
+  const std::string head = "dcr-manifest 2\nincarnation none\nattempt 1\nowner 0\n";
+  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\n"), back).code == errc::unsupported_version);
+  CHECK(parse(with_digest("dcr-manifest 3\nincarnation none\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
+        errc::unsupported_version);
+  CHECK(parse(with_digest(head + "payloads 1\n"), back).code == errc::bad_format);
+  CHECK(parse(with_digest(head + "payloads 1\nattempt/00000000000000000002/payload/x 1 " + std::string(32, '0') + "\n"),
               back)
             .code == errc::bad_format); // entry of another attempt
-  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\nextra\n"), back).code == errc::trailing_bytes);
+  const std::string entry = "attempt/00000000000000000001/payload/o0000000000-s0000000000 1 " + std::string(32, '0') + "\n";
+  CHECK(parse(with_digest(head + "payloads 2\n" + entry + entry), back).code == errc::bad_format); // listed twice
+  CHECK(parse(with_digest("dcr-manifest 2\nincarnation XYZ\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
+        errc::bad_format);
+  CHECK(parse(with_digest(head + "payloads 0\nextra\n"), back).code == errc::trailing_bytes);
   CHECK(parse("no digest", back).code == errc::bad_format);
 }
 
@@ -267,6 +279,31 @@ TEST_CASE("attempt reader: failures are typed") {
     REQUIRE(s.get(manifest_name(3, 0), m).ok());
     REQUIRE(s.put(manifest_name(4, 0), m).ok());
     CHECK(read_attempt(s, 4, {0}).st.code == errc::stale_attempt);
+  }
+  SUBCASE("an object no manifest lists under the attempt prefix") {
+    memory_object_store s;
+    attempt_writer w(s, 2, 0);
+    REQUIRE(w.put_payload(random_bytes(10, 1)).ok());
+    REQUIRE(s.put(payload_name(2, 0, 9), random_bytes(10, 1)).ok()); // same bytes, unlisted name
+    REQUIRE(w.finish().ok());
+    auto r = read_attempt(s, 2, {0});
+    CHECK(r.st.code == errc::verification);
+    CHECK(r.st.message.find("no manifest lists") != std::string::npos);
+  }
+  SUBCASE("a manifest under another owner's name, or of an owner not required") {
+    memory_object_store s;
+    attempt_writer w(s, 2, 1);
+    REQUIRE(w.finish().ok());
+    std::vector<std::byte> m;
+    REQUIRE(s.get(manifest_name(2, 1), m).ok());
+    REQUIRE(s.put(manifest_name(2, 0), m).ok());
+    CHECK(read_attempt(s, 2, {0}).st.code == errc::verification);
+    memory_object_store s2;
+    attempt_writer w2(s2, 2, 1);
+    REQUIRE(w2.finish().ok());
+    attempt_writer w3(s2, 2, 0);
+    REQUIRE(w3.finish().ok());
+    CHECK(read_attempt(s2, 2, {0}).st.code == errc::verification);
   }
   SUBCASE("an owner never finishes: deadline") {
     memory_object_store s;

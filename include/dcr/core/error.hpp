@@ -45,6 +45,7 @@ enum class errc : std::uint16_t {
   verification = 28,       ///< a post-apply check found bits that differ
   aborted = 29,            ///< work stopped because its attempt was stopped
   unavailable = 30,        ///< a remote service could not be reached, timed out or refused the request
+  foreign_incarnation = 31,///< state written under another commit history (a lost or replaced commit record)
 };
 
 /// Short stable name of an error code, e.g. "digest_mismatch".
@@ -81,6 +82,7 @@ constexpr std::string_view to_string(errc e) noexcept {
   case errc::verification: return "verification";
   case errc::aborted: return "aborted";
   case errc::unavailable: return "unavailable";
+  case errc::foreign_incarnation: return "foreign_incarnation";
   }
   return "unknown";
 }

@@ -34,6 +34,8 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <set>
 #include <span>
 #include <sstream>
 #include <string>
@@ -65,8 +67,32 @@ struct commit_record {
   std::uint64_t attempt = 0;         ///< attempt id τ that committed v (0: initial)
   std::vector<receiver_ack> receivers; ///< every required receiver's target digest
   std::uint64_t time_unix_ns = 0;    ///< wall time of the commit
+  /// Identity of this commit history: 32 random hex digits drawn by the
+  /// first commit (K^0) and carried by every later one. Attempt objects are
+  /// named under it and their manifests carry it, so objects written under
+  /// another history (a lost or replaced record restarts attempt numbering)
+  /// are never read as this one's.
+  std::string incarnation;
   friend bool operator==(const commit_record&, const commit_record&) = default;
 };
+
+/// A fresh incarnation id: 128 random bits as 32 lower-case hex digits.
+inline std::string new_incarnation() {
+  std::random_device rd;
+  digest128 d{};
+  for (auto& b : d) b = static_cast<std::uint8_t>(rd());
+  return to_hex(d);
+}
+
+/// An incarnation id is exactly 32 lower-case hex digits.
+inline bool valid_incarnation(std::string_view s) {
+  digest128 d{};
+  return parse_hex_digest(s, d);
+}
+
+/// Largest usable counter value: one below 2^64-1, so `++` never wraps and
+/// 2^64-1 never appears in a record a correct writer produced.
+inline constexpr std::uint64_t max_counter = ~std::uint64_t{0} - 1;
 
 /// A record as loaded, with the store's counters.
 struct stored_record {
@@ -115,17 +141,48 @@ inline status check_prepare(const stored_record& cur, std::uint64_t epoch) {
   DCR_RETURN_ERROR_IF(epoch != cur.epoch, conflict,
                       "prepare by coordinator epoch " + std::to_string(epoch) +
                           ", active epoch is " + std::to_string(cur.epoch));
+  DCR_RETURN_ERROR_IF(cur.attempt >= max_counter, length_overflow,
+                      "attempt ids exhausted (last handed out: " + std::to_string(cur.attempt) + ")");
+  return status::success();
+}
+
+inline status check_take_over(const stored_record& cur) {
+  DCR_RETURN_ERROR_IF(cur.epoch >= max_counter, length_overflow,
+                      "coordinator epochs exhausted (active: " + std::to_string(cur.epoch) + ")");
+  return status::success();
+}
+
+/// What no correct writer produces: checked by `parse` and before every write.
+inline status check_record(const stored_record& r) {
+  auto bad = [](std::string what) { return fail(errc::bad_format, "commit record: " + what); };
+  if (r.revision > max_counter || r.epoch > max_counter || r.attempt > max_counter || r.record.version > max_counter)
+    return bad("a counter at 2^64-1 (no correct writer reaches it; the next step would overflow)");
+  if (r.record.attempt > r.attempt)
+    return bad("committed attempt " + std::to_string(r.record.attempt) + " was never handed out (last: " +
+               std::to_string(r.attempt) + ")");
+  if (r.revision == 0) {
+    if (!r.record.incarnation.empty() || r.record.version != 0 || !r.record.receivers.empty())
+      return bad("a never-committed store (revision 0) holds a record");
+  } else if (!valid_incarnation(r.record.incarnation)) {
+    return bad("incarnation '" + r.record.incarnation + "' is not 32 lower-case hex digits");
+  }
+  std::set<std::string_view> ids;
+  for (auto& a : r.record.receivers) {
+    if (a.receiver.empty()) return bad("empty receiver id");
+    if (!ids.insert(a.receiver).second) return bad("receiver '" + a.receiver + "' listed twice");
+  }
   return status::success();
 }
 
 } // namespace detail
 
-/// Text serialisation of a stored record (format `dcr-commit 1`, documented in
+/// Text serialisation of a stored record (format `dcr-commit 2`, documented in
 /// docs/protocol.md). The last line is the BLAKE2b-128 of every byte before it,
 /// so a damaged file is detected rather than misread.
 inline std::string serialize(const stored_record& s) {
   std::ostringstream o;
-  o << "dcr-commit 1\n"
+  o << "dcr-commit 2\n"
+    << "incarnation " << (s.record.incarnation.empty() ? std::string("none") : s.record.incarnation) << "\n"
     << "revision " << s.revision << "\n"
     << "epoch " << s.epoch << "\n"
     << "attempt " << s.attempt << "\n"
@@ -167,7 +224,16 @@ inline status parse(std::string_view text, stored_record& out) {
   stored_record r;
   {
     auto m = next("dcr-commit");
-    if (!m || *m != "1") return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 1' record");
+    if (m && *m == "1")
+      return fail(errc::unsupported_version,
+                  "commit record: 'dcr-commit 1' (written before incarnations; its attempt objects are not "
+                  "bound to it): finish or abandon that deployment with the dcr that wrote it");
+    if (!m || *m != "2") return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 2' record");
+  }
+  {
+    auto s = next("incarnation");
+    if (!s || (*s != "none" && !valid_incarnation(*s))) return bad("incarnation <32 hex | none>");
+    if (*s != "none") r.record.incarnation = *s;
   }
   if (!number("revision", r.revision)) return bad("revision");
   if (!number("epoch", r.epoch)) return bad("epoch");
@@ -190,6 +256,7 @@ inline status parse(std::string_view text, stored_record& out) {
     r.record.receivers.push_back(std::move(a));
   }
   if (std::getline(in, line)) return fail(errc::trailing_bytes, "commit record: unexpected line after receivers");
+  DCR_TRY(detail::check_record(r));
   out = std::move(r);
   return status::success();
 }
@@ -204,6 +271,7 @@ public:
   }
   status take_over(std::uint64_t& epoch) {
     std::lock_guard g(m_);
+    DCR_TRY(detail::check_take_over(s_));
     epoch = ++s_.epoch;
     return status::success();
   }
@@ -217,8 +285,11 @@ public:
                          const commit_record& next) {
     std::lock_guard g(m_);
     DCR_TRY(detail::check_cas(s_, epoch, attempt, expected_revision));
-    s_.record = next;
-    ++s_.revision;
+    stored_record n = s_;
+    n.record = next;
+    ++n.revision;
+    DCR_TRY(detail::check_record(n));
+    s_ = std::move(n);
     return status::success();
   }
 
@@ -251,6 +322,7 @@ public:
   }
   status take_over(std::uint64_t& epoch) {
     return update([&](stored_record& s) {
+      DCR_TRY(detail::check_take_over(s));
       epoch = ++s.epoch;
       return status::success();
     });
@@ -358,6 +430,7 @@ private:
     stored_record s;
     DCR_TRY(read(s));
     DCR_TRY(change(s));
+    DCR_TRY(detail::check_record(s));
     return write(s);
   }
 

@@ -19,6 +19,7 @@
 /// record an overwrite, computed again from the same candidate and the
 /// unchanged baseline.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -124,11 +125,26 @@ public:
     stored_record cur;
     DCR_TRY(commits_->load(cur));
     if (cur.revision != 0) return status::success();
+    // No record: a fresh deployment, unless the object store still holds
+    // attempt objects. Then the record that wrote them was lost or replaced,
+    // and starting a new history next to them is the operator's decision.
+    if constexpr (transport::object_store<Store>) {
+      std::vector<std::string> names, more;
+      DCR_TRY(store_->list("attempt/", names));
+      DCR_TRY(store_->list("incarnation/", more));
+      names.insert(names.end(), more.begin(), more.end());
+      DCR_RETURN_ERROR_IF(!names.empty(), foreign_incarnation,
+                          "the commit store holds no record, but the object store holds " +
+                              std::to_string(names.size()) + " attempt object(s) of an earlier commit history (e.g. '" +
+                              names.front() + "'): restore the commit record that wrote them, or remove the " +
+                              "objects under 'incarnation/' and 'attempt/' to start a new history");
+    }
     std::uint64_t tau = 0;
     DCR_TRY(commits_->prepare(epoch_, tau));
     commit_record k;
     k.version = 0;
     k.attempt = tau;
+    k.incarnation = new_incarnation();
     k.source_baseline = baseline_digest();
     for (auto* e : receivers_) {
       DCR_TRY(e->ensure_member(nullptr));
@@ -179,6 +195,9 @@ private:
     stored_record cur;
     DCR_TRY(commits_->load(cur));
     DCR_RETURN_ERROR_IF(cur.revision == 0, not_found, "no commit record: bootstrap first");
+    DCR_RETURN_ERROR_IF(cur.record.version >= max_counter, length_overflow,
+                        "committed version " + std::to_string(cur.record.version) + " has no successor");
+    const std::string& inc = cur.record.incarnation;
     const auto base = baseline_digest(), cand = candidate_digest();
     if (cur.record.source_baseline != base) {
       // A coordinator died after committing and before the baseline update:
@@ -187,7 +206,7 @@ private:
                           "owners' baseline matches neither the committed record nor their candidate");
       const auto tc = clock::now();
       for (auto* o : owners_) o->commit_baseline();
-      finish_transition(cur.record.attempt, rep);
+      finish_transition(inc, cur.record.attempt, rep);
       rep.commit_seconds = seconds_since(tc);
       rep.rolled_forward = true;
       rep.committed_version = cur.record.version;
@@ -214,7 +233,13 @@ private:
       ar.attempt = tau;
       ar.mode = mode;
       std::vector<receiver_ack> acks;
-      ar.result = run_attempt(tau, cur.record.version + 1, mode, ar, acks);
+      if constexpr (transport::object_store<Store>) {
+        transport::incarnation_scope<Store> scoped(*store_, inc);
+        ar.result = run_attempt(scoped, tau, cur.record.version + 1, mode, ar, acks);
+        if (!ar.result && !dead_) distrust_unlisted(scoped, tau);
+      } else {
+        ar.result = run_attempt(*store_, tau, cur.record.version + 1, mode, ar, acks);
+      }
       rep.attempts.push_back(ar);
       if (dead_) return fail(errc::aborted, "coordinator died after some ACKs");
       if (!ar.result) {
@@ -223,11 +248,11 @@ private:
         continue;
       }
       const auto tc = clock::now();
-      commit_record next{cur.record.version + 1, cand, tau, std::move(acks), unix_time_ns()};
+      commit_record next{cur.record.version + 1, cand, tau, std::move(acks), unix_time_ns(), inc};
       DCR_TRY(commits_->compare_and_set(epoch_, tau, cur.revision, next));
       if (crash_at(crash_point::after_commit)) return fail(errc::aborted, "coordinator died after commit");
       for (auto* o : owners_) o->commit_baseline();
-      finish_transition(tau, rep);
+      finish_transition(inc, tau, rep);
       rep.commit_seconds = seconds_since(tc);
       rep.committed_version = next.version;
       return status::success();
@@ -237,15 +262,50 @@ private:
                                last.message);
   }
 
-  void finish_transition(std::uint64_t tau, transition_report& rep) {
-    if (opt_.collect_garbage) (void)transport::collect(*store_, tau, &rep.collected_objects);
+  /// After failed attempt τ: a receiver that staged a payload no manifest of
+  /// τ lists (a stray or foreign object under the prefix, applied before the
+  /// manifests said otherwise) may hold changes outside the changed set,
+  /// which the overwrite retry does not rewrite. Its storage is not trusted:
+  /// it is dropped and restored densely at the next membership step.
+  template <class Scoped> void distrust_unlisted(Scoped& medium, std::uint64_t tau) {
+    std::vector<digest128> listed;
+    const bool known = transport::listed_digests(medium, tau, listed).ok();
+    for (auto* e : receivers_) {
+      const auto staged = e->staged_digests(tau);
+      if (staged.empty()) continue;
+      if (!known || !std::includes(listed.begin(), listed.end(), staged.begin(), staged.end())) e->kill();
+    }
+  }
+
+  void finish_transition(const std::string& inc, std::uint64_t tau, transition_report& rep) {
+    if (opt_.collect_garbage) {
+      if constexpr (transport::object_store<Store>) {
+        transport::incarnation_scope<Store> scoped(*store_, inc);
+        (void)transport::collect(scoped, tau, &rep.collected_objects);
+      } else {
+        (void)transport::collect(*store_, tau, &rep.collected_objects);
+      }
+    }
     for (auto* e : receivers_) e->open_gate(tau);
   }
 
-  /// One attempt; returns only after every thread it started has ended.
-  status run_attempt(std::uint64_t tau, std::uint64_t target, refit_mode mode, attempt_report& ar,
+  /// One attempt over `medium` (the object store seen through this history's
+  /// incarnation scope, or the attempt transport); returns only after every
+  /// thread it started has ended.
+  template <class Medium>
+  status run_attempt(Medium& medium, std::uint64_t tau, std::uint64_t target, refit_mode mode, attempt_report& ar,
                      std::vector<receiver_ack>& acks) {
     const auto t0 = clock::now();
+    if constexpr (transport::object_store<Medium>) {
+      // A fresh τ has no objects. Some there means attempt ids were handed
+      // out again (a commit record rolled back by hand): never read them.
+      std::vector<std::string> there;
+      DCR_TRY(medium.list(transport::attempt_prefix(tau), there));
+      DCR_RETURN_ERROR_IF(!there.empty(), stale_attempt,
+                          "attempt " + std::to_string(tau) + " already has " + std::to_string(there.size()) +
+                              " object(s) (e.g. '" + there.front() +
+                              "'): attempt ids were reused, was the commit record replaced by an older one?");
+    }
     const auto deadline = t0 + opt_.attempt_deadline;
     std::atomic<bool> stop{false};
     std::mutex m;
@@ -275,7 +335,7 @@ private:
       threads.emplace_back([&, k] {
         auto* o = owners_[k];
         pipeline::bounded_queue<std::vector<std::byte>> q(opt_.upload_queue);
-        auto w = transport::open_writer(*store_, tau, o->owner_id());
+        auto w = transport::open_writer(medium, tau, o->owner_id());
         status up = status::success();
         std::thread sender([&] {
           while (auto p = q.pop()) {
@@ -337,7 +397,7 @@ private:
             }
           }
         });
-        auto reader = transport::open_reader(*store_, tau, r, owner_ids);
+        auto reader = transport::open_reader(medium, tau, r, owner_ids);
         const auto tf = clock::now();
         auto s = reader.run(
             [&](std::string_view name, std::span<const std::byte> b) -> status {
@@ -357,6 +417,19 @@ private:
           s.message = "receiver " + e->id() + ": " + s.message;
           record(std::move(s));
           return;
+        }
+        if constexpr (requires { reader.listed(); }) {
+          // Exactly the listed payloads were staged, digest for digest, or
+          // the receiver may not acknowledge (async: before anything is applied).
+          const auto listed = reader.listed();
+          const auto staged = e->staged_digests(tau);
+          if (listed != staged) {
+            record(fail(errc::verification, "receiver " + e->id() + " staged " + std::to_string(staged.size()) +
+                                                " payload(s) of attempt " + std::to_string(tau) +
+                                                " that differ from the " + std::to_string(listed.size()) +
+                                                " the manifests list"));
+            return;
+          }
         }
         const auto ta = clock::now();
         if (!sync) {

@@ -7,6 +7,7 @@
 /// before it joins the next attempt). Shared by every coordinator that drives
 /// this receiver; all calls are serialised.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dcr/core/error.hpp"
 #include "dcr/protocol/request_gate.hpp"
@@ -93,6 +95,7 @@ public:
     if (attempt < attempt_) return false;
     attempt_ = attempt;
     seen_.clear();
+    staged_digests_.clear();
     if (r_) r_->begin_attempt(attempt);
     return true;
   }
@@ -126,6 +129,7 @@ public:
       return s;
     }
     ++c_.staged;
+    staged_digests_.push_back(digest(bytes));
     if (kill_after_ && --kill_after_ == 0) {
       r_.reset(); // crash: storage lost, whatever was applied
       return fail(errc::aborted, "receiver " + id_ + " killed mid-refit");
@@ -154,6 +158,17 @@ public:
     DCR_TRY(r_->finish());
     ack = r_->state_digest();
     return status::success();
+  }
+
+  /// Digests of the payloads staged in attempt τ, sorted (duplicates and
+  /// stale payloads, which were ignored, excluded); the coordinator compares
+  /// them with what the manifests list before the receiver may acknowledge.
+  std::vector<digest128> staged_digests(std::uint64_t attempt) const {
+    std::lock_guard l(m_);
+    if (attempt != attempt_) return {};
+    auto d = staged_digests_;
+    std::sort(d.begin(), d.end());
+    return d;
   }
 
   /// Gate operations carry τ; the gate itself ignores replaced attempts.
@@ -189,6 +204,7 @@ private:
   std::uint64_t attempt_ = 0;
   std::uint64_t kill_after_ = 0;
   std::set<std::string> seen_;
+  std::vector<digest128> staged_digests_;
   endpoint_counters c_;
 };
 

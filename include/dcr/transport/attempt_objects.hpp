@@ -9,13 +9,20 @@
 /// attempt/<τ:20>/payload/o<owner:10>-s<seq:10>   one payload, uploaded once
 /// attempt/<τ:20>/manifest/o<owner:10>            that owner's manifest, published last
 /// ```
-/// A manifest is text: `dcr-manifest 1`, `attempt τ`, `owner o`, `payloads n`,
-/// then n lines `<name> <bytes> <blake2b-128 hex>`, then `digest <hex>` of all
-/// bytes before that line. An owner publishes its manifest only after every
-/// payload it lists is published, so a receiver that sees every required
-/// owner's manifest knows the complete payload set of the attempt. A retry
-/// uploads its complete changed set again under its own attempt prefix; no
-/// object is ever overwritten.
+/// The coordinator places these names under `incarnation/<id>/` through an
+/// `incarnation_scope`, `id` being its commit history's incarnation (see
+/// `commit_record::incarnation`): attempt ids restart when a commit record is
+/// lost, and the scope keeps a new history from ever listing or reading the
+/// objects of an old one.
+/// A manifest is text: `dcr-manifest 2`, `incarnation <id|none>`, `attempt τ`,
+/// `owner o`, `payloads n`, then n lines `<name> <bytes> <blake2b-128 hex>`,
+/// then `digest <hex>` of all bytes before that line. An owner publishes its
+/// manifest only after every payload it lists is published, so a receiver
+/// that sees every required owner's manifest knows the complete payload set
+/// of the attempt; the reader completes only when the payloads it delivered
+/// are exactly that set, digest for digest (an unlisted object under the
+/// attempt prefix fails the attempt). A retry uploads its complete changed
+/// set again under its own attempt prefix; no object is ever overwritten.
 
 #include <algorithm>
 #include <atomic>
@@ -56,6 +63,59 @@ inline std::string manifest_name(std::uint64_t attempt, std::uint32_t owner) {
   return attempt_prefix(attempt) + "manifest/o" + detail::pad(owner, 10);
 }
 
+/// An object store seen through one commit history's namespace: every name
+/// is stored as `incarnation/<id>/<name>`, and `list` shows only (and strips)
+/// that prefix. Attempt writers and readers over it carry the id in their
+/// manifests and refuse a manifest of another incarnation.
+template <object_store Store> class incarnation_scope {
+public:
+  /// `id`: 32 lower-case hex digits; throws `dcr::error(invalid_argument)` otherwise.
+  incarnation_scope(Store& store, std::string id) : store_(&store), id_(std::move(id)) {
+    if (!protocol::valid_incarnation(id_))
+      throw error(errc::invalid_argument, "incarnation_scope: '" + id_ + "' is not 32 lower-case hex digits");
+    prefix_ = "incarnation/" + id_ + "/";
+  }
+  const std::string& incarnation() const noexcept { return id_; }
+  /// Where this scope's objects lie in the underlying store.
+  const std::string& prefix() const noexcept { return prefix_; }
+
+  status put(std::string_view name, std::span<const std::byte> bytes) {
+    DCR_TRY(validate_object_name(name));
+    return store_->put(prefix_ + std::string(name), bytes);
+  }
+  status get(std::string_view name, std::vector<std::byte>& out) {
+    DCR_TRY(validate_object_name(name));
+    return store_->get(prefix_ + std::string(name), out);
+  }
+  status list(std::string_view prefix, std::vector<std::string>& names) {
+    DCR_TRY(validate_object_prefix(prefix));
+    DCR_TRY(store_->list(prefix_ + std::string(prefix), names));
+    for (auto& n : names) n.erase(0, prefix_.size());
+    return status::success();
+  }
+  status remove(std::string_view name) {
+    DCR_TRY(validate_object_name(name));
+    return store_->remove(prefix_ + std::string(name));
+  }
+  std::chrono::microseconds list_poll_max() const
+    requires requires(const Store& s) { s.list_poll_max(); }
+  {
+    return std::chrono::microseconds(store_->list_poll_max());
+  }
+
+private:
+  Store* store_;
+  std::string id_, prefix_;
+};
+
+/// The incarnation attempt objects on `store` are bound to ("" when unscoped).
+template <class Store> std::string incarnation_of(const Store& store) {
+  if constexpr (requires { { store.incarnation() } -> std::convertible_to<std::string>; })
+    return store.incarnation();
+  else
+    return {};
+}
+
 /// One listed payload.
 struct manifest_entry {
   std::string name;
@@ -66,6 +126,7 @@ struct manifest_entry {
 
 /// An owner's list of the payloads it uploaded in one attempt.
 struct manifest {
+  std::string incarnation; ///< "" for an unscoped store (serialised as `none`)
   std::uint64_t attempt = 0;
   std::uint32_t owner = 0;
   std::vector<manifest_entry> payloads;
@@ -75,7 +136,8 @@ struct manifest {
 /// Text form (see file comment).
 inline std::string serialize(const manifest& m) {
   std::ostringstream o;
-  o << "dcr-manifest 1\nattempt " << m.attempt << "\nowner " << m.owner << "\npayloads "
+  o << "dcr-manifest 2\nincarnation " << (m.incarnation.empty() ? std::string("none") : m.incarnation)
+    << "\nattempt " << m.attempt << "\nowner " << m.owner << "\npayloads "
     << m.payloads.size() << "\n";
   for (auto& e : m.payloads) o << e.name << " " << e.bytes << " " << to_hex(e.digest) << "\n";
   return seal_text(o.str());
@@ -86,16 +148,22 @@ inline status parse(std::string_view text, manifest& out) {
   std::string_view body;
   DCR_TRY(open_sealed_text(text, "manifest", body));
   std::istringstream in{std::string(body)};
-  std::string magic, k1, k2, k3;
+  std::string magic, k0, k1, k2, k3, inc;
   manifest m;
   std::uint64_t owner = 0, n = 0;
   std::string ver;
-  in >> magic >> ver >> k1 >> m.attempt >> k2 >> owner >> k3 >> n;
-  DCR_RETURN_ERROR_IF(!in || magic != "dcr-manifest" || k1 != "attempt" || k2 != "owner" || k3 != "payloads",
+  in >> magic >> ver;
+  DCR_RETURN_ERROR_IF(!in || magic != "dcr-manifest", bad_format, "manifest: malformed header");
+  DCR_RETURN_ERROR_IF(ver != "2", unsupported_version, "manifest: version " + ver);
+  in >> k0 >> inc >> k1 >> m.attempt >> k2 >> owner >> k3 >> n;
+  DCR_RETURN_ERROR_IF(!in || k0 != "incarnation" || k1 != "attempt" || k2 != "owner" || k3 != "payloads",
                       bad_format, "manifest: malformed header");
-  DCR_RETURN_ERROR_IF(ver != "1", unsupported_version, "manifest: version " + ver);
+  DCR_RETURN_ERROR_IF(inc != "none" && !protocol::valid_incarnation(inc), bad_format,
+                      "manifest: incarnation '" + inc + "' is not 32 lower-case hex digits");
+  if (inc != "none") m.incarnation = inc;
   DCR_RETURN_ERROR_IF(owner > 0xFFFFFFFFu || n > (1u << 24), bad_format, "manifest: owner or count out of range");
   m.owner = static_cast<std::uint32_t>(owner);
+  std::set<std::string> names;
   for (std::uint64_t i = 0; i < n; ++i) {
     manifest_entry e;
     std::string hex;
@@ -105,6 +173,7 @@ inline status parse(std::string_view text, manifest& out) {
     DCR_TRY(validate_object_name(e.name));
     DCR_RETURN_ERROR_IF(e.name.rfind(attempt_prefix(m.attempt), 0) != 0, bad_format,
                         "manifest: entry '" + e.name + "' is outside its attempt prefix");
+    DCR_RETURN_ERROR_IF(!names.insert(e.name).second, bad_format, "manifest: entry '" + e.name + "' listed twice");
     m.payloads.push_back(std::move(e));
   }
   std::string rest;
@@ -117,7 +186,7 @@ inline status parse(std::string_view text, manifest& out) {
 template <object_store Store> class attempt_writer {
 public:
   attempt_writer(Store& store, std::uint64_t attempt, std::uint32_t owner)
-      : store_(&store), m_{attempt, owner, {}} {}
+      : store_(&store), m_{incarnation_of(store), attempt, owner, {}} {}
 
   /// Upload the next payload (sequence numbers 0, 1, ...).
   status put_payload(std::span<const std::byte> bytes) {
@@ -199,8 +268,7 @@ public:
           DCR_TRY(fetch(n, bytes));
           manifest m;
           DCR_TRY(parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
-          DCR_RETURN_ERROR_IF(m.attempt != attempt_, stale_attempt,
-                              n + ": manifest of attempt " + std::to_string(m.attempt));
+          DCR_TRY(check_manifest(n, m));
           manifests_.emplace(n, std::move(m));
           progress = true;
         }
@@ -224,10 +292,39 @@ public:
   /// Payloads delivered so far.
   std::size_t delivered() const noexcept { return delivered_.size(); }
 
+  /// After a successful `run`: the digests of every payload the manifests
+  /// list, sorted (what each receiver must have staged, digest for digest).
+  std::vector<digest128> listed() const {
+    std::vector<digest128> d;
+    for (auto& [mname, m] : manifests_)
+      for (auto& e : m.payloads) d.push_back(e.digest);
+    std::sort(d.begin(), d.end());
+    return d;
+  }
+
 private:
   status fetch(const std::string& name, std::vector<std::byte>& out) { return store_->get(name, out); }
 
+  /// A manifest must be this attempt's, of this incarnation, of a required
+  /// owner, under that owner's name, and list only that owner's payload names.
+  status check_manifest(const std::string& name, const manifest& m) const {
+    const auto here = incarnation_of(*store_);
+    DCR_RETURN_ERROR_IF(m.incarnation != here, foreign_incarnation,
+                        name + ": manifest of incarnation '" + (m.incarnation.empty() ? "none" : m.incarnation) +
+                            "', this commit history is '" + (here.empty() ? "none" : here) + "'");
+    DCR_RETURN_ERROR_IF(m.attempt != attempt_, stale_attempt, name + ": manifest of attempt " + std::to_string(m.attempt));
+    DCR_RETURN_ERROR_IF(name != manifest_name(attempt_, m.owner) || !owners_.count(m.owner), verification,
+                        name + ": manifest of owner " + std::to_string(m.owner) +
+                            (owners_.count(m.owner) ? " under another owner's name" : ", not a required owner"));
+    const auto own = attempt_prefix(attempt_) + "payload/o" + detail::pad(m.owner, 10) + "-s";
+    for (auto& e : m.payloads)
+      DCR_RETURN_ERROR_IF(e.name.rfind(own, 0) != 0, verification,
+                          name + ": lists '" + e.name + "', not a payload name of owner " + std::to_string(m.owner));
+    return status::success();
+  }
+
   template <class Deliver> status finish(Deliver& deliver, std::vector<std::byte>& bytes) {
+    std::size_t listed = 0;
     for (auto& [mname, m] : manifests_) {
       for (auto& e : m.payloads) {
         auto it = delivered_.find(e.name);
@@ -238,8 +335,22 @@ private:
         }
         DCR_RETURN_ERROR_IF(it->second != e.digest, digest_mismatch,
                             e.name + ": fetched bytes differ from the manifest entry");
+        ++listed;
       }
     }
+    // Receivers apply before the manifests arrive, so whatever else appeared
+    // under the prefix was delivered too: an object no manifest lists fails
+    // the attempt (its retry overwrites what it applied).
+    if (listed != delivered_.size())
+      for (auto& [name, d] : delivered_) {
+        bool found = false;
+        for (auto& [mname, m] : manifests_)
+          for (auto& e : m.payloads) found = found || e.name == name;
+        DCR_RETURN_ERROR_IF(!found, verification,
+                            name + ": payload object under attempt " + std::to_string(attempt_) +
+                                " that no manifest lists (delivered " + std::to_string(delivered_.size()) +
+                                ", listed " + std::to_string(listed) + ")");
+      }
     return status::success();
   }
 
@@ -251,6 +362,26 @@ private:
   poll_policy poll_;
   std::size_t listings_ = 0;
 };
+
+/// Digests of every payload that the well-formed manifests of attempt τ on
+/// `store` list (manifests of another incarnation or attempt, or under a name
+/// that is not their owner's, list nothing), sorted. After a failed attempt
+/// the coordinator checks what each receiver staged against this.
+template <object_store Store> status listed_digests(Store& store, std::uint64_t attempt, std::vector<digest128>& out) {
+  out.clear();
+  std::vector<std::string> names;
+  DCR_TRY(store.list(attempt_prefix(attempt) + "manifest/", names));
+  std::vector<std::byte> bytes;
+  for (auto& n : names) {
+    if (!store.get(n, bytes)) continue;
+    manifest m;
+    if (!parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m)) continue;
+    if (m.incarnation != incarnation_of(store) || m.attempt != attempt || n != manifest_name(attempt, m.owner)) continue;
+    for (auto& e : m.payloads) out.push_back(e.digest);
+  }
+  std::sort(out.begin(), out.end());
+  return status::success();
+}
 
 /// Parse the attempt id out of an object name under `attempt/`; 0 if none.
 inline std::uint64_t attempt_of(std::string_view name) {
