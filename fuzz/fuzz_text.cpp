@@ -22,16 +22,16 @@ namespace {
 
 void manifest(std::string_view text) {
   dcr::transport::manifest m;
-  if (!dcr::transport::parse(dcr::seal_text(std::string(text)), m).ok()) return;
+  if (!dcr::transport::parse_manifest(dcr::seal_text(std::string(text)), m).ok()) return;
   dcr::transport::manifest again;
-  if (!dcr::transport::parse(dcr::transport::serialize(m), again).ok() || !(again == m)) std::abort();
+  if (!dcr::transport::parse_manifest(dcr::transport::serialize_manifest(m), again).ok() || !(again == m)) std::abort();
 }
 
 void commit_record(std::string_view text) {
   dcr::protocol::stored_record r;
-  if (!dcr::protocol::parse(dcr::seal_text(std::string(text)), r).ok()) return;
+  if (!dcr::protocol::parse_commit_record(dcr::seal_text(std::string(text)), r).ok()) return;
   dcr::protocol::stored_record again;
-  if (!dcr::protocol::parse(dcr::protocol::serialize(r), again).ok() || !(again == r)) std::abort();
+  if (!dcr::protocol::parse_commit_record(dcr::protocol::serialize_commit_record(r), again).ok() || !(again == r)) std::abort();
 }
 
 void json(std::string_view text) {

@@ -43,9 +43,9 @@ int main(int argc, char** argv) {
   const std::string pl = "p1";
   for (std::uint32_t s = 0; s < 3; ++s)
     m.payloads.push_back({transport::payload_name(7, 3, s), 1000u + s, digest(std::as_bytes(std::span(pl)))});
-  put(dir, "manifest", 0, unsealed(transport::serialize(m)));
+  put(dir, "manifest", 0, unsealed(transport::serialize_manifest(m)));
   transport::manifest m2;
-  require(transport::parse(transport::serialize(m), m2), "manifest");
+  require(transport::parse_manifest(transport::serialize_manifest(m), m2), "manifest");
 
   protocol::stored_record r;
   r.revision = 4;
@@ -56,9 +56,9 @@ int main(int argc, char** argv) {
   r.record.time_unix_ns = 1700000000000000000ull;
   r.record.receivers = {{"tp0", {}}, {"tp1", {}}};
   r.record.incarnation = "0123456789abcdef0123456789abcdef";
-  put(dir, "commit", 1, unsealed(protocol::serialize(r)));
+  put(dir, "commit", 1, unsealed(protocol::serialize_commit_record(r)));
   protocol::stored_record r2;
-  require(protocol::parse(protocol::serialize(r), r2), "commit");
+  require(protocol::parse_commit_record(protocol::serialize_commit_record(r), r2), "commit");
 
   const std::string json =
       R"({"header":{"cluster_id":"1","revision":"12"},"succeeded":true,"responses":[{"response_range":)"

@@ -28,7 +28,7 @@ using clk = std::chrono::steady_clock;
 namespace {
 using loader_t = loaders::vllm_style_loader;
 using rank_t = receiver<loader_t>;
-using staged_t = staged_receiver<rank_t>;
+using staged_t = receiver_role_adapter<rank_t>;
 using endpoint_t = receiver_endpoint<staged_t>;
 using member_t = training_round::member;
 using coord_t = coordinator<member_t, staged_t, transport::fs_object_store, file_commit_store>;

@@ -235,7 +235,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
              std::vector<host_tensor> initial, rollout<Loader> ro, const std::string& model_desc,
              const std::string& trainer_desc) {
   using rank_receiver = receiver<Loader>;
-  using staged = protocol::staged_receiver<rank_receiver>;
+  using staged = protocol::receiver_role_adapter<rank_receiver>;
   using endpoint_t = protocol::receiver_endpoint<staged>;
   using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store, protocol::file_commit_store>;
   const auto metas = plan->canonical;

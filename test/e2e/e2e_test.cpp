@@ -1,6 +1,6 @@
 // End to end: Megatron-style owners (dcr::owner through training_round) →
 // filesystem object store → vLLM-style receivers (dcr::receiver through
-// staged_receiver) → joint commit in a file commit store. After every step,
+// receiver_role_adapter) → joint commit in a file commit store. After every step,
 // every receiver equals a dense refit of the committed version byte for byte,
 // also across injected faults.
 #include <doctest/doctest.h>
@@ -25,7 +25,7 @@ namespace {
 
 using loader_t = loaders::vllm_style_loader;
 using rank_t = receiver<loader_t>;
-using staged_t = staged_receiver<rank_t>;
+using staged_t = receiver_role_adapter<rank_t>;
 using endpoint_t = receiver_endpoint<staged_t>;
 using member_t = training_round::member;
 using coord_t = coordinator<member_t, staged_t, transport::fs_object_store, file_commit_store>;

@@ -103,7 +103,7 @@ TEST_CASE("etcd store: keys, values and the record's revision as documented") {
   const auto rec = raw_get(srv, s.record_key());
   CHECK(rec.version == 2);
   stored_record parsed;
-  REQUIRE(parse(rec.value, parsed).ok());
+  REQUIRE(parse_commit_record(rec.value, parsed).ok());
   CHECK(parsed == stored_record{k, 2, e, a});
   // A record key written by something else is reported, not misread.
   {
@@ -112,7 +112,7 @@ TEST_CASE("etcd store: keys, values and the record's revision as documented") {
     rq.method = "POST";
     rq.target = "/v3/kv/put";
     rq.body = R"({"key":")" + net::base64_encode(s.record_key()) + R"(","value":")" +
-              net::base64_encode(serialize(parsed)) + R"("})"; // version 3, record says 2
+              net::base64_encode(serialize_commit_record(parsed)) + R"("})"; // version 3, record says 2
     net::http_response res;
     REQUIRE(c.request(rq, res).ok());
     REQUIRE(res.status == 200);

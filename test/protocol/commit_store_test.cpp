@@ -54,30 +54,30 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
   for (std::uint64_t seed = 0; seed < 50; ++seed) {
     stored_record s{sample_record(seed * 3, seed, seed), seed + 1, seed + 2, seed + 3};
     stored_record back;
-    const auto text = serialize(s);
-    REQUIRE(parse(text, back).ok());
+    const auto text = serialize_commit_record(s);
+    REQUIRE(parse_commit_record(text, back).ok());
     CHECK(back == s);
     // Any single changed byte before the digest line is caught.
     std::mt19937_64 rng(seed);
     auto bad = text;
     const auto pos = rng() % text.rfind("digest ");
     bad[pos] = static_cast<char>(bad[pos] ^ 0x01);
-    auto st = parse(bad, back);
+    auto st = parse_commit_record(bad, back);
     CHECK_FALSE(st.ok());
     CHECK((st.code == errc::digest_mismatch || st.code == errc::bad_format));
   }
   stored_record out;
-  CHECK(parse("", out).code == errc::bad_format);
-  CHECK(parse("dcr-commit 1\n", out).code == errc::bad_format);
+  CHECK(parse_commit_record("", out).code == errc::bad_format);
+  CHECK(parse_commit_record("dcr-commit 1\n", out).code == errc::bad_format);
   {
     // A well-digested record of an unknown version.
     std::string body = "dcr-commit 3\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
-    CHECK(parse(text, out).code == errc::unsupported_version);
+    CHECK(parse_commit_record(text, out).code == errc::unsupported_version);
     // The format before incarnations is refused with what to do.
     body = "dcr-commit 1\nrevision 1\n";
     text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
-    auto st = parse(text, out);
+    auto st = parse_commit_record(text, out);
     CHECK(st.code == errc::unsupported_version);
     CHECK(st.message.find("incarnation") != std::string::npos);
   }
@@ -85,12 +85,12 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
     // Valid digest over malformed fields.
     std::string body = "dcr-commit 2\nincarnation none\nrevision x\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
-    CHECK(parse(text, out).code == errc::bad_format);
+    CHECK(parse_commit_record(text, out).code == errc::bad_format);
   }
   {
-    auto text = serialize(stored_record{});
+    auto text = serialize_commit_record(stored_record{});
     text.pop_back();
-    CHECK(parse(text, out).code == errc::bad_format);
+    CHECK(parse_commit_record(text, out).code == errc::bad_format);
   }
 }
 
@@ -99,13 +99,13 @@ TEST_CASE("validation rejects what no correct writer produces, resealed or not")
   auto refused = [](const stored_record& s) {
     // Sealed by hand: the digest line is right, the content is not.
     stored_record back;
-    const auto st = parse(serialize(s), back);
+    const auto st = parse_commit_record(serialize_commit_record(s), back);
     CHECK(st.code == errc::bad_format);
     return st;
   };
   auto good = stored_record{sample_record(3, 5, 1), 4, 2, 6};
   stored_record back;
-  REQUIRE(parse(serialize(good), back).ok());
+  REQUIRE(parse_commit_record(serialize_commit_record(good), back).ok());
   {
     auto s = good;
     s.record.receivers = {{"rank-0", {}}, {"rank-1", {}}, {"rank-0", {}}};
@@ -145,7 +145,7 @@ TEST_CASE("validation rejects what no correct writer produces, resealed or not")
     stored_record s;
     s.epoch = 1;
     s.attempt = max_counter;
-    std::ofstream(d.path / "commit") << serialize(s);
+    std::ofstream(d.path / "commit") << serialize_commit_record(s);
   }
   file_commit_store fs(d.path);
   std::uint64_t a = 0, e = 0;
@@ -153,7 +153,7 @@ TEST_CASE("validation rejects what no correct writer produces, resealed or not")
   {
     stored_record s;
     s.epoch = max_counter;
-    std::ofstream(d.path / "commit") << serialize(s);
+    std::ofstream(d.path / "commit") << serialize_commit_record(s);
   }
   CHECK(fs.take_over(e).code == errc::length_overflow);
   REQUIRE(fs.load(back).ok());

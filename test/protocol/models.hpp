@@ -123,7 +123,7 @@ private:
   std::size_t per_payload_;
   std::map<std::size_t, host_tensor> baseline_;
 };
-static_assert(protocol::refit_owner<model_owner>);
+static_assert(protocol::owner_role<model_owner>);
 
 /// Holds every canonical tensor; applies items directly (identity loader).
 class model_receiver {
@@ -202,7 +202,7 @@ private:
   long applied_items_ = 0;
   long fail_after_items_ = -1;
 };
-static_assert(protocol::refit_receiver<model_receiver>);
+static_assert(protocol::receiver_role<model_receiver>);
 
 /// Object store decorator with injectable faults on payload objects.
 class faulty_store {
@@ -282,6 +282,6 @@ public:
 private:
   std::unique_ptr<model_receiver> r_;
 };
-static_assert(protocol::refit_receiver<duplicating_receiver>);
+static_assert(protocol::receiver_role<duplicating_receiver>);
 
 } // namespace dcr::test_models

@@ -82,38 +82,38 @@ TEST_CASE("manifest serialisation round-trips and rejects damage") {
   manifest m{std::string(32, 'c'), 42, 7, {}};
   for (std::uint32_t i = 0; i < 5; ++i)
     m.payloads.push_back({payload_name(42, 7, i), 100u + i, digest(random_bytes(10, i))});
-  const auto text = serialize(m);
+  const auto text = serialize_manifest(m);
   manifest back;
-  REQUIRE(parse(text, back).ok());
+  REQUIRE(parse_manifest(text, back).ok());
   CHECK(back == m);
   {
     auto unscoped = m;
     unscoped.incarnation.clear();
-    REQUIRE(parse(serialize(unscoped), back).ok());
+    REQUIRE(parse_manifest(serialize_manifest(unscoped), back).ok());
     CHECK(back == unscoped);
   }
   for (std::size_t pos = 0; pos < text.rfind("digest "); pos += 7) {
     auto bad = text;
     bad[pos] = static_cast<char>(bad[pos] ^ 0x02);
-    CHECK(parse(bad, back).code == errc::digest_mismatch);
+    CHECK(parse_manifest(bad, back).code == errc::digest_mismatch);
   }
   auto with_digest = [](std::string body) {
     return body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
   };
   const std::string head = "dcr-manifest 2\nincarnation none\nattempt 1\nowner 0\n";
-  CHECK(parse(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\n"), back).code == errc::unsupported_version);
-  CHECK(parse(with_digest("dcr-manifest 3\nincarnation none\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
+  CHECK(parse_manifest(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\n"), back).code == errc::unsupported_version);
+  CHECK(parse_manifest(with_digest("dcr-manifest 3\nincarnation none\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
         errc::unsupported_version);
-  CHECK(parse(with_digest(head + "payloads 1\n"), back).code == errc::bad_format);
-  CHECK(parse(with_digest(head + "payloads 1\nattempt/00000000000000000002/payload/x 1 " + std::string(32, '0') + "\n"),
+  CHECK(parse_manifest(with_digest(head + "payloads 1\n"), back).code == errc::bad_format);
+  CHECK(parse_manifest(with_digest(head + "payloads 1\nattempt/00000000000000000002/payload/x 1 " + std::string(32, '0') + "\n"),
               back)
             .code == errc::bad_format); // entry of another attempt
   const std::string entry = "attempt/00000000000000000001/payload/o0000000000-s0000000000 1 " + std::string(32, '0') + "\n";
-  CHECK(parse(with_digest(head + "payloads 2\n" + entry + entry), back).code == errc::bad_format); // listed twice
-  CHECK(parse(with_digest("dcr-manifest 2\nincarnation XYZ\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
+  CHECK(parse_manifest(with_digest(head + "payloads 2\n" + entry + entry), back).code == errc::bad_format); // listed twice
+  CHECK(parse_manifest(with_digest("dcr-manifest 2\nincarnation XYZ\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
         errc::bad_format);
-  CHECK(parse(with_digest(head + "payloads 0\nextra\n"), back).code == errc::trailing_bytes);
-  CHECK(parse("no digest", back).code == errc::bad_format);
+  CHECK(parse_manifest(with_digest(head + "payloads 0\nextra\n"), back).code == errc::trailing_bytes);
+  CHECK(parse_manifest("no digest", back).code == errc::bad_format);
 }
 
 TEST_CASE("attempt names sort numerically and parse back") {

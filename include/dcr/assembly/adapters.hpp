@@ -5,7 +5,7 @@
 /// stay in `dcr::protocol`, where the concepts they model live.
 ///
 /// Adapters that make the library's training side (`dcr::owner`) and rollout
-/// side (`dcr::receiver<L>`) models of `refit_owner` and `refit_receiver`.
+/// side (`dcr::receiver<L>`) models of `owner_role` and `receiver_role`.
 ///
 /// `training_round` holds every in-process owner of one source plan, the
 /// candidate the next transition publishes and its required set U_req (the
@@ -88,7 +88,7 @@ public:
   const required_set& required() const noexcept { return req_; }
   builder_options& options() noexcept { return opt_; }
 
-  /// Protocol view of owner `r` (a `refit_owner`).
+  /// Protocol view of owner `r` (a `owner_role`).
   class member {
   public:
     member(training_round& t, std::uint32_t r) : t_(&t), r_(r) {}
@@ -167,22 +167,22 @@ private:
   mutable std::mutex m_;
   std::map<std::uint64_t, std::uint64_t> records_;
 };
-static_assert(refit_owner<training_round::member>);
+static_assert(owner_role<training_round::member>);
 
 /// A `dcr::receiver<L>` (or anything with its `begin_attempt`, `stage`,
 /// `apply_staged`, `applied_payloads` and `state_digest`) as a
-/// `refit_receiver`: a receiver id, and a post-apply check run by `finish`.
+/// `receiver_role`: a receiver id, and a post-apply check run by `finish`.
 /// Attempt fencing, deduplication and staging are the receiver's own; the
 /// adapter asks it for what the protocol requires: every byte validated at
 /// `stage`, and only `begin_attempt` starting an attempt.
-template <class R> class staged_receiver {
+template <class R> class receiver_role_adapter {
 public:
   /// Optional post-apply check run by `finish` (e.g. `verify` against a reference).
   using check = std::function<status(R&)>;
 
-  staged_receiver(std::string id, std::unique_ptr<R> r, check post_apply = {})
+  receiver_role_adapter(std::string id, std::unique_ptr<R> r, check post_apply = {})
       : id_(std::move(id)), r_(std::move(r)), check_(std::move(post_apply)) {
-    if (!r_) throw error(errc::invalid_argument, "staged_receiver " + id_ + ": no receiver");
+    if (!r_) throw error(errc::invalid_argument, "receiver_role_adapter " + id_ + ": no receiver");
   }
   std::string receiver_id() const { return id_; }
   void begin_attempt(std::uint64_t a) { r_->begin_attempt(a); }

@@ -152,7 +152,7 @@ inline status check_take_over(const stored_record& cur) {
   return status::success();
 }
 
-/// What no correct writer produces: checked by `parse` and before every write.
+/// What no correct writer produces: checked by `parse_commit_record` and before every write.
 inline status check_record(const stored_record& r) {
   auto bad = [](std::string what) { return fail(errc::bad_format, "commit record: " + what); };
   if (r.revision > max_counter || r.epoch > max_counter || r.attempt > max_counter || r.record.version > max_counter)
@@ -179,7 +179,7 @@ inline status check_record(const stored_record& r) {
 /// Text serialisation of a stored record (format `dcr-commit 2`, documented in
 /// docs/protocol.md). The last line is the BLAKE2b-128 of every byte before it,
 /// so a damaged file is detected rather than misread.
-inline std::string serialize(const stored_record& s) {
+inline std::string serialize_commit_record(const stored_record& s) {
   std::ostringstream o;
   o << "dcr-commit 2\n"
     << "incarnation " << (s.record.incarnation.empty() ? std::string("none") : s.record.incarnation) << "\n"
@@ -195,8 +195,8 @@ inline std::string serialize(const stored_record& s) {
   return seal_text(o.str());
 }
 
-/// Parse what `serialize` wrote; `errc::bad_format` names the first bad line.
-inline status parse(std::string_view text, stored_record& out) {
+/// Parse what `serialize_commit_record` wrote; `errc::bad_format` names the first bad line.
+inline status parse_commit_record(std::string_view text, stored_record& out) {
   std::string_view body;
   DCR_TRY(open_sealed_text(text, "commit record", body));
   std::istringstream in{std::string(body)};
@@ -386,14 +386,14 @@ private:
       }
     }
     ::close(fd);
-    auto s = parse(text, out);
+    auto s = parse_commit_record(text, out);
     if (!s) s.message = p.string() + ": " + s.message;
     return s;
   }
 
   status write(const stored_record& s) const {
     const auto tmp = dir_ / "commit.tmp", dst = dir_ / "commit";
-    const std::string text = serialize(s);
+    const std::string text = serialize_commit_record(s);
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     DCR_RETURN_ERROR_IF(fd < 0, io, "open " + tmp.string() + ": " + std::strerror(errno));
     std::size_t done = 0;

@@ -92,7 +92,7 @@ struct coordinator_options {
 
 /// Drives owners and receiver endpoints over an object store or another
 /// attempt transport (e.g. a relay tree), committing in a commit store.
-template <refit_owner Owner, refit_receiver Receiver, transport::attempt_medium Store, commit_store Commits>
+template <owner_role Owner, receiver_role Receiver, transport::attempt_medium Store, commit_store Commits>
 class coordinator {
 public:
   using endpoint = receiver_endpoint<Receiver>;

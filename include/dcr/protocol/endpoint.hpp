@@ -31,7 +31,7 @@ struct endpoint_counters {
   double apply_seconds = 0, restore_seconds = 0;
 };
 
-template <refit_receiver Receiver> class receiver_endpoint {
+template <receiver_role Receiver> class receiver_endpoint {
 public:
   /// Creates a receiver at the committed version (dense refit from the committed state).
   using factory = std::function<std::unique_ptr<Receiver>()>;

@@ -8,7 +8,7 @@
 ///
 /// Keys, under a configurable prefix P (default "dcr/commit/"):
 ///  - `P record`: the stored record in the `dcr-commit 2` text format of
-///    `serialize` (digest-sealed, so a value damaged or written by someone
+///    `serialize_commit_record` (digest-sealed, so a value damaged or written by someone
 ///    else is detected); its embedded `revision` equals the key's version;
 ///  - `P epoch`: the active coordinator epoch, decimal; absent means 0;
 ///  - `P attempt`: the last attempt id handed out, decimal; absent means 0.

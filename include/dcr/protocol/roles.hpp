@@ -45,7 +45,7 @@ using payload_sink = std::function<status(std::vector<std::byte>&&)>;
 ///  - `baseline_digest()` / `candidate_digest()`: deterministic digests of the
 ///    two states; equal states give equal digests.
 template <class O>
-concept refit_owner = requires(O& o, const O& co, const build_request& rq, const payload_sink& emit) {
+concept owner_role = requires(O& o, const O& co, const build_request& rq, const payload_sink& emit) {
   { co.owner_id() } -> std::convertible_to<std::uint32_t>;
   { o.build(rq, emit) } -> std::same_as<status>;
   { o.commit_baseline() } -> std::same_as<void>;
@@ -68,7 +68,7 @@ concept refit_owner = requires(O& o, const O& co, const build_request& rq, const
 ///  - `finish()`: flush, device sync and any post-apply check;
 ///  - `state_digest()`: digest of the complete storage, equal for equal bytes.
 template <class R>
-concept refit_receiver = requires(R& r, const R& cr, std::uint64_t a, std::span<const std::byte> b) {
+concept receiver_role = requires(R& r, const R& cr, std::uint64_t a, std::span<const std::byte> b) {
   { cr.receiver_id() } -> std::convertible_to<std::string>;
   { r.begin_attempt(a) } -> std::same_as<void>;
   { r.stage(b) } -> std::same_as<status>;

@@ -48,7 +48,7 @@ namespace dcr {
 /// How `receiver::stage` admits a payload.
 struct stage_policy {
   /// Decode and check every byte at `stage`, so that an invalid payload is
-  /// refused there and changes nothing (what `protocol::refit_receiver`
+  /// refused there and changes nothing (what `protocol::receiver_role`
   /// requires); otherwise `stage` checks the header and digest only and
   /// `apply_staged` decodes, which keeps staging cheap while the rank serves.
   bool decode_now = false;

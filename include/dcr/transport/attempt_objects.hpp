@@ -134,7 +134,7 @@ struct manifest {
 };
 
 /// Text form (see file comment).
-inline std::string serialize(const manifest& m) {
+inline std::string serialize_manifest(const manifest& m) {
   std::ostringstream o;
   o << "dcr-manifest 2\nincarnation " << (m.incarnation.empty() ? std::string("none") : m.incarnation)
     << "\nattempt " << m.attempt << "\nowner " << m.owner << "\npayloads "
@@ -144,7 +144,7 @@ inline std::string serialize(const manifest& m) {
 }
 
 /// Parse a manifest; checks its digest, every field and every name.
-inline status parse(std::string_view text, manifest& out) {
+inline status parse_manifest(std::string_view text, manifest& out) {
   std::string_view body;
   DCR_TRY(open_sealed_text(text, "manifest", body));
   std::istringstream in{std::string(body)};
@@ -197,7 +197,7 @@ public:
   }
   /// Publish the manifest; after this the owner's part of the attempt is complete.
   status finish() {
-    const auto text = serialize(m_);
+    const auto text = serialize_manifest(m_);
     return store_->put(manifest_name(m_.attempt, m_.owner), std::as_bytes(std::span(text)));
   }
   const manifest& listed() const noexcept { return m_; }
@@ -267,7 +267,7 @@ public:
         } else if (n.compare(prefix.size(), 9, "manifest/") == 0 && !manifests_.count(n)) {
           DCR_TRY(fetch(n, bytes));
           manifest m;
-          DCR_TRY(parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
+          DCR_TRY(parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
           DCR_TRY(check_manifest(n, m));
           manifests_.emplace(n, std::move(m));
           progress = true;
@@ -375,7 +375,7 @@ template <object_store Store> status listed_digests(Store& store, std::uint64_t 
   for (auto& n : names) {
     if (!store.get(n, bytes)) continue;
     manifest m;
-    if (!parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m)) continue;
+    if (!parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m)) continue;
     if (m.incarnation != incarnation_of(store) || m.attempt != attempt || n != manifest_name(attempt, m.owner)) continue;
     for (auto& e : m.payloads) out.push_back(e.digest);
   }
