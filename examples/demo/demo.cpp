@@ -28,8 +28,8 @@
 #include <csignal>
 #include <unistd.h>
 
-#include "bench/bench_common.hpp"
 #include "dcr/io/safetensors.hpp"
+#include "dcr/loaders/row_split.hpp"
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/config.hpp"
 #include "dcr/model/trainer_layout.hpp"
@@ -39,9 +39,11 @@
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/plan.hpp"
+#include "dcr/source/row_split_plan.hpp"
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/transport/object_store.hpp"
+#include "support/report.hpp"
 
 using namespace dcr;
 using clk = std::chrono::steady_clock;
@@ -136,17 +138,6 @@ model_config model_for(std::uint64_t bytes) {
   return c;
 }
 
-void parallel_for(std::size_t n, const std::function<void(std::size_t)>& f) {
-  const std::size_t t = std::max(1u, std::thread::hardware_concurrency());
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> ts;
-  for (std::size_t k = 0; k < t; ++k)
-    ts.emplace_back([&] {
-      for (std::size_t i; (i = next++) < n;) f(i);
-    });
-  for (auto& x : ts) x.join();
-}
-
 double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 
 struct progress {
@@ -155,60 +146,6 @@ struct progress {
 };
 
 using member_t = protocol::training_round::member;
-
-/// A checkpoint's rollout side: every tensor row-split across the ranks
-/// where its first dimension divides, else replicated.
-class row_split_loader {
-public:
-  row_split_loader(std::uint64_t parts, std::uint64_t rank, std::span<const tensor_meta> metas) : parts_(parts), rank_(rank) {
-    for (auto& m : metas)
-      if (!m.shape.empty() && m.shape[0] >= parts && m.shape[0] % parts == 0) split_.insert(m.name);
-  }
-  void declare(parameter_store& s, std::span<const tensor_meta> canonical) const {
-    for (auto& m : canonical) {
-      auto shape = m.shape;
-      if (split_.count(m.name)) shape[0] /= parts_;
-      s.add(m.name, shape, m.dtype);
-    }
-  }
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) const {
-    const std::string n(name);
-    if (!s.index_of(n)) return {};
-    if (split_.count(n)) {
-      const auto rows = src.layout.extents[0] / static_cast<std::int64_t>(parts_);
-      sink.copy(s.view(n), src.slice(0, static_cast<std::int64_t>(rank_) * rows, rows));
-    } else {
-      sink.copy(s.view(n), src);
-    }
-    return {{n}};
-  }
-
-private:
-  std::uint64_t parts_, rank_;
-  std::set<std::string> split_;
-};
-static_assert(native_loader<row_split_loader>);
-
-/// A checkpoint's training side: TP2 x DP2 owners, each tensor row-split over
-/// TP where it divides (column-parallel), else replicated on every rank.
-source_plan checkpoint_plan(std::span<const tensor_meta> metas) {
-  source_plan p(4);
-  for (auto& m : metas) p.add_canonical(m);
-  for (std::uint32_t i = 0; i < metas.size(); ++i) {
-    const auto& m = metas[i];
-    const std::uint64_t rows = m.shape.empty() ? 1 : m.shape[0], cols = rows ? m.numel() / rows : 0;
-    if (rows >= 2 && rows % 2 == 0) {
-      for (std::uint64_t r = 0; r < 2; ++r)
-        p.add_shard(m.name + "@tp" + std::to_string(r) + "/2", m.name, {rows / 2, cols}, m.dtype,
-                    {static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(r + 2)},
-                    column_parallel_map(i, rows, cols, 2, r).pieces());
-    } else {
-      p.add_shard(m.name, m.name, {rows, cols}, m.dtype, {0, 1, 2, 3}, replicated_map(i, rows, cols).pieces());
-    }
-  }
-  p.finalize();
-  return p;
-}
 
 struct step_row {
   int step = 0;
@@ -219,8 +156,8 @@ struct step_row {
 };
 
 std::string fmt_bytes(std::uint64_t b) {
-  if (b >= 1'000'000'000) return bench::fmt(b / 1e9, 2) + " GB";
-  return bench::fmt(b / 1e6, 1) + " MB";
+  if (b >= 1'000'000'000) return support::fmt(b / 1e9, 2) + " GB";
+  return support::fmt(b / 1e6, 1) + " MB";
 }
 
 /// What the rollout side looks like: one loader per rank, ids, a description.
@@ -250,15 +187,15 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
   initial.shrink_to_fit();
   // AdamW on every BF16 shard (other dtypes are carried unchanged).
   std::vector<std::unique_ptr<sim::adamw_trainer>> trainers(plan->shards.size());
-  parallel_for(plan->shards.size(), [&](std::size_t s) {
+  support::parallel_for(plan->shards.size(), [&](std::size_t s) {
     if (plan->shards[s].dtype != dtype_id::bf16) return;
     auto& b = state.shards[s];
     std::span<const std::uint16_t> w(reinterpret_cast<const std::uint16_t*>(b.data()), b.size() / 2);
     trainers[s] = std::make_unique<sim::adamw_trainer>(w, opt.seed * 104729 + s);
   });
-  say("source shards and AdamW state ready (" + bench::fmt(since(t0), 1) + " s)");
+  say("source shards and AdamW state ready (" + support::fmt(since(t0), 1) + " s)");
   auto train_step = [&] {
-    parallel_for(plan->shards.size(), [&](std::size_t s) {
+    support::parallel_for(plan->shards.size(), [&](std::size_t s) {
       if (!trainers[s]) return;
       trainers[s]->step();
       auto w = trainers[s]->bf16();
@@ -349,14 +286,14 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
       fetched.add(std::move(h));
     }
     std::vector<std::unique_ptr<staged>> ranks(layouts.size());
-    parallel_for(layouts.size(), [&](std::size_t k) {
+    support::parallel_for(layouts.size(), [&](std::size_t k) {
       auto r = make_rank(k);
       r->dense_refit(fetched);
       ranks[k] = std::make_unique<staged>(rank_id(k), std::move(r));
     });
     dense_seconds = since(t0);
-    say("dense refit: export " + bench::fmt(t_export, 2) + " s, upload " + bench::fmt(t_put - t_export, 2) +
-        " s, total with fetch and load " + bench::fmt(dense_seconds, 2) + " s");
+    say("dense refit: export " + support::fmt(t_export, 2) + " s, upload " + support::fmt(t_put - t_export, 2) +
+        " s, total with fetch and load " + support::fmt(dense_seconds, 2) + " s");
     for (std::size_t k = 0; k < ranks.size(); ++k) endpoints[k]->adopt(std::move(ranks[k]));
     std::vector<std::string> names;
     throw_if_failed(objects.list("dense/", names));
@@ -410,10 +347,10 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
                                             std::to_string(resumed) + " differs from the committed digest" +
                                             what_to_do);
     }
-    say("version " + std::to_string(resumed) + " resumed (dense refit " + bench::fmt(dense_seconds, 2) +
+    say("version " + std::to_string(resumed) + " resumed (dense refit " + support::fmt(dense_seconds, 2) +
         " s matches the committed digests)");
   } else {
-    say("version 0 committed (dense refit " + bench::fmt(dense_seconds, 2) + " s)");
+    say("version 0 committed (dense refit " + support::fmt(dense_seconds, 2) + " s)");
   }
 
   // ---- training steps, each followed by a delta refit ------------------------
@@ -433,7 +370,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
       endpoints[victim]->kill_after(1);
       say("step " + std::to_string(step) + ": receiver " + endpoints[victim]->id() + " will be killed mid-refit");
     }
-    say("step " + std::to_string(step) + ": delta refit (trained in " + bench::fmt(train_s, 1) + " s)...");
+    say("step " + std::to_string(step) + ": delta refit (trained in " + support::fmt(train_s, 1) + " s)...");
     auto rep_t = coord.transition();
     if (!rep_t.result) {
       std::cerr << "dcr-demo: step " << step << " failed: " << to_string(rep_t.result.code) << ": "
@@ -467,7 +404,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     r.speedup = r.refit > 0 ? dense_seconds / r.refit : 0;
     rows.push_back(r);
     say("step " + std::to_string(step) + ": committed version " + std::to_string(rep_t.committed_version) + " in " +
-        bench::fmt(r.refit, 2) + " s (" + std::to_string(r.attempts) + " attempt" + (r.attempts > 1 ? "s" : "") + ")");
+        support::fmt(r.refit, 2) + " s (" + std::to_string(r.attempts) + " attempt" + (r.attempts > 1 ? "s" : "") + ")");
   }
 
   // ---- final check: every receiver vs a dense refit of the committed version -
@@ -480,7 +417,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     throw_if_failed(commits.load(cur));
     if (cur.record.version != resumed + rows.size()) exact = false;
     std::mutex m;
-    parallel_for(endpoints.size(), [&](std::size_t k) {
+    support::parallel_for(endpoints.size(), [&](std::size_t k) {
       rank_receiver ref(layouts[k], metas);
       ref.dense_refit(canon);
       endpoints[k]->with_receiver([&](staged& s) {
@@ -504,28 +441,28 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
   if (opt.json) {
     std::cout << "{\"steps\":[";
     for (std::size_t i = 0; i < rows.size(); ++i)
-      std::cout << (i ? "," : "") << "{\"step\":" << rows[i].step << ",\"change_pct\":" << bench::fmt(rows[i].change_pct, 4)
-                << ",\"payload_pct\":" << bench::fmt(rows[i].payload_pct, 4)
-                << ",\"speedup_vs_dense\":" << bench::fmt(rows[i].speedup, 3) << "}";
+      std::cout << (i ? "," : "") << "{\"step\":" << rows[i].step << ",\"change_pct\":" << support::fmt(rows[i].change_pct, 4)
+                << ",\"payload_pct\":" << support::fmt(rows[i].payload_pct, 4)
+                << ",\"speedup_vs_dense\":" << support::fmt(rows[i].speedup, 3) << "}";
     std::cout << "],\"bit_exact\":" << (exact ? "true" : "false") << ",\"receivers_checked\":" << checked << "}\n";
   } else {
     std::cout << "\ndcr-demo: " << model_desc << ", " << fmt_bytes(ckpt_bytes) << " checkpoint (" << metas.size()
               << " tensors); " << trainer_desc << "; " << ro.description << "\n"
               << "transport: filesystem object store; commit: file commit store; machine: "
-              << bench::machine_description() << "\n"
-              << "dense refit reference (export + store + fetch + load, all receivers): " << bench::fmt(dense_seconds, 2)
+              << support::machine_description() << "\n"
+              << "dense refit reference (export + store + fetch + load, all receivers): " << support::fmt(dense_seconds, 2)
               << " s\n\n";
-    bench::table t({"step", "attempts", "change %", "payload MB", "% of ckpt", "construct s", "transport s", "apply s",
+    support::table t({"step", "attempts", "change %", "payload MB", "% of ckpt", "construct s", "transport s", "apply s",
                     "commit s", "refit s", "vs dense"});
     for (auto& r : rows)
-      t.add({std::to_string(r.step) + (r.killed ? " (kill)" : ""), std::to_string(r.attempts), bench::fmt(r.change_pct, 3),
-             bench::fmt(r.payload_mb, 2), bench::fmt(r.payload_pct, 3), bench::fmt(r.construct, 2),
-             bench::fmt(r.transport, 2), bench::fmt(r.apply, 2), bench::fmt(r.commit, 2), bench::fmt(r.refit, 2),
-             bench::fmt(r.speedup, 1) + "x"});
+      t.add({std::to_string(r.step) + (r.killed ? " (kill)" : ""), std::to_string(r.attempts), support::fmt(r.change_pct, 3),
+             support::fmt(r.payload_mb, 2), support::fmt(r.payload_pct, 3), support::fmt(r.construct, 2),
+             support::fmt(r.transport, 2), support::fmt(r.apply, 2), support::fmt(r.commit, 2), support::fmt(r.refit, 2),
+             support::fmt(r.speedup, 1) + "x"});
     t.print(std::cout, false);
     std::cout << "\nverification: " << checked << " receivers " << (exact ? "equal" : "DIFFER FROM")
               << " a dense refit of version " << resumed + rows.size() << " byte for byte: " << (exact ? "PASS" : "FAIL") << "\n"
-              << "total " << bench::fmt(since(t_start), 1) << " s\n";
+              << "total " << support::fmt(since(t_start), 1) << " s\n";
   }
   if (own_work) std::filesystem::remove_all(work);
   return exact ? 0 : 1;
@@ -549,8 +486,8 @@ int main(int argc, char** argv) try {
       std::memcpy(h.bytes.data(), b.data(), b.size());
       initial.push_back(std::move(h));
     }
-    auto plan = std::make_shared<const source_plan>(checkpoint_plan(metas));
-    rollout<row_split_loader> ro;
+    auto plan = std::make_shared<const source_plan>(row_split_plan(metas));
+    rollout<loaders::row_split_loader> ro;
     for (std::uint64_t r = 0; r < 4; ++r) {
       ro.layouts.emplace_back(4, r, metas);
       ro.ids.push_back("rank" + std::to_string(r));
@@ -594,7 +531,7 @@ int main(int argc, char** argv) try {
     // demo needs realistic magnitudes, not independent draws per element).
     const auto pool = sim::normal_bf16(std::size_t{1} << 22, 0.02f, opt.seed);
     constexpr std::size_t window = 4096;
-    parallel_for(metas.size(), [&](std::size_t i) {
+    support::parallel_for(metas.size(), [&](std::size_t i) {
       host_tensor h(metas[i]);
       auto* w = reinterpret_cast<std::uint16_t*>(h.bytes.data());
       const auto n = metas[i].numel();
@@ -608,7 +545,7 @@ int main(int argc, char** argv) try {
       initial[i] = std::move(h);
     });
   }
-  say("initial weights ready (" + bench::fmt(since(t0), 1) + " s)");
+  say("initial weights ready (" + support::fmt(since(t0), 1) + " s)");
   if (!opt.save_checkpoint.empty()) {
     std::vector<std::span<const std::byte>> data;
     for (auto& t : initial) data.emplace_back(t.bytes);
