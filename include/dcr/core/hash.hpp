@@ -7,6 +7,7 @@
 #include <blake2.h>
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -104,6 +105,21 @@ inline status open_sealed_text(std::string_view text, std::string_view what, std
   DCR_RETURN_ERROR_IF(digest(std::as_bytes(std::span(body))) != want, digest_mismatch,
                       std::string(what) + ": digest does not match its contents");
   return status::success();
+}
+
+/// A fresh incarnation id (the identity of one commit history, carried by
+/// every attempt object of it): 128 random bits as 32 lower-case hex digits.
+inline std::string new_incarnation() {
+  std::random_device rd;
+  digest128 d{};
+  for (auto& b : d) b = static_cast<std::uint8_t>(rd());
+  return to_hex(d);
+}
+
+/// An incarnation id is exactly 32 lower-case hex digits.
+inline bool valid_incarnation(std::string_view s) {
+  digest128 d{};
+  return parse_hex_digest(s, d);
 }
 
 } // namespace dcr

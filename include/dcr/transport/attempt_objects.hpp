@@ -71,7 +71,7 @@ template <object_store Store> class incarnation_scope {
 public:
   /// `id`: 32 lower-case hex digits; throws `dcr::error(invalid_argument)` otherwise.
   incarnation_scope(Store& store, std::string id) : store_(&store), id_(std::move(id)) {
-    if (!protocol::valid_incarnation(id_))
+    if (!valid_incarnation(id_))
       throw error(errc::invalid_argument, "incarnation_scope: '" + id_ + "' is not 32 lower-case hex digits");
     prefix_ = "incarnation/" + id_ + "/";
   }
@@ -158,7 +158,7 @@ inline status parse_manifest(std::string_view text, manifest& out) {
   in >> k0 >> inc >> k1 >> m.attempt >> k2 >> owner >> k3 >> n;
   DCR_RETURN_ERROR_IF(!in || k0 != "incarnation" || k1 != "attempt" || k2 != "owner" || k3 != "payloads",
                       bad_format, "manifest: malformed header");
-  DCR_RETURN_ERROR_IF(inc != "none" && !protocol::valid_incarnation(inc), bad_format,
+  DCR_RETURN_ERROR_IF(inc != "none" && !valid_incarnation(inc), bad_format,
                       "manifest: incarnation '" + inc + "' is not 32 lower-case hex digits");
   if (inc != "none") m.incarnation = inc;
   DCR_RETURN_ERROR_IF(owner > 0xFFFFFFFFu || n > (1u << 24), bad_format, "manifest: owner or count out of range");
