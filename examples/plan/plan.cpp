@@ -216,8 +216,12 @@ void print_text(const std::string& side, const std::vector<rank_out>& ranks) {
               << r.skipped.size() << " canonical tensors skipped\n";
     for (auto& p : r.params)
       std::cout << "  param " << p.name << " " << shape_text(p.shape, ", ") << " " << name_of(p.dtype) << "\n";
-    for (auto& c : r.copies)
-      std::cout << "  copy  " << c.tensor << text_box(c.from) << " -> " << c.param << text_box(c.to) << "\n";
+    for (auto& c : r.copies) { // rollout: canonical -> parameter; training: parameter -> canonical
+      if (side == "rollout")
+        std::cout << "  copy  " << c.tensor << text_box(c.from) << " -> " << c.param << text_box(c.to) << "\n";
+      else
+        std::cout << "  copy  " << c.param << text_box(c.to) << " -> " << c.tensor << text_box(c.from) << "\n";
+    }
   }
 }
 
