@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     for (auto& it : xors) entries += it.size();
     const auto payloads = to_payloads(xors, 0);
     for (std::uint64_t tp : {1, 2}) {
-      receiver<loaders::vllm_style_loader> r(loaders::vllm_style_loader(cfg, {tp, 0}), metas);
+      receiver<loaders::vllm_style_loader> r(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(tp, 0)), metas);
       row x{"vllm_style", tp, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
       interleaved(reps, {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(xors)); },
                          [&] { must(r.apply_items(ows)); }},

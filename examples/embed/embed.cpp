@@ -42,7 +42,7 @@ int main() {
   std::vector<receiver<loaders::vllm_style_loader>> receivers;
   const tensor_set v = canonical(*plan, state);
   for (std::uint64_t r = 0; r < 4; ++r) {
-    receivers.emplace_back(loaders::vllm_style_loader(cfg, loaders::vllm_layout{{.tensor_parallel_size = 4}, 0, 0, r}), plan->canonical);
+    receivers.emplace_back(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(4, r)), plan->canonical);
     receivers.back().dense_refit(v);
   }
 
@@ -69,7 +69,7 @@ int main() {
   const tensor_set next = canonical(*plan, state);
   bool exact = true;
   for (std::uint64_t r = 0; r < 4; ++r) {
-    receiver<loaders::vllm_style_loader> dense(loaders::vllm_style_loader(cfg, loaders::vllm_layout{{.tensor_parallel_size = 4}, 0, 0, r}),
+    receiver<loaders::vllm_style_loader> dense(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(4, r)),
                                                plan->canonical);
     dense.dense_refit(next);
     const std::string diff = first_difference(receivers[r].storage(), dense.storage());

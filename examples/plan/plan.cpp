@@ -12,6 +12,8 @@
 //            [--first-stage-layers N] [--last-stage-layers N] [--json]
 //
 // VLLM_PP_LAYER_PARTITION is honoured when --pp-layer-partition is not given.
+// Without --etp a MoE model's expert-tensor-parallel size is --tp, as in
+// Megatron-Core (expert_tensor_parallel_size defaults to the TP size).
 // The rollout dry run allocates one rank's parameters at a time.
 // Exit status: 0 success, 1 a configuration or layout dcr refuses, 2 usage.
 #include <cstdint>
@@ -214,8 +216,12 @@ void print_text(const std::string& side, const std::vector<rank_out>& ranks) {
               << r.skipped.size() << " canonical tensors skipped\n";
     for (auto& p : r.params)
       std::cout << "  param " << p.name << " " << shape_text(p.shape, ", ") << " " << name_of(p.dtype) << "\n";
-    for (auto& c : r.copies)
-      std::cout << "  copy  " << c.tensor << text_box(c.from) << " -> " << c.param << text_box(c.to) << "\n";
+    for (auto& c : r.copies) { // rollout: canonical -> parameter; training: parameter -> canonical
+      if (side == "rollout")
+        std::cout << "  copy  " << c.tensor << text_box(c.from) << " -> " << c.param << text_box(c.to) << "\n";
+      else
+        std::cout << "  copy  " << c.param << text_box(c.to) << " -> " << c.tensor << text_box(c.from) << "\n";
+    }
   }
 }
 
@@ -236,7 +242,7 @@ int main(int argc, char** argv) {
   loaders::vllm_parallel_config vp;
   if (const char* env = std::getenv("VLLM_PP_LAYER_PARTITION")) vp.pp_layer_partition = env;
   trainer_layout tl;
-  bool json = false;
+  bool json = false, etp_given = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -261,7 +267,10 @@ int main(int argc, char** argv) {
     } else if (side == "training" && a == "--tp") tl.tp = num();
     else if (side == "training" && a == "--pp") tl.pp = num();
     else if (side == "training" && a == "--ep") tl.ep = num();
-    else if (side == "training" && a == "--etp") tl.etp = num();
+    else if (side == "training" && a == "--etp") {
+      tl.etp = num();
+      etp_given = true;
+    }
     else if (side == "training" && a == "--dp") tl.dp = num();
     else if (side == "training" && a == "--vocab-block") tl.vocab_block = num();
     else if (side == "training" && a == "--first-stage-layers") tl.first_stage_layers = num();
@@ -274,6 +283,7 @@ int main(int argc, char** argv) {
     std::stringstream text;
     text << in.rdbuf();
     const model_config c = model_config_from_hf_json(text.str());
+    if (c.is_moe() && !etp_given) tl.etp = tl.tp;
     const auto ranks = side == "rollout" ? rollout(c, vp) : training(c, tl);
     if (json) print_json(side, ranks);
     else print_text(side, ranks);

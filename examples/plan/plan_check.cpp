@@ -195,8 +195,9 @@ int main(int argc, char** argv) {
   // "TP 2, PP 2, DP 2, expert parallel": 8 ranks, 6 experts over EP 4 (2, 2, 1, 1).
   check_plan(tool, cfg, "rollout",
              "--tensor-parallel-size 2 --pipeline-parallel-size 2 --data-parallel-size 2 --enable-expert-parallel", 8);
-  // Megatron TP 2, PP 3, EP 2, DP 2 with Megatron-LM's vocabulary padding.
+  // Megatron TP 2, PP 3, EP 2, DP 2 with Megatron-LM's vocabulary padding (expert TP 2 by default).
   check_plan(tool, cfg, "training", "--tp 2 --pp 3 --ep 2 --dp 2 --vocab-block 128", 12);
+  check_plan(tool, cfg, "training", "--tp 2 --pp 2 --first-stage-layers 1 --ep 2 --etp 1 --dp 2 --vocab-block 128", 8);
   // vLLM vocabulary rows: pad 777 to 832 (a multiple of 64), then / TP 2 = 416 rows per rank.
   {
     const auto r = run("'" + tool + "' '" + cfg + "' rollout --tensor-parallel-size 2");

@@ -83,7 +83,11 @@ TEST_CASE("encode_safetensors round trip through a file, zero-copy views") {
   }
   CHECK(!f.find("nope"));
   // Dense refit from the file equals dense refit from memory.
-  loaders::vllm_style_loader l(tiny_qwen3_moe(), {2, 1, 2, 0});
+  loaders::vllm_parallel_config deployment; // TP 2, DP 2, expert parallel: rank 1 is (dp 0, tp 1), EP rank 1 of 4
+  deployment.tensor_parallel_size = 2;
+  deployment.data_parallel_size = 2;
+  deployment.enable_expert_parallel = true;
+  loaders::vllm_style_loader l(tiny_qwen3_moe(), loaders::vllm_layout::of_rank(deployment, 1));
   receiver<loaders::vllm_style_loader> a(l, metas), b(l, metas);
   a.dense_refit(model);
   b.dense_refit(f);

@@ -180,7 +180,7 @@ TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") 
   std::vector<lay> lays = {{tiny_llama(), test::vllm_deployment(1)},
                            {tiny_llama(), test::vllm_deployment(8)}, // t > nkv
                            {tied, test::vllm_deployment(8)},         // odd vocab, tied
-                           {llama4, test::vllm_deployment(2, 3)},    // PP 3 over 5 layers: 1, 2, 2
+                           {llama4, test::vllm_deployment(2, 3)},    // PP 3 over 5 layers: 2, 2, 1
                            {tiny_qwen3_moe(), test::vllm_deployment(2, 1, 2, true)},
                            {tiny_qwen3_moe(), test::vllm_deployment(2, 2, 2, false)}};
   std::uint64_t seed = 100;

@@ -19,7 +19,7 @@ namespace {
 struct fixture {
   model_config c = tiny_llama();
   std::vector<tensor_meta> metas = canonical_tensors(c);
-  loaders::vllm_style_loader loader{c, {2, 1}};
+  loaders::vllm_style_loader loader{c, loaders::vllm_tp_rank(2, 1)};
   tensor_set v = test::random_model(metas, 31);
   tensor_set v1 = [&] {
     auto x = test::clone(v);

@@ -94,6 +94,12 @@ struct vllm_layout {
   vllm_parallel_config parallel;
   std::uint64_t dp_rank = 0, pp_rank = 0, tp_rank = 0;
 
+  vllm_layout() = default;
+  /// A constructor, not an aggregate: `{4, 0}` must not silently mean a
+  /// deployment with pipeline_parallel_size 0.
+  vllm_layout(vllm_parallel_config p, std::uint64_t dp, std::uint64_t pp, std::uint64_t tp)
+      : parallel(std::move(p)), dp_rank(dp), pp_rank(pp), tp_rank(tp) {}
+
   /// Rank `rank` of the deployment, ranks numbered DP-major, then PP, then TP
   /// (the order of vLLM's `initialize_model_parallel`).
   static vllm_layout of_rank(const vllm_parallel_config& p, std::uint64_t rank) {
@@ -107,6 +113,14 @@ struct vllm_layout {
     return (dp_rank * parallel.pipeline_parallel_size + pp_rank) * parallel.tensor_parallel_size + tp_rank;
   }
 };
+
+/// Rank `tp_rank` of a deployment with tensor parallelism only
+/// (`--tensor-parallel-size tp_size`).
+inline vllm_layout vllm_tp_rank(std::uint64_t tp_size, std::uint64_t tp_rank) {
+  vllm_parallel_config p;
+  p.tensor_parallel_size = tp_size;
+  return {std::move(p), 0, 0, tp_rank};
+}
 
 /// What `FusedMoEParallelConfig.make` derives for the MoE layers of a rank.
 struct fused_moe_parallel {
