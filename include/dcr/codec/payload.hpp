@@ -197,9 +197,10 @@ inline status validate_item(const item& it, std::size_t i = 0) {
 /// applies): dtype and shape equal `meta`'s, then every `item` invariant.
 inline status validate_item(const item& it, const tensor_meta& meta) {
   DCR_RETURN_ERROR_IF(it.tensor.dtype != meta.dtype, bad_dtype,
-                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + ", canonical " +
-                          std::string(name_of(meta.dtype)));
-  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch, "item for " + meta.name + ": shape differs");
+                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) +
+                          ", canonical " + std::string(name_of(meta.dtype)));
+  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch,
+                      "item for " + meta.name + ": shape differs");
   return validate_item(it);
 }
 
@@ -207,8 +208,9 @@ inline status validate_item(const item& it, const tensor_meta& meta) {
 /// the location policy `locate` (`opt.locations` is not read). Fails on an
 /// invalid item or option.
 template <location_policy L>
-inline status encode_payload_with(const payload_id& id, std::span<const item> items, const encode_options& opt,
-                                  const L& locate, std::vector<std::byte>& out) {
+inline status encode_payload_with(const payload_id& id, std::span<const item> items,
+                                  const encode_options& opt, const L& locate,
+                                  std::vector<std::byte>& out) {
   DCR_RETURN_ERROR_IF(items.size() > 0xFFFFFFFFu, length_overflow, "more than 2^32-1 items");
   std::vector<std::byte> table, locs, vals;
   std::size_t value_bytes = 0;
@@ -475,12 +477,15 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
 /// Decode and check the locations of row `i` (of a parsed table) into
 /// `out`, which holds `row.count > 0` entries, with location policy `L`.
 template <location_policy L = by_scheme>
-inline status decode_row_locations(std::span<const std::byte> body, const payload_header& h, const item_row& row,
-                                   std::size_t i, std::span<std::uint64_t> out) {
+inline status decode_row_locations(std::span<const std::byte> body, const payload_header& h,
+                                   const item_row& row, std::size_t i,
+                                   std::span<std::uint64_t> out) {
   std::uint64_t numel;
   detail::checked_numel(row.tensor.shape, numel);
   const std::uint64_t loc_at = h.table_length + row.location_offset;
-  if (auto s = L::decode(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out); !s)
+  if (auto s =
+          L::decode(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out);
+      !s)
     return fail(s.code, "item " + std::to_string(i) + " '" + row.tensor.name + "' (" +
                             std::string(to_string(row.location)) + " locations at body bytes [" +
                             std::to_string(loc_at) + ", +" + std::to_string(row.location_length) +
@@ -491,8 +496,8 @@ inline status decode_row_locations(std::span<const std::byte> body, const payloa
 /// Expand one row into an item (locations decoded and checked by policy `L`,
 /// values unfiltered).
 template <location_policy L = by_scheme>
-inline status decode_row(std::span<const std::byte> body, const payload_header& h, const item_row& row,
-                         std::size_t i, item& out) {
+inline status decode_row(std::span<const std::byte> body, const payload_header& h,
+                         const item_row& row, std::size_t i, item& out) {
   out.tensor = row.tensor;
   out.encoding = row.encoding;
   out.indices.assign(row.count, 0);
@@ -545,7 +550,7 @@ inline status decode_payload(std::span<const std::byte> bytes, decoded_payload& 
 /// `L` is the location policy (every coding by default; a static pipeline
 /// names the codings it decodes).
 template <location_policy L = by_scheme, class Keep>
-  requires std::predicate<Keep&, const item_row&>
+requires std::predicate<Keep&, const item_row&>
 inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payload& out, Keep&& keep,
                                 const decode_limits& limits = {}) {
   payload_info pi;
