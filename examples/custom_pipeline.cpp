@@ -35,10 +35,12 @@ static_assert(index_map<transposed_map>);
 
 // The two pipelines, fixed at compile time: nothing for other dtypes,
 // encodings or location codings is instantiated.
-using trainer = stages::refit_pipeline<stages::compare<dcr::bf16>, stages::project<transposed_map>,
-                                       stages::encode<codec::xor_mask, codec::run_or<codec::escape_u8>>>;
-using rollout = stages::receive_pipeline<stages::decode<codec::run_or<codec::escape_u8>>, stages::scatter<dcr::bf16>,
-                                         stages::apply<codec::xor_mask>>;
+using trainer =
+    stages::refit_pipeline<stages::compare<dcr::bf16>, stages::project<transposed_map>,
+                           stages::encode<codec::xor_mask, codec::run_or<codec::escape_u8>>>;
+using rollout =
+    stages::receive_pipeline<stages::decode<codec::run_or<codec::escape_u8>>,
+                             stages::scatter<dcr::bf16>, stages::apply<codec::xor_mask>>;
 
 // 2. Your native loader: W lands in two row halves, the bias as is. Every
 //    copy's source is a view of the canonical input, so XOR deltas apply.
@@ -138,15 +140,18 @@ int main() {
     // threads, so shard l+1 is built while payload l is coded and l-1 sent.
     auto build = pipeline::stage{[](shard s) {
       stages::record_buffer records;
-      stages::shard_records<trainer>(s.map, s.old_words, s.new_words,
-                                     [&](std::uint32_t) -> stages::record_buffer& { return records; });
+      stages::shard_records<trainer>(
+          s.map, s.old_words, s.new_words,
+          [&](std::uint32_t) -> stages::record_buffer& { return records; });
       std::vector<item> items;
-      if (!records.indices.empty()) items.push_back(stages::to_item<trainer>(*s.meta, std::move(records)));
+      if (!records.indices.empty())
+        items.push_back(stages::to_item<trainer>(*s.meta, std::move(records)));
       return items;
     }};
     auto code = pipeline::stage{[&id](std::vector<item> items) {
       std::vector<std::byte> bytes;
-      throw_if_failed(codec::encode_payload_with(id, items, encode_options{}, trainer::locations{}, bytes));
+      throw_if_failed(
+          codec::encode_payload_with(id, items, encode_options{}, trainer::locations{}, bytes));
       ++id.sequence;
       return bytes;
     }};
@@ -166,8 +171,10 @@ int main() {
     // Fetch as published -> decode (run and escape_u8 only) -> apply (XOR only).
     auto decode = pipeline::stage{[&](fetched f) {
       decoded_payload d;
-      if (auto s = server.decode<rollout::decode_stage>(f.bytes, d); !s) throw error(s.code, f.name + ": " + s.message);
-      if (d.id.attempt != attempt) throw error(errc::stale_attempt, f.name + ": payload of another attempt");
+      if (auto s = server.decode<rollout::decode_stage>(f.bytes, d); !s)
+        throw error(s.code, f.name + ": " + s.message);
+      if (d.id.attempt != attempt)
+        throw error(errc::stale_attempt, f.name + ": payload of another attempt");
       return d;
     }};
     pipeline::run<fetched>(
@@ -177,7 +184,8 @@ int main() {
           transport::attempt_reader<counting_store> reader(store, attempt, {0});
           throw_if_failed(reader.run(
               [&](std::string_view name, std::span<const std::byte> b) {
-                DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}), aborted, "pipeline stopped");
+                DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}),
+                                    aborted, "pipeline stopped");
                 return status::success();
               },
               stop, std::chrono::steady_clock::now() + std::chrono::seconds(60)));

@@ -144,7 +144,8 @@ TEST_CASE("a failing stage stops the pipeline; run rethrows after joining every 
   CHECK_THROWS_AS(run<int>(p, [](auto&&) { throw std::out_of_range("source"); }, [](int) {}), std::out_of_range);
 }
 
-TEST_CASE("an empty chain joins the source's thread and the sink by one queue of sink_capacity items") {
+TEST_CASE(
+    "an empty chain joins the source's thread and the sink by one queue of sink_capacity items") {
   for (std::size_t cap : {1u, 3u}) {
     std::atomic<int> produced{0};
     int max_ahead = 0, next = 0;
@@ -158,7 +159,9 @@ TEST_CASE("an empty chain joins the source's thread and the sink by one queue of
         },
         [&](int v) {
           CHECK(v == next++);
-          if (v % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20)); // let the producer run ahead
+          if (v % 10 == 0)
+            std::this_thread::sleep_for(
+                std::chrono::milliseconds(20)); // let the producer run ahead
           max_ahead = std::max(max_ahead, produced.load() - v);
         },
         cap);

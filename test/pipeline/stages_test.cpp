@@ -27,7 +27,8 @@ using pipeline_for = stages::refit_pipeline<stages::compare<dcr::bf16>, stages::
 /// Every shard's records into one buffer, then one item.
 template <class E>
 item run_shards(const tensor_meta& meta, std::span<const table_map> maps,
-                std::span<const std::vector<std::uint16_t>> olds, std::span<const std::vector<std::uint16_t>> news) {
+                std::span<const std::vector<std::uint16_t>> olds,
+                std::span<const std::vector<std::uint16_t>> news) {
   stages::record_buffer b;
   for (std::size_t s = 0; s < maps.size(); ++s)
     stages::shard_records<pipeline_for<E>>(maps[s], olds[s], news[s],
@@ -39,7 +40,8 @@ item run_shards(const tensor_meta& meta, std::span<const table_map> maps,
 }
 } // namespace
 
-TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and overwrite, any permutation") {
+TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and overwrite, any "
+          "permutation") {
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     std::mt19937_64 rng(seed);
     const std::uint64_t n = 1 + rng() % 700;
@@ -49,8 +51,9 @@ TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and o
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     const auto cut = rng() % (n + 1);
-    const std::vector<table_map> maps{table_map(0, cut, table{{perm.begin(), perm.begin() + cut}}),
-                                      table_map(0, n - cut, table{{perm.begin() + cut, perm.end()}})};
+    const std::vector<table_map> maps{
+        table_map(0, cut, table{{perm.begin(), perm.begin() + cut}}),
+        table_map(0, n - cut, table{{perm.begin() + cut, perm.end()}})};
     std::vector<std::uint16_t> old_c(n), new_c(n);
     for (auto& w : old_c) w = static_cast<std::uint16_t>(rng());
     new_c = old_c;
@@ -61,11 +64,14 @@ TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and o
       for (std::uint64_t j = 0; j < m.domain_size(); ++j) v.push_back(c[m(j).index]);
       return v;
     };
-    const std::vector<std::vector<std::uint16_t>> olds{local(maps[0], old_c), local(maps[1], old_c)};
-    const std::vector<std::vector<std::uint16_t>> news{local(maps[0], new_c), local(maps[1], new_c)};
+    const std::vector<std::vector<std::uint16_t>> olds{local(maps[0], old_c),
+                                                       local(maps[1], old_c)};
+    const std::vector<std::vector<std::uint16_t>> news{local(maps[0], new_c),
+                                                       local(maps[1], new_c)};
     for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite}) {
-      const item got = enc == value_encoding::xor_mask ? run_shards<codec::xor_mask>(meta, maps, olds, news)
-                                                       : run_shards<codec::overwrite>(meta, maps, olds, news);
+      const item got = enc == value_encoding::xor_mask
+                           ? run_shards<codec::xor_mask>(meta, maps, olds, news)
+                           : run_shards<codec::overwrite>(meta, maps, olds, news);
       item want;
       want.tensor = meta;
       want.encoding = enc;
@@ -82,7 +88,8 @@ TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and o
   }
 }
 
-TEST_CASE("records through a map that leaves the tensor or writes one element twice fail item validation") {
+TEST_CASE("records through a map that leaves the tensor or writes one element twice fail item "
+          "validation") {
   tensor_meta meta{"t", {4}, dtype_id::bf16};
   const std::vector<std::vector<std::uint16_t>> o{{1, 2, 3, 4}}, c{{5, 6, 7, 8}};
   auto items_of = [&](std::vector<std::uint64_t> to) {
@@ -106,25 +113,32 @@ TEST_CASE("flat_map runs are the maximal stretches where the callable advances b
 
 namespace {
 struct which {
-  template <class D, class E> static int call(int bias) {
+  template <class D, class E>
+  static int call(int bias) {
     return bias + 100 * static_cast<int>(dtype_traits<D>::id) + static_cast<int>(E::id);
   }
 };
 } // namespace
 
-TEST_CASE("the dispatch table selects the instantiation of every dtype x encoding, and nothing else") {
-  constexpr pipeline::dispatch_table<which, int(int), pipeline::dtype_list, pipeline::encoding_list> t{};
+TEST_CASE(
+    "the dispatch table selects the instantiation of every dtype x encoding, and nothing else") {
+  constexpr pipeline::dispatch_table<which, int(int), pipeline::dtype_list, pipeline::encoding_list>
+      t{};
   static_assert(decltype(t)::size == 10);
-  for (auto d : {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2})
+  for (auto d :
+       {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2})
     for (auto e : {value_encoding::xor_mask, value_encoding::overwrite}) {
-      auto* f = t(pipeline::position_of<pipeline::dtype_list>(d), pipeline::position_of<pipeline::encoding_list>(e));
+      auto* f = t(pipeline::position_of<pipeline::dtype_list>(d),
+                  pipeline::position_of<pipeline::encoding_list>(e));
       const bool found = f != nullptr;
       REQUIRE(found);
       CHECK(f(7) == 7 + 100 * static_cast<int>(d) + static_cast<int>(e));
     }
-  const bool unknown_dtype = t(pipeline::position_of<pipeline::dtype_list>(static_cast<dtype_id>(77)), 0) == nullptr;
+  const bool unknown_dtype =
+      t(pipeline::position_of<pipeline::dtype_list>(static_cast<dtype_id>(77)), 0) == nullptr;
   const bool unknown_encoding =
-      t(0, pipeline::position_of<pipeline::encoding_list>(static_cast<value_encoding>(9))) == nullptr;
+      t(0, pipeline::position_of<pipeline::encoding_list>(static_cast<value_encoding>(9))) ==
+      nullptr;
   CHECK(unknown_dtype);
   CHECK(unknown_encoding);
 }
@@ -134,10 +148,12 @@ TEST_CASE("dispatched_locations codes and decodes exactly as codec::by_scheme, f
   for (int round = 0; round < 200; ++round) {
     std::vector<std::uint64_t> idx;
     std::uint64_t at = rng() % 5;
-    const std::uint64_t spread = std::vector<std::uint64_t>{1, 2, 300, 70000, std::uint64_t{1} << 33}[rng() % 5];
-    for (int k = 0, n = 1 + static_cast<int>(rng() % 50); k < n; ++k, at += 1 + rng() % spread) idx.push_back(at);
-    for (auto scheme : {codec::location_scheme::gaps, codec::location_scheme::planes, codec::location_scheme::varint,
-                        codec::location_scheme::escape_u8}) {
+    const std::uint64_t spread =
+        std::vector<std::uint64_t>{1, 2, 300, 70000, std::uint64_t{1} << 33}[rng() % 5];
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 50); k < n; ++k, at += 1 + rng() % spread)
+      idx.push_back(at);
+    for (auto scheme : {codec::location_scheme::gaps, codec::location_scheme::planes,
+                        codec::location_scheme::varint, codec::location_scheme::escape_u8}) {
       std::vector<std::byte> a, b;
       const auto ia = codec::by_scheme{scheme}(idx, a);
       const auto ib = pipeline::dispatched_locations{scheme}(idx, b);

@@ -76,9 +76,9 @@ model_config moe_config() {
 
 std::vector<golden_case> cases() {
   std::vector<golden_case> v;
-  auto add = [&](const char* name, model_config c, trainer_layout l, megatron_options o, refit_mode m,
-                 codec::location_scheme loc, codec::value_filter f, std::size_t chunk, std::size_t bucket,
-                 double fraction, std::uint64_t seed) {
+  auto add = [&](const char* name, model_config c, trainer_layout l, megatron_options o,
+                 refit_mode m, codec::location_scheme loc, codec::value_filter f, std::size_t chunk,
+                 std::size_t bucket, double fraction, std::uint64_t seed) {
     builder_options b;
     b.mode = m;
     b.encoding.locations = loc;
@@ -90,28 +90,29 @@ std::vector<golden_case> cases() {
   using ls = codec::location_scheme;
   using vf = codec::value_filter;
   constexpr auto mixed = refit_mode::mixed, over = refit_mode::overwrite_all;
-  add("bf16 affine mixed escape_u8", dense_config(dtype_id::bf16), {2, 2, 1, 1, 1, 8}, {}, mixed, ls::escape_u8,
-      vf::byte_planes, 256, 1024, 0.05, 11);
-  add("bf16 affine overwrite gaps", dense_config(dtype_id::bf16), {2, 1, 1, 1, 2, 8}, {}, over, ls::gaps, vf::none,
-      std::size_t{64} << 20, std::size_t{512} << 20, 0.012, 12);
-  add("bf16 qkv residual mixed planes", dense_config(dtype_id::bf16), {2, 2, 1, 1, 1, 8}, {true, false}, mixed,
-      ls::planes, vf::byte_planes, 512, 4096, 0.5, 13);
-  add("bf16 full conversion varint", dense_config(dtype_id::bf16), {4, 1, 1, 1, 1, 1}, {false, true}, mixed,
-      ls::varint, vf::byte_planes, 4096, 65536, 0.05, 14);
-  add("f16 affine mixed gaps", dense_config(dtype_id::f16), {2, 1, 1, 1, 1, 8}, {}, mixed, ls::gaps, vf::byte_planes,
-      1, 1, 0.05, 15);
-  add("f32 affine mixed escape_u8, all changed", dense_config(dtype_id::f32), {1, 2, 1, 1, 1, 128}, {}, mixed,
-      ls::escape_u8, vf::byte_planes, 2048, 2048, 1.0, 16);
-  add("f32 qkv residual overwrite planes", dense_config(dtype_id::f32), {2, 1, 1, 1, 1, 8}, {true, false}, over,
-      ls::planes, vf::none, 512, 65536, 0.012, 17);
+  add("bf16 affine mixed escape_u8", dense_config(dtype_id::bf16), {2, 2, 1, 1, 1, 8}, {}, mixed,
+      ls::escape_u8, vf::byte_planes, 256, 1024, 0.05, 11);
+  add("bf16 affine overwrite gaps", dense_config(dtype_id::bf16), {2, 1, 1, 1, 2, 8}, {}, over,
+      ls::gaps, vf::none, std::size_t{64} << 20, std::size_t{512} << 20, 0.012, 12);
+  add("bf16 qkv residual mixed planes", dense_config(dtype_id::bf16), {2, 2, 1, 1, 1, 8},
+      {true, false}, mixed, ls::planes, vf::byte_planes, 512, 4096, 0.5, 13);
+  add("bf16 full conversion varint", dense_config(dtype_id::bf16), {4, 1, 1, 1, 1, 1},
+      {false, true}, mixed, ls::varint, vf::byte_planes, 4096, 65536, 0.05, 14);
+  add("f16 affine mixed gaps", dense_config(dtype_id::f16), {2, 1, 1, 1, 1, 8}, {}, mixed, ls::gaps,
+      vf::byte_planes, 1, 1, 0.05, 15);
+  add("f32 affine mixed escape_u8, all changed", dense_config(dtype_id::f32), {1, 2, 1, 1, 1, 128},
+      {}, mixed, ls::escape_u8, vf::byte_planes, 2048, 2048, 1.0, 16);
+  add("f32 qkv residual overwrite planes", dense_config(dtype_id::f32), {2, 1, 1, 1, 1, 8},
+      {true, false}, over, ls::planes, vf::none, 512, 65536, 0.012, 17);
   add("bf16 moe mixed escape_u8 balanced", moe_config(), {2, 1, 2, 1, 1, 8},
-      {false, false, ownership_policy::balanced}, mixed, ls::escape_u8, vf::byte_planes, 1024, 8192, 0.05, 18);
-  add("bf16 moe qkv residual overwrite varint", moe_config(), {2, 2, 2, 1, 1, 8}, {true, false}, over, ls::varint,
-      vf::byte_planes, 4096, std::size_t{512} << 20, 0.05, 19);
-  add("f8e4m3fn affine mixed gaps", dense_config(dtype_id::f8e4m3fn), {2, 2, 1, 1, 1, 8}, {}, mixed, ls::gaps,
-      vf::byte_planes, 512, 2048, 0.05, 21);
-  add("bf16 no change", dense_config(dtype_id::bf16), {2, 1, 1, 1, 1, 8}, {}, mixed, ls::escape_u8, vf::byte_planes,
-      256, 1024, 0.0, 20);
+      {false, false, ownership_policy::balanced}, mixed, ls::escape_u8, vf::byte_planes, 1024, 8192,
+      0.05, 18);
+  add("bf16 moe qkv residual overwrite varint", moe_config(), {2, 2, 2, 1, 1, 8}, {true, false},
+      over, ls::varint, vf::byte_planes, 4096, std::size_t{512} << 20, 0.05, 19);
+  add("f8e4m3fn affine mixed gaps", dense_config(dtype_id::f8e4m3fn), {2, 2, 1, 1, 1, 8}, {}, mixed,
+      ls::gaps, vf::byte_planes, 512, 2048, 0.05, 21);
+  add("bf16 no change", dense_config(dtype_id::bf16), {2, 1, 1, 1, 1, 8}, {}, mixed, ls::escape_u8,
+      vf::byte_planes, 256, 1024, 0.0, 20);
   return v;
 }
 
@@ -151,7 +152,8 @@ digests run_case(const golden_case& k) {
     for (auto& p : owner) add(p);
   d.blake2b = to_hex(b2.final());
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(x3)));
+  std::snprintf(buf, sizeof buf, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits_digest(x3)));
   XXH3_freeState(x3);
   d.xxh3 = buf;
   return d;
@@ -166,16 +168,20 @@ struct recorded {
 // Recorded from the builder before the refactor onto the pipeline stages.
 const recorded golden[] = {
     {"7ab5550280f26498f0b0d138c912cccd", "8aa48b5c758a7f77", 40}, // bf16 affine mixed escape_u8
-    {"b194bcff4914adc7af5be675e69e0e54", "0dac0a8433b10ed0", 8}, // bf16 affine overwrite gaps
+    {"b194bcff4914adc7af5be675e69e0e54", "0dac0a8433b10ed0", 8},  // bf16 affine overwrite gaps
     {"1430606f1c37e613044ec3395dc094b5", "41bfc43036cf83b4", 26}, // bf16 qkv residual mixed planes
-    {"3f87ad504c70d3b4cd151b68b74d09b4", "0d5f4cb222b2f478", 8}, // bf16 full conversion varint
+    {"3f87ad504c70d3b4cd151b68b74d09b4", "0d5f4cb222b2f478", 8},  // bf16 full conversion varint
     {"1bfae5affdf10e35297cd14465bf6ac9", "bb73718063dc5499", 54}, // f16 affine mixed gaps
-    {"6e9ec6fe4ac1bf0ea86e82a3a6b3e582", "561bac6047bc7495", 20}, // f32 affine mixed escape_u8, all changed
-    {"b2b15eefb0b0c5606b950566a7a3f011", "4bf14bb31dccfb05", 4}, // f32 qkv residual overwrite planes
-    {"c11d99fb2698550e94d93d07b6d87431", "066bca78d0911ccc", 12}, // bf16 moe mixed escape_u8 balanced
-    {"f09b6704f5353e2b151b185485700ac0", "ee524baf0baeeeb9", 8}, // bf16 moe qkv residual overwrite varint
+    {"6e9ec6fe4ac1bf0ea86e82a3a6b3e582", "561bac6047bc7495",
+     20}, // f32 affine mixed escape_u8, all changed
+    {"b2b15eefb0b0c5606b950566a7a3f011", "4bf14bb31dccfb05",
+     4}, // f32 qkv residual overwrite planes
+    {"c11d99fb2698550e94d93d07b6d87431", "066bca78d0911ccc",
+     12}, // bf16 moe mixed escape_u8 balanced
+    {"f09b6704f5353e2b151b185485700ac0", "ee524baf0baeeeb9",
+     8}, // bf16 moe qkv residual overwrite varint
     {"ecdfb0bc87a58599cc790403a8f86885", "56b0d23d14c96979", 20}, // f8e4m3fn affine mixed gaps
-    {"cae66941d9efbd404e4d88758ea67670", "2d06800538d394c2", 0}, // bf16 no change
+    {"cae66941d9efbd404e4d88758ea67670", "2d06800538d394c2", 0},  // bf16 no change
 };
 
 } // namespace
@@ -187,8 +193,10 @@ TEST_CASE("payload bytes equal the recorded golden digests") {
     const std::string name = cs[i].name;
     CAPTURE(name);
     const auto d = run_case(cs[i]);
-    if (d.blake2b != golden[i].blake2b || d.xxh3 != golden[i].xxh3 || d.payloads != golden[i].payloads)
-      std::printf("    {\"%s\", \"%s\", %zu}, // %s\n", d.blake2b.c_str(), d.xxh3.c_str(), d.payloads, cs[i].name);
+    if (d.blake2b != golden[i].blake2b || d.xxh3 != golden[i].xxh3 ||
+        d.payloads != golden[i].payloads)
+      std::printf("    {\"%s\", \"%s\", %zu}, // %s\n", d.blake2b.c_str(), d.xxh3.c_str(),
+                  d.payloads, cs[i].name);
     CHECK(d.blake2b == std::string(golden[i].blake2b));
     CHECK(d.xxh3 == std::string(golden[i].xxh3));
     CHECK(d.payloads == golden[i].payloads);

@@ -21,7 +21,8 @@ struct identity_loader {
   void declare(parameter_store& s, std::span<const tensor_meta> metas) const {
     for (auto& m : metas) s.add(m.name, m.shape, m.dtype);
   }
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) const {
+  load_report load(std::string_view name, const tensor_view& src, parameter_store& s,
+                   copy_sink& sink) const {
     sink.copy(s.view(name), src);
     return {{std::string(name)}};
   }
@@ -32,7 +33,8 @@ template <class D, class E, class C>
 using trainer = stages::refit_pipeline<stages::compare<D>, stages::project<piecewise_map>,
                                        stages::encode<E, codec::run_or<C>>>;
 template <class D, class E, class C>
-using rollout = stages::receive_pipeline<stages::decode<codec::run_or<C>>, stages::scatter<D>, stages::apply<E>>;
+using rollout = stages::receive_pipeline<stages::decode<codec::run_or<C>>, stages::scatter<D>,
+                                         stages::apply<E>>;
 
 struct config {
   model_config c;
@@ -77,7 +79,8 @@ config random_case(std::mt19937_64& rng) {
   k.o.qkv_residual = conv == 1;
   k.o.full_conversion = conv == 2;
   k.b.mode = rng() % 2 ? refit_mode::mixed : refit_mode::overwrite_all;
-  k.b.encoding.locations = rng() % 2 ? codec::location_scheme::escape_u8 : codec::location_scheme::varint;
+  k.b.encoding.locations =
+      rng() % 2 ? codec::location_scheme::escape_u8 : codec::location_scheme::varint;
   k.b.encoding.filter = rng() % 2 ? codec::value_filter::byte_planes : codec::value_filter::none;
   k.b.chunk_bytes = std::vector<std::size_t>{1, 512, 4096, std::size_t{64} << 20}[rng() % 4];
   k.b.bucket_bytes = std::vector<std::size_t>{1, 2048, 65536, std::size_t{512} << 20}[rng() % 4];
@@ -93,7 +96,8 @@ void mutate(std::vector<host_tensor>& ts, double fraction, std::uint64_t seed) {
     if (t.meta.dtype == dtype_id::bf16) continue;
     const auto w = width_of(t.meta.dtype);
     const auto n = t.meta.numel();
-    for (std::uint64_t i = 0; i < static_cast<std::uint64_t>(fraction * static_cast<double>(n)); ++i)
+    for (std::uint64_t i = 0; i < static_cast<std::uint64_t>(fraction * static_cast<double>(n));
+         ++i)
       t.bytes[(rng() % n) * w + rng() % w] ^= std::byte{0x10};
   }
 }
@@ -110,7 +114,8 @@ struct outcome {
 };
 
 /// One case through pipeline `D x E x C` statically and through the general path.
-template <class D, class E, class C> outcome run_case(const config& k, std::uint64_t seed) {
+template <class D, class E, class C>
+outcome run_case(const config& k, std::uint64_t seed) {
   using P = trainer<D, E, C>;
   using R = rollout<D, E, C>;
   outcome out;
@@ -149,7 +154,8 @@ template <class D, class E, class C> outcome run_case(const config& k, std::uint
   // Receiver: when every item has the pipeline's encoding (residual outputs
   // are overwrites), both apply paths must agree with each other and with a
   // dense refit of the candidate.
-  receiver<identity_loader> a(identity_loader{}, plan->canonical), b(identity_loader{}, plan->canonical);
+  receiver<identity_loader> a(identity_loader{}, plan->canonical),
+      b(identity_loader{}, plan->canonical);
   const auto before = as_set(v0), after = as_set(v1);
   a.dense_refit(before);
   b.dense_refit(before);
@@ -177,18 +183,22 @@ template <class D, class E, class C> outcome run_case(const config& k, std::uint
   return out;
 }
 
-template <class D, class C> outcome by_mode(const config& k, std::uint64_t seed) {
+template <class D, class C>
+outcome by_mode(const config& k, std::uint64_t seed) {
   return k.b.mode == refit_mode::mixed ? run_case<D, codec::xor_mask, C>(k, seed)
                                        : run_case<D, codec::overwrite, C>(k, seed);
 }
-template <class D> outcome by_scheme(const config& k, std::uint64_t seed) {
-  return k.b.encoding.locations == codec::location_scheme::escape_u8 ? by_mode<D, codec::escape_u8>(k, seed)
-                                                                      : by_mode<D, codec::varint_gaps>(k, seed);
+template <class D>
+outcome by_scheme(const config& k, std::uint64_t seed) {
+  return k.b.encoding.locations == codec::location_scheme::escape_u8
+             ? by_mode<D, codec::escape_u8>(k, seed)
+             : by_mode<D, codec::varint_gaps>(k, seed);
 }
 
 } // namespace
 
-TEST_CASE("dispatched and statically composed pipelines give identical payload bytes and receiver storage") {
+TEST_CASE("dispatched and statically composed pipelines give identical payload bytes and receiver "
+          "storage") {
   std::mt19937_64 rng(20261203);
   int receiver_checked = 0;
   std::size_t compared = 0;
@@ -197,13 +207,15 @@ TEST_CASE("dispatched and statically composed pipelines give identical payload b
     CAPTURE(i);
     CAPTURE(static_cast<int>(k.c.dtype));
     CAPTURE(static_cast<int>(k.b.mode));
-    const auto r = k.c.dtype == dtype_id::bf16 ? by_scheme<dcr::bf16>(k, 500 + i) : by_scheme<dcr::f32>(k, 500 + i);
+    const auto r = k.c.dtype == dtype_id::bf16 ? by_scheme<dcr::bf16>(k, 500 + i)
+                                               : by_scheme<dcr::f32>(k, 500 + i);
     receiver_checked += r.receiver_checked;
     compared += r.compared;
   }
   CHECK(receiver_checked >= 10);
   CHECK(compared >= 200);
-  MESSAGE(compared << " payloads compared, " << receiver_checked << " cases applied through both receivers");
+  MESSAGE(compared << " payloads compared, " << receiver_checked
+                   << " cases applied through both receivers");
 }
 
 TEST_CASE("a static pipeline refuses shards and items outside its configuration") {
@@ -244,8 +256,10 @@ TEST_CASE("a static pipeline refuses shards and items outside its configuration"
   decoded_payload d;
   REQUIRE(r.decode(payloads[0], d).ok());
   REQUIRE(!d.items.empty());
-  CHECK(r.apply_item<rollout<dcr::bf16, codec::xor_mask, codec::escape_u8>>(d.items[0]).code == errc::bad_dtype);
-  CHECK(r.apply_item<rollout<dcr::f32, codec::overwrite, codec::escape_u8>>(d.items[0]).code == errc::bad_encoding);
+  CHECK(r.apply_item<rollout<dcr::bf16, codec::xor_mask, codec::escape_u8>>(d.items[0]).code ==
+        errc::bad_dtype);
+  CHECK(r.apply_item<rollout<dcr::f32, codec::overwrite, codec::escape_u8>>(d.items[0]).code ==
+        errc::bad_encoding);
   decoded_payload v;
   auto varint = o.build(s1.view(), req, {}, [] {
     builder_options b;
@@ -258,7 +272,8 @@ TEST_CASE("a static pipeline refuses shards and items outside its configuration"
     REQUIRE(r.decode(p, all).ok());
     for (auto& it : all.items) scattered = scattered || !codec::run::can_encode(it.indices);
     if (!scattered) continue;
-    CHECK(r.decode<stages::decode<codec::run_or<codec::escape_u8>>>(p, v).code == errc::bad_location);
+    CHECK(r.decode<stages::decode<codec::run_or<codec::escape_u8>>>(p, v).code ==
+          errc::bad_location);
     break;
   }
   CHECK(scattered);

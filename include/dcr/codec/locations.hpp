@@ -443,8 +443,8 @@ struct by_scheme {
     encode_locations(id, idx, out);
     return id;
   }
-  static status decode(location_id id, std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
-                       std::span<std::uint64_t> out) {
+  static status decode(location_id id, std::span<const std::byte> in, std::uint64_t first,
+                       std::uint64_t numel, std::span<std::uint64_t> out) {
     return decode_locations(id, in, first, numel, out);
   }
 };
@@ -453,25 +453,28 @@ struct by_scheme {
 /// are instantiated, and decoding refuses any other coding (`bad_location`).
 /// `run_or<escape_u8>` and `run_or<varint_gaps>` encode exactly what
 /// `by_scheme` does under `escape_u8` and `varint`.
-template <location_coding C> struct run_or {
+template <location_coding C>
+struct run_or {
   location_id operator()(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) const {
     if (run::can_encode(idx)) return location_id::run;
     C::encode(idx, out);
     return C::id;
   }
-  static status decode(location_id id, std::span<const std::byte> in, std::uint64_t first, std::uint64_t numel,
-                       std::span<std::uint64_t> out) {
+  static status decode(location_id id, std::span<const std::byte> in, std::uint64_t first,
+                       std::uint64_t numel, std::span<std::uint64_t> out) {
     if (id == location_id::run) return run::decode(in, first, numel, out);
     if (id == C::id) return C::decode(in, first, numel, out);
-    return fail(errc::bad_location, std::string(to_string(id)) + " locations, this pipeline decodes run and " +
+    return fail(errc::bad_location, std::string(to_string(id)) +
+                                        " locations, this pipeline decodes run and " +
                                         std::string(C::name) + " only");
   }
 };
 
 /// A location policy (see `by_scheme`).
 template <class L>
-concept location_policy = requires(const L& l, std::span<const std::uint64_t> idx, std::vector<std::byte>& out,
-                                   std::span<const std::byte> in, std::uint64_t v, std::span<std::uint64_t> dst) {
+concept location_policy = requires(const L& l, std::span<const std::uint64_t> idx,
+                                   std::vector<std::byte>& out, std::span<const std::byte> in,
+                                   std::uint64_t v, std::span<std::uint64_t> dst) {
   { l(idx, out) } -> std::same_as<location_id>;
   { L::decode(location_id::run, in, v, v, dst) } -> std::same_as<status>;
 };

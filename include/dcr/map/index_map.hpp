@@ -266,7 +266,7 @@ static_assert(index_map<replicated_map>);
 /// `unique` states that `f` is injective (XOR records need it; a repeated XOR
 /// cancels itself); it is the caller's promise, not checked.
 template <class F>
-  requires std::is_invocable_r_v<std::uint64_t, const F&, std::uint64_t>
+requires std::is_invocable_r_v<std::uint64_t, const F&, std::uint64_t>
 class flat_map {
 public:
   flat_map(std::uint32_t tensor, std::uint64_t domain, F f, bool unique = true)
@@ -274,7 +274,8 @@ public:
   std::uint64_t domain_size() const noexcept { return n_; }
   destination operator()(std::uint64_t j) const { return {tensor_, f_(j)}; }
   bool is_unique() const noexcept { return unique_; }
-  template <class Out> void map_run(std::uint64_t start, std::uint64_t count, Out&& out) const {
+  template <class Out>
+  void map_run(std::uint64_t start, std::uint64_t count, Out&& out) const {
     canonical_run cur{start, 0, tensor_, 0};
     for (std::uint64_t j = start; j < start + count; ++j) {
       const std::uint64_t k = f_(j);

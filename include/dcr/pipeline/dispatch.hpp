@@ -7,8 +7,9 @@
 ///
 /// ```cpp
 /// struct apply_fn { template <class D, class E> static status call(receiver&, const item&); };
-/// constexpr dispatch_table<apply_fn, status(receiver&, const item&), dtype_list, encoding_list> table;
-/// table(position_of<dtype_list>(it.tensor.dtype), position_of<encoding_list>(it.encoding))(rx, it);
+/// constexpr dispatch_table<apply_fn, status(receiver&, const item&), dtype_list, encoding_list>
+/// table; table(position_of<dtype_list>(it.tensor.dtype),
+/// position_of<encoding_list>(it.encoding))(rx, it);
 /// ```
 /// The table holds one function pointer per element of the cartesian product
 /// of the lists (only those lists: 5 dtypes x 2 encodings is 10 entries), so
@@ -47,18 +48,23 @@ namespace hana = boost::hana;
 using dtype_list = decltype(hana::tuple_t<bf16, f16, f32, f8e4m3fn, f8e5m2>);
 using encoding_list = decltype(hana::tuple_t<codec::xor_mask, codec::overwrite>);
 using location_list =
-    decltype(hana::tuple_t<codec::run, codec::gap_u8, codec::gap_u16, codec::gap_u32, codec::gap_u64, codec::planes_u16,
-                           codec::planes_u32, codec::planes_u64, codec::varint_gaps, codec::escape_u8>);
+    decltype(hana::tuple_t<codec::run, codec::gap_u8, codec::gap_u16, codec::gap_u32,
+                           codec::gap_u64, codec::planes_u16, codec::planes_u32, codec::planes_u64,
+                           codec::varint_gaps, codec::escape_u8>);
 
 /// The runtime id of a policy: a dtype tag's `dtype_id`, else `T::id`.
-template <class T> constexpr auto policy_id() noexcept {
-  if constexpr (storage_dtype<T>) return dtype_traits<T>::id;
-  else return T::id;
+template <class T>
+constexpr auto policy_id() noexcept {
+  if constexpr (storage_dtype<T>)
+    return dtype_traits<T>::id;
+  else
+    return T::id;
 }
 
 /// Position in type list `List` of the policy whose id is `id`, or the
 /// list's length when none is (the table then returns nullptr).
-template <class List, class Id> constexpr std::size_t position_of(Id id) noexcept {
+template <class List, class Id>
+constexpr std::size_t position_of(Id id) noexcept {
   std::size_t at = decltype(hana::length(List{}))::value, k = 0;
   hana::for_each(List{}, [&](auto t) {
     if (policy_id<typename decltype(t)::type>() == id) at = k;
@@ -70,9 +76,11 @@ template <class List, class Id> constexpr std::size_t position_of(Id id) noexcep
 /// `Fn::template call<Ts...>` for every tuple `Ts...` of the cartesian
 /// product of the type lists, as a flat array indexed in row-major order of
 /// the lists' positions (the last list varies fastest).
-template <class Fn, class Sig, class... Lists> class dispatch_table;
+template <class Fn, class Sig, class... Lists>
+class dispatch_table;
 
-template <class Fn, class R, class... Args, class... Lists> class dispatch_table<Fn, R(Args...), Lists...> {
+template <class Fn, class R, class... Args, class... Lists>
+class dispatch_table<Fn, R(Args...), Lists...> {
 public:
   using fn_ptr = R (*)(Args...);
   static constexpr std::size_t dims[] = {decltype(hana::length(Lists{}))::value...};
@@ -80,11 +88,13 @@ public:
 
   /// The instantiation for positions `pos` (one per list), or nullptr when
   /// a position is outside its list.
-  template <class... P> constexpr fn_ptr operator()(P... pos) const noexcept {
+  template <class... P>
+  constexpr fn_ptr operator()(P... pos) const noexcept {
     static_assert(sizeof...(P) == sizeof...(Lists));
     std::size_t i = 0, k = 0;
     bool inside = true;
-    ((inside = inside && static_cast<std::size_t>(pos) < dims[k], i = i * dims[k++] + static_cast<std::size_t>(pos)),
+    ((inside = inside && static_cast<std::size_t>(pos) < dims[k],
+      i = i * dims[k++] + static_cast<std::size_t>(pos)),
      ...);
     return inside ? table_[i] : nullptr;
   }
@@ -103,7 +113,8 @@ private:
 
 namespace detail {
 struct encode_locations_fn {
-  template <class C> static void call(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) {
+  template <class C>
+  static void call(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) {
     C::encode(idx, out);
   }
 };
@@ -122,9 +133,11 @@ struct decode_locations_fn {
 /// for code that CUDA compiles too).
 struct dispatched_locations {
   codec::location_scheme scheme = codec::location_scheme::escape_u8;
-  codec::location_id operator()(std::span<const std::uint64_t> idx, std::vector<std::byte>& out) const {
+  codec::location_id operator()(std::span<const std::uint64_t> idx,
+                                std::vector<std::byte>& out) const {
     static constexpr dispatch_table<detail::encode_locations_fn,
-                                    void(std::span<const std::uint64_t>, std::vector<std::byte>&), location_list>
+                                    void(std::span<const std::uint64_t>, std::vector<std::byte>&),
+                                    location_list>
         table{};
     const codec::location_id id = codec::choose_location(idx, scheme);
     table(position_of<location_list>(id))(idx, out); // choose_location names a coding of the list
@@ -138,7 +151,8 @@ struct dispatched_locations {
                                     location_list>
         table{};
     auto* f = table(position_of<location_list>(id));
-    DCR_RETURN_ERROR_IF(!f, bad_location, "unknown location coding " + std::to_string(static_cast<int>(id)));
+    DCR_RETURN_ERROR_IF(!f, bad_location,
+                        "unknown location coding " + std::to_string(static_cast<int>(id)));
     return f(in, first, numel, out);
   }
 };

@@ -87,9 +87,12 @@ struct failure {
 
 /// Capacity of queue `I` of a run: the capacity of stage `I`, or the sink's
 /// for the last queue.
-template <std::size_t I, class... S> constexpr std::size_t capacity_of(const chain<S...>& c, std::size_t sink) {
-  if constexpr (I < sizeof...(S)) return std::get<I>(c.stages).capacity;
-  else return sink;
+template <std::size_t I, class... S>
+constexpr std::size_t capacity_of(const chain<S...>& c, std::size_t sink) {
+  if constexpr (I < sizeof...(S))
+    return std::get<I>(c.stages).capacity;
+  else
+    return sink;
 }
 
 } // namespace detail

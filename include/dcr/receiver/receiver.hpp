@@ -114,12 +114,14 @@ public:
   status apply_item(const item& it) {
     const tensor_plan* tp = nullptr;
     DCR_TRY(admit(it, tp));
-    static constexpr pipeline::dispatch_table<apply_fn, status(receiver&, const tensor_plan&, const item&),
+    static constexpr pipeline::dispatch_table<apply_fn,
+                                              status(receiver&, const tensor_plan&, const item&),
                                               pipeline::dtype_list, pipeline::encoding_list>
         table{};
     auto* f = table(pipeline::position_of<pipeline::dtype_list>(tp->meta.dtype),
                     pipeline::position_of<pipeline::encoding_list>(it.encoding));
-    DCR_RETURN_ERROR_IF(!f, bad_encoding, "item for " + tp->meta.name + ": no pipeline for its dtype and encoding");
+    DCR_RETURN_ERROR_IF(!f, bad_encoding,
+                        "item for " + tp->meta.name + ": no pipeline for its dtype and encoding");
     return f(*this, *tp, it);
   }
 
@@ -127,7 +129,8 @@ public:
   /// `stages::receive_pipeline`) only: an item of another dtype is
   /// `bad_dtype`, of another encoding `bad_encoding`. Otherwise the same
   /// checks and the same effect as `apply_item(it)`.
-  template <class P> status apply_item(const item& it) {
+  template <class P>
+  status apply_item(const item& it) {
     using D = typename P::dtype;
     using E = typename P::encoding;
     const tensor_plan* tp = nullptr;
@@ -259,11 +262,13 @@ public:
   }
   /// As above with the location codings of decode stage `Dec` (a
   /// `stages::decode<L>`) only: other codings are `bad_location`.
-  template <class Dec> status decode(std::span<const std::byte> payload, decoded_payload& out) const {
-    return codec::decode_payload_if<typename Dec::locations>(payload, out, [this](const codec::item_row& row) {
-      const tensor_plan* tp = plan_.find(row.tensor.name);
-      return !tp || !tp->skipped;
-    });
+  template <class Dec>
+  status decode(std::span<const std::byte> payload, decoded_payload& out) const {
+    return codec::decode_payload_if<typename Dec::locations>(
+        payload, out, [this](const codec::item_row& row) {
+          const tensor_plan* tp = plan_.find(row.tensor.name);
+          return !tp || !tp->skipped;
+        });
   }
 
   /// BLAKE2b-128 of all rank storage (see `parameter_store::digest`).
@@ -288,19 +293,22 @@ private:
     DCR_TRY(codec::validate_item(it, tp->meta));
     DCR_RETURN_ERROR_IF(it.encoding == value_encoding::xor_mask && !tp->xor_allowed && !tp->skipped,
                         unsupported_loader,
-                        "XOR item for " + tp->meta.name + ", whose loader path is not representation preserving");
+                        "XOR item for " + tp->meta.name +
+                            ", whose loader path is not representation preserving");
     return status::success();
   }
 
   /// A dispatch table entry: the pipeline for dtype `D` and encoding `E`.
   struct apply_fn {
-    template <class D, class E> static status call(receiver& r, const tensor_plan& tp, const item& it) {
+    template <class D, class E>
+    static status call(receiver& r, const tensor_plan& tp, const item& it) {
       return r.template apply_as<D, E>(tp, it);
     }
   };
 
   /// scatter<D> -> apply<E> of one admitted item.
-  template <class D, class E> status apply_as(const tensor_plan& tp, const item& it) {
+  template <class D, class E>
+  status apply_as(const tensor_plan& tp, const item& it) {
     using scatter = stages::scatter<D>;
     using W = word_t<D>;
     std::byte* s = scratch();
@@ -315,7 +323,8 @@ private:
     }
     if constexpr (E::id == value_encoding::xor_mask) {
       // `xor_allowed` implies `direct`; `admit` refused this item already.
-      return fail(errc::unsupported_loader, "XOR item for " + tp.meta.name + " through unmapped copies");
+      return fail(errc::unsupported_loader,
+                  "XOR item for " + tp.meta.name + " through unmapped copies");
     } else {
       // Unmapped copies read whole (transformed) tensors: inactive positions
       // must hold a placeholder distinct from every value.

@@ -204,10 +204,11 @@ enum class overwrite_pass {
 /// fills and a position is active exactly when its source bits do not depend
 /// on the fill (elementwise deterministic transforms, and distinct images of
 /// the two fills).
-template <codec::delta_encoding E, class W> class delta_sink final : public checked_sink {
+template <codec::delta_encoding E, class W>
+class delta_sink final : public checked_sink {
 public:
-  delta_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input, active_entries active,
-             overwrite_pass pass = overwrite_pass::placeholder,
+  delta_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
+             active_entries active, overwrite_pass pass = overwrite_pass::placeholder,
              std::vector<std::vector<std::byte>>* captures = nullptr)
       : checked_sink(store, plan, input), active_(active), pass_(pass), captures_(captures) {}
 
@@ -226,8 +227,11 @@ public:
       auto* V = reinterpret_cast<const W*>(active_.values.data());
       const auto p = c->param;
       if (plan_.self_overlap)
-        for_each_active(active_, *c, [&](std::size_t j, std::int64_t e) { put(D, p, e, E::apply(D[e], V[j])); });
-      else for_each_active(active_, *c, [&](std::size_t j, std::int64_t e) { D[e] = E::apply(D[e], V[j]); });
+        for_each_active(active_, *c,
+                        [&](std::size_t j, std::int64_t e) { put(D, p, e, E::apply(D[e], V[j])); });
+      else
+        for_each_active(active_, *c,
+                        [&](std::size_t j, std::int64_t e) { D[e] = E::apply(D[e], V[j]); });
       return;
     }
     if constexpr (E::id == value_encoding::xor_mask) {
@@ -238,7 +242,8 @@ public:
   }
 
 private:
-  void unmapped(const planned_copy& cp, std::size_t k, const tensor_view& dst, const tensor_view& src) {
+  void unmapped(const planned_copy& cp, std::size_t k, const tensor_view& dst,
+                const tensor_view& src) {
     const planned_copy* c = &cp;
     visit_word(dst.width(), [&](auto word) {
       using U = decltype(word);
@@ -261,7 +266,8 @@ private:
         break;
       }
       case overwrite_pass::compare: {
-        if (captures_->size() <= k || (*captures_)[k].size() != static_cast<std::size_t>(src.size()) * sizeof(U)) {
+        if (captures_->size() <= k ||
+            (*captures_)[k].size() != static_cast<std::size_t>(src.size()) * sizeof(U)) {
           violate("second run made a copy the first run did not");
           return;
         }
@@ -283,8 +289,10 @@ private:
 };
 
 /// The two sinks of the wire's encodings.
-template <class W> using xor_sink = delta_sink<codec::xor_mask, W>;
-template <class W> using overwrite_sink = delta_sink<codec::overwrite, W>;
+template <class W>
+using xor_sink = delta_sink<codec::xor_mask, W>;
+template <class W>
+using overwrite_sink = delta_sink<codec::overwrite, W>;
 
 /// Post-apply check: compares stored bits with what a dense copy of the
 /// expected tensor would store, at every `stride`-th coordinate of each copy

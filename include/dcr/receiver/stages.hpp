@@ -31,12 +31,14 @@
 namespace dcr::stages {
 
 /// decode<L>: which location codings a payload decoder instantiates.
-template <codec::location_policy L> struct decode {
+template <codec::location_policy L>
+struct decode {
   using locations = L;
 };
 
 /// scatter<D>: an item's entries into the scratch, typed by the item's word.
-template <storage_dtype D> struct scatter {
+template <storage_dtype D>
+struct scatter {
   using dtype = D;
   using word = word_t<D>;
   /// `scratch[indices[k]] = values[k]` for every entry.
@@ -48,7 +50,8 @@ template <storage_dtype D> struct scatter {
   }
   /// The dtype's NaN placeholder at every element of `meta`.
   static void fill_placeholder(const tensor_meta& meta, std::byte* scratch) noexcept {
-    std::fill_n(reinterpret_cast<word*>(scratch), meta.numel(), static_cast<word>(info(meta.dtype)->placeholder));
+    std::fill_n(reinterpret_cast<word*>(scratch), meta.numel(),
+                static_cast<word>(info(meta.dtype)->placeholder));
   }
   /// True when some value of `it` is a NaN (the placeholder cannot then mark
   /// inactive positions on its own).
@@ -61,12 +64,14 @@ template <storage_dtype D> struct scatter {
 };
 
 /// apply<E>: the sink applies `E::apply(resident, value)`.
-template <codec::delta_encoding E> struct apply {
+template <codec::delta_encoding E>
+struct apply {
   using encoding = E;
 };
 
 /// A statically composed rollout-side pipeline.
-template <class Decode, class Scatter, class Apply> struct receive_pipeline {
+template <class Decode, class Scatter, class Apply>
+struct receive_pipeline {
   using decode_stage = Decode;
   using scatter_stage = Scatter;
   using apply_stage = Apply;

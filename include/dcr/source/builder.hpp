@@ -52,7 +52,8 @@ namespace dcr {
 /// chunk or bucket can exceed its target) and the encoding policy.
 struct builder_options {
   std::size_t chunk_bytes = std::size_t{64} << 20, bucket_bytes = std::size_t{512} << 20;
-  refit_mode mode = refit_mode::mixed; ///< mixed: XOR for unique affine maps, overwrite for residual items
+  refit_mode mode =
+      refit_mode::mixed; ///< mixed: XOR for unique affine maps, overwrite for residual items
   encode_options encoding{};
 };
 
@@ -137,7 +138,8 @@ public:
   /// affine shard whose encoding under `opt.mode` is not P's, so a result is
   /// always the bytes `build_buckets` gives.
   template <class P, class Sink>
-  void build_buckets(const source_view& candidate, const required_set& req, const builder_options& opt, Sink&& sink) const {
+  void build_buckets(const source_view& candidate, const required_set& req,
+                     const builder_options& opt, Sink&& sink) const {
     build_with(composed<P>{}, candidate, req, opt, sink);
   }
 
@@ -158,9 +160,9 @@ public:
       payload_id id = base_id;
       id.owner = id_;
       id.sequence = b.sequence;
-      throw_if_failed(codec::encode_payload_with(id, b.items, opt.encoding,
-                                                 pipeline::dispatched_locations{opt.encoding.locations},
-                                                 out.emplace_back()));
+      throw_if_failed(codec::encode_payload_with(
+          id, b.items, opt.encoding, pipeline::dispatched_locations{opt.encoding.locations},
+          out.emplace_back()));
     });
     return out;
   }
@@ -168,13 +170,15 @@ public:
   /// policy codes the payloads (`opt.encoding.locations` is not read).
   template <class P>
   std::vector<std::vector<std::byte>> build(const source_view& candidate, const required_set& req,
-                                            const payload_id& base_id, const builder_options& opt = {}) const {
+                                            const payload_id& base_id,
+                                            const builder_options& opt = {}) const {
     std::vector<std::vector<std::byte>> out;
     build_buckets<P>(candidate, req, opt, [&](delta_bucket&& b) {
       payload_id id = base_id;
       id.owner = id_;
       id.sequence = b.sequence;
-      throw_if_failed(codec::encode_payload_with(id, b.items, opt.encoding, typename P::locations{}, out.emplace_back()));
+      throw_if_failed(codec::encode_payload_with(id, b.items, opt.encoding, typename P::locations{},
+                                                 out.emplace_back()));
     });
     return out;
   }
@@ -252,7 +256,8 @@ private:
       if (!sh.affine()) continue;
       auto cand = view_of(candidate, shards_[i]);
       const bool xor_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
-      select.affine(sh, trackers_[i], cand, xor_ok ? value_encoding::xor_mask : value_encoding::overwrite, st);
+      select.affine(sh, trackers_[i], cand,
+                    xor_ok ? value_encoding::xor_mask : value_encoding::overwrite, st);
       st.chunk_bytes += sh.nbytes();
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
@@ -263,10 +268,12 @@ private:
       throw_if_failed(run_rule(task.rule, task_inputs(*plan_, tasks_[i], candidate), produced));
       for (std::size_t k = 0; k < produced.size(); ++k) {
         const auto& meta = plan_->canonical[task.outputs[k]];
-        if (produced[k].bytes.size() != meta.nbytes() || residual_[i][k].bytes.size() != meta.nbytes())
-          throw error(errc::shape_mismatch, task.rule.name + ": output " + meta.name + " has the wrong size");
-        select.residual(plan_->canonical[task.outputs[k]], task.outputs[k], residual_[i][k].bytes, produced[k].bytes,
-                        st);
+        if (produced[k].bytes.size() != meta.nbytes() ||
+            residual_[i][k].bytes.size() != meta.nbytes())
+          throw error(errc::shape_mismatch,
+                      task.rule.name + ": output " + meta.name + " has the wrong size");
+        select.residual(plan_->canonical[task.outputs[k]], task.outputs[k], residual_[i][k].bytes,
+                        produced[k].bytes, st);
       }
       st.chunk_bytes += task.output_bytes;
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
@@ -277,17 +284,19 @@ private:
 
   /// compare<D> -> project<M> -> encode<E> of one shard into the open chunk.
   template <class D, class M, class E>
-  static void project_shard(const M& map, std::span<const std::byte> old_b, std::span<const std::byte> new_b,
-                            state& st) {
+  static void project_shard(const M& map, std::span<const std::byte> old_b,
+                            std::span<const std::byte> new_b, state& st) {
     using W = word_t<D>;
-    stages::changes_to_records<stages::compare<D>, stages::project<M>, stages::encode<E, codec::by_scheme>>(
+    stages::changes_to_records<stages::compare<D>, stages::project<M>,
+                               stages::encode<E, codec::by_scheme>>(
         stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b),
         [&](std::uint32_t tensor) -> builder& { return st.get(tensor, E::id); });
   }
   /// The instantiations a table entry runs.
   struct affine_fn {
     template <class D, class E>
-    static void call(const piecewise_map& m, std::span<const std::byte> o, std::span<const std::byte> c, state& st) {
+    static void call(const piecewise_map& m, std::span<const std::byte> o,
+                     std::span<const std::byte> c, state& st) {
       project_shard<D, piecewise_map, E>(m, o, c, st);
     }
   };
@@ -295,16 +304,18 @@ private:
     template <class D>
     static void call(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
                      std::span<const std::byte> c, state& st) {
-      project_shard<D, stages::identity_map, codec::overwrite>(stages::identity_map{tensor, meta.numel()}, o, c, st);
+      project_shard<D, stages::identity_map, codec::overwrite>(
+          stages::identity_map{tensor, meta.numel()}, o, c, st);
     }
   };
   /// The general path: one table lookup per shard (dtype x encoding) and per
   /// residual output (dtype).
   struct dispatched {
-    void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c, value_encoding e,
-                state& st) const {
+    void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c,
+                value_encoding e, state& st) const {
       static constexpr pipeline::dispatch_table<affine_fn,
-                                                void(const piecewise_map&, std::span<const std::byte>,
+                                                void(const piecewise_map&,
+                                                     std::span<const std::byte>,
                                                      std::span<const std::byte>, state&),
                                                 pipeline::dtype_list, pipeline::encoding_list>
           table{};
@@ -316,7 +327,8 @@ private:
     void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
                   std::span<const std::byte> c, state& st) const {
       static constexpr pipeline::dispatch_table<residual_fn,
-                                                void(const tensor_meta&, std::uint32_t, std::span<const std::byte>,
+                                                void(const tensor_meta&, std::uint32_t,
+                                                     std::span<const std::byte>,
                                                      std::span<const std::byte>, state&),
                                                 pipeline::dtype_list>
           table{};
@@ -326,26 +338,32 @@ private:
     }
   };
   /// A statically composed pipeline: P's instantiation or a typed error.
-  template <class P> struct composed {
-    static_assert(std::is_same_v<typename P::map_type, piecewise_map>, "an owner's shards carry piecewise maps");
+  template <class P>
+  struct composed {
+    static_assert(std::is_same_v<typename P::map_type, piecewise_map>,
+                  "an owner's shards carry piecewise maps");
     using D = typename P::dtype;
     using E = typename P::encoding;
-    void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c, value_encoding e,
-                state& st) const {
+    void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c,
+                value_encoding e, state& st) const {
       if (sh.dtype != dtype_traits<D>::id)
-        throw error(errc::bad_dtype, sh.key + ": " + std::string(name_of(sh.dtype)) + " shard, pipeline for " +
+        throw error(errc::bad_dtype, sh.key + ": " + std::string(name_of(sh.dtype)) +
+                                         " shard, pipeline for " +
                                          std::string(name_of(dtype_traits<D>::id)));
       if (e != E::id)
-        throw error(errc::invalid_argument, sh.key + ": needs " + std::string(to_string(e)) + " items, pipeline encodes " +
+        throw error(errc::invalid_argument, sh.key + ": needs " + std::string(to_string(e)) +
+                                                " items, pipeline encodes " +
                                                 std::string(to_string(E::id)));
       project_shard<D, piecewise_map, E>(*sh.map, o, c, st);
     }
     void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
                   std::span<const std::byte> c, state& st) const {
       if (meta.dtype != dtype_traits<D>::id)
-        throw error(errc::bad_dtype, meta.name + ": " + std::string(name_of(meta.dtype)) + " output, pipeline for " +
+        throw error(errc::bad_dtype, meta.name + ": " + std::string(name_of(meta.dtype)) +
+                                         " output, pipeline for " +
                                          std::string(name_of(dtype_traits<D>::id)));
-      project_shard<D, stages::identity_map, codec::overwrite>(stages::identity_map{tensor, meta.numel()}, o, c, st);
+      project_shard<D, stages::identity_map, codec::overwrite>(
+          stages::identity_map{tensor, meta.numel()}, o, c, st);
     }
   };
 

@@ -43,19 +43,22 @@ namespace dcr::stages {
 
 /// The compare stage of a word type (what `compare<D>` runs: dtypes with the
 /// same word share one instantiation).
-template <class W> struct compare_words {
+template <class W>
+struct compare_words {
   using word = W;
   /// `f(first, mask)` for every block of `[lo, lo + len)` (bit b of `mask`:
   /// word `first + b` changed; blocks without changes may be skipped or
   /// passed with mask 0).
   template <class F>
-  static void blocks(std::span<const W> old_w, std::span<const W> new_w, std::uint64_t lo, std::uint64_t len, F&& f) {
+  static void blocks(std::span<const W> old_w, std::span<const W> new_w, std::uint64_t lo,
+                     std::uint64_t len, F&& f) {
     for_each_change_mask<W>(old_w.subspan(lo, len), new_w.subspan(lo, len), lo, f);
   }
 };
 
 /// compare<D>: the changed words of a range, as 64-word blocks with change masks.
-template <storage_dtype D> struct compare : compare_words<word_t<D>> {
+template <storage_dtype D>
+struct compare : compare_words<word_t<D>> {
   using dtype = D;
 };
 
@@ -67,7 +70,8 @@ struct identity_map {
   std::uint64_t domain_size() const noexcept { return n; }
   destination operator()(std::uint64_t j) const noexcept { return {tensor, j}; }
   bool is_unique() const noexcept { return true; }
-  template <class Out> void map_run(std::uint64_t s, std::uint64_t count, Out&& out) const {
+  template <class Out>
+  void map_run(std::uint64_t s, std::uint64_t count, Out&& out) const {
     if (count) out(canonical_run{s, count, tensor, s});
   }
 };
@@ -75,26 +79,35 @@ static_assert(index_map<identity_map>);
 
 /// project<M>: a shard's local indices through its index map, in runs of
 /// constant shift (`canonical = local + shift` inside a run).
-template <index_map M> struct project {
+template <index_map M>
+struct project {
   using map_type = M;
   const M& map;
   /// `f(run)` for every run covering the mapped elements, in local order.
-  template <class F> void runs(F&& f) const { map.map_run(0, map.domain_size(), f); }
+  template <class F>
+  void runs(F&& f) const {
+    map.map_run(0, map.domain_size(), f);
+  }
   /// XOR records through this map are exact only when no two local elements
   /// share a destination.
   bool unique() const { return map.is_unique(); }
 };
 
 /// encode<E, L>: values `E::make(old, new)` and locations by policy `L`.
-template <codec::delta_encoding E, codec::location_policy L> struct encode {
+template <codec::delta_encoding E, codec::location_policy L>
+struct encode {
   using encoding = E;
   using locations = L;
   static constexpr value_encoding id = E::id;
-  template <class W> static constexpr W value(W old_w, W new_w) noexcept { return E::make(old_w, new_w); }
+  template <class W>
+  static constexpr W value(W old_w, W new_w) noexcept {
+    return E::make(old_w, new_w);
+  }
 };
 
 /// A statically composed training-side pipeline.
-template <class Compare, class Project, class Encode> struct refit_pipeline {
+template <class Compare, class Project, class Encode>
+struct refit_pipeline {
   using compare_stage = Compare;
   using project_stage = Project;
   using encode_stage = Encode;
@@ -120,7 +133,8 @@ struct target_ref {
 };
 
 template <class W, class Project, class E>
-void changes_to_records(const Project& proj, std::span<const W> old_w, std::span<const W> new_w, target_ref target) {
+void changes_to_records(const Project& proj, std::span<const W> old_w, std::span<const W> new_w,
+                        target_ref target) {
   constexpr std::size_t cap = 1024;
   std::uint64_t ib[cap];
   W vb[cap];
@@ -136,18 +150,20 @@ void changes_to_records(const Project& proj, std::span<const W> old_w, std::span
   };
   proj.runs([&](const canonical_run& r) {
     b = &target.get(target.ctx, r.tensor);
-    const std::uint64_t shift = r.canonical_start - r.local_start; // modular: canonical = local + shift
-    compare_words<W>::blocks(old_w, new_w, r.local_start, r.count, [&](std::uint64_t first, std::uint64_t mask) {
-      if (mask == 0) return;
-      if (k > cap - change_block_words) flush();
-      while (mask) {
-        const std::uint64_t j = first + static_cast<std::uint64_t>(std::countr_zero(mask));
-        mask &= mask - 1;
-        ib[k] = j + shift;
-        vb[k] = E::make(o[j], c[j]);
-        ++k;
-      }
-    });
+    const std::uint64_t shift =
+        r.canonical_start - r.local_start; // modular: canonical = local + shift
+    compare_words<W>::blocks(
+        old_w, new_w, r.local_start, r.count, [&](std::uint64_t first, std::uint64_t mask) {
+          if (mask == 0) return;
+          if (k > cap - change_block_words) flush();
+          while (mask) {
+            const std::uint64_t j = first + static_cast<std::uint64_t>(std::countr_zero(mask));
+            mask &= mask - 1;
+            ib[k] = j + shift;
+            vb[k] = E::make(o[j], c[j]);
+            ++k;
+          }
+        });
     if (k) flush();
   });
 }
@@ -166,18 +182,20 @@ void changes_to_records(const Project& proj, std::span<const typename Compare::w
   using T = std::remove_reference_t<Target>;
   detail::changes_to_records<typename Compare::word, Project, typename Encode::encoding>(
       proj, old_w, new_w,
-      detail::target_ref{const_cast<void*>(static_cast<const void*>(&target)), [](void* ctx, std::uint32_t t) -> record_buffer& {
-                           return (*static_cast<T*>(ctx))(t);
-                         }});
+      detail::target_ref{
+          const_cast<void*>(static_cast<const void*>(&target)),
+          [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }});
 }
 
 /// Sorts `b`'s records (words of type `W`) by canonical index when a map
 /// emitted them out of order (maps that are not monotone per tensor).
-template <class W> void sort_records(record_buffer& b) {
+template <class W>
+void sort_records(record_buffer& b) {
   if (std::is_sorted(b.indices.begin(), b.indices.end())) return;
   std::vector<std::size_t> order(b.indices.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return b.indices[x] < b.indices[y]; });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t x, std::size_t y) { return b.indices[x] < b.indices[y]; });
   std::vector<std::uint64_t> ii(order.size());
   std::vector<std::byte> vv(b.values.size());
   for (std::size_t k = 0; k < order.size(); ++k) {
@@ -191,7 +209,8 @@ template <class W> void sort_records(record_buffer& b) {
 /// The records of one tensor as an item of pipeline `P`'s encoding, sorted
 /// by canonical index (the encoder validates the rest: a map that leaves
 /// the tensor or writes an element twice fails `codec::validate_item`).
-template <class P> item to_item(const tensor_meta& meta, record_buffer&& b) {
+template <class P>
+item to_item(const tensor_meta& meta, record_buffer&& b) {
   sort_records<word_t<typename P::dtype>>(b);
   return item{meta, P::encoding::id, std::move(b.indices), std::move(b.values)};
 }
@@ -199,10 +218,12 @@ template <class P> item to_item(const tensor_meta& meta, record_buffer&& b) {
 /// compare -> project -> encode of pipeline `P` over one shard (see
 /// `changes_to_records`).
 template <class P, class Target>
-void shard_records(const typename P::map_type& map, std::span<const word_t<typename P::dtype>> old_w,
+void shard_records(const typename P::map_type& map,
+                   std::span<const word_t<typename P::dtype>> old_w,
                    std::span<const word_t<typename P::dtype>> new_w, Target&& target) {
-  changes_to_records<typename P::compare_stage, typename P::project_stage, typename P::encode_stage>(
-      typename P::project_stage{map}, old_w, new_w, target);
+  changes_to_records<typename P::compare_stage, typename P::project_stage,
+                     typename P::encode_stage>(typename P::project_stage{map}, old_w, new_w,
+                                               target);
 }
 
 } // namespace dcr::stages
