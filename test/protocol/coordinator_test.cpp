@@ -377,7 +377,7 @@ TEST_CASE("scenario: a stale attempt's payload appears under the current attempt
   CHECK(rep.attempts[1].result.code == errc::verification); // no manifest lists it
   std::uint64_t stale = 0;
   for (auto& e : s.endpoints) stale += e->counters().stale;
-  CHECK(stale >= s.endpoints.size()); // every receiver saw and ignored its bytes
+  CHECK(stale >= 1); // receivers ignore its bytes (the first reader to fail stops the others)
   s.check_consistent(1);
 }
 
