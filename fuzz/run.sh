@@ -3,6 +3,8 @@
 # them for SECONDS in total (decode and body 30% each, roundtrip and the
 # text decoders 20% each).
 # Exits non-zero when a target crashes; reproducers land in build-fuzz/.
+# CI runs it with 60; a longer run: DCR_JOBS=1 fuzz/run.sh 3600 (docs/wire-format.md,
+# "Fuzzing", has the executions per target so far).
 set -euo pipefail
 seconds=${1:-60}
 cd "$(dirname "$0")/.."

@@ -207,7 +207,8 @@ struct history {
     for (std::size_t r = 0; ok && r < endpoints.size(); ++r) {
       if (!endpoints[r]->alive()) return false;
       endpoints[r]->with_receiver([&](model_receiver& rc) {
-        for (std::size_t t = 0; t < metas.size(); ++t) ok = ok && rc.tensors()[t].bytes == owners[t % 2]->baseline(t)->bytes;
+        for (std::size_t t = 0; t < metas.size(); ++t)
+          ok = ok && rc.tensors()[t].bytes == owners[t % 2]->baseline(t)->bytes;
         ok = ok && cur.record.receivers[r].state == rc.state_digest();
       });
     }

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -262,18 +263,32 @@ private:
                                last.message);
   }
 
-  /// After failed attempt τ: a receiver that staged a payload no manifest of
-  /// τ lists (a stray or foreign object under the prefix, applied before the
-  /// manifests said otherwise) may hold changes outside the changed set,
-  /// which the overwrite retry does not rewrite. Its storage is not trusted:
-  /// it is dropped and restored densely at the next membership step.
+  /// After failed attempt τ: a receiver that staged a payload its owner's
+  /// manifest contradicts (not listed there, or listed with another digest;
+  /// a stray copy or another history's object, applied before the manifest
+  /// said otherwise) may hold changes outside the changed set, which the
+  /// overwrite retry does not rewrite. Its storage is not trusted: it is
+  /// dropped and restored densely at the next membership step. Payloads of
+  /// owners that never published a manifest are this attempt's own partial
+  /// writes, which the retry repairs in place.
   template <class Scoped> void distrust_unlisted(Scoped& medium, std::uint64_t tau) {
-    std::vector<digest128> listed;
-    const bool known = transport::listed_digests(medium, tau, listed).ok();
+    transport::listed_payloads listed;
+    const bool known = transport::read_listed(medium, tau, listed).ok();
+    std::set<std::uint32_t> ours;
+    for (auto* o : owners_) ours.insert(o->owner_id());
     for (auto* e : receivers_) {
-      const auto staged = e->staged_digests(tau);
-      if (staged.empty()) continue;
-      if (!known || !std::includes(listed.begin(), listed.end(), staged.begin(), staged.end())) e->kill();
+      bool trusted = true;
+      for (auto& [name, d] : e->staged_payloads(tau)) {
+        const auto owner = transport::payload_owner(name, tau);
+        if (!known || !owner || !ours.count(*owner)) {
+          trusted = false;
+          break;
+        }
+        if (!listed.owners.count(*owner)) continue;
+        const auto it = listed.entries.find(name);
+        trusted = trusted && it != listed.entries.end() && it->second == d;
+      }
+      if (!trusted) e->kill();
     }
   }
 

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dcr/core/error.hpp"
@@ -95,7 +96,7 @@ public:
     if (attempt < attempt_) return false;
     attempt_ = attempt;
     seen_.clear();
-    staged_digests_.clear();
+    staged_.clear();
     if (r_) r_->begin_attempt(attempt);
     return true;
   }
@@ -129,7 +130,7 @@ public:
       return s;
     }
     ++c_.staged;
-    staged_digests_.push_back(digest(bytes));
+    staged_.emplace_back(std::string(name), digest(bytes));
     if (kill_after_ && --kill_after_ == 0) {
       r_.reset(); // crash: storage lost, whatever was applied
       return fail(errc::aborted, "receiver " + id_ + " killed mid-refit");
@@ -165,10 +166,17 @@ public:
   /// them with what the manifests list before the receiver may acknowledge.
   std::vector<digest128> staged_digests(std::uint64_t attempt) const {
     std::lock_guard l(m_);
-    if (attempt != attempt_) return {};
-    auto d = staged_digests_;
+    std::vector<digest128> d;
+    if (attempt != attempt_) return d;
+    for (auto& [n, g] : staged_) d.push_back(g);
     std::sort(d.begin(), d.end());
     return d;
+  }
+  /// The same with the object names they were delivered under.
+  std::vector<std::pair<std::string, digest128>> staged_payloads(std::uint64_t attempt) const {
+    std::lock_guard l(m_);
+    if (attempt != attempt_) return {};
+    return staged_;
   }
 
   /// Gate operations carry τ; the gate itself ignores replaced attempts.
@@ -204,7 +212,7 @@ private:
   std::uint64_t attempt_ = 0;
   std::uint64_t kill_after_ = 0;
   std::set<std::string> seen_;
-  std::vector<digest128> staged_digests_;
+  std::vector<std::pair<std::string, digest128>> staged_;
   endpoint_counters c_;
 };
 

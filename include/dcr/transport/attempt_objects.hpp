@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -312,7 +313,8 @@ private:
     DCR_RETURN_ERROR_IF(m.incarnation != here, foreign_incarnation,
                         name + ": manifest of incarnation '" + (m.incarnation.empty() ? "none" : m.incarnation) +
                             "', this commit history is '" + (here.empty() ? "none" : here) + "'");
-    DCR_RETURN_ERROR_IF(m.attempt != attempt_, stale_attempt, name + ": manifest of attempt " + std::to_string(m.attempt));
+    DCR_RETURN_ERROR_IF(m.attempt != attempt_, stale_attempt,
+                        name + ": manifest of attempt " + std::to_string(m.attempt));
     DCR_RETURN_ERROR_IF(name != manifest_name(attempt_, m.owner) || !owners_.count(m.owner), verification,
                         name + ": manifest of owner " + std::to_string(m.owner) +
                             (owners_.count(m.owner) ? " under another owner's name" : ", not a required owner"));
@@ -363,12 +365,17 @@ private:
   std::size_t listings_ = 0;
 };
 
-/// Digests of every payload that the well-formed manifests of attempt τ on
-/// `store` list (manifests of another incarnation or attempt, or under a name
-/// that is not their owner's, list nothing), sorted. After a failed attempt
-/// the coordinator checks what each receiver staged against this.
-template <object_store Store> status listed_digests(Store& store, std::uint64_t attempt, std::vector<digest128>& out) {
-  out.clear();
+/// What the well-formed manifests of attempt τ on `store` list: payload name
+/// → digest, and the owners whose manifest is there (manifests of another
+/// incarnation or attempt, or under a name that is not their owner's, count
+/// as absent). After a failed attempt the coordinator checks what each
+/// receiver staged against this.
+struct listed_payloads {
+  std::map<std::string, digest128> entries;
+  std::set<std::uint32_t> owners;
+};
+template <object_store Store> status read_listed(Store& store, std::uint64_t attempt, listed_payloads& out) {
+  out = {};
   std::vector<std::string> names;
   DCR_TRY(store.list(attempt_prefix(attempt) + "manifest/", names));
   std::vector<std::byte> bytes;
@@ -376,11 +383,25 @@ template <object_store Store> status listed_digests(Store& store, std::uint64_t 
     if (!store.get(n, bytes)) continue;
     manifest m;
     if (!parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m)) continue;
-    if (m.incarnation != incarnation_of(store) || m.attempt != attempt || n != manifest_name(attempt, m.owner)) continue;
-    for (auto& e : m.payloads) out.push_back(e.digest);
+    if (m.incarnation != incarnation_of(store) || m.attempt != attempt || n != manifest_name(attempt, m.owner))
+      continue;
+    out.owners.insert(m.owner);
+    for (auto& e : m.payloads) out.entries.emplace(e.name, e.digest);
   }
-  std::sort(out.begin(), out.end());
   return status::success();
+}
+
+/// The owner named by a payload name of attempt τ, if it is one.
+inline std::optional<std::uint32_t> payload_owner(std::string_view name, std::uint64_t attempt) {
+  const auto p = attempt_prefix(attempt) + "payload/o";
+  if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0) return std::nullopt;
+  std::uint64_t v = 0;
+  for (std::size_t i = p.size(); i < p.size() + 10; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
+  }
+  if (v > 0xFFFFFFFFu) return std::nullopt;
+  return static_cast<std::uint32_t>(v);
 }
 
 /// Parse the attempt id out of an object name under `attempt/`; 0 if none.
