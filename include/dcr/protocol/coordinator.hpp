@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "dcr/core/error.hpp"
-#include "dcr/pipeline/bounded_queue.hpp"
+#include "dcr/pipeline/stage.hpp"
 #include "dcr/protocol/commit_store.hpp"
 #include "dcr/protocol/endpoint.hpp"
 #include "dcr/protocol/request_gate.hpp"
@@ -349,38 +349,37 @@ private:
     for (std::size_t k = 0; k < owners_.size(); ++k) {
       threads.emplace_back([&, k] {
         auto* o = owners_[k];
-        pipeline::bounded_queue<std::vector<std::byte>> q(opt_.upload_queue);
         auto w = transport::open_writer(medium, tau, o->owner_id());
-        status up = status::success();
-        std::thread sender([&] {
-          while (auto p = q.pop()) {
-            const auto tp = clock::now();
-            auto s = stop ? fail(errc::aborted, "attempt stopped") : w.put_payload(*p);
-            upload[k] += seconds_since(tp);
-            if (!s) {
-              up = s;
-              q.close();
-              break;
-            }
-            payloads += 1;
-            bytes += p->size();
-          }
-        });
+        // Build on a producer thread, upload on this one, joined by one
+        // bounded queue (pipeline::run): the upload of payload l overlaps the
+        // construction of l+1, and a full queue is the builder's backpressure.
         double blocked = 0;
+        status built = status::success();
         const auto tb = clock::now();
-        auto s = o->build({tau, target, mode}, [&](std::vector<std::byte>&& p) -> status {
-          DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(tau) + " stopped");
-          const auto tq = clock::now();
-          const bool ok = q.push(std::move(p));
-          blocked += seconds_since(tq);
-          DCR_RETURN_ERROR_IF(!ok, aborted, "upload of attempt " + std::to_string(tau) + " failed");
-          return status::success();
-        });
-        construct[k] = seconds_since(tb) - blocked;
-        q.close();
-        sender.join();
-        if (!s) s.message = "owner " + std::to_string(o->owner_id()) + ": " + s.message;
-        record(std::move(s));
+        status up = pipeline::run_status<std::vector<std::byte>>(
+            pipeline::chain<>{},
+            [&](auto&& emit) {
+              built = o->build({tau, target, mode}, [&](std::vector<std::byte>&& p) -> status {
+                DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(tau) + " stopped");
+                const auto tq = clock::now();
+                const bool ok = emit(std::move(p));
+                blocked += seconds_since(tq);
+                DCR_RETURN_ERROR_IF(!ok, aborted, "upload of attempt " + std::to_string(tau) + " failed");
+                return status::success();
+              });
+              construct[k] = seconds_since(tb) - blocked;
+            },
+            [&](std::vector<std::byte>&& p) {
+              const auto tp = clock::now();
+              auto st = stop ? fail(errc::aborted, "attempt stopped") : w.put_payload(p);
+              upload[k] += seconds_since(tp);
+              throw_if_failed(st);
+              payloads += 1;
+              bytes += p.size();
+            },
+            opt_.upload_queue);
+        if (!built) built.message = "owner " + std::to_string(o->owner_id()) + ": " + built.message;
+        record(std::move(built));
         record(std::move(up));
         if (!stop) {
           const auto tp = clock::now();
@@ -398,31 +397,29 @@ private:
           std::string name;
           std::vector<std::byte> bytes;
         };
-        pipeline::bounded_queue<fetched> q(opt_.apply_queue);
-        status applied = status::success();
-        std::thread applier([&] {
-          while (auto p = q.pop()) {
-            const auto ta = clock::now();
-            auto s = e->deliver(tau, p->name, p->bytes, sync);
-            apply[r] += seconds_since(ta);
-            if (!s) {
-              applied = s;
-              q.close();
-              break;
-            }
-          }
-        });
+        // Fetch on a producer thread, apply on this one (pipeline::run): the
+        // fetch of payload l+1 overlaps the application of l.
         auto reader = transport::open_reader(medium, tau, r, owner_ids);
+        status s = status::success();
         const auto tf = clock::now();
-        auto s = reader.run(
-            [&](std::string_view name, std::span<const std::byte> b) -> status {
-              DCR_RETURN_ERROR_IF(!q.push(fetched{std::string(name), {b.begin(), b.end()}}), aborted,
-                                  "receiver " + e->id() + ": apply failed");
-              return status::success();
+        status applied = pipeline::run_status<fetched>(
+            pipeline::chain<>{},
+            [&](auto&& emit) {
+              s = reader.run(
+                  [&](std::string_view name, std::span<const std::byte> b) -> status {
+                    DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}), aborted,
+                                        "receiver " + e->id() + ": apply failed");
+                    return status::success();
+                  },
+                  stop, deadline);
             },
-            stop, deadline);
-        q.close();
-        applier.join();
+            [&](fetched&& p) {
+              const auto ta = clock::now();
+              auto st = e->deliver(tau, p.name, p.bytes, sync);
+              apply[r] += seconds_since(ta);
+              throw_if_failed(st);
+            },
+            opt_.apply_queue);
         fetch[r] = seconds_since(tf) - apply[r];
         if (!applied) {
           record(std::move(applied));
