@@ -54,8 +54,9 @@ TEST_CASE("row_split_loader: splits what divides, replicates the rest, refuses a
   CHECK_FALSE(l.splits("b"));
   CHECK_FALSE(l.splits("c")); // 2 rows < 4 ranks
   receiver<loaders::row_split_loader> r(l, metas);
-  CHECK(r.storage().view("a").layout.extents[0] == 2);
-  CHECK(r.storage().view("b").layout.extents[0] == 3);
+  const auto& st = r.storage();
+  CHECK(st[*st.index_of("a")].meta.shape == std::vector<std::uint64_t>{2, 3});
+  CHECK(st[*st.index_of("b")].meta.shape == std::vector<std::uint64_t>{3, 4});
   CHECK_THROWS_AS(loaders::row_split_loader(4, 4, metas), dcr::error);
   CHECK_THROWS_AS(loaders::row_split_loader(0, 0, metas), dcr::error);
 }
