@@ -105,7 +105,8 @@ int main(int argc, char** argv) {
   auto gbps = [&](double s) { return 2.0 * static_cast<double>(bytes) / s / 1e9; };
   if (opt.json) {
     std::cout << "{\"machine\":" << bench::json_string(bench::machine_description())
-              << ",\"isa\":" << bench::json_string(to_string(active_detect_isa())) << ",\"words\":" << n << ",\"bytes_per_buffer\":" << bytes << ",\"rows\":[";
+              << ",\"isa\":" << bench::json_string(to_string(active_detect_isa()))
+              << ",\"extract\":" << bench::json_string(to_string(default_detect_extract(active_detect_isa()))) << ",\"words\":" << n << ",\"bytes_per_buffer\":" << bytes << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       std::cout << (i ? "," : "") << "{\"change_pct\":" << r.change_pct << ",\"changed\":" << r.changed
@@ -136,7 +137,8 @@ int main(int argc, char** argv) {
             << " BF16 words (" << bytes / (1 << 20) << " MiB per buffer, old and new) versus memcpy of one "
             << bytes / (1 << 20) << " MiB buffer (and of both buffers) in the same run; best of " << reps + 1
             << " interleaved runs; scan instruction set: "
-            << to_string(active_detect_isa()) << ".\n"
+            << to_string(active_detect_isa()) << ", index extraction: "
+            << to_string(default_detect_extract(active_detect_isa())) << ".\n"
             << (opt.markdown ? "\n" : "")
             << "Floor = a streaming read of old and new with no output (OR of their XOR in the widest "
                "vectors this CPU has; the better of a plain and an L2-prefetching read), measured in the "
