@@ -24,7 +24,7 @@
 
 #include "support/report.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
 #include <immintrin.h>
 #endif
 
@@ -95,7 +95,7 @@ inline std::uint64_t or_xor_scalar(const std::byte* a, const std::byte* b, std::
   for (; i < bytes; ++i) acc[0] |= std::to_integer<std::uint64_t>(a[i] ^ b[i]);
   return acc[0] | acc[1] | acc[2] | acc[3];
 }
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
 #define DCR_BENCH_X86 1
 /// Software prefetch distance of the prefetching variant (as detect.hpp's scan).
 inline constexpr std::size_t floor_prefetch_bytes = 8192;
