@@ -207,16 +207,21 @@ struct line_set {
   }
 };
 
-/// Read-modify-write of one 64-bit word in every line of `lines` in `buf`
-/// (64-byte aligned, holding `lines.lines` lines), in address order: the line traffic
-/// of an apply that touches exactly those lines. `delta` comes from the
-/// caller at run time (pass 1, then -1 to undo) so the stores cannot be
-/// folded away.
-inline void touch_lines(std::byte* buf, const line_set& lines, std::uint64_t delta) {
-  for (std::size_t w = 0; w < lines.bits.size(); ++w)
-    for (std::uint64_t m = lines.bits[w]; m != 0; m &= m - 1) {
+/// One 64-bit word in every line of `lines` in `buf` (64-byte aligned,
+/// holding `lines.lines` lines), in address order: read-modify-written
+/// (`Store` false) or only stored (`Store` true; the CPU still reads each line
+/// for ownership and writes it back, but no load waits on memory, so more
+/// lines are in flight). Either is the line traffic of an apply that touches
+/// exactly those lines. `delta` comes from the caller at run time so the
+/// stores cannot be folded away.
+template <bool Store = false> inline void touch_lines(std::byte* buf, const line_set& lines, std::uint64_t delta) {
+  const std::uint64_t* bits = lines.bits.data();
+  const std::size_t words = lines.bits.size();
+  for (std::size_t w = 0; w < words; ++w)
+    for (std::uint64_t m = bits[w]; m != 0; m &= m - 1) {
       auto* p = reinterpret_cast<std::uint64_t*>(buf + 64 * (64 * w + static_cast<std::size_t>(std::countr_zero(m))));
-      *p += delta;
+      if constexpr (Store) *p = delta;
+      else *p += delta;
     }
 }
 

@@ -18,7 +18,7 @@ tmp=$(mktemp)
   echo "column (and every \`--json\` row a \`ratio_to_floor\` field): the time over the memory traffic the"
   echo "operation cannot avoid, measured in the same run. Detection floor = a streaming read of the old"
   echo "and the new buffer with no output (an OR of their XOR in the widest vectors the CPU has; the"
-  echo "better of a plain and an L2-prefetching read). Apply floor = a read-modify-write of one 64-bit"
+  echo "better of a plain and an L2-prefetching read). Apply floor = a read-modify-write (or, when faster, a store) of one 64-bit"
   echo "word in every 64-byte line of the rank's storage that holds a change, plus a streaming read of"
   echo "the items' value bytes (not their indices). Construction floor = the detection floor over every"
   echo "source shard plus a memcpy of the value bytes emitted."
