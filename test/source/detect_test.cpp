@@ -308,4 +308,14 @@ TEST_CASE("the default extraction is compress exactly where it is available, unl
   CHECK(detect_extract_available(detect_extract::scalar, detect_isa::portable));
   CHECK(!detect_extract_available(detect_extract::compress, detect_isa::portable));
   CHECK(!detect_extract_available(detect_extract::compress, detect_isa::avx2));
+  // An unavailable pair is refused with a typed error, not run.
+  std::vector<std::uint16_t> a(100, 1), b(100, 2);
+  std::vector<std::uint64_t> out;
+  try {
+    detect_changes<std::uint16_t>(a, b, 0, out, detect_isa::portable, detect_extract::compress);
+    FAIL("an unavailable extraction ran");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+  }
+  CHECK(out.empty());
 }

@@ -447,15 +447,18 @@ scan_extract_compress(const W* a, const W* b, std::size_t blocks, std::uint64_t 
 } // namespace detail
 
 /// Appends `base + i` to `out` for every i where the words' bits differ, in
-/// increasing order, with scan `isa` and extraction `extract` (both must be
-/// available: `detect_extract_available`). Throws `errc::invalid_argument`
-/// when the spans differ in length. Streaming: call it on consecutive
+/// increasing order, with scan `isa` and extraction `extract`. Throws
+/// `errc::invalid_argument` when the spans differ in length or the pair is
+/// not available on this CPU (`detect_extract_available`). Streaming: call it on consecutive
 /// sub-spans with `base` advanced by the words already seen; the result is
 /// the same as one call.
 template <detect_word W>
 void detect_changes(std::span<const W> old_words, std::span<const W> new_words, std::uint64_t base,
                     std::vector<std::uint64_t>& out, detect_isa isa, detect_extract extract) {
   detail::check_same_size(old_words.size(), new_words.size(), "detect_changes");
+  if (!detect_extract_available(extract, isa))
+    throw error(errc::invalid_argument, "detect_changes: scan " + std::string(to_string(isa)) + " with " +
+                                            std::string(to_string(extract)) + " extraction is not available on this CPU");
   detail::index_buffer ib(out);
   auto visit = [&ib](std::uint64_t first, std::uint64_t m) {
     ib.reserve_block();
