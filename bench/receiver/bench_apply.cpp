@@ -10,7 +10,13 @@
 // Reference: `dense_refit` of full canonical tensors through the same loader
 // into the same storage. Also shown: memcpy of the rank's storage bytes, the
 // apply of overwrite items, and ingestion of the same delta as zstd payloads
-// (stage + decode + apply). A second table uses the cast/transpose loader,
+// (stage + decode + apply).
+// Floor: the line traffic an apply cannot avoid, measured in the same run:
+// a read-modify-write (or, when faster, a store) of one 64-bit word in every
+// 64-byte line of the rank's storage that holds a change (found by diffing
+// the storage before and after the XOR apply; lines of a scratch buffer laid
+// out like the storage), plus a streaming read of every item's value bytes. "x floor" = apply / floor.
+// A second table uses the cast/transpose loader,
 // whose FP32 casts make overwrite items O(tensor) (measured separately).
 
 #include <algorithm>
@@ -18,7 +24,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <cstring>
 #include <iostream>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -124,6 +132,58 @@ struct row {
   double pct;
   std::uint64_t entries, storage_bytes;
   double dense_s, xor_s, ow_s, ingest_s, memcpy_s;
+  double floor_s = 0;
+  double touched_pct = 0; ///< % of the storage's 64-byte lines that hold a change
+};
+
+/// The apply floor of one receiver and one delta (see the file comment).
+class touched_line_floor {
+public:
+  /// `r` must hold the state the delta applies to; `apply` applies it (the
+  /// constructor applies it and then `restore`s the storage).
+  template <class Receiver>
+  touched_line_floor(Receiver& r, const std::function<void()>& apply, const std::function<void()>& restore,
+                     const std::vector<item>& items)
+      : items_(&items) {
+    const auto& st = r.storage();
+    std::vector<std::vector<std::byte>> before;
+    for (std::size_t i = 0; i < st.size(); ++i) before.push_back(st[i].bytes);
+    apply();
+    std::size_t all = 0, touched = 0;
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      const auto& b = st[i].bytes;
+      const auto head = static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(b.data()) % 64);
+      auto ls = bench::line_set::diff(before[i].data(), b.data(), b.size(), head);
+      all += ls.lines;
+      touched += ls.count;
+      scratch_.emplace_back(static_cast<std::byte*>(std::aligned_alloc(64, 64 * std::max<std::size_t>(ls.lines, 1))));
+      std::memset(scratch_.back().get(), 0, 64 * ls.lines);
+      lines_.push_back(std::move(ls));
+    }
+    restore();
+    touched_pct = all ? 100.0 * static_cast<double>(touched) / static_cast<double>(all) : 0;
+  }
+
+  /// One floor run: the touched lines' read-modify-writes (`store`: stores
+  /// only), then the values read.
+  void run(std::uint64_t delta, bool store) {
+    for (std::size_t i = 0; i < lines_.size(); ++i)
+      if (store) bench::touch_lines<true>(scratch_[i].get(), lines_[i], delta);
+      else bench::touch_lines<false>(scratch_[i].get(), lines_[i], delta);
+    std::uint64_t acc = 0;
+    for (const auto& it : *items_) acc |= bench::read_one(it.values.data(), it.values.size());
+    bench::do_not_optimize(acc);
+  }
+
+  double touched_pct = 0;
+
+private:
+  struct free_deleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  const std::vector<item>* items_;
+  std::vector<bench::line_set> lines_;
+  std::vector<std::unique_ptr<std::byte, free_deleter>> scratch_;
 };
 
 } // namespace
@@ -138,6 +198,9 @@ int main(int argc, char** argv) {
   std::uint64_t values = 0;
   for (auto& m : metas) values += m.numel();
 
+  // Known only at run time, so the floor's stores cannot be folded away.
+  const std::uint64_t delta = 1 + opt.rest.size();
+  double store_floor_s = 0; // the floor's store-only variant; the floor is the better of the two
   std::vector<row> rows;
   std::vector<item> xors, ows;
   std::uint64_t attempt = 0;
@@ -149,9 +212,14 @@ int main(int argc, char** argv) {
     for (std::uint64_t tp : {1, 2}) {
       receiver<loaders::vllm_style_loader> r(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(tp, 0)), metas);
       row x{"vllm_style", tp, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
+      r.dense_refit(v);
+      touched_line_floor fl(r, [&] { must(r.apply_items(xors)); }, [&] { r.dense_refit(v); }, xors);
+      x.touched_pct = fl.touched_pct;
       interleaved(reps, {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(xors)); },
-                         [&] { must(r.apply_items(ows)); }},
-                  {&x.dense_s, &x.xor_s, &x.ow_s});
+                         [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
+                         [&] { fl.run(delta, true); }},
+                  {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s});
+      x.floor_s = std::min(x.floor_s, store_floor_s);
       // Ingestion: fresh payloads per run (a new attempt each), built outside the timed region.
       std::vector<std::vector<std::byte>> fresh;
       x.ingest_s = 1e300;
@@ -172,9 +240,14 @@ int main(int argc, char** argv) {
       std::vector<item> mixed;
       for (std::size_t k = 0; k < xors.size(); ++k) mixed.push_back(r.xor_allowed(xors[k].tensor.name) ? xors[k] : ows[k]);
       row x{"cast_transpose", 1, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
+      r.dense_refit(v);
+      touched_line_floor fl(r, [&] { must(r.apply_items(mixed)); }, [&] { r.dense_refit(v); }, mixed);
+      x.touched_pct = fl.touched_pct;
       interleaved(reps, {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(mixed)); },
-                         [&] { must(r.apply_items(ows)); }},
-                  {&x.dense_s, &x.xor_s, &x.ow_s});
+                         [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
+                         [&] { fl.run(delta, true); }},
+                  {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s});
+      x.floor_s = std::min(x.floor_s, store_floor_s);
       x.ingest_s = 0;
       x.memcpy_s = bench::memcpy_seconds(static_cast<std::size_t>(x.storage_bytes), reps);
       rows.push_back(x);
@@ -190,7 +263,10 @@ int main(int argc, char** argv) {
       std::cout << (first ? "" : ",") << "{\"change_pct\":" << x.pct << ",\"ratio_to_dense\":" << x.xor_s / x.dense_s
                 << ",\"overwrite_ratio_to_dense\":" << x.ow_s / x.dense_s
                 << ",\"ingest_ratio_to_dense\":" << x.ingest_s / x.dense_s << ",\"apply_s\":" << x.xor_s
-                << ",\"dense_s\":" << x.dense_s << ",\"entries\":" << x.entries << "}";
+                << ",\"dense_s\":" << x.dense_s << ",\"entries\":" << x.entries << ",\"floor_s\":" << x.floor_s
+                << ",\"ratio_to_floor\":" << x.xor_s / x.floor_s
+                << ",\"overwrite_ratio_to_floor\":" << x.ow_s / x.floor_s
+                << ",\"touched_lines_pct\":" << x.touched_pct << "}";
       first = false;
     }
     std::cout << "]}\n";
@@ -200,27 +276,36 @@ int main(int argc, char** argv) {
   if (opt.markdown) os << "\n## Receiver apply vs dense refit (`dcr-bench-apply`)\n\n";
   os << "Model: Llama-style BF16, " << values << " values (" << bench::fmt(values * 2 / 1e6, 1)
      << " MB); uniform random changes, one item per canonical tensor, every item sent to every rank.\n"
-     << "Machine: " << bench::machine_description() << ". Best of " << reps << " runs.\n";
+     << "Machine: " << bench::machine_description() << ". Best of " << reps << " runs.\n"
+     << (opt.markdown ? "\n" : "")
+     << "Floor = a read-modify-write (or a store, when faster) of one 64-bit word in every 64-byte line of "
+        "the rank's storage that holds a change, plus a streaming read of the items' value bytes (not their indices), measured in "
+        "the same run; × floor = apply time / floor.\n";
   if (opt.markdown) os << "\n";
   os << "\nvLLM-style loader (all paths representation preserving; XOR items):\n\n";
-  bench::table t({"TP", "change %", "entries", "storage MB", "dense ms", "memcpy ms", "XOR apply ms", "XOR / dense",
-                  "overwrite ms", "overwrite / dense", "stage+decode+apply ms", "ingest / dense"});
+  bench::table t({"TP", "change %", "entries", "storage MB", "lines touched %", "dense ms", "memcpy ms", "floor ms",
+                  "XOR apply ms", "XOR / dense", "XOR × floor", "overwrite ms", "overwrite / dense",
+                  "overwrite × floor", "stage+decode+apply ms", "ingest / dense"});
   for (auto& x : rows)
     if (x.loader == "vllm_style")
       t.add({std::to_string(x.tp), bench::fmt(x.pct, 1), std::to_string(x.entries), bench::fmt(x.storage_bytes / 1e6, 1),
-             bench::fmt(x.dense_s * 1e3), bench::fmt(x.memcpy_s * 1e3), bench::fmt(x.xor_s * 1e3),
-             bench::fmt(x.xor_s / x.dense_s, 3), bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3),
+             bench::fmt(x.touched_pct, 1), bench::fmt(x.dense_s * 1e3), bench::fmt(x.memcpy_s * 1e3),
+             bench::fmt(x.floor_s * 1e3), bench::fmt(x.xor_s * 1e3), bench::fmt(x.xor_s / x.dense_s, 3),
+             bench::fmt(x.xor_s / x.floor_s, 2), bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3),
+             bench::fmt(x.ow_s / x.floor_s, 2),
              bench::fmt(x.ingest_s * 1e3), bench::fmt(x.ingest_s / x.dense_s, 3)});
   t.print(os, opt.markdown);
   os << "\nCast/transpose loader (transposed fused QKV, o_proj, down_proj: XOR; FP32 norms and lm_head: overwrite, "
         "O(tensor) per item):\n\n";
-  bench::table t2({"change %", "entries", "storage MB", "dense ms", "mixed apply ms", "mixed / dense", "all-overwrite ms",
-                   "all-overwrite / dense"});
+  bench::table t2({"change %", "entries", "storage MB", "lines touched %", "dense ms", "floor ms", "mixed apply ms",
+                   "mixed / dense", "mixed × floor", "all-overwrite ms", "all-overwrite / dense",
+                   "all-overwrite × floor"});
   for (auto& x : rows)
     if (x.loader == "cast_transpose")
       t2.add({bench::fmt(x.pct, 1), std::to_string(x.entries), bench::fmt(x.storage_bytes / 1e6, 1),
-              bench::fmt(x.dense_s * 1e3), bench::fmt(x.xor_s * 1e3), bench::fmt(x.xor_s / x.dense_s, 3),
-              bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3)});
+              bench::fmt(x.touched_pct, 1), bench::fmt(x.dense_s * 1e3), bench::fmt(x.floor_s * 1e3),
+              bench::fmt(x.xor_s * 1e3), bench::fmt(x.xor_s / x.dense_s, 3), bench::fmt(x.xor_s / x.floor_s, 2),
+              bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3), bench::fmt(x.ow_s / x.floor_s, 2)});
   t2.print(os, opt.markdown);
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -241,4 +242,80 @@ TEST_CASE("DCR_DETECT_ISA selects an available scan, otherwise the best one") {
   for (detect_isa i : {detect_isa::portable, detect_isa::avx2, detect_isa::avx512})
     if (env != nullptr && std::string_view(env) == to_string(i) && detect_isa_available(i)) want = i;
   CHECK(active_detect_isa() == want);
+}
+
+TEST_CASE_TEMPLATE("every available scan and extraction equals the naive reference and each other", W,
+                   std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
+  struct variant {
+    detect_isa isa;
+    detect_extract extract;
+  };
+  std::vector<variant> variants;
+  for (detect_isa isa : {detect_isa::portable, detect_isa::avx2, detect_isa::avx512})
+    for (detect_extract e : {detect_extract::scalar, detect_extract::compress}) {
+      if (detect_extract_available(e, isa)) variants.push_back({isa, e});
+      else MESSAGE("scan " << to_string(isa) << " with " << to_string(e) << " extraction not on this CPU; not run");
+    }
+  REQUIRE(!variants.empty());
+  splitmix g{0xC0DE + sizeof(W)};
+  // Densities around the branch-free limits (4 per block for scalar, 16 for
+  // compress) and clustered changes (whole blocks dirty), over random
+  // lengths and unaligned starts, many rounds.
+  const double dens[] = {0.0, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 0.9, 1.0};
+  for (int round = 0; round < 6; ++round)
+    for (double p : dens) {
+      const std::size_t n = static_cast<std::size_t>(g.next() % 20000);
+      const std::size_t offset = static_cast<std::size_t>(g.next() % 9);
+      auto buf = make_pair_of<W>(n + offset, p, g.next());
+      if (round % 2 == 1) // a dirty stretch: every word of some blocks changed
+        for (std::size_t i = offset + n / 3; i < offset + n / 3 + std::min<std::size_t>(n / 4, 300); ++i)
+          buf.new_words[i] = static_cast<W>(~buf.old_words[i]);
+      std::span<const W> a(buf.old_words.data() + offset, n), b(buf.new_words.data() + offset, n);
+      const std::uint64_t base = g.next() >> 8;
+      const auto want = naive_changes(a, b, base);
+      CAPTURE(p);
+      CAPTURE(n);
+      CAPTURE(offset);
+      std::vector<std::uint64_t> first_got;
+      for (const auto& v : variants) {
+        CAPTURE(to_string(v.isa));
+        CAPTURE(to_string(v.extract));
+        std::vector<std::uint64_t> got{7}; // appends, keeps what is there
+        detect_changes(a, b, base, got, v.isa, v.extract);
+        REQUIRE(got.size() == want.size() + 1);
+        CHECK(got[0] == 7);
+        CHECK(std::equal(want.begin(), want.end(), got.begin() + 1));
+        // Chunked at a random block-unaligned split: the same indices.
+        const std::size_t cut = n ? static_cast<std::size_t>(g.next() % n) : 0;
+        std::vector<std::uint64_t> chunked;
+        detect_changes(a.first(cut), b.first(cut), base, chunked, v.isa, v.extract);
+        detect_changes(a.subspan(cut), b.subspan(cut), base + cut, chunked, v.isa, v.extract);
+        CHECK(chunked == want);
+        if (first_got.empty()) first_got = got;
+        CHECK(got == first_got);
+      }
+    }
+}
+
+TEST_CASE("the default extraction is scalar unless compress is asked for and available") {
+  const detect_isa isa = active_detect_isa();
+  const char* env = std::getenv("DCR_DETECT_EXTRACT");
+  const bool compress_asked = env != nullptr && std::string_view(env) == "compress";
+  MESSAGE("extraction with scan " << to_string(isa) << ": " << to_string(default_detect_extract(isa)));
+  CHECK(default_detect_extract(isa) == (compress_asked && detect_extract_available(detect_extract::compress, isa)
+                                            ? detect_extract::compress
+                                            : detect_extract::scalar));
+  CHECK(detect_extract_available(detect_extract::scalar, detect_isa::portable));
+  CHECK(!detect_extract_available(detect_extract::compress, detect_isa::portable));
+  CHECK(!detect_extract_available(detect_extract::compress, detect_isa::avx2));
+  // An unavailable pair is refused with a typed error, not run.
+  std::vector<std::uint16_t> a(100, 1), b(100, 2);
+  std::vector<std::uint64_t> out;
+  try {
+    detect_changes<std::uint16_t>(a, b, 0, out, detect_isa::portable, detect_extract::compress);
+    FAIL("an unavailable extraction ran");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+  }
+  CHECK(out.empty());
 }
