@@ -41,10 +41,14 @@ struct options {
     options o;
     for (int i = 1; i < argc; ++i) {
       std::string_view a = argv[i];
-      if (a == "--json") o.json = true;
-      else if (a == "--markdown") o.markdown = true;
-      else if (a == "--quick") o.quick = true;
-      else o.rest.emplace_back(a);
+      if (a == "--json")
+        o.json = true;
+      else if (a == "--markdown")
+        o.markdown = true;
+      else if (a == "--quick")
+        o.quick = true;
+      else
+        o.rest.emplace_back(a);
     }
     return o;
   }
@@ -73,7 +77,10 @@ inline double memcpy_seconds(std::size_t bytes, int reps = 5) {
 }
 
 /// Prevent the optimiser from discarding a computed value.
-template <class T> inline void do_not_optimize(const T& v) { asm volatile("" ::"g"(&v) : "memory"); }
+template <class T>
+inline void do_not_optimize(const T& v) {
+  asm volatile("" ::"g"(&v) : "memory");
+}
 
 // ---- Floors: the memory traffic an operation cannot avoid, measured -------
 //
@@ -100,13 +107,14 @@ inline std::uint64_t or_xor_scalar(const std::byte* a, const std::byte* b, std::
 /// Software prefetch distance of the prefetching variant (as detect.hpp's scan).
 inline constexpr std::size_t floor_prefetch_bytes = 8192;
 inline void prefetch_ahead(const std::byte* p) {
-  const auto at = reinterpret_cast<std::uintptr_t>(p) + floor_prefetch_bytes; // may lie past the end
+  const auto at =
+      reinterpret_cast<std::uintptr_t>(p) + floor_prefetch_bytes; // may lie past the end
   __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);
   __builtin_prefetch(reinterpret_cast<const void*>(at + 64), 0, 2);
 }
 template <bool Prefetch>
-__attribute__((target("avx512f"))) inline std::uint64_t or_xor_avx512(const std::byte* a, const std::byte* b,
-                                                                      std::size_t bytes) {
+__attribute__((target("avx512f"))) inline std::uint64_t
+or_xor_avx512(const std::byte* a, const std::byte* b, std::size_t bytes) {
   __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0;
   std::size_t i = 0;
   for (; i + 128 <= bytes; i += 128) {
@@ -114,9 +122,10 @@ __attribute__((target("avx512f"))) inline std::uint64_t or_xor_avx512(const std:
       prefetch_ahead(a + i);
       prefetch_ahead(b + i);
     }
-    acc0 = _mm512_or_si512(acc0, _mm512_xor_si512(_mm512_loadu_si512(a + i), _mm512_loadu_si512(b + i)));
-    acc1 = _mm512_or_si512(acc1,
-                           _mm512_xor_si512(_mm512_loadu_si512(a + i + 64), _mm512_loadu_si512(b + i + 64)));
+    acc0 = _mm512_or_si512(acc0,
+                           _mm512_xor_si512(_mm512_loadu_si512(a + i), _mm512_loadu_si512(b + i)));
+    acc1 = _mm512_or_si512(
+        acc1, _mm512_xor_si512(_mm512_loadu_si512(a + i + 64), _mm512_loadu_si512(b + i + 64)));
   }
   alignas(64) std::uint64_t lanes[8];
   _mm512_store_si512(lanes, _mm512_or_si512(acc0, acc1));
@@ -125,8 +134,8 @@ __attribute__((target("avx512f"))) inline std::uint64_t or_xor_avx512(const std:
   return r;
 }
 template <bool Prefetch>
-__attribute__((target("avx2"))) inline std::uint64_t or_xor_avx2(const std::byte* a, const std::byte* b,
-                                                                 std::size_t bytes) {
+__attribute__((target("avx2"))) inline std::uint64_t
+or_xor_avx2(const std::byte* a, const std::byte* b, std::size_t bytes) {
   __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0;
   std::size_t i = 0;
   for (; i + 64 <= bytes; i += 64) {
@@ -138,7 +147,8 @@ __attribute__((target("avx2"))) inline std::uint64_t or_xor_avx2(const std::byte
     const auto* pa = reinterpret_cast<const __m256i*>(a + i);
     const auto* pb = reinterpret_cast<const __m256i*>(b + i);
     acc0 = _mm256_or_si256(acc0, _mm256_xor_si256(_mm256_loadu_si256(pa), _mm256_loadu_si256(pb)));
-    acc1 = _mm256_or_si256(acc1, _mm256_xor_si256(_mm256_loadu_si256(pa + 1), _mm256_loadu_si256(pb + 1)));
+    acc1 = _mm256_or_si256(
+        acc1, _mm256_xor_si256(_mm256_loadu_si256(pa + 1), _mm256_loadu_si256(pb + 1)));
   }
   alignas(32) std::uint64_t lanes[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_or_si256(acc0, acc1));
@@ -153,7 +163,8 @@ __attribute__((target("avx2"))) inline std::uint64_t or_xor_avx2(const std::byte
 /// streaming, and writes nothing. The detection floor. `prefetch`: also
 /// prefetch 8 KiB ahead into L2 (which of the two is faster depends on the
 /// machine and its load; the detection bench takes the better).
-inline std::uint64_t read_both(const void* a, const void* b, std::size_t bytes, bool prefetch = false) {
+inline std::uint64_t read_both(const void* a, const void* b, std::size_t bytes,
+                               bool prefetch = false) {
   const auto* pa = static_cast<const std::byte*>(a);
   const auto* pb = static_cast<const std::byte*>(b);
 #if defined(DCR_BENCH_X86)
@@ -162,9 +173,11 @@ inline std::uint64_t read_both(const void* a, const void* b, std::size_t bytes, 
     return __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
   }();
   if (isa == 2)
-    return prefetch ? detail::or_xor_avx512<true>(pa, pb, bytes) : detail::or_xor_avx512<false>(pa, pb, bytes);
+    return prefetch ? detail::or_xor_avx512<true>(pa, pb, bytes)
+                    : detail::or_xor_avx512<false>(pa, pb, bytes);
   if (isa == 1)
-    return prefetch ? detail::or_xor_avx2<true>(pa, pb, bytes) : detail::or_xor_avx2<false>(pa, pb, bytes);
+    return prefetch ? detail::or_xor_avx2<true>(pa, pb, bytes)
+                    : detail::or_xor_avx2<false>(pa, pb, bytes);
 #else
   (void)prefetch;
 #endif
@@ -191,7 +204,8 @@ struct line_set {
   std::size_t lines = 0; ///< lines the buffer spans
   std::size_t count = 0; ///< set bits
 
-  static line_set diff(const std::byte* before, const std::byte* after, std::size_t bytes, std::size_t head) {
+  static line_set diff(const std::byte* before, const std::byte* after, std::size_t bytes,
+                       std::size_t head) {
     line_set s;
     s.lines = (head + bytes + 63) / 64;
     s.bits.assign((s.lines + 63) / 64, 0);
@@ -214,14 +228,18 @@ struct line_set {
 /// lines are in flight). Either is the line traffic of an apply that touches
 /// exactly those lines. `delta` comes from the caller at run time so the
 /// stores cannot be folded away.
-template <bool Store = false> inline void touch_lines(std::byte* buf, const line_set& lines, std::uint64_t delta) {
+template <bool Store = false>
+inline void touch_lines(std::byte* buf, const line_set& lines, std::uint64_t delta) {
   const std::uint64_t* bits = lines.bits.data();
   const std::size_t words = lines.bits.size();
   for (std::size_t w = 0; w < words; ++w)
     for (std::uint64_t m = bits[w]; m != 0; m &= m - 1) {
-      auto* p = reinterpret_cast<std::uint64_t*>(buf + 64 * (64 * w + static_cast<std::size_t>(std::countr_zero(m))));
-      if constexpr (Store) *p = delta;
-      else *p += delta;
+      auto* p = reinterpret_cast<std::uint64_t*>(
+          buf + 64 * (64 * w + static_cast<std::size_t>(std::countr_zero(m))));
+      if constexpr (Store)
+        *p = delta;
+      else
+        *p += delta;
     }
 }
 

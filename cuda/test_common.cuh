@@ -32,11 +32,15 @@ inline void expect(bool ok, const std::string& what, const char* file, int line)
 #define DCR_EXPECT(cond, what) ::dcr::gpu::test::expect((cond), (what), __FILE__, __LINE__)
 
 /// Expect status `s` to carry `code`.
-inline void expect_code(const status& s, errc code, const std::string& what, const char* file, int line) {
-  expect(s.code == code, what + ": expected " + std::string(to_string(code)) + ", got " +
-                             std::string(to_string(s.code)) + " (" + s.message + ")", file, line);
+inline void expect_code(const status& s, errc code, const std::string& what, const char* file,
+                        int line) {
+  expect(s.code == code,
+         what + ": expected " + std::string(to_string(code)) + ", got " +
+             std::string(to_string(s.code)) + " (" + s.message + ")",
+         file, line);
 }
-#define DCR_EXPECT_CODE(s, code, what) ::dcr::gpu::test::expect_code((s), ::dcr::errc::code, (what), __FILE__, __LINE__)
+#define DCR_EXPECT_CODE(s, code, what)                                                             \
+  ::dcr::gpu::test::expect_code((s), ::dcr::errc::code, (what), __FILE__, __LINE__)
 
 /// Print a summary and return the process exit code (0 or 1).
 inline int finish(const char* name) {
@@ -48,7 +52,8 @@ inline int finish(const char* name) {
 inline void skip_without_device(const char* name) {
   if (device_count() > 0) return;
   if (failures != 0) std::exit(finish(name));
-  std::printf("%s: host-side checks passed (%d); no CUDA device: skipping %s device part\n", name, checks, name);
+  std::printf("%s: host-side checks passed (%d); no CUDA device: skipping %s device part\n", name,
+              checks, name);
   std::exit(77);
 }
 
@@ -64,7 +69,8 @@ inline std::size_t free_device_bytes() {
 
 /// Owning device buffer of `n` elements; aborts the test on CUDA errors
 /// (a broken device makes every later check meaningless).
-template <class T> class dbuf {
+template <class T>
+class dbuf {
 public:
   explicit dbuf(std::size_t n = 0) : n_(n) {
     if (n > 0) must(cudaMalloc(&p_, n * sizeof(T)), "cudaMalloc");
@@ -76,7 +82,8 @@ public:
     if (p_ != nullptr) cudaFree(p_);
   }
   void upload(const std::vector<T>& h) {
-    if (!h.empty()) must(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    if (!h.empty())
+      must(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);
@@ -86,7 +93,8 @@ public:
   /// The first `count` elements (count <= size()).
   std::vector<T> download_prefix(std::size_t count) const {
     std::vector<T> h(count < n_ ? count : n_);
-    if (!h.empty()) must(cudaMemcpy(h.data(), p_, h.size() * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    if (!h.empty())
+      must(cudaMemcpy(h.data(), p_, h.size() * sizeof(T), cudaMemcpyDeviceToHost), "download");
     return h;
   }
   T* get() const noexcept { return p_; }
@@ -105,7 +113,8 @@ private:
 };
 
 /// Random words filling `n` elements (fast for multi-GiB buffers).
-template <class W> std::vector<W> random_words(std::size_t n, std::uint64_t seed) {
+template <class W>
+std::vector<W> random_words(std::size_t n, std::uint64_t seed) {
   std::vector<W> v(n);
   std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (auto& w : v) {
@@ -117,7 +126,8 @@ template <class W> std::vector<W> random_words(std::size_t n, std::uint64_t seed
 
 /// Sorted distinct locations in [0, n) with per-element probability
 /// `density` (geometric skips, so sparse lists over huge n are cheap).
-inline std::vector<std::uint64_t> random_locations(std::uint64_t n, double density, std::uint64_t seed) {
+inline std::vector<std::uint64_t> random_locations(std::uint64_t n, double density,
+                                                   std::uint64_t seed) {
   std::vector<std::uint64_t> out;
   if (density <= 0 || n == 0) return out;
   if (density >= 1) {
@@ -144,8 +154,10 @@ inline std::vector<std::uint64_t> random_locations(std::uint64_t n, double densi
 inline const double densities[] = {0.0, 0.001, 0.01, 0.05, 0.5, 1.0};
 
 /// Bytes of two buffers equal.
-template <class W> bool same_bytes(const std::vector<W>& a, const std::vector<W>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(W)) == 0);
+template <class W>
+bool same_bytes(const std::vector<W>& a, const std::vector<W>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(W)) == 0);
 }
 
 } // namespace dcr::gpu::test

@@ -51,7 +51,8 @@ struct split_loader {
     s.add("w.bottom", {std::uint64_t(rows - rows / 2), std::uint64_t(cols)}, dtype_id::bf16);
     s.add("bias", {std::uint64_t(cols)}, dtype_id::bf16);
   }
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) const {
+  load_report load(std::string_view name, const tensor_view& src, parameter_store& s,
+                   copy_sink& sink) const {
     if (name == "bias") {
       sink.copy(s.view("bias"), src);
       return {{"bias"}};
@@ -91,7 +92,8 @@ public:
   }
   status remove(std::string_view n) {
     std::lock_guard l(m_);
-    return objects_.erase(std::string(n)) ? status::success() : fail(errc::not_found, std::string(n));
+    return objects_.erase(std::string(n)) ? status::success()
+                                          : fail(errc::not_found, std::string(n));
   }
   std::uint64_t uploaded = 0, downloaded = 0;
 
@@ -103,7 +105,8 @@ static_assert(transport::object_store<counting_store>);
 
 int main() {
   constexpr std::uint64_t rows = 96, cols = 160;
-  const std::vector<tensor_meta> metas = {{"w", {rows, cols}, dtype_id::bf16}, {"bias", {cols}, dtype_id::bf16}};
+  const std::vector<tensor_meta> metas = {{"w", {rows, cols}, dtype_id::bf16},
+                                          {"bias", {cols}, dtype_id::bf16}};
   // Trainer state: W^T and the bias, as BF16 words.
   auto wt = sim::normal_bf16(rows * cols, 0.02f, 1), bias = sim::normal_bf16(cols, 0.02f, 2);
   auto canonical = [&](const std::vector<std::uint16_t>& t, const std::vector<std::uint16_t>& b) {
@@ -198,14 +201,16 @@ int main() {
     reference.dense_refit(canonical(wt1, bias1));
     const auto diff = first_difference(server.storage(), reference.storage());
     std::printf("step %llu: %s\n", static_cast<unsigned long long>(step),
-                diff.empty() ? "server equals a dense refit byte for byte" : ("DIFFERS: " + diff).c_str());
+                diff.empty() ? "server equals a dense refit byte for byte"
+                             : ("DIFFERS: " + diff).c_str());
     exact = exact && diff.empty();
     throw_if_failed(transport::collect_attempts(store, attempt));
     wt = std::move(wt1);
     bias = std::move(bias1);
   }
   std::printf("uploaded %llu bytes, downloaded %llu bytes (checkpoint: %llu bytes)\n",
-              static_cast<unsigned long long>(store.uploaded), static_cast<unsigned long long>(store.downloaded),
+              static_cast<unsigned long long>(store.uploaded),
+              static_cast<unsigned long long>(store.downloaded),
               static_cast<unsigned long long>((rows * cols + cols) * 2));
   return exact ? 0 : 1;
 }

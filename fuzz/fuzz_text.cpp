@@ -12,8 +12,8 @@
 #include <string_view>
 
 #include "dcr/core/hash.hpp"
-#include "dcr/io/safetensors_format.hpp"
 #include "dcr/core/json.hpp"
+#include "dcr/io/safetensors_format.hpp"
 #include "dcr/protocol/commit_store.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/detail/s3_xml.hpp"
@@ -24,14 +24,18 @@ void manifest(std::string_view text) {
   dcr::transport::manifest m;
   if (!dcr::transport::parse_manifest(dcr::seal_text(std::string(text)), m).ok()) return;
   dcr::transport::manifest again;
-  if (!dcr::transport::parse_manifest(dcr::transport::serialize_manifest(m), again).ok() || !(again == m)) std::abort();
+  if (!dcr::transport::parse_manifest(dcr::transport::serialize_manifest(m), again).ok() ||
+      !(again == m))
+    std::abort();
 }
 
 void commit_record(std::string_view text) {
   dcr::protocol::stored_record r;
   if (!dcr::protocol::parse_commit_record(dcr::seal_text(std::string(text)), r).ok()) return;
   dcr::protocol::stored_record again;
-  if (!dcr::protocol::parse_commit_record(dcr::protocol::serialize_commit_record(r), again).ok() || !(again == r)) std::abort();
+  if (!dcr::protocol::parse_commit_record(dcr::protocol::serialize_commit_record(r), again).ok() ||
+      !(again == r))
+    std::abort();
 }
 
 void json(std::string_view text) {
@@ -41,7 +45,8 @@ void json(std::string_view text) {
 
 void s3_xml(std::string_view text) {
   dcr::transport::detail::s3_list_page page;
-  if (dcr::transport::detail::parse_s3_list_page(text, page).ok() && page.truncated && page.next_token.empty())
+  if (dcr::transport::detail::parse_s3_list_page(text, page).ok() && page.truncated &&
+      page.next_token.empty())
     std::abort(); // a truncated page must say where to go on
   (void)dcr::transport::detail::parse_s3_error(text);
 }
@@ -65,11 +70,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (data[0] % 5) {
-  case 0: manifest(rest); break;
-  case 1: commit_record(rest); break;
-  case 2: json(rest); break;
-  case 3: s3_xml(rest); break;
-  default: safetensors(rest); break;
+  case 0:
+    manifest(rest);
+    break;
+  case 1:
+    commit_record(rest);
+    break;
+  case 2:
+    json(rest);
+    break;
+  case 3:
+    s3_xml(rest);
+    break;
+  default:
+    safetensors(rest);
+    break;
   }
   return 0;
 }

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "dcr/core/hash.hpp"
-#include "dcr/io/safetensors_format.hpp"
 #include "dcr/core/json.hpp"
+#include "dcr/io/safetensors_format.hpp"
 #include "dcr/protocol/commit_store.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/detail/s3_xml.hpp"
@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   m.owner = 3;
   const std::string pl = "p1";
   for (std::uint32_t s = 0; s < 3; ++s)
-    m.payloads.push_back({transport::payload_name(7, 3, s), 1000u + s, digest(std::as_bytes(std::span(pl)))});
+    m.payloads.push_back(
+        {transport::payload_name(7, 3, s), 1000u + s, digest(std::as_bytes(std::span(pl)))});
   put(dir, "manifest", 0, unsealed(transport::serialize_manifest(m)));
   transport::manifest m2;
   require(transport::parse_manifest(transport::serialize_manifest(m), m2), "manifest");
@@ -67,13 +68,16 @@ int main(int argc, char** argv) {
   json_value jv;
   require(parse_json(json, jv), "json");
   const std::string list =
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>b</Name><IsTruncated>true</IsTruncated>"
-      "<Contents><Key>attempt/1/payload/a&amp;b</Key></Contents><NextContinuationToken>t1</NextContinuationToken>"
+      "<?xml version=\"1.0\" "
+      "encoding=\"UTF-8\"?><ListBucketResult><Name>b</Name><IsTruncated>true</IsTruncated>"
+      "<Contents><Key>attempt/1/payload/a&amp;b</Key></Contents><NextContinuationToken>t1</"
+      "NextContinuationToken>"
       "</ListBucketResult>";
   put(dir, "s3list", 3, list);
   transport::detail::s3_list_page page;
   require(transport::detail::parse_s3_list_page(list, page), "s3list");
-  put(dir, "s3error", 3, "<Error><Code>NoSuchKey</Code><Message>gone</Message><RequestId>r</RequestId></Error>");
+  put(dir, "s3error", 3,
+      "<Error><Code>NoSuchKey</Code><Message>gone</Message><RequestId>r</RequestId></Error>");
 
   const std::string header =
       R"({"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
@@ -84,7 +88,8 @@ int main(int argc, char** argv) {
   const std::string image = st + header + std::string(16, '\x11');
   put(dir, "safetensors", 4, std::string(1, '\0') + image);
   io::safetensors_index idx;
-  require(io::parse_safetensors_header(std::as_bytes(std::span(image.data(), image.size())), image.size(), idx),
+  require(io::parse_safetensors_header(std::as_bytes(std::span(image.data(), image.size())),
+                                       image.size(), idx),
           "safetensors");
   return 0;
 }

@@ -63,7 +63,8 @@ public:
     line(header_);
     if (markdown) {
       os << "|";
-      for (std::size_t c = 0; c < w.size(); ++c) os << (c == 0 ? ":" : "") << std::string(w[c] + 1, '-') << (c == 0 ? "" : ":") << "|";
+      for (std::size_t c = 0; c < w.size(); ++c)
+        os << (c == 0 ? ":" : "") << std::string(w[c] + 1, '-') << (c == 0 ? "" : ":") << "|";
       os << "\n";
     } else {
       std::size_t total = 0;

@@ -86,7 +86,9 @@ int main(int argc, char** argv) {
   checkpoint c;
   c.per_tensor = side * side;
   for (std::size_t t = 0; t < tensors; ++t)
-    c.tensors.push_back({"model.layers." + std::to_string(t) + ".mlp.down_proj.weight", {side, side}, dtype_id::bf16});
+    c.tensors.push_back({"model.layers." + std::to_string(t) + ".mlp.down_proj.weight",
+                         {side, side},
+                         dtype_id::bf16});
   c.words = sim::normal_bf16(tensors * c.per_tensor, 0.02f, 42);
   const double ckpt_bytes = static_cast<double>(c.words.size() * 2);
   const double memcpy_s = bench::memcpy_seconds(c.words.size() * 2);
@@ -113,10 +115,11 @@ int main(int argc, char** argv) {
   std::vector<coding> codings;
   codings.push_back({"v1", {1, codec::location_scheme::gaps, codec::value_filter::none}});
   codings.push_back({"default", {}});
-  for (auto s : {codec::location_scheme::gaps, codec::location_scheme::planes, codec::location_scheme::varint,
-                 codec::location_scheme::escape_u8})
+  for (auto s : {codec::location_scheme::gaps, codec::location_scheme::planes,
+                 codec::location_scheme::varint, codec::location_scheme::escape_u8})
     for (auto f : {codec::value_filter::none, codec::value_filter::byte_planes})
-      codings.push_back({std::string(codec::to_string(s)) + "+" + std::string(codec::to_string(f)), {1, s, f}});
+      codings.push_back(
+          {std::string(codec::to_string(s)) + "+" + std::string(codec::to_string(f)), {1, s, f}});
 
   struct out_row {
     std::string workload, coding;
@@ -134,7 +137,9 @@ int main(int argc, char** argv) {
       out_row o{wname, cd.name, changed};
       for (std::size_t k = 0; k < refits.size(); ++k) {
         std::vector<std::byte> p;
-        o.enc_s += bench::best_seconds(reps, [&] { p = encode_payload({1, 1, 0, 0}, items[k], cd.opt); });
+        o.enc_s += bench::best_seconds(reps, [&] {
+          p = encode_payload({1, 1, 0, 0}, items[k], cd.opt);
+        });
         decoded_payload d;
         o.dec_s += bench::best_seconds(reps, [&] { throw_if_failed(decode_payload(p, d)); });
         if (d.items != items[k]) throw error(errc::verification, cd.name + ": decode differs");
@@ -151,7 +156,8 @@ int main(int argc, char** argv) {
         o.enc_s += bench::best_seconds(reps, [&] {
           for (std::size_t i = 0; i < x.size(); ++i) x[i] = r.before[i] ^ r.after[i];
           for (std::size_t t = 0; t < tensors; ++t)
-            frames[t] = codec::zstd_compress_or_throw(std::as_bytes(std::span(x).subspan(t * c.per_tensor, c.per_tensor)), 1);
+            frames[t] = codec::zstd_compress_or_throw(
+                std::as_bytes(std::span(x).subspan(t * c.per_tensor, c.per_tensor)), 1);
         });
         std::vector<std::byte> back(c.per_tensor * 2);
         o.dec_s += bench::best_seconds(reps, [&] {
@@ -230,17 +236,21 @@ int main(int argc, char** argv) {
       if (n == w) return static_cast<double>(r.size());
     return 1.0;
   };
-  auto mbps = [&](const out_row& r, double s) { return s > 0 ? nref(r.workload) * ckpt_bytes / s / 1e6 : 0.0; };
+  auto mbps = [&](const out_row& r, double s) {
+    return s > 0 ? nref(r.workload) * ckpt_bytes / s / 1e6 : 0.0;
+  };
   if (opt.json) {
-    std::cout << "{\"values\":" << c.words.size() << ",\"machine\":" << bench::json_string(bench::machine_description())
+    std::cout << "{\"values\":" << c.words.size()
+              << ",\"machine\":" << bench::json_string(bench::machine_description())
               << ",\"memcpy_mb_s\":" << ckpt_bytes / memcpy_s / 1e6 << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       const double pct = 100 * r.bytes / (nref(r.workload) * ckpt_bytes);
       std::cout << (i ? "," : "") << "{\"workload\":" << bench::json_string(r.workload)
                 << ",\"coding\":" << bench::json_string(r.coding) << ",\"payload_pct\":" << pct
-                << ",\"bytes_per_change\":" << r.bytes / r.changed << ",\"payload_bytes\":" << r.bytes
-                << ",\"changed\":" << r.changed << ",\"encode_mb_s\":" << mbps(r, r.enc_s)
+                << ",\"bytes_per_change\":" << r.bytes / r.changed
+                << ",\"payload_bytes\":" << r.bytes << ",\"changed\":" << r.changed
+                << ",\"encode_mb_s\":" << mbps(r, r.enc_s)
                 << ",\"decode_mb_s\":" << mbps(r, r.dec_s)
                 << ",\"to_entropy\":" << r.bytes / find(r.workload, "entropy_bound").bytes
                 << ",\"to_full_xor\":" << r.bytes / find(r.workload, "full_xor_zstd").bytes << "}";
@@ -250,22 +260,27 @@ int main(int argc, char** argv) {
   }
   if (opt.markdown) std::cout << "\n## Payload size by coding (dcr-bench-payload)\n\n";
   const char* li = opt.markdown ? "- " : "";
-  std::cout << li << "inputs: BF16 checkpoint of " << tensors << " tensors " << side << "x" << side << " = "
-            << c.words.size() << " values N(0, 0.02); XOR-mask items, one payload per refit; zstd level 1\n"
-            << li << "workloads: stress_F = fraction F scaled by 1 + 1e-2 N(0,1); adamw_5_steps = 5 consecutive AdamW "
+  std::cout << li << "inputs: BF16 checkpoint of " << tensors << " tensors " << side << "x" << side
+            << " = " << c.words.size()
+            << " values N(0, 0.02); XOR-mask items, one payload per refit; zstd level 1\n"
+            << li
+            << "workloads: stress_F = fraction F scaled by 1 + 1e-2 N(0,1); adamw_5_steps = 5 "
+               "consecutive AdamW "
                "refits (lr 1e-6), summed\n"
             << li << "MB/s = checkpoint bytes per second (memcpy of the checkpoint: "
             << bench::fmt(ckpt_bytes / memcpy_s / 1e6, 0) << " MB/s)\n"
             << li << "machine: " << bench::machine_description() << "\n\n";
-  bench::table t({"workload", "coding", "changed", "payload B", "payload %", "B/change", "x entropy", "x full XOR",
-                  "encode MB/s", "decode MB/s"});
+  bench::table t({"workload", "coding", "changed", "payload B", "payload %", "B/change",
+                  "x entropy", "x full XOR", "encode MB/s", "decode MB/s"});
   for (const auto& r : rows) {
     const bool timed = r.coding != "entropy_bound";
     t.add({r.workload, r.coding, bench::fmt(r.changed, 0), bench::fmt(r.bytes, 0),
-           bench::fmt(100 * r.bytes / (nref(r.workload) * ckpt_bytes), 3), bench::fmt(r.bytes / r.changed, 3),
+           bench::fmt(100 * r.bytes / (nref(r.workload) * ckpt_bytes), 3),
+           bench::fmt(r.bytes / r.changed, 3),
            bench::fmt(r.bytes / find(r.workload, "entropy_bound").bytes, 3),
            bench::fmt(r.bytes / find(r.workload, "full_xor_zstd").bytes, 3),
-           timed ? bench::fmt(mbps(r, r.enc_s), 0) : "-", timed ? bench::fmt(mbps(r, r.dec_s), 0) : "-"});
+           timed ? bench::fmt(mbps(r, r.enc_s), 0) : "-",
+           timed ? bench::fmt(mbps(r, r.dec_s), 0) : "-"});
   }
   t.print(std::cout, opt.markdown);
   double worst_entropy = 0, worst_full = 0;
@@ -274,9 +289,13 @@ int main(int argc, char** argv) {
     worst_entropy = std::max(worst_entropy, d.bytes / find(w, "entropy_bound").bytes);
     worst_full = std::max(worst_full, d.bytes / find(w, "full_xor_zstd").bytes);
   }
-  std::cout << "\n" << li << "goal: default <= 1.10x entropy bound: " << (worst_entropy <= 1.10 ? "met" : "NOT met")
-            << " (worst " << bench::fmt(worst_entropy, 3) << "x)\n"
-            << li << "goal: default <= 0.5x full-buffer XOR: " << (worst_full <= 0.5 ? "met" : "NOT met") << " (worst "
-            << bench::fmt(worst_full, 3) << "x; the entropy bound itself is about 0.5x)\n";
+  std::cout << "\n"
+            << li << "goal: default <= 1.10x entropy bound: "
+            << (worst_entropy <= 1.10 ? "met" : "NOT met") << " (worst "
+            << bench::fmt(worst_entropy, 3) << "x)\n"
+            << li
+            << "goal: default <= 0.5x full-buffer XOR: " << (worst_full <= 0.5 ? "met" : "NOT met")
+            << " (worst " << bench::fmt(worst_full, 3)
+            << "x; the entropy bound itself is about 0.5x)\n";
   return 0;
 }

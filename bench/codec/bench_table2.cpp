@@ -62,42 +62,59 @@ int main(int argc, char** argv) {
         xr.push_back(static_cast<std::uint16_t>(x[i] ^ y));
       }
     }
-    row r{a, 100.0 * static_cast<double>(ow.size()) / static_cast<double>(n), ow.size(),
-          codec::zstd_size(bytes_of(ow), 1), codec::zstd_size(bytes_of(xr), 1), filtered_zstd(ow), filtered_zstd(xr)};
+    row r{a,
+          100.0 * static_cast<double>(ow.size()) / static_cast<double>(n),
+          ow.size(),
+          codec::zstd_size(bytes_of(ow), 1),
+          codec::zstd_size(bytes_of(xr), 1),
+          filtered_zstd(ow),
+          filtered_zstd(xr)};
     rows.push_back(r);
   }
 
-  auto ratio = [](std::size_t num, std::size_t den) { return static_cast<double>(num) / static_cast<double>(den); };
+  auto ratio = [](std::size_t num, std::size_t den) {
+    return static_cast<double>(num) / static_cast<double>(den);
+  };
   if (opt.json) {
-    std::cout << "{\"values\":" << n << ",\"machine\":" << bench::json_string(bench::machine_description())
+    std::cout << "{\"values\":" << n
+              << ",\"machine\":" << bench::json_string(bench::machine_description())
               << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       std::cout << (i ? "," : "") << "{\"a\":" << r.a << ",\"changed_pct\":" << r.changed_pct
                 << ",\"changed\":" << r.changed << ",\"overwrite_bytes\":" << r.overwrite
                 << ",\"xor_bytes\":" << r.xr << ",\"ratio\":" << ratio(r.overwrite, r.xr)
-                << ",\"xor_filtered_bytes\":" << r.xor_f << ",\"ratio_filtered\":" << ratio(r.overwrite, r.xor_f)
+                << ",\"xor_filtered_bytes\":" << r.xor_f
+                << ",\"ratio_filtered\":" << ratio(r.overwrite, r.xor_f)
                 << ",\"overwrite_filtered_bytes\":" << r.overwrite_f
                 << ",\"ratio_both_filtered\":" << ratio(r.overwrite_f, r.xor_f) << "}";
     }
     std::cout << "]}\n";
     return 0;
   }
-  bench::table t({"a", "changed %", "overwrite B", "XOR B", "ratio", "XOR+planes B", "ratio (planes)",
-                  "overwrite+planes B", "ratio (both planes)"});
+  bench::table t({"a", "changed %", "overwrite B", "XOR B", "ratio", "XOR+planes B",
+                  "ratio (planes)", "overwrite+planes B", "ratio (both planes)"});
   for (const auto& r : rows)
-    t.add({bench::fmt(r.a, 4), bench::fmt(r.changed_pct, 2), std::to_string(r.overwrite), std::to_string(r.xr),
-           bench::fmt(ratio(r.overwrite, r.xr)), std::to_string(r.xor_f), bench::fmt(ratio(r.overwrite, r.xor_f)),
-           std::to_string(r.overwrite_f), bench::fmt(ratio(r.overwrite_f, r.xor_f))});
-  if (opt.markdown) std::cout << "\n## Table 2: XOR masks vs overwrite values (dcr-bench-table2)\n\n";
+    t.add({bench::fmt(r.a, 4), bench::fmt(r.changed_pct, 2), std::to_string(r.overwrite),
+           std::to_string(r.xr), bench::fmt(ratio(r.overwrite, r.xr)), std::to_string(r.xor_f),
+           bench::fmt(ratio(r.overwrite, r.xor_f)), std::to_string(r.overwrite_f),
+           bench::fmt(ratio(r.overwrite_f, r.xor_f))});
+  if (opt.markdown)
+    std::cout << "\n## Table 2: XOR masks vs overwrite values (dcr-bench-table2)\n\n";
   const char* li = opt.markdown ? "- " : "";
-  std::cout << li << "inputs: " << n << " BF16 values N(0,1) (seed 42), FP32 noise N(0,1) (seed 44) scaled by a, "
+  std::cout << li << "inputs: " << n
+            << " BF16 values N(0,1) (seed 42), FP32 noise N(0,1) (seed 44) scaled by a, "
             << "RNE to BF16; changed words in input order, no locations; zstd level 1\n";
-  std::cout << li << "ratio = overwrite bytes / XOR bytes; planes = byte-plane filter (high bytes, then low bytes)\n";
+  std::cout << li
+            << "ratio = overwrite bytes / XOR bytes; planes = byte-plane filter (high bytes, then "
+               "low bytes)\n";
   std::cout << li << "machine: " << bench::machine_description() << "\n\n";
   t.print(std::cout, opt.markdown);
   bool goal = true;
   for (const auto& r : rows) goal = goal && ratio(r.overwrite, r.xor_f) >= 2.1;
-  std::cout << "\n" << li << "goal: overwrite / (XOR + planes) >= 2.1 at every a: " << (goal ? "met" : "NOT met") << "\n";
+  std::cout << "\n"
+            << li
+            << "goal: overwrite / (XOR + planes) >= 2.1 at every a: " << (goal ? "met" : "NOT met")
+            << "\n";
   return 0;
 }

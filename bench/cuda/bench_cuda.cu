@@ -54,7 +54,8 @@ void must(const status& s, const char* what) {
 }
 
 /// Best device time in seconds of `reps` runs of `f` (after one warm-up), by CUDA events.
-template <class F> double device_seconds(int reps, F&& f) {
+template <class F>
+double device_seconds(int reps, F&& f) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -95,7 +96,8 @@ int main(int argc, char** argv) {
     const char* none = "{\"device\":null,\"unmeasured\":\"no CUDA device\",\"rows\":[]}\n";
     if (opt.json) std::cout << none;
     if (!json_file.empty()) std::ofstream(json_file) << none;
-    std::cerr << "dcr-bench-cuda: no CUDA device on this machine: unmeasured (run scripts/gpu-check.sh on a GPU machine)\n";
+    std::cerr << "dcr-bench-cuda: no CUDA device on this machine: unmeasured (run "
+                 "scripts/gpu-check.sh on a GPU machine)\n";
     return 77;
   }
   int dev = 0, clock_khz = 0, bus_bits = 0, sms = 0;
@@ -120,7 +122,8 @@ int main(int argc, char** argv) {
   double memcpy_bw = 0;
   {
     dbuf<W> a(n), b(n);
-    const double s = device_seconds(reps, [&] { cudaMemcpyAsync(b.get(), a.get(), n * sizeof(W), cudaMemcpyDeviceToDevice); });
+    const double s = device_seconds(
+        reps, [&] { cudaMemcpyAsync(b.get(), a.get(), n * sizeof(W), cudaMemcpyDeviceToDevice); });
     memcpy_bw = 2.0 * n * sizeof(W) / s;
   }
 
@@ -139,29 +142,37 @@ int main(int argc, char** argv) {
     {
       dbuf<std::uint64_t> d_loc(loc);
       const double s = device_seconds(reps, [&] {
-        must(dcr::gpu::xor_scatter<W>({dst.get(), lin}, d_loc.get(), d_masks.get(), loc.size(), ws), "xor_scatter");
+        must(dcr::gpu::xor_scatter<W>({dst.get(), lin}, d_loc.get(), d_masks.get(), loc.size(), ws),
+             "xor_scatter");
       });
       auto host = init;
-      const double hs = bench::best_seconds(2, [&] { must(twin::xor_scatter<W>({host.data(), lin}, loc, masks), "twin"); });
+      const double hs = bench::best_seconds(2, [&] {
+        must(twin::xor_scatter<W>({host.data(), lin}, loc, masks), "twin");
+      });
       // Locations read twice (check, scatter), masks once, dst sectors read and written.
-      rows.push_back({"xor_scatter", d * 100, n, k * (16 + sizeof(W)) + 2 * sec, k * (16 + 3 * sizeof(W)), s, hs});
+      rows.push_back({"xor_scatter", d * 100, n, k * (16 + sizeof(W)) + 2 * sec,
+                      k * (16 + 3 * sizeof(W)), s, hs});
     }
     {
       std::vector<std::uint8_t> gaps;
       std::uint64_t maxgap = 0;
-      for (std::size_t i = 1; i < loc.size(); ++i) maxgap = std::max(maxgap, loc[i] - loc[i - 1] - 1);
+      for (std::size_t i = 1; i < loc.size(); ++i)
+        maxgap = std::max(maxgap, loc[i] - loc[i - 1] - 1);
       const unsigned w = twin::gap_width_for(maxgap);
       for (std::size_t i = 1; i < loc.size(); ++i)
-        for (unsigned b = 0; b < w; ++b) gaps.push_back(static_cast<std::uint8_t>((loc[i] - loc[i - 1] - 1) >> (8 * b)));
+        for (unsigned b = 0; b < w; ++b)
+          gaps.push_back(static_cast<std::uint8_t>((loc[i] - loc[i - 1] - 1) >> (8 * b)));
       dbuf<std::uint8_t> d_gaps(gaps);
       const double s = device_seconds(reps, [&] {
-        must(dcr::gpu::scatter_gaps<W>({dst.get(), lin}, loc[0], w, d_gaps.get(), gaps.size(), d_masks.get(), loc.size(),
-                                        twin::scatter_op::xor_mask, ws),
+        must(dcr::gpu::scatter_gaps<W>({dst.get(), lin}, loc[0], w, d_gaps.get(), gaps.size(),
+                                       d_masks.get(), loc.size(), twin::scatter_op::xor_mask, ws),
              "scatter_gaps");
       });
       auto host = init;
       const double hs = bench::best_seconds(2, [&] {
-        must(twin::scatter_gaps<W>({host.data(), lin}, loc[0], w, gaps, masks, twin::scatter_op::xor_mask), "twin");
+        must(twin::scatter_gaps<W>({host.data(), lin}, loc[0], w, gaps, masks,
+                                   twin::scatter_op::xor_mask),
+             "twin");
       });
       // Gaps read by the scan; locations written by the scan, read by the check and the scatter.
       const double gb = static_cast<double>(gaps.size());
@@ -175,18 +186,21 @@ int main(int argc, char** argv) {
     const auto act = random_locations(n, d, 4);
     auto src = std::vector<W>(n, ph);
     const auto v = random_words<W>(act.size(), 5);
-    for (std::size_t i = 0; i < act.size(); ++i) src[act[i]] = v[i] == ph ? static_cast<W>(ph ^ 1) : v[i];
+    for (std::size_t i = 0; i < act.size(); ++i)
+      src[act[i]] = v[i] == ph ? static_cast<W>(ph ^ 1) : v[i];
     dbuf<W> d_src(src);
     dbuf<W> dst(init);
     const double s = device_seconds(reps, [&] {
-      must(dcr::gpu::masked_overwrite<W>({dst.get(), lin}, {d_src.get(), lin}, ph), "masked_overwrite");
+      must(dcr::gpu::masked_overwrite<W>({dst.get(), lin}, {d_src.get(), lin}, ph),
+           "masked_overwrite");
     });
     auto host = init;
     const double hs = bench::best_seconds(2, [&] {
       must(twin::masked_overwrite<W>({host.data(), lin}, {src.data(), lin}, ph), "twin");
     });
     const double k = static_cast<double>(act.size());
-    rows.push_back({"masked_overwrite", d * 100, n, static_cast<double>(n * sizeof(W)) + static_cast<double>(sectors(act)) * 32,
+    rows.push_back({"masked_overwrite", d * 100, n,
+                    static_cast<double>(n * sizeof(W)) + static_cast<double>(sectors(act)) * 32,
                     static_cast<double>(n * sizeof(W)) + k * sizeof(W), s, hs});
   }
 
@@ -198,7 +212,8 @@ int main(int argc, char** argv) {
     dbuf<std::uint64_t> d_out(n);
     std::uint64_t changed = 0;
     const double s = device_seconds(reps, [&] {
-      must(dcr::gpu::detect_changes<W>(d_old.get(), d_new.get(), n, 0, d_out.get(), changed, ws), "detect_changes");
+      must(dcr::gpu::detect_changes<W>(d_old.get(), d_new.get(), n, 0, d_out.get(), changed, ws),
+           "detect_changes");
     });
     if (changed != ch.size()) {
       std::fprintf(stderr, "dcr-bench-cuda: detect found %llu changes, %zu expected\n",
@@ -219,14 +234,15 @@ int main(int argc, char** argv) {
   {
     std::ostream& out = js;
     out << "{\"device\":" << bench::json_string(device_name) << ",\"peak_GBps\":" << peak / 1e9
-              << ",\"memcpy_GBps\":" << memcpy_bw / 1e9 << ",\"weights_GiB\":" << gib << ",\"rows\":[";
+        << ",\"memcpy_GBps\":" << memcpy_bw / 1e9 << ",\"weights_GiB\":" << gib << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      out << (i ? "," : "") << "{\"kernel\":" << bench::json_string(r.kernel) << ",\"density_pct\":" << r.density_pct
-                << ",\"pct_of_peak\":" << 100.0 * r.sector_bytes / r.seconds / peak
-                << ",\"pct_of_memcpy\":" << 100.0 * r.sector_bytes / r.seconds / memcpy_bw
-                << ",\"GBps\":" << r.sector_bytes / r.seconds / 1e9
-                << ",\"host_twin_GBps\":" << r.sector_bytes / r.host_seconds / 1e9 << "}";
+      out << (i ? "," : "") << "{\"kernel\":" << bench::json_string(r.kernel)
+          << ",\"density_pct\":" << r.density_pct
+          << ",\"pct_of_peak\":" << 100.0 * r.sector_bytes / r.seconds / peak
+          << ",\"pct_of_memcpy\":" << 100.0 * r.sector_bytes / r.seconds / memcpy_bw
+          << ",\"GBps\":" << r.sector_bytes / r.seconds / 1e9
+          << ",\"host_twin_GBps\":" << r.sector_bytes / r.host_seconds / 1e9 << "}";
     }
     out << "]}\n";
   }
@@ -235,20 +251,25 @@ int main(int argc, char** argv) {
     std::cout << js.str();
     return 0;
   }
-  bench::table t({"kernel", "density %", "weights GiB", "touched GiB", "logical GiB", "ms", "GB/s", "% of peak",
-                  "% of memcpy", "host twin GB/s", "device / host"});
+  bench::table t({"kernel", "density %", "weights GiB", "touched GiB", "logical GiB", "ms", "GB/s",
+                  "% of peak", "% of memcpy", "host twin GB/s", "device / host"});
   for (const auto& r : rows)
-    t.add({r.kernel, bench::fmt(r.density_pct, 0), bench::fmt(gib, 2), bench::fmt(r.sector_bytes / (1ull << 30), 3),
+    t.add({r.kernel, bench::fmt(r.density_pct, 0), bench::fmt(gib, 2),
+           bench::fmt(r.sector_bytes / (1ull << 30), 3),
            bench::fmt(r.logical_bytes / (1ull << 30), 3), bench::fmt(r.seconds * 1e3, 3),
-           bench::fmt(r.sector_bytes / r.seconds / 1e9, 1), bench::fmt(100.0 * r.sector_bytes / r.seconds / peak, 1),
-           bench::fmt(100.0 * r.sector_bytes / r.seconds / memcpy_bw, 1), bench::fmt(r.sector_bytes / r.host_seconds / 1e9, 2),
+           bench::fmt(r.sector_bytes / r.seconds / 1e9, 1),
+           bench::fmt(100.0 * r.sector_bytes / r.seconds / peak, 1),
+           bench::fmt(100.0 * r.sector_bytes / r.seconds / memcpy_bw, 1),
+           bench::fmt(r.sector_bytes / r.host_seconds / 1e9, 2),
            bench::fmt(r.host_seconds / r.seconds, 1)});
   if (opt.markdown) std::cout << "\n## CUDA kernels (`dcr-bench-cuda`)\n\n";
-  std::cout << "device: " << device_name << "; peak " << bench::fmt(peak / 1e9, 0) << " GB/s (memory clock x bus width), "
+  std::cout << "device: " << device_name << "; peak " << bench::fmt(peak / 1e9, 0)
+            << " GB/s (memory clock x bus width), "
             << "device-to-device memcpy " << bench::fmt(memcpy_bw / 1e9, 0) << " GB/s\n"
             << (opt.markdown ? "\n" : "") << "host: " << bench::machine_description() << "\n"
-            << (opt.markdown ? "\n" : "") << "weights: " << n << " BF16 words (" << bench::fmt(gib, 2)
-            << " GiB); best of " << reps << "; touched = DRAM bytes at 32-byte sectors\n\n";
+            << (opt.markdown ? "\n" : "") << "weights: " << n << " BF16 words ("
+            << bench::fmt(gib, 2) << " GiB); best of " << reps
+            << "; touched = DRAM bytes at 32-byte sectors\n\n";
   t.print(std::cout, opt.markdown);
   return 0;
 }

@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "bench_common.hpp"
+#include "dcr/assembly/adapters.hpp"
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/trainer_layout.hpp"
-#include "dcr/assembly/adapters.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
@@ -38,13 +38,18 @@ double since(clk::time_point t) { return std::chrono::duration<double>(clk::now(
 model_config bench_model(bool quick) {
   model_config c;
   c.family = "qwen3_moe", c.qk_norm = true, c.ffn = 0;
-  if (quick) c.hidden = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 32, c.experts = 8, c.moe_ffn = 64, c.vocab = 1000, c.layers = 2;
-  else c.hidden = 512, c.heads = 8, c.kv_heads = 4, c.head_dim = 64, c.experts = 16, c.moe_ffn = 256, c.vocab = 16000, c.layers = 6;
+  if (quick)
+    c.hidden = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 32, c.experts = 8, c.moe_ffn = 64,
+    c.vocab = 1000, c.layers = 2;
+  else
+    c.hidden = 512, c.heads = 8, c.kv_heads = 4, c.head_dim = 64, c.experts = 16, c.moe_ffn = 256,
+    c.vocab = 16000, c.layers = 6;
   return c;
 }
 
 struct row {
-  double rate, change_pct, payload_pct, payload_mb, delta_s, dense_s, construct_s, transport_s, apply_s, commit_s;
+  double rate, change_pct, payload_pct, payload_mb, delta_s, dense_s, construct_s, transport_s,
+      apply_s, commit_s;
 };
 } // namespace
 
@@ -79,7 +84,8 @@ int main(int argc, char** argv) try {
   vp.tensor_parallel_size = 4;
   vp.data_parallel_size = 2;
   vp.enable_expert_parallel = true;
-  for (std::uint64_t k = 0; k < vp.world_size(); ++k) layouts.emplace_back(cfg, loaders::vllm_layout::of_rank(vp, k));
+  for (std::uint64_t k = 0; k < vp.world_size(); ++k)
+    layouts.emplace_back(cfg, loaders::vllm_layout::of_rank(vp, k));
   std::vector<std::unique_ptr<endpoint_t>> eps;
   std::vector<endpoint_t*> ep;
   for (std::size_t k = 0; k < layouts.size(); ++k) {
@@ -136,37 +142,47 @@ int main(int argc, char** argv) try {
     const auto& a = rep.attempts.back();
     const double dense_s = dense(false);
     rows.push_back({rate * 100, 100.0 * double(round.emitted_records(a.attempt)) / double(elems),
-                    100.0 * double(a.payload_bytes) / double(plan->checkpoint_bytes()), a.payload_bytes / 1e6,
-                    rep.wall_seconds, dense_s, a.construct_seconds, a.upload_seconds + a.fetch_seconds, a.apply_seconds,
-                    rep.commit_seconds});
+                    100.0 * double(a.payload_bytes) / double(plan->checkpoint_bytes()),
+                    a.payload_bytes / 1e6, rep.wall_seconds, dense_s, a.construct_seconds,
+                    a.upload_seconds + a.fetch_seconds, a.apply_seconds, rep.commit_seconds});
   }
   std::filesystem::remove_all(dir);
 
   if (o.json) {
-    std::cout << "{\"bench\":\"refit\",\"machine\":" << bench::json_string(bench::machine_description())
-              << ",\"checkpoint_bytes\":" << plan->checkpoint_bytes() << ",\"receivers\":" << layouts.size()
-              << ",\"rows\":[";
+    std::cout << "{\"bench\":\"refit\",\"machine\":"
+              << bench::json_string(bench::machine_description())
+              << ",\"checkpoint_bytes\":" << plan->checkpoint_bytes()
+              << ",\"receivers\":" << layouts.size() << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       auto& r = rows[i];
-      std::cout << (i ? "," : "") << "{\"change_pct\":" << bench::fmt(r.change_pct, 3) << ",\"payload_pct\":"
-                << bench::fmt(r.payload_pct, 3) << ",\"delta_s\":" << bench::fmt(r.delta_s, 4) << ",\"dense_s\":"
-                << bench::fmt(r.dense_s, 4) << ",\"speedup_vs_dense\":" << bench::fmt(r.dense_s / r.delta_s, 3) << "}";
+      std::cout << (i ? "," : "") << "{\"change_pct\":" << bench::fmt(r.change_pct, 3)
+                << ",\"payload_pct\":" << bench::fmt(r.payload_pct, 3)
+                << ",\"delta_s\":" << bench::fmt(r.delta_s, 4)
+                << ",\"dense_s\":" << bench::fmt(r.dense_s, 4)
+                << ",\"speedup_vs_dense\":" << bench::fmt(r.dense_s / r.delta_s, 3) << "}";
     }
     std::cout << "]}\n";
     return 0;
   }
-  if (o.markdown) std::cout << "\n## Delta refit vs dense refit, end to end (`dcr-bench-refit`)\n\n";
+  if (o.markdown)
+    std::cout << "\n## Delta refit vs dense refit, end to end (`dcr-bench-refit`)\n\n";
   std::cout << (o.markdown ? "" : "dcr-bench-refit: ") << "Qwen3-MoE-style model, "
             << bench::fmt(plan->checkpoint_bytes() / 1e6, 1) << " MB BF16 (" << metas.size()
-            << " tensors); owners Megatron TP2 x EP2 x DP2; receivers vLLM-style TP 4, DP 2, expert parallel (" << layouts.size()
-            << "); durable filesystem object store, file commit store; " << bench::machine_description()
-            << (o.markdown ? ".\nDense reference in the same run: export + upload + download + load into every receiver.\n\n" : "\n\n");
-  bench::table t({"change % (target)", "change % (canonical)", "payload MB", "% of ckpt", "construct s", "transport s",
-                  "apply s", "commit s", "delta refit s", "dense refit s", "speedup"});
+            << " tensors); owners Megatron TP2 x EP2 x DP2; receivers vLLM-style TP 4, DP 2, "
+               "expert parallel ("
+            << layouts.size() << "); durable filesystem object store, file commit store; "
+            << bench::machine_description()
+            << (o.markdown ? ".\nDense reference in the same run: export + upload + download + "
+                             "load into every receiver.\n\n"
+                           : "\n\n");
+  bench::table t({"change % (target)", "change % (canonical)", "payload MB", "% of ckpt",
+                  "construct s", "transport s", "apply s", "commit s", "delta refit s",
+                  "dense refit s", "speedup"});
   for (auto& r : rows)
-    t.add({bench::fmt(r.rate, 1), bench::fmt(r.change_pct, 2), bench::fmt(r.payload_mb, 2), bench::fmt(r.payload_pct, 2),
-           bench::fmt(r.construct_s, 3), bench::fmt(r.transport_s, 3), bench::fmt(r.apply_s, 3), bench::fmt(r.commit_s, 3),
-           bench::fmt(r.delta_s, 3), bench::fmt(r.dense_s, 3), bench::fmt(r.dense_s / r.delta_s, 1) + "x"});
+    t.add({bench::fmt(r.rate, 1), bench::fmt(r.change_pct, 2), bench::fmt(r.payload_mb, 2),
+           bench::fmt(r.payload_pct, 2), bench::fmt(r.construct_s, 3), bench::fmt(r.transport_s, 3),
+           bench::fmt(r.apply_s, 3), bench::fmt(r.commit_s, 3), bench::fmt(r.delta_s, 3),
+           bench::fmt(r.dense_s, 3), bench::fmt(r.dense_s / r.delta_s, 1) + "x"});
   t.print(std::cout, o.markdown);
   return 0;
 } catch (const std::exception& e) {

@@ -15,16 +15,16 @@
 // a read-modify-write (or, when faster, a store) of one 64-bit word in every
 // 64-byte line of the rank's storage that holds a change (found by diffing
 // the storage before and after the XOR apply; lines of a scratch buffer laid
-// out like the storage), plus a streaming read of every item's value bytes. "x floor" = apply / floor.
-// A second table uses the cast/transpose loader,
-// whose FP32 casts make overwrite items O(tensor) (measured separately).
+// out like the storage), plus a streaming read of every item's value bytes. "x floor" = apply /
+// floor. A second table uses the cast/transpose loader, whose FP32 casts make overwrite items
+// O(tensor) (measured separately).
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <span>
@@ -62,12 +62,14 @@ model_config bench_model(bool quick) {
 tensor_set random_set(const std::vector<tensor_meta>& metas, splitmix& g) {
   tensor_set s(metas);
   for (auto& t : s.tensors())
-    for (auto& w : t.words<bf16>()) w = static_cast<std::uint16_t>(0x3C00 | (g.next() & 0x03FF)); // finite values
+    for (auto& w : t.words<bf16>())
+      w = static_cast<std::uint16_t>(0x3C00 | (g.next() & 0x03FF)); // finite values
   return s;
 }
 
 /// One XOR and one overwrite item per tensor at a uniform `pct` % of positions.
-void make_delta(const tensor_set& v, double pct, splitmix& g, std::vector<item>& xors, std::vector<item>& ows) {
+void make_delta(const tensor_set& v, double pct, splitmix& g, std::vector<item>& xors,
+                std::vector<item>& ows) {
   const auto threshold = static_cast<std::uint64_t>(pct / 100.0 * 0x1p53);
   xors.clear();
   ows.clear();
@@ -84,7 +86,8 @@ void make_delta(const tensor_set& v, double pct, splitmix& g, std::vector<item>&
       const auto nw = static_cast<std::uint16_t>(w[i] ^ mask);
       x.indices.push_back(i);
       o.indices.push_back(i);
-      const std::byte mb[2] = {static_cast<std::byte>(mask & 0xFF), static_cast<std::byte>(mask >> 8)};
+      const std::byte mb[2] = {static_cast<std::byte>(mask & 0xFF),
+                               static_cast<std::byte>(mask >> 8)};
       const std::byte nb[2] = {static_cast<std::byte>(nw & 0xFF), static_cast<std::byte>(nw >> 8)};
       x.values.insert(x.values.end(), mb, mb + 2);
       o.values.insert(o.values.end(), nb, nb + 2);
@@ -96,12 +99,14 @@ void make_delta(const tensor_set& v, double pct, splitmix& g, std::vector<item>&
   }
 }
 
-std::vector<std::vector<std::byte>> to_payloads(const std::vector<item>& items, std::uint64_t attempt) {
+std::vector<std::vector<std::byte>> to_payloads(const std::vector<item>& items,
+                                                std::uint64_t attempt) {
   std::vector<std::vector<std::byte>> out;
   std::uint32_t seq = 0;
   for (std::size_t k = 0; k < items.size(); k += 4) {
     const auto n = std::min<std::size_t>(4, items.size() - k);
-    out.push_back(encode_payload({attempt, 1, 0, seq++}, std::span<const item>(items.data() + k, n)));
+    out.push_back(
+        encode_payload({attempt, 1, 0, seq++}, std::span<const item>(items.data() + k, n)));
   }
   return out;
 }
@@ -142,8 +147,8 @@ public:
   /// `r` must hold the state the delta applies to; `apply` applies it (the
   /// constructor applies it and then `restore`s the storage).
   template <class Receiver>
-  touched_line_floor(Receiver& r, const std::function<void()>& apply, const std::function<void()>& restore,
-                     const std::vector<item>& items)
+  touched_line_floor(Receiver& r, const std::function<void()>& apply,
+                     const std::function<void()>& restore, const std::vector<item>& items)
       : items_(&items) {
     const auto& st = r.storage();
     std::vector<std::vector<std::byte>> before;
@@ -156,7 +161,8 @@ public:
       auto ls = bench::line_set::diff(before[i].data(), b.data(), b.size(), head);
       all += ls.lines;
       touched += ls.count;
-      scratch_.emplace_back(static_cast<std::byte*>(std::aligned_alloc(64, 64 * std::max<std::size_t>(ls.lines, 1))));
+      scratch_.emplace_back(
+          static_cast<std::byte*>(std::aligned_alloc(64, 64 * std::max<std::size_t>(ls.lines, 1))));
       std::memset(scratch_.back().get(), 0, 64 * ls.lines);
       lines_.push_back(std::move(ls));
     }
@@ -168,8 +174,10 @@ public:
   /// only), then the values read.
   void run(std::uint64_t delta, bool store) {
     for (std::size_t i = 0; i < lines_.size(); ++i)
-      if (store) bench::touch_lines<true>(scratch_[i].get(), lines_[i], delta);
-      else bench::touch_lines<false>(scratch_[i].get(), lines_[i], delta);
+      if (store)
+        bench::touch_lines<true>(scratch_[i].get(), lines_[i], delta);
+      else
+        bench::touch_lines<false>(scratch_[i].get(), lines_[i], delta);
     std::uint64_t acc = 0;
     for (const auto& it : *items_) acc |= bench::read_one(it.values.data(), it.values.size());
     bench::do_not_optimize(acc);
@@ -210,14 +218,17 @@ int main(int argc, char** argv) {
     for (auto& it : xors) entries += it.size();
     const auto payloads = to_payloads(xors, 0);
     for (std::uint64_t tp : {1, 2}) {
-      receiver<loaders::vllm_style_loader> r(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(tp, 0)), metas);
+      receiver<loaders::vllm_style_loader> r(
+          loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(tp, 0)), metas);
       row x{"vllm_style", tp, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
       r.dense_refit(v);
-      touched_line_floor fl(r, [&] { must(r.apply_items(xors)); }, [&] { r.dense_refit(v); }, xors);
+      touched_line_floor fl(
+          r, [&] { must(r.apply_items(xors)); }, [&] { r.dense_refit(v); }, xors);
       x.touched_pct = fl.touched_pct;
-      interleaved(reps, {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(xors)); },
-                         [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
-                         [&] { fl.run(delta, true); }},
+      interleaved(reps,
+                  {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(xors)); },
+                   [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
+                   [&] { fl.run(delta, true); }},
                   {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s});
       x.floor_s = std::min(x.floor_s, store_floor_s);
       // Ingestion: fresh payloads per run (a new attempt each), built outside the timed region.
@@ -229,7 +240,8 @@ int main(int argc, char** argv) {
         for (auto& p : fresh) must(r.stage(p));
         must(r.apply_staged());
         const auto t1 = std::chrono::steady_clock::now();
-        if (k > 0) x.ingest_s = std::min(x.ingest_s, std::chrono::duration<double>(t1 - t0).count());
+        if (k > 0)
+          x.ingest_s = std::min(x.ingest_s, std::chrono::duration<double>(t1 - t0).count());
       }
       x.memcpy_s = bench::memcpy_seconds(static_cast<std::size_t>(x.storage_bytes), reps);
       rows.push_back(x);
@@ -238,14 +250,17 @@ int main(int argc, char** argv) {
     {
       receiver<loaders::cast_transpose_loader> r(loaders::cast_transpose_loader(cfg), metas);
       std::vector<item> mixed;
-      for (std::size_t k = 0; k < xors.size(); ++k) mixed.push_back(r.xor_allowed(xors[k].tensor.name) ? xors[k] : ows[k]);
+      for (std::size_t k = 0; k < xors.size(); ++k)
+        mixed.push_back(r.xor_allowed(xors[k].tensor.name) ? xors[k] : ows[k]);
       row x{"cast_transpose", 1, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
       r.dense_refit(v);
-      touched_line_floor fl(r, [&] { must(r.apply_items(mixed)); }, [&] { r.dense_refit(v); }, mixed);
+      touched_line_floor fl(
+          r, [&] { must(r.apply_items(mixed)); }, [&] { r.dense_refit(v); }, mixed);
       x.touched_pct = fl.touched_pct;
-      interleaved(reps, {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(mixed)); },
-                         [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
-                         [&] { fl.run(delta, true); }},
+      interleaved(reps,
+                  {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(mixed)); },
+                   [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
+                   [&] { fl.run(delta, true); }},
                   {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s});
       x.floor_s = std::min(x.floor_s, store_floor_s);
       x.ingest_s = 0;
@@ -255,15 +270,17 @@ int main(int argc, char** argv) {
   }
 
   if (opt.json) {
-    std::cout << "{\"machine\":" << bench::json_string(bench::machine_description()) << ",\"values\":" << values
-              << ",\"rows\":[";
+    std::cout << "{\"machine\":" << bench::json_string(bench::machine_description())
+              << ",\"values\":" << values << ",\"rows\":[";
     bool first = true;
     for (auto& x : rows) {
       if (x.loader != "vllm_style" || x.tp != 1) continue;
-      std::cout << (first ? "" : ",") << "{\"change_pct\":" << x.pct << ",\"ratio_to_dense\":" << x.xor_s / x.dense_s
+      std::cout << (first ? "" : ",") << "{\"change_pct\":" << x.pct
+                << ",\"ratio_to_dense\":" << x.xor_s / x.dense_s
                 << ",\"overwrite_ratio_to_dense\":" << x.ow_s / x.dense_s
-                << ",\"ingest_ratio_to_dense\":" << x.ingest_s / x.dense_s << ",\"apply_s\":" << x.xor_s
-                << ",\"dense_s\":" << x.dense_s << ",\"entries\":" << x.entries << ",\"floor_s\":" << x.floor_s
+                << ",\"ingest_ratio_to_dense\":" << x.ingest_s / x.dense_s
+                << ",\"apply_s\":" << x.xor_s << ",\"dense_s\":" << x.dense_s
+                << ",\"entries\":" << x.entries << ",\"floor_s\":" << x.floor_s
                 << ",\"ratio_to_floor\":" << x.xor_s / x.floor_s
                 << ",\"overwrite_ratio_to_floor\":" << x.ow_s / x.floor_s
                 << ",\"touched_lines_pct\":" << x.touched_pct << "}";
@@ -275,37 +292,45 @@ int main(int argc, char** argv) {
   std::ostream& os = std::cout;
   if (opt.markdown) os << "\n## Receiver apply vs dense refit (`dcr-bench-apply`)\n\n";
   os << "Model: Llama-style BF16, " << values << " values (" << bench::fmt(values * 2 / 1e6, 1)
-     << " MB); uniform random changes, one item per canonical tensor, every item sent to every rank.\n"
+     << " MB); uniform random changes, one item per canonical tensor, every item sent to every "
+        "rank.\n"
      << "Machine: " << bench::machine_description() << ". Best of " << reps << " runs.\n"
      << (opt.markdown ? "\n" : "")
-     << "Floor = a read-modify-write (or a store, when faster) of one 64-bit word in every 64-byte line of "
-        "the rank's storage that holds a change, plus a streaming read of the items' value bytes (not their indices), measured in "
+     << "Floor = a read-modify-write (or a store, when faster) of one 64-bit word in every 64-byte "
+        "line of "
+        "the rank's storage that holds a change, plus a streaming read of the items' value bytes "
+        "(not their indices), measured in "
         "the same run; × floor = apply time / floor.\n";
   if (opt.markdown) os << "\n";
   os << "\nvLLM-style loader (all paths representation preserving; XOR items):\n\n";
-  bench::table t({"TP", "change %", "entries", "storage MB", "lines touched %", "dense ms", "memcpy ms", "floor ms",
-                  "XOR apply ms", "XOR / dense", "XOR × floor", "overwrite ms", "overwrite / dense",
-                  "overwrite × floor", "stage+decode+apply ms", "ingest / dense"});
+  bench::table t({"TP", "change %", "entries", "storage MB", "lines touched %", "dense ms",
+                  "memcpy ms", "floor ms", "XOR apply ms", "XOR / dense", "XOR × floor",
+                  "overwrite ms", "overwrite / dense", "overwrite × floor", "stage+decode+apply ms",
+                  "ingest / dense"});
   for (auto& x : rows)
     if (x.loader == "vllm_style")
-      t.add({std::to_string(x.tp), bench::fmt(x.pct, 1), std::to_string(x.entries), bench::fmt(x.storage_bytes / 1e6, 1),
-             bench::fmt(x.touched_pct, 1), bench::fmt(x.dense_s * 1e3), bench::fmt(x.memcpy_s * 1e3),
-             bench::fmt(x.floor_s * 1e3), bench::fmt(x.xor_s * 1e3), bench::fmt(x.xor_s / x.dense_s, 3),
-             bench::fmt(x.xor_s / x.floor_s, 2), bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3),
-             bench::fmt(x.ow_s / x.floor_s, 2),
+      t.add({std::to_string(x.tp), bench::fmt(x.pct, 1), std::to_string(x.entries),
+             bench::fmt(x.storage_bytes / 1e6, 1), bench::fmt(x.touched_pct, 1),
+             bench::fmt(x.dense_s * 1e3), bench::fmt(x.memcpy_s * 1e3), bench::fmt(x.floor_s * 1e3),
+             bench::fmt(x.xor_s * 1e3), bench::fmt(x.xor_s / x.dense_s, 3),
+             bench::fmt(x.xor_s / x.floor_s, 2), bench::fmt(x.ow_s * 1e3),
+             bench::fmt(x.ow_s / x.dense_s, 3), bench::fmt(x.ow_s / x.floor_s, 2),
              bench::fmt(x.ingest_s * 1e3), bench::fmt(x.ingest_s / x.dense_s, 3)});
   t.print(os, opt.markdown);
-  os << "\nCast/transpose loader (transposed fused QKV, o_proj, down_proj: XOR; FP32 norms and lm_head: overwrite, "
+  os << "\nCast/transpose loader (transposed fused QKV, o_proj, down_proj: XOR; FP32 norms and "
+        "lm_head: overwrite, "
         "O(tensor) per item):\n\n";
-  bench::table t2({"change %", "entries", "storage MB", "lines touched %", "dense ms", "floor ms", "mixed apply ms",
-                   "mixed / dense", "mixed × floor", "all-overwrite ms", "all-overwrite / dense",
-                   "all-overwrite × floor"});
+  bench::table t2({"change %", "entries", "storage MB", "lines touched %", "dense ms", "floor ms",
+                   "mixed apply ms", "mixed / dense", "mixed × floor", "all-overwrite ms",
+                   "all-overwrite / dense", "all-overwrite × floor"});
   for (auto& x : rows)
     if (x.loader == "cast_transpose")
       t2.add({bench::fmt(x.pct, 1), std::to_string(x.entries), bench::fmt(x.storage_bytes / 1e6, 1),
-              bench::fmt(x.touched_pct, 1), bench::fmt(x.dense_s * 1e3), bench::fmt(x.floor_s * 1e3),
-              bench::fmt(x.xor_s * 1e3), bench::fmt(x.xor_s / x.dense_s, 3), bench::fmt(x.xor_s / x.floor_s, 2),
-              bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3), bench::fmt(x.ow_s / x.floor_s, 2)});
+              bench::fmt(x.touched_pct, 1), bench::fmt(x.dense_s * 1e3),
+              bench::fmt(x.floor_s * 1e3), bench::fmt(x.xor_s * 1e3),
+              bench::fmt(x.xor_s / x.dense_s, 3), bench::fmt(x.xor_s / x.floor_s, 2),
+              bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3),
+              bench::fmt(x.ow_s / x.floor_s, 2)});
   t2.print(os, opt.markdown);
   return 0;
 }

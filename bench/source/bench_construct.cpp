@@ -45,7 +45,7 @@ struct row {
   double x_s, p_s, f_s, q_s, memcpy_s;
   double floor_s;
   std::uint64_t records;
-  std::uint64_t value_bytes; ///< value bytes of X's items
+  std::uint64_t value_bytes;      ///< value bytes of X's items
   std::uint64_t x_bytes, q_bytes; ///< payload bytes (zstd-1) of X and Q
 };
 
@@ -65,11 +65,13 @@ model_config bench_model(bool quick) {
 /// The required set U_req of a step. Every owner needs the flags of every
 /// shard that feeds a residual task; in one process they come from the
 /// plan's shards directly.
-auto required_for(const source_plan& plan, const source_view& committed, const source_view& candidate) {
+auto required_for(const source_plan& plan, const source_view& committed,
+                  const source_view& candidate) {
   std::vector<std::uint32_t> flags;
   for (std::uint32_t s = 0; s < plan.shards.size(); ++s)
     if (!plan.shards[s].feeds.empty() &&
-        std::memcmp(committed.shards[s].data(), candidate.shards[s].data(), candidate.shards[s].size()) != 0)
+        std::memcmp(committed.shards[s].data(), candidate.shards[s].data(),
+                    candidate.shards[s].size()) != 0)
       flags.push_back(s);
   return make_required(plan, flags);
 }
@@ -77,8 +79,8 @@ auto required_for(const source_plan& plan, const source_view& committed, const s
 /// Seconds for all owners of `plan` to build their buckets (sum over owners,
 /// best of `reps` per owner); owners are built one at a time to bound memory.
 double time_build(const std::shared_ptr<const source_plan>& plan, const source_view& committed,
-                  const source_view& candidate, refit_mode mode, int reps, std::uint64_t* records = nullptr,
-                  std::uint64_t* value_bytes = nullptr) {
+                  const source_view& candidate, refit_mode mode, int reps,
+                  std::uint64_t* records = nullptr, std::uint64_t* value_bytes = nullptr) {
   double total = 0;
   if (records) *records = 0;
   if (value_bytes) *value_bytes = 0;
@@ -106,8 +108,9 @@ double time_build(const std::shared_ptr<const source_plan>& plan, const source_v
 }
 
 /// Payload bytes all owners of `plan` emit (default encoding, zstd level 1).
-std::uint64_t payload_bytes(const std::shared_ptr<const source_plan>& plan, const source_view& committed,
-                            const source_view& candidate, refit_mode mode) {
+std::uint64_t payload_bytes(const std::shared_ptr<const source_plan>& plan,
+                            const source_view& committed, const source_view& candidate,
+                            refit_mode mode) {
   std::uint64_t total = 0;
   const auto req = required_for(*plan, committed, candidate);
   builder_options opt;
@@ -148,7 +151,8 @@ int main(int argc, char** argv) {
   for (double pct : {1.2, 3.0, 5.0}) {
     source_state s1 = s0;
     for (std::size_t s = 0; s < s1.shards.size(); ++s) {
-      std::span<std::uint16_t> w(reinterpret_cast<std::uint16_t*>(s1.shards[s].data()), s1.shards[s].size() / 2);
+      std::span<std::uint16_t> w(reinterpret_cast<std::uint16_t*>(s1.shards[s].data()),
+                                 s1.shards[s].size() / 2);
       sim::stress_update(w, pct / 100.0, 1e-2, 77 + s);
     }
     const auto v0 = s0.view(), v1 = s1.view();
@@ -184,39 +188,54 @@ int main(int argc, char** argv) {
     std::cout << "{\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      std::cout << (i ? "," : "") << "{\"change_pct\":" << r.pct << ",\"ratio_to_memcpy\":" << bench::fmt(r.x_s / r.memcpy_s, 3)
+      std::cout << (i ? "," : "") << "{\"change_pct\":" << r.pct
+                << ",\"ratio_to_memcpy\":" << bench::fmt(r.x_s / r.memcpy_s, 3)
                 << ",\"direct_speedup_vs_full\":" << bench::fmt(r.f_s / r.p_s, 3)
-                << ",\"floor_s\":" << r.floor_s << ",\"ratio_to_floor\":" << bench::fmt(r.x_s / r.floor_s, 3) << "}";
+                << ",\"floor_s\":" << r.floor_s
+                << ",\"ratio_to_floor\":" << bench::fmt(r.x_s / r.floor_s, 3) << "}";
     }
     std::cout << "]}\n";
     return 0;
   }
 
-  bench::table t({"change %", "records", "floor s", "X direct s", "GB/s/core", "X × floor", "X / memcpy", "P direct ovw s", "F full s", "F / P",
-                  "F / X", "Q qkv-resid s", "Q / X", "X payload MB", "Q payload MB"});
+  bench::table t({"change %", "records", "floor s", "X direct s", "GB/s/core", "X × floor",
+                  "X / memcpy", "P direct ovw s", "F full s", "F / P", "F / X", "Q qkv-resid s",
+                  "Q / X", "X payload MB", "Q payload MB"});
   for (auto& r : rows)
-    t.add({bench::fmt(r.pct, 1), std::to_string(r.records), bench::fmt(r.floor_s, 3), bench::fmt(r.x_s, 3),
-           bench::fmt(src_bytes / r.x_s / 1e9, 2), bench::fmt(r.x_s / r.floor_s, 2), bench::fmt(r.x_s / r.memcpy_s, 2), bench::fmt(r.p_s, 3), bench::fmt(r.f_s, 3), bench::fmt(r.f_s / r.p_s, 2),
+    t.add({bench::fmt(r.pct, 1), std::to_string(r.records), bench::fmt(r.floor_s, 3),
+           bench::fmt(r.x_s, 3), bench::fmt(src_bytes / r.x_s / 1e9, 2),
+           bench::fmt(r.x_s / r.floor_s, 2), bench::fmt(r.x_s / r.memcpy_s, 2),
+           bench::fmt(r.p_s, 3), bench::fmt(r.f_s, 3), bench::fmt(r.f_s / r.p_s, 2),
            bench::fmt(r.f_s / r.x_s, 2), bench::fmt(r.q_s, 3), bench::fmt(r.q_s / r.x_s, 2),
-           bench::fmt(static_cast<double>(r.x_bytes) / 1e6, 2), bench::fmt(static_cast<double>(r.q_bytes) / 1e6, 2)});
+           bench::fmt(static_cast<double>(r.x_bytes) / 1e6, 2),
+           bench::fmt(static_cast<double>(r.q_bytes) / 1e6, 2)});
   const double mem_direct = 1.0 * src_bytes / static_cast<double>(direct->checkpoint_bytes());
-  const double mem_qkv = (src_bytes + static_cast<double>(qkv_bytes)) / static_cast<double>(direct->checkpoint_bytes());
+  const double mem_qkv = (src_bytes + static_cast<double>(qkv_bytes)) /
+                         static_cast<double>(direct->checkpoint_bytes());
   if (opt.markdown) std::cout << "## Delta construction (`dcr-bench-construct`)\n\n";
-  std::cout << (opt.markdown ? "" : "dcr-bench-construct: ") << "Llama-style BF16 model, " << cfg.layers << " layers, hidden "
-            << cfg.hidden << ", " << bench::fmt(static_cast<double>(direct->checkpoint_bytes()) / 1e9, 2)
-            << " GB canonical, " << bench::fmt(src_bytes / 1e9, 2) << " GB source (TP " << layout.tp << ", "
-            << direct->world << " owners, one core); memcpy reference = the same source bytes. "
-            << "Machine: " << bench::machine_description() << (opt.markdown ? "\n\n" : "\n")
-            << "Floor = the detection floor (a streaming read of every shard of v and v+1, no output) plus a "
-               "memcpy of the value bytes X emits, measured in the same run; × floor = X / floor.\n\n";
+  std::cout
+      << (opt.markdown ? "" : "dcr-bench-construct: ") << "Llama-style BF16 model, " << cfg.layers
+      << " layers, hidden " << cfg.hidden << ", "
+      << bench::fmt(static_cast<double>(direct->checkpoint_bytes()) / 1e9, 2) << " GB canonical, "
+      << bench::fmt(src_bytes / 1e9, 2) << " GB source (TP " << layout.tp << ", " << direct->world
+      << " owners, one core); memcpy reference = the same source bytes. "
+      << "Machine: " << bench::machine_description() << (opt.markdown ? "\n\n" : "\n")
+      << "Floor = the detection floor (a streaming read of every shard of v and v+1, no output) "
+         "plus a "
+         "memcpy of the value bytes X emits, measured in the same run; × floor = X / floor.\n\n";
   t.print(std::cout, opt.markdown);
-  std::cout << (opt.markdown ? "\n" : "\n") << "Baseline memory vs checkpoint: direct QKV " << bench::fmt(mem_direct, 3)
-            << "x, QKV left residual " << bench::fmt(mem_qkv, 3) << "x (residual QKV baseline "
-            << bench::fmt(static_cast<double>(qkv_bytes) / 1e9, 3) << " GB). Projecting QKV directly saves that "
+  std::cout << (opt.markdown ? "\n" : "\n") << "Baseline memory vs checkpoint: direct QKV "
+            << bench::fmt(mem_direct, 3) << "x, QKV left residual " << bench::fmt(mem_qkv, 3)
+            << "x (residual QKV baseline " << bench::fmt(static_cast<double>(qkv_bytes) / 1e9, 3)
+            << " GB). Projecting QKV directly saves that "
             << "residual baseline and the Q / X construction time above.\n";
   if (opt.markdown)
-    std::cout << "\nX = direct projection, mixed XOR/overwrite; P = direct projection, overwrite only; F = full "
-                 "conversion (assemble every canonical tensor, diff), overwrite only; Q = X with fused QKV left to "
-                 "residual conversion (its QKV items become overwrites, hence the larger Q payload). Payload bytes: default encoding, zstd level 1. Goals: X / memcpy <= 2.5 at 5%; F / P >= 1.5.\n";
+    std::cout << "\nX = direct projection, mixed XOR/overwrite; P = direct projection, overwrite "
+                 "only; F = full "
+                 "conversion (assemble every canonical tensor, diff), overwrite only; Q = X with "
+                 "fused QKV left to "
+                 "residual conversion (its QKV items become overwrites, hence the larger Q "
+                 "payload). Payload bytes: default encoding, zstd level 1. Goals: X / memcpy <= "
+                 "2.5 at 5%; F / P >= 1.5.\n";
   return 0;
 }

@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <span>
 #include <string>
@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
       // The floor is the better of a plain and a prefetching read.
       for (bool prefetch : {false, true})
         timed(r.floor_s, [&] {
-          bench::do_not_optimize(bench::read_both(old_words.data(), new_words.data(), bytes, prefetch));
+          bench::do_not_optimize(
+              bench::read_both(old_words.data(), new_words.data(), bytes, prefetch));
         });
       timed(r.detect_s, [&] {
         idx.clear(); // capacity kept, as a streaming caller reuses its buffer
@@ -106,16 +107,20 @@ int main(int argc, char** argv) {
   if (opt.json) {
     std::cout << "{\"machine\":" << bench::json_string(bench::machine_description())
               << ",\"isa\":" << bench::json_string(to_string(active_detect_isa()))
-              << ",\"extract\":" << bench::json_string(to_string(default_detect_extract(active_detect_isa()))) << ",\"words\":" << n << ",\"bytes_per_buffer\":" << bytes << ",\"rows\":[";
+              << ",\"extract\":"
+              << bench::json_string(to_string(default_detect_extract(active_detect_isa())))
+              << ",\"words\":" << n << ",\"bytes_per_buffer\":" << bytes << ",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      std::cout << (i ? "," : "") << "{\"change_pct\":" << r.change_pct << ",\"changed\":" << r.changed
-                << ",\"runs\":" << r.runs << ",\"detect_ms\":" << r.detect_s * 1e3
-                << ",\"runs_ms\":" << r.runs_s * 1e3 << ",\"memcpy_ms\":" << r.memcpy_s * 1e3
+      std::cout << (i ? "," : "") << "{\"change_pct\":" << r.change_pct
+                << ",\"changed\":" << r.changed << ",\"runs\":" << r.runs
+                << ",\"detect_ms\":" << r.detect_s * 1e3 << ",\"runs_ms\":" << r.runs_s * 1e3
+                << ",\"memcpy_ms\":" << r.memcpy_s * 1e3
                 << ",\"ratio_to_memcpy\":" << r.detect_s / r.memcpy_s
                 << ",\"runs_ratio_to_memcpy\":" << r.runs_s / r.memcpy_s
                 << ",\"memcpy_both_ms\":" << r.memcpy2_s * 1e3
-                << ",\"ratio_to_memcpy_both\":" << r.detect_s / r.memcpy2_s << ",\"floor_ms\":" << r.floor_s * 1e3
+                << ",\"ratio_to_memcpy_both\":" << r.detect_s / r.memcpy2_s
+                << ",\"floor_ms\":" << r.floor_s * 1e3
                 << ",\"ratio_to_floor\":" << r.detect_s / r.floor_s
                 << ",\"runs_ratio_to_floor\":" << r.runs_s / r.floor_s << "}";
     }
@@ -123,32 +128,37 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  bench::table t({"change %", "changed", "runs", "floor ms", "memcpy ms", "detect ms", "detect × floor",
-                  "detect/memcpy", "runs ms", "runs × floor", "runs/memcpy", "memcpy both ms",
-                  "detect/memcpy both", "detect GB/s"});
+  bench::table t({"change %", "changed", "runs", "floor ms", "memcpy ms", "detect ms",
+                  "detect × floor", "detect/memcpy", "runs ms", "runs × floor", "runs/memcpy",
+                  "memcpy both ms", "detect/memcpy both", "detect GB/s"});
   for (const auto& r : rows)
     t.add({bench::fmt(r.change_pct, 1), std::to_string(r.changed), std::to_string(r.runs),
-           bench::fmt(r.floor_s * 1e3, 1), bench::fmt(r.memcpy_s * 1e3, 1), bench::fmt(r.detect_s * 1e3, 1),
-           bench::fmt(r.detect_s / r.floor_s, 3), bench::fmt(r.detect_s / r.memcpy_s, 3),
-           bench::fmt(r.runs_s * 1e3, 1), bench::fmt(r.runs_s / r.floor_s, 3), bench::fmt(r.runs_s / r.memcpy_s, 3), bench::fmt(r.memcpy2_s * 1e3, 1),
-           bench::fmt(r.detect_s / r.memcpy2_s, 3), bench::fmt(gbps(r.detect_s), 1)});
+           bench::fmt(r.floor_s * 1e3, 1), bench::fmt(r.memcpy_s * 1e3, 1),
+           bench::fmt(r.detect_s * 1e3, 1), bench::fmt(r.detect_s / r.floor_s, 3),
+           bench::fmt(r.detect_s / r.memcpy_s, 3), bench::fmt(r.runs_s * 1e3, 1),
+           bench::fmt(r.runs_s / r.floor_s, 3), bench::fmt(r.runs_s / r.memcpy_s, 3),
+           bench::fmt(r.memcpy2_s * 1e3, 1), bench::fmt(r.detect_s / r.memcpy2_s, 3),
+           bench::fmt(gbps(r.detect_s), 1)});
   if (opt.markdown) std::cout << "\n## Change detection (`dcr-bench-detect`)\n\n";
-  std::cout << (opt.markdown ? "" : "dcr-bench-detect: ") << (opt.markdown ? "Bitwise" : "bitwise") << " change detection of " << n
-            << " BF16 words (" << bytes / (1 << 20) << " MiB per buffer, old and new) versus memcpy of one "
-            << bytes / (1 << 20) << " MiB buffer (and of both buffers) in the same run; best of " << reps + 1
-            << " interleaved runs; scan instruction set: "
-            << to_string(active_detect_isa()) << ", index extraction: "
-            << to_string(default_detect_extract(active_detect_isa())) << ".\n"
-            << (opt.markdown ? "\n" : "")
-            << "Floor = a streaming read of old and new with no output (OR of their XOR in the widest "
-               "vectors this CPU has; the better of a plain and an L2-prefetching read), measured in the "
-               "same run; × floor = time / floor.\n"
-            << (opt.markdown ? "\n" : "") << "Machine: " << bench::machine_description() << ".\n\n";
+  std::cout
+      << (opt.markdown ? "" : "dcr-bench-detect: ") << (opt.markdown ? "Bitwise" : "bitwise")
+      << " change detection of " << n << " BF16 words (" << bytes / (1 << 20)
+      << " MiB per buffer, old and new) versus memcpy of one " << bytes / (1 << 20)
+      << " MiB buffer (and of both buffers) in the same run; best of " << reps + 1
+      << " interleaved runs; scan instruction set: " << to_string(active_detect_isa())
+      << ", index extraction: " << to_string(default_detect_extract(active_detect_isa())) << ".\n"
+      << (opt.markdown ? "\n" : "")
+      << "Floor = a streaming read of old and new with no output (OR of their XOR in the widest "
+         "vectors this CPU has; the better of a plain and an L2-prefetching read), measured in the "
+         "same run; × floor = time / floor.\n"
+      << (opt.markdown ? "\n" : "") << "Machine: " << bench::machine_description() << ".\n\n";
   t.print(std::cout, opt.markdown);
-  std::cout << (opt.markdown ? "\n" : "")
-            << "detect = changed indices (u64) appended to a reused vector; runs = maximal (start, count) "
-               "runs; memcpy = one buffer (N bytes read, N written: the traffic of reading old and new); "
-               "memcpy both = old and new copied (the same bytes the scan reads); GB/s counts both input "
-               "buffers. Goal: detect × floor <= 1.1 at 1% and <= 1.3 at 5%.\n";
+  std::cout
+      << (opt.markdown ? "\n" : "")
+      << "detect = changed indices (u64) appended to a reused vector; runs = maximal (start, "
+         "count) "
+         "runs; memcpy = one buffer (N bytes read, N written: the traffic of reading old and new); "
+         "memcpy both = old and new copied (the same bytes the scan reads); GB/s counts both input "
+         "buffers. Goal: detect × floor <= 1.1 at 1% and <= 1.3 at 5%.\n";
   return 0;
 }

@@ -28,12 +28,12 @@
 #include <csignal>
 #include <unistd.h>
 
+#include "dcr/assembly/adapters.hpp"
 #include "dcr/io/safetensors.hpp"
 #include "dcr/loaders/row_split.hpp"
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/config.hpp"
 #include "dcr/model/trainer_layout.hpp"
-#include "dcr/assembly/adapters.hpp"
 #include "dcr/protocol/commit_store.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/receiver/receiver.hpp"
@@ -62,10 +62,12 @@ struct options {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::cerr << "dcr-demo: " << why << "\n"
-            << "usage: dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]\n"
-            << "                [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]\n"
-            << "                [--save-checkpoint FILE.safetensors]   (write the initial weights and exit)\n";
+  std::cerr
+      << "dcr-demo: " << why << "\n"
+      << "usage: dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]\n"
+      << "                [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]\n"
+      << "                [--save-checkpoint FILE.safetensors]   (write the initial weights and "
+         "exit)\n";
   std::exit(2);
 }
 
@@ -83,16 +85,26 @@ options parse(int argc, char** argv) {
       if (!end || *end || x < 0) usage(a + ": not a non-negative integer: " + v);
       return x;
     };
-    if (a == "--size") o.size = value();
-    else if (a == "--steps") o.steps = static_cast<int>(integer(value()));
-    else if (a == "--checkpoint") o.checkpoint = value();
-    else if (a == "--kill-receiver-every") o.kill_every = static_cast<int>(integer(value()));
-    else if (a == "--json") o.json = true;
-    else if (a == "--workdir") o.workdir = value();
-    else if (a == "--save-checkpoint") o.save_checkpoint = value();
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(value()));
-    else if (a == "--help" || a == "-h") usage("help");
-    else usage("unknown argument " + a);
+    if (a == "--size")
+      o.size = value();
+    else if (a == "--steps")
+      o.steps = static_cast<int>(integer(value()));
+    else if (a == "--checkpoint")
+      o.checkpoint = value();
+    else if (a == "--kill-receiver-every")
+      o.kill_every = static_cast<int>(integer(value()));
+    else if (a == "--json")
+      o.json = true;
+    else if (a == "--workdir")
+      o.workdir = value();
+    else if (a == "--save-checkpoint")
+      o.save_checkpoint = value();
+    else if (a == "--seed")
+      o.seed = static_cast<std::uint64_t>(integer(value()));
+    else if (a == "--help" || a == "-h")
+      usage("help");
+    else
+      usage("unknown argument " + a);
   }
   return o;
 }
@@ -104,10 +116,14 @@ std::uint64_t parse_size(const std::string& s) {
   const double x = std::strtod(s.c_str(), &end);
   const std::string unit = end ? end : "";
   double mul = 1;
-  if (unit == "GB" || unit == "G") mul = 1e9;
-  else if (unit == "MB" || unit == "M") mul = 1e6;
-  else if (unit == "KB" || unit == "K") mul = 1e3;
-  else if (!unit.empty()) usage("--size: unknown unit " + unit);
+  if (unit == "GB" || unit == "G")
+    mul = 1e9;
+  else if (unit == "MB" || unit == "M")
+    mul = 1e6;
+  else if (unit == "KB" || unit == "K")
+    mul = 1e3;
+  else if (!unit.empty())
+    usage("--size: unknown unit " + unit);
   if (!(x > 0)) usage("--size: not a positive size: " + s);
   return static_cast<std::uint64_t>(x * mul);
 }
@@ -119,11 +135,13 @@ model_config model_for(std::uint64_t bytes) {
   c.qk_norm = true;
   c.ffn = 0;
   if (bytes == 0) {
-    c.hidden = 256, c.heads = 8, c.kv_heads = 2, c.head_dim = 32, c.experts = 8, c.moe_ffn = 128, c.vocab = 4096;
+    c.hidden = 256, c.heads = 8, c.kv_heads = 2, c.head_dim = 32, c.experts = 8, c.moe_ffn = 128,
+    c.vocab = 4096;
     c.layers = 2;
     return c;
   }
-  c.hidden = 1024, c.heads = 16, c.kv_heads = 4, c.head_dim = 64, c.experts = 16, c.moe_ffn = 512, c.vocab = 32000;
+  c.hidden = 1024, c.heads = 16, c.kv_heads = 4, c.head_dim = 64, c.experts = 16, c.moe_ffn = 512,
+  c.vocab = 32000;
   c.layers = 1;
   const auto one = [&] {
     std::uint64_t n = 0;
@@ -134,7 +152,8 @@ model_config model_for(std::uint64_t bytes) {
   c.layers = 2;
   const auto per_layer = one() - b1;
   const auto fixed = b1 - per_layer;
-  c.layers = bytes > fixed ? std::max<std::uint64_t>(1, (bytes - fixed + per_layer / 2) / per_layer) : 1;
+  c.layers =
+      bytes > fixed ? std::max<std::uint64_t>(1, (bytes - fixed + per_layer / 2) / per_layer) : 1;
   return c;
 }
 
@@ -161,20 +180,22 @@ std::string fmt_bytes(std::uint64_t b) {
 }
 
 /// What the rollout side looks like: one loader per rank, ids, a description.
-template <class Loader> struct rollout {
+template <class Loader>
+struct rollout {
   std::vector<Loader> layouts;
   std::vector<std::string> ids;
   std::string description;
 };
 
 template <class Loader>
-int run_demo(const options& opt, const progress& say, clk::time_point t_start, std::shared_ptr<const source_plan> plan,
-             std::vector<host_tensor> initial, rollout<Loader> ro, const std::string& model_desc,
-             const std::string& trainer_desc) {
+int run_demo(const options& opt, const progress& say, clk::time_point t_start,
+             std::shared_ptr<const source_plan> plan, std::vector<host_tensor> initial,
+             rollout<Loader> ro, const std::string& model_desc, const std::string& trainer_desc) {
   using rank_receiver = receiver<Loader>;
   using staged = protocol::receiver_role_adapter<rank_receiver>;
   using endpoint_t = protocol::receiver_endpoint<staged>;
-  using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store, protocol::file_commit_store>;
+  using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store,
+                                              protocol::file_commit_store>;
   const auto metas = plan->canonical;
   const std::uint64_t ckpt_bytes = plan->checkpoint_bytes();
   std::uint64_t ckpt_elems = 0;
@@ -190,7 +211,8 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
   support::parallel_for(plan->shards.size(), [&](std::size_t s) {
     if (plan->shards[s].dtype != dtype_id::bf16) return;
     auto& b = state.shards[s];
-    std::span<const std::uint16_t> w(reinterpret_cast<const std::uint16_t*>(b.data()), b.size() / 2);
+    std::span<const std::uint16_t> w(reinterpret_cast<const std::uint16_t*>(b.data()),
+                                     b.size() / 2);
     trainers[s] = std::make_unique<sim::adamw_trainer>(w, opt.seed * 104729 + s);
   });
   say("source shards and AdamW state ready (" + support::fmt(since(t0), 1) + " s)");
@@ -226,17 +248,18 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     protocol::stored_record cur;
     if (auto s = commits.load(cur); !s)
       throw error(s.code, s.message + " (the commit record in " + (work / "control").string() +
-                              " cannot be read: restore it, or remove " + work.string() + " to start afresh)");
+                              " cannot be read: restore it, or remove " + work.string() +
+                              " to start afresh)");
     if (cur.revision != 0) {
       resuming = true;
       resumed = cur.record.version;
       if (resumed > static_cast<std::uint64_t>(opt.steps))
-        throw error(errc::invalid_argument, work.string() + " already holds version " + std::to_string(resumed) +
-                                                 ", past --steps " + std::to_string(opt.steps) +
-                                                 ": pass --steps >= " + std::to_string(resumed) +
-                                                 " to continue it, or another --workdir");
-      say("resuming " + work.string() + " from committed version " + std::to_string(resumed) + " (replaying " +
-          std::to_string(resumed) + " AdamW steps)");
+        throw error(errc::invalid_argument,
+                    work.string() + " already holds version " + std::to_string(resumed) +
+                        ", past --steps " + std::to_string(opt.steps) + ": pass --steps >= " +
+                        std::to_string(resumed) + " to continue it, or another --workdir");
+      say("resuming " + work.string() + " from committed version " + std::to_string(resumed) +
+          " (replaying " + std::to_string(resumed) + " AdamW steps)");
       for (std::uint64_t k = 0; k < resumed; ++k) train_step();
     }
   }
@@ -255,7 +278,9 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     for (auto& t : canon) s.add(std::move(t));
     return s;
   };
-  auto make_rank = [&](std::size_t k) { return std::make_unique<rank_receiver>(layouts[k], metas); };
+  auto make_rank = [&](std::size_t k) {
+    return std::make_unique<rank_receiver>(layouts[k], metas);
+  };
   auto rank_id = [&](std::size_t k) { return ro.ids[k]; };
 
   std::vector<std::unique_ptr<endpoint_t>> endpoints;
@@ -269,7 +294,8 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
 
   // ---- version 0 (or the resumed one) by dense refit (also the dense reference timing)
   const std::string dense_prefix = "dense/v" + std::to_string(resumed) + "/";
-  say("dense refit of version " + std::to_string(resumed) + " to " + std::to_string(layouts.size()) + " receivers...");
+  say("dense refit of version " + std::to_string(resumed) + " to " +
+      std::to_string(layouts.size()) + " receivers...");
   t0 = clk::now();
   double dense_seconds = 0;
   {
@@ -277,7 +303,8 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     const double t_export = since(t0);
     // The dense path ships every tensor through the same object store once
     // per rollout node, then loads it into every rank.
-    for (auto& t : canon.tensors()) throw_if_failed(objects.put(dense_prefix + t.meta.name, t.bytes));
+    for (auto& t : canon.tensors())
+      throw_if_failed(objects.put(dense_prefix + t.meta.name, t.bytes));
     const double t_put = since(t0);
     tensor_set fetched;
     for (auto& m : metas) {
@@ -292,8 +319,9 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
       ranks[k] = std::make_unique<staged>(rank_id(k), std::move(r));
     });
     dense_seconds = since(t0);
-    say("dense refit: export " + support::fmt(t_export, 2) + " s, upload " + support::fmt(t_put - t_export, 2) +
-        " s, total with fetch and load " + support::fmt(dense_seconds, 2) + " s");
+    say("dense refit: export " + support::fmt(t_export, 2) + " s, upload " +
+        support::fmt(t_put - t_export, 2) + " s, total with fetch and load " +
+        support::fmt(dense_seconds, 2) + " s");
     for (std::size_t k = 0; k < ranks.size(); ++k) endpoints[k]->adopt(std::move(ranks[k]));
     std::vector<std::string> names;
     throw_if_failed(objects.list("dense/", names));
@@ -312,10 +340,14 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     const std::string point = spec.substr(0, colon);
     const int at = colon == std::string::npos ? 1 : std::atoi(spec.c_str() + colon + 1);
     protocol::crash_point p{};
-    if (point == "after_prepare") p = protocol::crash_point::after_prepare;
-    else if (point == "after_first_ack") p = protocol::crash_point::after_first_ack;
-    else if (point == "after_commit") p = protocol::crash_point::after_commit;
-    else usage("DCR_DEMO_KILL_AT: unknown crash point " + point);
+    if (point == "after_prepare")
+      p = protocol::crash_point::after_prepare;
+    else if (point == "after_first_ack")
+      p = protocol::crash_point::after_first_ack;
+    else if (point == "after_commit")
+      p = protocol::crash_point::after_commit;
+    else
+      usage("DCR_DEMO_KILL_AT: unknown crash point " + point);
     copt.crash = [p, at, &current_step](protocol::crash_point q) {
       if (q == p && current_step == at) ::kill(::getpid(), SIGKILL);
       return false;
@@ -331,24 +363,26 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     throw_if_failed(commits.load(cur));
     std::vector<digest128> base;
     for (auto& m : members) base.push_back(m.baseline_digest());
-    const std::string what_to_do = ": re-run with the --size/--checkpoint/--seed that created " + work.string() +
-                                   ", or remove it to start afresh";
+    const std::string what_to_do = ": re-run with the --size/--checkpoint/--seed that created " +
+                                   work.string() + ", or remove it to start afresh";
     if (cur.record.version != resumed || cur.record.source_baseline != protocol::combine(base))
-      throw error(errc::verification, work.string() + " holds version " + std::to_string(cur.record.version) +
-                                          " of another run (its source baseline differs from the replayed one)" +
-                                          what_to_do);
+      throw error(errc::verification,
+                  work.string() + " holds version " + std::to_string(cur.record.version) +
+                      " of another run (its source baseline differs from the replayed one)" +
+                      what_to_do);
     for (auto* e : ep_ptrs) {
-      auto it = std::find_if(cur.record.receivers.begin(), cur.record.receivers.end(),
-                             [&](const protocol::receiver_ack& a) { return a.receiver == e->id(); });
+      auto it =
+          std::find_if(cur.record.receivers.begin(), cur.record.receivers.end(),
+                       [&](const protocol::receiver_ack& a) { return a.receiver == e->id(); });
       const bool same = it != cur.record.receivers.end() &&
                         e->with_receiver([&](staged& s) { return s.state_digest() == it->state; });
       if (!same)
         throw error(errc::verification, work.string() + ": receiver " + e->id() + " of version " +
-                                            std::to_string(resumed) + " differs from the committed digest" +
-                                            what_to_do);
+                                            std::to_string(resumed) +
+                                            " differs from the committed digest" + what_to_do);
     }
-    say("version " + std::to_string(resumed) + " resumed (dense refit " + support::fmt(dense_seconds, 2) +
-        " s matches the committed digests)");
+    say("version " + std::to_string(resumed) + " resumed (dense refit " +
+        support::fmt(dense_seconds, 2) + " s matches the committed digests)");
   } else {
     say("version 0 committed (dense refit " + support::fmt(dense_seconds, 2) + " s)");
   }
@@ -368,9 +402,11 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     if (kill) {
       const auto victim = static_cast<std::size_t>(step / opt.kill_every - 1) % endpoints.size();
       endpoints[victim]->kill_after(1);
-      say("step " + std::to_string(step) + ": receiver " + endpoints[victim]->id() + " will be killed mid-refit");
+      say("step " + std::to_string(step) + ": receiver " + endpoints[victim]->id() +
+          " will be killed mid-refit");
     }
-    say("step " + std::to_string(step) + ": delta refit (trained in " + support::fmt(train_s, 1) + " s)...");
+    say("step " + std::to_string(step) + ": delta refit (trained in " + support::fmt(train_s, 1) +
+        " s)...");
     auto rep_t = coord.transition();
     if (!rep_t.result) {
       std::cerr << "dcr-demo: step " << step << " failed: " << to_string(rep_t.result.code) << ": "
@@ -394,17 +430,19 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
     // A rolled-forward transition ran no attempt (the record was already
     // committed): nothing was sent.
     if (!rep_t.attempts.empty()) {
-      r.payload_pct =
-          100.0 * static_cast<double>(rep_t.attempts.back().payload_bytes) / static_cast<double>(ckpt_bytes);
-      r.change_pct = 100.0 * static_cast<double>(round.emitted_records(rep_t.attempts.back().attempt)) /
+      r.payload_pct = 100.0 * static_cast<double>(rep_t.attempts.back().payload_bytes) /
+                      static_cast<double>(ckpt_bytes);
+      r.change_pct = 100.0 *
+                     static_cast<double>(round.emitted_records(rep_t.attempts.back().attempt)) /
                      static_cast<double>(ckpt_elems);
     }
     r.commit = rep_t.commit_seconds;
     r.refit = rep_t.wall_seconds;
     r.speedup = r.refit > 0 ? dense_seconds / r.refit : 0;
     rows.push_back(r);
-    say("step " + std::to_string(step) + ": committed version " + std::to_string(rep_t.committed_version) + " in " +
-        support::fmt(r.refit, 2) + " s (" + std::to_string(r.attempts) + " attempt" + (r.attempts > 1 ? "s" : "") + ")");
+    say("step " + std::to_string(step) + ": committed version " +
+        std::to_string(rep_t.committed_version) + " in " + support::fmt(r.refit, 2) + " s (" +
+        std::to_string(r.attempts) + " attempt" + (r.attempts > 1 ? "s" : "") + ")");
   }
 
   // ---- final check: every receiver vs a dense refit of the committed version -
@@ -422,14 +460,17 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
       ref.dense_refit(canon);
       endpoints[k]->with_receiver([&](staged& s) {
         const auto diff = first_difference(s.inner().storage(), ref.storage());
-        const bool digest_ok = k < cur.record.receivers.size() && cur.record.receivers[k].state == s.state_digest();
+        const bool digest_ok =
+            k < cur.record.receivers.size() && cur.record.receivers[k].state == s.state_digest();
         std::lock_guard l(m);
         if (!diff.empty()) {
-          std::cerr << "dcr-demo: receiver " << endpoints[k]->id() << " differs from dense refit: " << diff << "\n";
+          std::cerr << "dcr-demo: receiver " << endpoints[k]->id()
+                    << " differs from dense refit: " << diff << "\n";
           exact = false;
         }
         if (!digest_ok) {
-          std::cerr << "dcr-demo: receiver " << endpoints[k]->id() << " does not serve its committed digest\n";
+          std::cerr << "dcr-demo: receiver " << endpoints[k]->id()
+                    << " does not serve its committed digest\n";
           exact = false;
         }
         ++checked;
@@ -441,27 +482,31 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start, s
   if (opt.json) {
     std::cout << "{\"steps\":[";
     for (std::size_t i = 0; i < rows.size(); ++i)
-      std::cout << (i ? "," : "") << "{\"step\":" << rows[i].step << ",\"change_pct\":" << support::fmt(rows[i].change_pct, 4)
+      std::cout << (i ? "," : "") << "{\"step\":" << rows[i].step
+                << ",\"change_pct\":" << support::fmt(rows[i].change_pct, 4)
                 << ",\"payload_pct\":" << support::fmt(rows[i].payload_pct, 4)
                 << ",\"speedup_vs_dense\":" << support::fmt(rows[i].speedup, 3) << "}";
-    std::cout << "],\"bit_exact\":" << (exact ? "true" : "false") << ",\"receivers_checked\":" << checked << "}\n";
+    std::cout << "],\"bit_exact\":" << (exact ? "true" : "false")
+              << ",\"receivers_checked\":" << checked << "}\n";
   } else {
-    std::cout << "\ndcr-demo: " << model_desc << ", " << fmt_bytes(ckpt_bytes) << " checkpoint (" << metas.size()
-              << " tensors); " << trainer_desc << "; " << ro.description << "\n"
+    std::cout << "\ndcr-demo: " << model_desc << ", " << fmt_bytes(ckpt_bytes) << " checkpoint ("
+              << metas.size() << " tensors); " << trainer_desc << "; " << ro.description << "\n"
               << "transport: filesystem object store; commit: file commit store; machine: "
               << support::machine_description() << "\n"
-              << "dense refit reference (export + store + fetch + load, all receivers): " << support::fmt(dense_seconds, 2)
-              << " s\n\n";
-    support::table t({"step", "attempts", "change %", "payload MB", "% of ckpt", "construct s", "transport s", "apply s",
-                    "commit s", "refit s", "vs dense"});
+              << "dense refit reference (export + store + fetch + load, all receivers): "
+              << support::fmt(dense_seconds, 2) << " s\n\n";
+    support::table t({"step", "attempts", "change %", "payload MB", "% of ckpt", "construct s",
+                      "transport s", "apply s", "commit s", "refit s", "vs dense"});
     for (auto& r : rows)
-      t.add({std::to_string(r.step) + (r.killed ? " (kill)" : ""), std::to_string(r.attempts), support::fmt(r.change_pct, 3),
-             support::fmt(r.payload_mb, 2), support::fmt(r.payload_pct, 3), support::fmt(r.construct, 2),
-             support::fmt(r.transport, 2), support::fmt(r.apply, 2), support::fmt(r.commit, 2), support::fmt(r.refit, 2),
-             support::fmt(r.speedup, 1) + "x"});
+      t.add({std::to_string(r.step) + (r.killed ? " (kill)" : ""), std::to_string(r.attempts),
+             support::fmt(r.change_pct, 3), support::fmt(r.payload_mb, 2),
+             support::fmt(r.payload_pct, 3), support::fmt(r.construct, 2),
+             support::fmt(r.transport, 2), support::fmt(r.apply, 2), support::fmt(r.commit, 2),
+             support::fmt(r.refit, 2), support::fmt(r.speedup, 1) + "x"});
     t.print(std::cout, false);
     std::cout << "\nverification: " << checked << " receivers " << (exact ? "equal" : "DIFFER FROM")
-              << " a dense refit of version " << resumed + rows.size() << " byte for byte: " << (exact ? "PASS" : "FAIL") << "\n"
+              << " a dense refit of version " << resumed + rows.size()
+              << " byte for byte: " << (exact ? "PASS" : "FAIL") << "\n"
               << "total " << support::fmt(since(t_start), 1) << " s\n";
   }
   if (own_work) std::filesystem::remove_all(work);
@@ -496,8 +541,8 @@ int main(int argc, char** argv) try {
     say("checkpoint " + opt.checkpoint + ": " + std::to_string(metas.size()) + " tensors, " +
         fmt_bytes(plan->checkpoint_bytes()));
     say("trainer: TP2 x DP2 (4 owners); rollout: " + ro.description);
-    return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro), "checkpoint " + opt.checkpoint,
-                    "4 trainer owners (TP2 x DP2)");
+    return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro),
+                    "checkpoint " + opt.checkpoint, "4 trainer owners (TP2 x DP2)");
   }
 
   const model_config cfg = model_for(parse_size(opt.size));
@@ -516,12 +561,15 @@ int main(int argc, char** argv) try {
     ro.ids.push_back("dp" + std::to_string(rl.dp_rank) + "-tp" + std::to_string(rl.tp_rank));
   }
   ro.description = std::to_string(vp.world_size()) + " vLLM-style receivers (TP " +
-                   std::to_string(vp.tensor_parallel_size) + ", DP " + std::to_string(vp.data_parallel_size) +
+                   std::to_string(vp.tensor_parallel_size) + ", DP " +
+                   std::to_string(vp.data_parallel_size) +
                    (vp.enable_expert_parallel ? ", expert parallel)" : ")");
-  const std::string trainer_desc = std::to_string(plan->world) + " trainer owners (TP" + std::to_string(tl.tp) + " x EP" +
-                                   std::to_string(tl.ep) + " x DP" + std::to_string(tl.dp) + ")";
-  say("model: " + cfg.family + ", " + std::to_string(cfg.layers) + " layers, " + std::to_string(cfg.experts) +
-      " experts, " + std::to_string(metas.size()) + " tensors, " + fmt_bytes(plan->checkpoint_bytes()) + " BF16");
+  const std::string trainer_desc = std::to_string(plan->world) + " trainer owners (TP" +
+                                   std::to_string(tl.tp) + " x EP" + std::to_string(tl.ep) +
+                                   " x DP" + std::to_string(tl.dp) + ")";
+  say("model: " + cfg.family + ", " + std::to_string(cfg.layers) + " layers, " +
+      std::to_string(cfg.experts) + " experts, " + std::to_string(metas.size()) + " tensors, " +
+      fmt_bytes(plan->checkpoint_bytes()) + " BF16");
   say("trainer: " + trainer_desc + "; rollout: " + ro.description);
 
   auto t0 = clk::now();
@@ -540,7 +588,8 @@ int main(int argc, char** argv) try {
       } else {
         sim::xoshiro256ss rng(opt.seed * 7919 + i);
         for (std::size_t k = 0; k < n; k += window)
-          std::memcpy(w + k, pool.data() + rng.below(pool.size() - window), std::min(window, n - k) * 2);
+          std::memcpy(w + k, pool.data() + rng.below(pool.size() - window),
+                      std::min(window, n - k) * 2);
       }
       initial[i] = std::move(h);
     });
@@ -553,7 +602,8 @@ int main(int argc, char** argv) try {
     say("wrote " + opt.save_checkpoint);
     return 0;
   }
-  return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro), cfg.family + " model", trainer_desc);
+  return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro), cfg.family + " model",
+                  trainer_desc);
 } catch (const std::exception& e) {
   std::cerr << "dcr-demo: " << e.what() << "\n";
   return 1;

@@ -27,7 +27,8 @@ static tensor_set canonical(const source_plan& plan, const source_state& state) 
 int main() {
   // Training side: a small Llama-style model on TP2 x DP2.
   const model_config cfg = tiny_llama();
-  auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, trainer_layout{2, 1, 1, 1, 2}));
+  auto plan =
+      std::make_shared<const source_plan>(megatron_plan(cfg, trainer_layout{2, 1, 1, 1, 2}));
   std::vector<host_tensor> init;
   for (std::size_t i = 0; i < plan->canonical.size(); ++i) {
     host_tensor t(plan->canonical[i]);
@@ -42,7 +43,8 @@ int main() {
   std::vector<receiver<loaders::vllm_style_loader>> receivers;
   const tensor_set v = canonical(*plan, state);
   for (std::uint64_t r = 0; r < 4; ++r) {
-    receivers.emplace_back(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(4, r)), plan->canonical);
+    receivers.emplace_back(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(4, r)),
+                           plan->canonical);
     receivers.back().dense_refit(v);
   }
 
@@ -69,13 +71,15 @@ int main() {
   const tensor_set next = canonical(*plan, state);
   bool exact = true;
   for (std::uint64_t r = 0; r < 4; ++r) {
-    receiver<loaders::vllm_style_loader> dense(loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(4, r)),
-                                               plan->canonical);
+    receiver<loaders::vllm_style_loader> dense(
+        loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(4, r)), plan->canonical);
     dense.dense_refit(next);
     const std::string diff = first_difference(receivers[r].storage(), dense.storage());
-    if (!diff.empty()) std::printf("receiver %llu differs: %s\n", static_cast<unsigned long long>(r), diff.c_str());
+    if (!diff.empty())
+      std::printf("receiver %llu differs: %s\n", static_cast<unsigned long long>(r), diff.c_str());
     exact = exact && diff.empty();
   }
-  std::printf("payload bytes: %zu; 4 receivers bit-exact vs dense refit: %s\n", bytes, exact ? "yes" : "NO");
+  std::printf("payload bytes: %zu; 4 receivers bit-exact vs dense refit: %s\n", bytes,
+              exact ? "yes" : "NO");
   return exact ? 0 : 1;
 }

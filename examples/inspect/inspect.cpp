@@ -54,23 +54,26 @@ int fail_line(const std::string& file, const status& s) {
 
 void print_json(const codec::payload_info& pi) {
   const auto& h = pi.header;
-  std::cout << "{\"header\":{\"magic\":\"DCRP\",\"version\":" << h.version << ",\"header_size\":"
-            << codec::payload_header_size << ",\"attempt\":" << h.id.attempt
+  std::cout << "{\"header\":{\"magic\":\"DCRP\",\"version\":" << h.version
+            << ",\"header_size\":" << codec::payload_header_size << ",\"attempt\":" << h.id.attempt
             << ",\"source_version\":" << h.id.source_version << ",\"owner\":" << h.id.owner
             << ",\"sequence\":" << h.id.sequence << ",\"item_count\":" << h.item_count
             << ",\"compression\":\"zstd\",\"table_length\":" << h.table_length
-            << ",\"location_length\":" << h.location_length << ",\"value_length\":" << h.value_length
-            << ",\"raw_length\":" << h.raw_length << ",\"compressed_length\":" << h.compressed_length
-            << ",\"digest\":\"" << to_hex(h.digest) << "\",\"digest_ok\":true},\"items\":[";
+            << ",\"location_length\":" << h.location_length
+            << ",\"value_length\":" << h.value_length << ",\"raw_length\":" << h.raw_length
+            << ",\"compressed_length\":" << h.compressed_length << ",\"digest\":\""
+            << to_hex(h.digest) << "\",\"digest_ok\":true},\"items\":[";
   for (std::size_t i = 0; i < pi.rows.size(); ++i) {
     const auto& r = pi.rows[i];
-    std::cout << (i ? "," : "") << "{\"name\":" << json_str(r.tensor.name) << ",\"shape\":"
-              << shape_str(r.tensor.shape, true) << ",\"dtype\":\"" << name_of(r.tensor.dtype)
-              << "\",\"encoding\":\"" << to_string(r.encoding) << "\",\"location\":\"" << codec::to_string(r.location)
-              << "\",\"filter\":\"" << codec::to_string(r.filter) << "\",\"count\":" << r.count
+    std::cout << (i ? "," : "") << "{\"name\":" << json_str(r.tensor.name)
+              << ",\"shape\":" << shape_str(r.tensor.shape, true) << ",\"dtype\":\""
+              << name_of(r.tensor.dtype) << "\",\"encoding\":\"" << to_string(r.encoding)
+              << "\",\"location\":\"" << codec::to_string(r.location) << "\",\"filter\":\""
+              << codec::to_string(r.filter) << "\",\"count\":" << r.count
               << ",\"first\":" << r.first << ",\"location_offset\":" << r.location_offset
-              << ",\"location_length\":" << r.location_length << ",\"value_offset\":" << r.value_offset
-              << ",\"value_length\":" << r.value_length << "}";
+              << ",\"location_length\":" << r.location_length
+              << ",\"value_offset\":" << r.value_offset << ",\"value_length\":" << r.value_length
+              << "}";
   }
   std::cout << "]}\n";
 }
@@ -94,16 +97,18 @@ void print_text(const std::string& file, std::size_t size, const codec::payload_
       {"compressed bytes", std::to_string(h.compressed_length)},
       {"digest", to_hex(h.digest) + " (ok)"},
   };
-  for (const auto& [k, v] : fields) std::cout << "  " << std::left << std::setw(17) << k << v << "\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"#", "name", "shape", "dtype", "encoding", "location", "filter", "count", "first", "loc off", "loc len",
-       "val off", "val len"}};
+  for (const auto& [k, v] : fields)
+    std::cout << "  " << std::left << std::setw(17) << k << v << "\n";
+  std::vector<std::vector<std::string>> rows = {{"#", "name", "shape", "dtype", "encoding",
+                                                 "location", "filter", "count", "first", "loc off",
+                                                 "loc len", "val off", "val len"}};
   for (std::size_t i = 0; i < pi.rows.size(); ++i) {
     const auto& r = pi.rows[i];
     rows.push_back({std::to_string(i), printable(r.tensor.name), shape_str(r.tensor.shape, false),
                     std::string(name_of(r.tensor.dtype)), std::string(to_string(r.encoding)),
-                    std::string(codec::to_string(r.location)), std::string(codec::to_string(r.filter)),
-                    std::to_string(r.count), std::to_string(r.first), std::to_string(r.location_offset),
+                    std::string(codec::to_string(r.location)),
+                    std::string(codec::to_string(r.filter)), std::to_string(r.count),
+                    std::to_string(r.first), std::to_string(r.location_offset),
                     std::to_string(r.location_length), std::to_string(r.value_offset),
                     std::to_string(r.value_length)});
   }
@@ -114,7 +119,8 @@ void print_text(const std::string& file, std::size_t size, const codec::payload_
   for (const auto& r : rows) {
     for (std::size_t c = 0; c < r.size(); ++c) {
       const bool left = c == 1 || (c >= 2 && c <= 6);
-      std::cout << (left ? std::left : std::right) << std::setw(static_cast<int>(w[c])) << r[c] << "  ";
+      std::cout << (left ? std::left : std::right) << std::setw(static_cast<int>(w[c])) << r[c]
+                << "  ";
     }
     std::cout << "\n";
   }
@@ -127,9 +133,12 @@ int main(int argc, char** argv) {
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--extract-body" && i + 1 < argc) extract = argv[++i];
-    else if (!a.empty() && a[0] != '-' && file.empty()) file = a;
+    if (a == "--json")
+      json = true;
+    else if (a == "--extract-body" && i + 1 < argc)
+      extract = argv[++i];
+    else if (!a.empty() && a[0] != '-' && file.empty())
+      file = a;
     else {
       std::cerr << "usage: dcr-inspect FILE [--json] [--extract-body OUT]\n";
       return 2;
@@ -150,16 +159,20 @@ int main(int argc, char** argv) {
     // Written before the digest check, so a corrupt body can still be examined.
     std::ofstream out(extract, std::ios::binary);
     const auto body = codec::compressed_body(bytes);
-    out.write(reinterpret_cast<const char*>(body.data()), static_cast<std::streamsize>(body.size()));
+    out.write(reinterpret_cast<const char*>(body.data()),
+              static_cast<std::streamsize>(body.size()));
     if (!out) return fail_line(extract, fail(errc::io, "cannot write body"));
   }
   codec::payload_info pi;
   if (auto s = codec::inspect_payload(bytes, pi); !s) return fail_line(file, s);
   for (std::size_t i = 0; i < pi.rows.size(); ++i) {
     item it;
-    if (auto s = codec::decode_row(pi.body, pi.header, pi.rows[i], i, it); !s) return fail_line(file, s);
+    if (auto s = codec::decode_row(pi.body, pi.header, pi.rows[i], i, it); !s)
+      return fail_line(file, s);
   }
-  if (json) print_json(pi);
-  else print_text(file, bytes.size(), pi);
+  if (json)
+    print_json(pi);
+  else
+    print_text(file, bytes.size(), pi);
   return 0;
 }

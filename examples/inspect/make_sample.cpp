@@ -17,19 +17,22 @@ int main(int argc, char** argv) {
   const std::uint64_t seed = argc > 2 ? std::stoull(argv[2]) : 1;
   const int n = argc > 3 ? std::stoi(argv[3]) : 3;
   std::mt19937_64 rng(seed);
-  const dtype_id dts[] = {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2};
+  const dtype_id dts[] = {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn,
+                          dtype_id::f8e5m2};
   std::vector<item> items;
   for (int i = 0; i < n; ++i) {
     item it;
     const std::uint64_t rows = 1 + rng() % 8, cols = 1 + rng() % 64;
-    it.tensor = {"model.layers." + std::to_string(i) + ".mlp.weight", {rows, cols}, dts[(seed + i) % 5]};
+    it.tensor = {
+        "model.layers." + std::to_string(i) + ".mlp.weight", {rows, cols}, dts[(seed + i) % 5]};
     it.encoding = (seed + i) % 2 ? value_encoding::overwrite : value_encoding::xor_mask;
     const std::uint64_t numel = rows * cols;
     if (i % 3 == 1) { // a run
       const auto a = rng() % numel;
       for (std::uint64_t k = a; k < numel && k < a + 5; ++k) it.indices.push_back(k);
     } else if (i % 3 == 2) {
-      for (std::uint64_t k = rng() % 3; k < numel; k += 1 + rng() % (i == 5 ? 400 : 9)) it.indices.push_back(k);
+      for (std::uint64_t k = rng() % 3; k < numel; k += 1 + rng() % (i == 5 ? 400 : 9))
+        it.indices.push_back(k);
     } else {
       for (std::uint64_t k = 0; k < numel; ++k)
         if (rng() % 7 == 0) it.indices.push_back(k);
@@ -40,8 +43,10 @@ int main(int argc, char** argv) {
   }
   encode_options opt;
   opt.locations = static_cast<codec::location_scheme>(seed % 4);
-  const auto bytes = encode_payload({seed, seed + 1, static_cast<std::uint32_t>(seed % 8), 0}, items, opt);
+  const auto bytes =
+      encode_payload({seed, seed + 1, static_cast<std::uint32_t>(seed % 8), 0}, items, opt);
   std::ofstream out(argv[1], std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   return out ? 0 : 1;
 }

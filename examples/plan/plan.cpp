@@ -7,7 +7,8 @@
 //
 //   dcr-plan CONFIG.json rollout [--tensor-parallel-size N] [--pipeline-parallel-size N]
 //            [--data-parallel-size N] [--enable-expert-parallel]
-//            [--expert-placement-strategy linear|round_robin] [--pp-layer-partition A,B,..] [--json]
+//            [--expert-placement-strategy linear|round_robin] [--pp-layer-partition A,B,..]
+//            [--json]
 //   dcr-plan CONFIG.json training [--tp N] [--pp N] [--ep N] [--etp N] [--dp N] [--vocab-block N]
 //            [--first-stage-layers N] [--last-stage-layers N] [--json]
 //
@@ -65,7 +66,8 @@ struct rank_out {
 /// `offset`, `layout`) covers, or nothing when the view is not a box (a
 /// transposed or strided view). View dimensions of extent 1 and tensor
 /// dimensions the view drops (an expert index) become [start, 1].
-std::optional<box> box_of(const std::vector<std::uint64_t>& shape, std::int64_t offset, const strided_layout& l) {
+std::optional<box> box_of(const std::vector<std::uint64_t>& shape, std::int64_t offset,
+                          const strided_layout& l) {
   const std::size_t n = shape.size();
   std::vector<std::int64_t> stride(n, 1);
   for (std::size_t d = n; d-- > 1;) stride[d - 1] = stride[d] * static_cast<std::int64_t>(shape[d]);
@@ -98,15 +100,19 @@ std::vector<rank_out> rollout(const model_config& c, const loaders::vllm_paralle
     loaders::vllm_style_loader loader(c, lay);
     parameter_store store;
     const copy_plan plan = prewarm(loader, store, metas);
-    rank_out ro{r, lay.tp_rank, lay.pp_rank, lay.dp_rank, loader.moe_parallel().ep_rank, {}, {}, {}};
-    for (std::size_t i = 0; i < store.size(); ++i) ro.params.push_back({store[i].meta.name, store[i].meta.shape, store[i].meta.dtype});
+    rank_out ro{r,  lay.tp_rank, lay.pp_rank, lay.dp_rank, loader.moe_parallel().ep_rank,
+                {}, {},          {}};
+    for (std::size_t i = 0; i < store.size(); ++i)
+      ro.params.push_back({store[i].meta.name, store[i].meta.shape, store[i].meta.dtype});
     for (auto& tp : plan.tensors) {
       if (tp.skipped) ro.skipped.push_back(tp.meta.name);
       for (auto& cp : tp.copies) {
         const auto& pm = store[cp.param].meta;
         auto from = cp.alias ? box_of(tp.meta.shape, cp.src_offset, cp.src_layout) : std::nullopt;
         auto to = box_of(pm.shape, cp.dst_offset, cp.dst_layout);
-        if (!from || !to) throw error(errc::unsupported_loader, "tensor " + tp.meta.name + ": a copy is not box to box");
+        if (!from || !to)
+          throw error(errc::unsupported_loader,
+                      "tensor " + tp.meta.name + ": a copy is not box to box");
         ro.copies.push_back({tp.meta.name, pm.name, *from, *to});
       }
     }
@@ -136,10 +142,14 @@ std::vector<rank_out> training(const model_config& c, const trainer_layout& l) {
             const auto& cm = plan.canonical[pc.tensor];
             held[pc.tensor] = true;
             copy_out co{cm.name, name, {}, {}};
-            if (cm.shape.size() == 1) co.from = {{pc.canonical_row, pc.rows}};
-            else co.from = {{pc.canonical_row, pc.rows}, {pc.canonical_col, lc}};
-            if (sh.shape.size() == 1) co.to = {{pc.local_row, pc.rows}};
-            else co.to = {{pc.local_row, pc.rows}, {0, lc}};
+            if (cm.shape.size() == 1)
+              co.from = {{pc.canonical_row, pc.rows}};
+            else
+              co.from = {{pc.canonical_row, pc.rows}, {pc.canonical_col, lc}};
+            if (sh.shape.size() == 1)
+              co.to = {{pc.local_row, pc.rows}};
+            else
+              co.to = {{pc.local_row, pc.rows}, {0, lc}};
             ro.copies.push_back(std::move(co));
           }
         }
@@ -175,7 +185,8 @@ std::string json_box(const box& b) {
 std::string text_box(const box& b) {
   std::string o = "[";
   for (std::size_t i = 0; i < b.size(); ++i)
-    o += (i ? ", " : "") + std::to_string(b[i].first) + ":" + std::to_string(b[i].first + b[i].second);
+    o += (i ? ", " : "") + std::to_string(b[i].first) + ":" +
+         std::to_string(b[i].first + b[i].second);
   return o + "]";
 }
 
@@ -190,20 +201,23 @@ void print_json(const std::string& side, const std::vector<rank_out>& ranks) {
   o << "{\"side\":" << json_string(side) << ",\"ranks\":[";
   for (std::size_t k = 0; k < ranks.size(); ++k) {
     const auto& r = ranks[k];
-    o << (k ? "," : "") << "{\"rank\":" << r.rank << ",\"tp_rank\":" << r.tp_rank << ",\"pp_rank\":" << r.pp_rank
-      << ",\"dp_rank\":" << r.dp_rank << ",\"ep_rank\":" << r.ep_rank << ",\"params\":[";
+    o << (k ? "," : "") << "{\"rank\":" << r.rank << ",\"tp_rank\":" << r.tp_rank
+      << ",\"pp_rank\":" << r.pp_rank << ",\"dp_rank\":" << r.dp_rank
+      << ",\"ep_rank\":" << r.ep_rank << ",\"params\":[";
     for (std::size_t i = 0; i < r.params.size(); ++i)
-      o << (i ? "," : "") << "{\"name\":" << json_string(r.params[i].name) << ",\"shape\":"
-        << shape_text(r.params[i].shape, ",") << ",\"dtype\":" << json_string(std::string(name_of(r.params[i].dtype)))
-        << "}";
+      o << (i ? "," : "") << "{\"name\":" << json_string(r.params[i].name)
+        << ",\"shape\":" << shape_text(r.params[i].shape, ",")
+        << ",\"dtype\":" << json_string(std::string(name_of(r.params[i].dtype))) << "}";
     o << "],\"copies\":[";
     for (std::size_t i = 0; i < r.copies.size(); ++i) {
       const auto& c = r.copies[i];
-      o << (i ? "," : "") << "{\"tensor\":" << json_string(c.tensor) << ",\"from\":" << json_box(c.from)
-        << ",\"param\":" << json_string(c.param) << ",\"to\":" << json_box(c.to) << "}";
+      o << (i ? "," : "") << "{\"tensor\":" << json_string(c.tensor)
+        << ",\"from\":" << json_box(c.from) << ",\"param\":" << json_string(c.param)
+        << ",\"to\":" << json_box(c.to) << "}";
     }
     o << "],\"skipped\":[";
-    for (std::size_t i = 0; i < r.skipped.size(); ++i) o << (i ? "," : "") << json_string(r.skipped[i]);
+    for (std::size_t i = 0; i < r.skipped.size(); ++i)
+      o << (i ? "," : "") << json_string(r.skipped[i]);
     o << "]}";
   }
   o << "]}\n";
@@ -211,16 +225,20 @@ void print_json(const std::string& side, const std::vector<rank_out>& ranks) {
 
 void print_text(const std::string& side, const std::vector<rank_out>& ranks) {
   for (auto& r : ranks) {
-    std::cout << side << " rank " << r.rank << " (dp " << r.dp_rank << ", pp " << r.pp_rank << ", tp " << r.tp_rank
-              << ", ep " << r.ep_rank << "): " << r.params.size() << " parameters, " << r.copies.size() << " copies, "
-              << r.skipped.size() << " canonical tensors skipped\n";
+    std::cout << side << " rank " << r.rank << " (dp " << r.dp_rank << ", pp " << r.pp_rank
+              << ", tp " << r.tp_rank << ", ep " << r.ep_rank << "): " << r.params.size()
+              << " parameters, " << r.copies.size() << " copies, " << r.skipped.size()
+              << " canonical tensors skipped\n";
     for (auto& p : r.params)
-      std::cout << "  param " << p.name << " " << shape_text(p.shape, ", ") << " " << name_of(p.dtype) << "\n";
+      std::cout << "  param " << p.name << " " << shape_text(p.shape, ", ") << " "
+                << name_of(p.dtype) << "\n";
     for (auto& c : r.copies) { // rollout: canonical -> parameter; training: parameter -> canonical
       if (side == "rollout")
-        std::cout << "  copy  " << c.tensor << text_box(c.from) << " -> " << c.param << text_box(c.to) << "\n";
+        std::cout << "  copy  " << c.tensor << text_box(c.from) << " -> " << c.param
+                  << text_box(c.to) << "\n";
       else
-        std::cout << "  copy  " << c.param << text_box(c.to) << " -> " << c.tensor << text_box(c.from) << "\n";
+        std::cout << "  copy  " << c.param << text_box(c.to) << " -> " << c.tensor
+                  << text_box(c.from) << "\n";
     }
   }
 }
@@ -238,7 +256,8 @@ std::uint64_t number(const std::string& flag, const char* v) {
 int main(int argc, char** argv) {
   if (argc < 3) usage("a config.json and a side are required");
   const std::string path = argv[1], side = argv[2];
-  if (side != "rollout" && side != "training") usage("side must be rollout or training, not " + side);
+  if (side != "rollout" && side != "training")
+    usage("side must be rollout or training, not " + side);
   loaders::vllm_parallel_config vp;
   if (const char* env = std::getenv("VLLM_PP_LAYER_PARTITION")) vp.pp_layer_partition = env;
   trainer_layout tl;
@@ -250,32 +269,46 @@ int main(int argc, char** argv) {
       ++i;
       return number(a, v);
     };
-    if (a == "--json") json = true;
-    else if (side == "rollout" && a == "--tensor-parallel-size") vp.tensor_parallel_size = num();
-    else if (side == "rollout" && a == "--pipeline-parallel-size") vp.pipeline_parallel_size = num();
-    else if (side == "rollout" && a == "--data-parallel-size") vp.data_parallel_size = num();
-    else if (side == "rollout" && a == "--enable-expert-parallel") vp.enable_expert_parallel = true;
+    if (a == "--json")
+      json = true;
+    else if (side == "rollout" && a == "--tensor-parallel-size")
+      vp.tensor_parallel_size = num();
+    else if (side == "rollout" && a == "--pipeline-parallel-size")
+      vp.pipeline_parallel_size = num();
+    else if (side == "rollout" && a == "--data-parallel-size")
+      vp.data_parallel_size = num();
+    else if (side == "rollout" && a == "--enable-expert-parallel")
+      vp.enable_expert_parallel = true;
     else if (side == "rollout" && a == "--expert-placement-strategy") {
-      if (!v || (std::string(v) != "linear" && std::string(v) != "round_robin")) usage(a + ": linear or round_robin");
-      vp.expert_placement_strategy =
-          std::string(v) == "linear" ? loaders::expert_placement::linear : loaders::expert_placement::round_robin;
+      if (!v || (std::string(v) != "linear" && std::string(v) != "round_robin"))
+        usage(a + ": linear or round_robin");
+      vp.expert_placement_strategy = std::string(v) == "linear"
+                                         ? loaders::expert_placement::linear
+                                         : loaders::expert_placement::round_robin;
       ++i;
     } else if (side == "rollout" && a == "--pp-layer-partition") {
       if (!v) usage(a + " needs a value");
       vp.pp_layer_partition = v;
       ++i;
-    } else if (side == "training" && a == "--tp") tl.tp = num();
-    else if (side == "training" && a == "--pp") tl.pp = num();
-    else if (side == "training" && a == "--ep") tl.ep = num();
+    } else if (side == "training" && a == "--tp")
+      tl.tp = num();
+    else if (side == "training" && a == "--pp")
+      tl.pp = num();
+    else if (side == "training" && a == "--ep")
+      tl.ep = num();
     else if (side == "training" && a == "--etp") {
       tl.etp = num();
       etp_given = true;
-    }
-    else if (side == "training" && a == "--dp") tl.dp = num();
-    else if (side == "training" && a == "--vocab-block") tl.vocab_block = num();
-    else if (side == "training" && a == "--first-stage-layers") tl.first_stage_layers = num();
-    else if (side == "training" && a == "--last-stage-layers") tl.last_stage_layers = num();
-    else usage("unknown option for " + side + ": " + a);
+    } else if (side == "training" && a == "--dp")
+      tl.dp = num();
+    else if (side == "training" && a == "--vocab-block")
+      tl.vocab_block = num();
+    else if (side == "training" && a == "--first-stage-layers")
+      tl.first_stage_layers = num();
+    else if (side == "training" && a == "--last-stage-layers")
+      tl.last_stage_layers = num();
+    else
+      usage("unknown option for " + side + ": " + a);
   }
   try {
     std::ifstream in(path, std::ios::binary);
@@ -285,8 +318,10 @@ int main(int argc, char** argv) {
     const model_config c = model_config_from_hf_json(text.str());
     if (c.is_moe() && !etp_given) tl.etp = tl.tp;
     const auto ranks = side == "rollout" ? rollout(c, vp) : training(c, tl);
-    if (json) print_json(side, ranks);
-    else print_text(side, ranks);
+    if (json)
+      print_json(side, ranks);
+    else
+      print_text(side, ranks);
   } catch (const error& e) {
     std::cerr << "dcr-plan: " << e.what() << "\n";
     return 1;

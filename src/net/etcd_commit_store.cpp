@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "dcr/core/error.hpp"
+#include "dcr/core/json.hpp"
 #include "dcr/net/base64.hpp"
 #include "dcr/net/http_client.hpp"
-#include "dcr/core/json.hpp"
 #include "dcr/protocol/commit_store.hpp"
 
 #include "dcr/protocol/etcd_commit_store.hpp"
@@ -24,8 +24,9 @@ struct etcd_commit_store::impl {
   /// list, an https endpoint without TLS support, or TLS files that cannot be
   /// loaded. Connects lazily: an unreachable server shows on the first call.
   explicit impl(etcd_options opt)
-      : opt_(std::move(opt)), http_(parse_endpoints(opt_.endpoints), opt_.http), record_key_(opt_.prefix + "record"),
-        epoch_key_(opt_.prefix + "epoch"), attempt_key_(opt_.prefix + "attempt") {}
+      : opt_(std::move(opt)), http_(parse_endpoints(opt_.endpoints), opt_.http),
+        record_key_(opt_.prefix + "record"), epoch_key_(opt_.prefix + "epoch"),
+        attempt_key_(opt_.prefix + "attempt") {}
 
   const std::string& record_key() const noexcept { return record_key_; }
   const std::string& epoch_key() const noexcept { return epoch_key_; }
@@ -41,9 +42,11 @@ struct etcd_commit_store::impl {
     std::uint64_t seen = epoch_hint_;
     for (unsigned race = 0; race <= opt_.max_races; ++race) {
       DCR_RETURN_ERROR_IF(seen >= max_counter, length_overflow,
-                          "etcd take_over: coordinator epochs exhausted (" + std::to_string(seen) + ")");
-      const std::string body = txn_body({compare_counter(epoch_key_, seen)},
-                                        {put(epoch_key_, std::to_string(seen + 1))}, {range(epoch_key_)});
+                          "etcd take_over: coordinator epochs exhausted (" + std::to_string(seen) +
+                              ")");
+      const std::string body =
+          txn_body({compare_counter(epoch_key_, seen)}, {put(epoch_key_, std::to_string(seen + 1))},
+                   {range(epoch_key_)});
       txn_result t;
       DCR_TRY(txn(body, true, "take_over", t));
       if (t.succeeded) {
@@ -52,8 +55,8 @@ struct etcd_commit_store::impl {
       }
       DCR_TRY(counter_of(t, 0, epoch_key_, seen));
     }
-    return fail(errc::conflict, "etcd take_over: lost " + std::to_string(opt_.max_races) + " races in a row on " +
-                                    epoch_key_);
+    return fail(errc::conflict, "etcd take_over: lost " + std::to_string(opt_.max_races) +
+                                    " races in a row on " + epoch_key_);
   }
 
   status prepare(std::uint64_t epoch, std::uint64_t& attempt) {
@@ -62,9 +65,9 @@ struct etcd_commit_store::impl {
     for (unsigned race = 0; race <= opt_.max_races; ++race) {
       DCR_RETURN_ERROR_IF(seen >= max_counter, length_overflow,
                           "etcd prepare: attempt ids exhausted (" + std::to_string(seen) + ")");
-      const std::string body =
-          txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, seen)},
-                   {put(attempt_key_, std::to_string(seen + 1))}, {range(epoch_key_), range(attempt_key_)});
+      const std::string body = txn_body(
+          {compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, seen)},
+          {put(attempt_key_, std::to_string(seen + 1))}, {range(epoch_key_), range(attempt_key_)});
       txn_result t;
       DCR_TRY(txn(body, true, "prepare", t));
       if (t.succeeded) {
@@ -77,12 +80,12 @@ struct etcd_commit_store::impl {
       DCR_TRY(detail::check_prepare(cur, epoch));
       seen = cur.attempt; // same epoch, newer attempt: another prepare won
     }
-    return fail(errc::conflict, "etcd prepare: lost " + std::to_string(opt_.max_races) + " races in a row on " +
-                                    attempt_key_);
+    return fail(errc::conflict, "etcd prepare: lost " + std::to_string(opt_.max_races) +
+                                    " races in a row on " + attempt_key_);
   }
 
-  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
-                         const commit_record& next) {
+  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt,
+                         std::uint64_t expected_revision, const commit_record& next) {
     std::lock_guard g(m_);
     const stored_record written{next, expected_revision + 1, epoch, attempt};
     if (auto v = detail::check_record(written); !v) {
@@ -96,10 +99,12 @@ struct etcd_commit_store::impl {
     const std::string body =
         txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, attempt),
                   compare_version(record_key_, expected_revision)},
-                 {put(record_key_, serialize_commit_record(written))}, {range(record_key_), range(epoch_key_), range(attempt_key_)});
+                 {put(record_key_, serialize_commit_record(written))},
+                 {range(record_key_), range(epoch_key_), range(attempt_key_)});
     txn_result t;
     if (auto s = txn(body, false, "compare_and_set", t); !s) {
-      if (s.code != errc::unavailable || s.message.find("outcome unknown") == std::string::npos) return s;
+      if (s.code != errc::unavailable || s.message.find("outcome unknown") == std::string::npos)
+        return s;
       // The request may have been applied: read back, through any endpoint.
       stored_record now;
       if (load_locked(now).ok() && now == written) return status::success();
@@ -111,8 +116,9 @@ struct etcd_commit_store::impl {
     DCR_TRY(detail::check_cas(cur.counters, epoch, attempt, expected_revision));
     // Every compare holds in the snapshot, yet the transaction failed: the
     // keys changed between its compare and its reads, which etcd rules out.
-    return fail(errc::bad_format, "etcd compare_and_set: transaction failed although its compares hold in the "
-                                  "same snapshot (server not serializable?)");
+    return fail(errc::bad_format,
+                "etcd compare_and_set: transaction failed although its compares hold in the "
+                "same snapshot (server not serializable?)");
   }
 
   struct txn_result {
@@ -139,29 +145,30 @@ struct etcd_commit_store::impl {
   // JSON escaping is ever needed.
   static std::string compare_counter(const std::string& key, std::uint64_t v) {
     if (v == 0) return compare_version(key, 0);
-    return R"({"result":"EQUAL","target":"VALUE","key":")" + net::base64_encode(key) + R"(","value":")" +
-           net::base64_encode(std::to_string(v)) + R"("})";
+    return R"({"result":"EQUAL","target":"VALUE","key":")" + net::base64_encode(key) +
+           R"(","value":")" + net::base64_encode(std::to_string(v)) + R"("})";
   }
   static std::string compare_version(const std::string& key, std::uint64_t version) {
-    return R"({"result":"EQUAL","target":"VERSION","key":")" + net::base64_encode(key) + R"(","version":")" +
-           std::to_string(version) + R"("})";
+    return R"({"result":"EQUAL","target":"VERSION","key":")" + net::base64_encode(key) +
+           R"(","version":")" + std::to_string(version) + R"("})";
   }
   static std::string put(const std::string& key, const std::string& value) {
-    return R"({"request_put":{"key":")" + net::base64_encode(key) + R"(","value":")" + net::base64_encode(value) +
-           R"("}})";
+    return R"({"request_put":{"key":")" + net::base64_encode(key) + R"(","value":")" +
+           net::base64_encode(value) + R"("}})";
   }
   static std::string range(const std::string& key) {
     return R"({"request_range":{"key":")" + net::base64_encode(key) + R"("}})";
   }
-  static std::string txn_body(const std::vector<std::string>& compare, const std::vector<std::string>& success,
+  static std::string txn_body(const std::vector<std::string>& compare,
+                              const std::vector<std::string>& success,
                               const std::vector<std::string>& failure) {
     auto list = [](const std::vector<std::string>& v) {
       std::string s = "[";
       for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + v[i];
       return s + "]";
     };
-    return R"({"compare":)" + list(compare) + R"(,"success":)" + list(success) + R"(,"failure":)" + list(failure) +
-           "}";
+    return R"({"compare":)" + list(compare) + R"(,"success":)" + list(success) + R"(,"failure":)" +
+           list(failure) + "}";
   }
 
   std::string where(const char* op) const {
@@ -186,7 +193,8 @@ struct etcd_commit_store::impl {
     json_value doc;
     DCR_TRY(parse_json(res.body, doc, where(op) + " response"));
     DCR_RETURN_ERROR_IF(!doc.is_object() || !doc.get("header"), bad_format,
-                        where(op) + ": response is not a transaction response: " + excerpt(res.body));
+                        where(op) +
+                            ": response is not a transaction response: " + excerpt(res.body));
     out.succeeded = false;
     if (auto* s = doc.get("succeeded")) {
       DCR_RETURN_ERROR_IF(s->type != json_value::kind::boolean, bad_format,
@@ -214,7 +222,8 @@ struct etcd_commit_store::impl {
       if (auto* c = doc.get("code")) (void)c->as_u64(code);
     }
     const errc e = (code == 3 || code == 11) ? errc::invalid_argument : errc::unavailable;
-    return fail(e, where(op) + ": HTTP " + std::to_string(res.status) + " " + res.reason + ": " + msg);
+    return fail(e,
+                where(op) + ": HTTP " + std::to_string(res.status) + " " + res.reason + ": " + msg);
   }
 
   static std::string excerpt(std::string_view body) {
@@ -222,22 +231,26 @@ struct etcd_commit_store::impl {
   }
 
   /// The single key-value of the i-th range response, if the key exists.
-  status kv_of(const txn_result& t, std::size_t i, const std::string& key, const json_value*& kv) const {
+  status kv_of(const txn_result& t, std::size_t i, const std::string& key,
+               const json_value*& kv) const {
     kv = nullptr;
     DCR_RETURN_ERROR_IF(i >= t.responses.items.size(), bad_format,
                         "etcd: transaction returned " + std::to_string(t.responses.items.size()) +
                             " responses, expected a range of " + key);
     const auto* rr = t.responses.items[i].get("response_range");
-    DCR_RETURN_ERROR_IF(!rr || !rr->is_object(), bad_format, "etcd: response " + std::to_string(i) + " is not a range of " + key);
+    DCR_RETURN_ERROR_IF(!rr || !rr->is_object(), bad_format,
+                        "etcd: response " + std::to_string(i) + " is not a range of " + key);
     const auto* kvs = rr->get("kvs");
     if (!kvs) return status::success(); // absent key: the gateway omits the empty list
-    DCR_RETURN_ERROR_IF(!kvs->is_array() || kvs->items.size() > 1 || (kvs->items.size() == 1 && !kvs->items[0].is_object()),
+    DCR_RETURN_ERROR_IF(!kvs->is_array() || kvs->items.size() > 1 ||
+                            (kvs->items.size() == 1 && !kvs->items[0].is_object()),
                         bad_format, "etcd: malformed kvs in the range of " + key);
     if (kvs->items.empty()) return status::success();
     kv = &kvs->items[0];
     std::string got;
     const auto* k = kv->get("key");
-    DCR_RETURN_ERROR_IF(!k || !k->is_string(), bad_format, "etcd: range of " + key + " returned a kv without key");
+    DCR_RETURN_ERROR_IF(!k || !k->is_string(), bad_format,
+                        "etcd: range of " + key + " returned a kv without key");
     DCR_TRY(net::base64_decode(k->text, got, "etcd key"));
     DCR_RETURN_ERROR_IF(got != key, bad_format, "etcd: range of " + key + " returned key " + got);
     return status::success();
@@ -253,7 +266,8 @@ struct etcd_commit_store::impl {
   }
 
   /// A counter key's value from the i-th range response (absent: 0).
-  status counter_of(const txn_result& t, std::size_t i, const std::string& key, std::uint64_t& v) const {
+  status counter_of(const txn_result& t, std::size_t i, const std::string& key,
+                    std::uint64_t& v) const {
     const json_value* kv = nullptr;
     DCR_TRY(kv_of(t, i, key, kv));
     if (!kv) {
@@ -266,7 +280,8 @@ struct etcd_commit_store::impl {
     n.type = json_value::kind::string;
     n.text = text;
     DCR_RETURN_ERROR_IF(!n.as_u64(v) || v == 0, bad_format,
-                        "etcd: " + key + " holds '" + excerpt(text) + "', not a positive decimal counter");
+                        "etcd: " + key + " holds '" + excerpt(text) +
+                            "', not a positive decimal counter");
     return status::success();
   }
 
@@ -279,8 +294,8 @@ struct etcd_commit_store::impl {
     out.record_value.clear();
     if (kv) {
       const auto* ver = kv->get("version");
-      DCR_RETURN_ERROR_IF(!ver || !ver->as_u64(out.counters.revision) || out.counters.revision == 0, bad_format,
-                          "etcd: " + record_key_ + " has no valid version");
+      DCR_RETURN_ERROR_IF(!ver || !ver->as_u64(out.counters.revision) || out.counters.revision == 0,
+                          bad_format, "etcd: " + record_key_ + " has no valid version");
       if (want_value) DCR_TRY(value_of(*kv, record_key_, out.record_value));
     }
     DCR_TRY(counter_of(t, first + 1, epoch_key_, out.counters.epoch));
@@ -290,8 +305,10 @@ struct etcd_commit_store::impl {
 
   status load_locked(stored_record& out) {
     txn_result t;
-    DCR_TRY(txn(txn_body({}, {range(record_key_), range(epoch_key_), range(attempt_key_)}, {}), true, "load", t));
-    DCR_RETURN_ERROR_IF(!t.succeeded, bad_format, "etcd load: a transaction without compares failed");
+    DCR_TRY(txn(txn_body({}, {range(record_key_), range(epoch_key_), range(attempt_key_)}, {}),
+                true, "load", t));
+    DCR_RETURN_ERROR_IF(!t.succeeded, bad_format,
+                        "etcd load: a transaction without compares failed");
     snapshot s;
     DCR_TRY(snapshot_of(t, 0, s, true));
     stored_record r = s.counters;
@@ -303,8 +320,9 @@ struct etcd_commit_store::impl {
       }
       // Only this store writes the key, always with its next version inside.
       DCR_RETURN_ERROR_IF(embedded.revision != r.revision, bad_format,
-                          "etcd " + record_key_ + ": record says revision " + std::to_string(embedded.revision) +
-                              " but the key is at version " + std::to_string(r.revision) +
+                          "etcd " + record_key_ + ": record says revision " +
+                              std::to_string(embedded.revision) + " but the key is at version " +
+                              std::to_string(r.revision) +
                               " (written by something other than dcr?)");
       r.record = std::move(embedded.record);
     }
@@ -323,7 +341,8 @@ struct etcd_commit_store::impl {
   std::uint64_t epoch_hint_ = 0, attempt_hint_ = 0;
 };
 
-etcd_commit_store::etcd_commit_store(etcd_options opt) : impl_(std::make_unique<impl>(std::move(opt))) {}
+etcd_commit_store::etcd_commit_store(etcd_options opt)
+    : impl_(std::make_unique<impl>(std::move(opt))) {}
 etcd_commit_store::etcd_commit_store(etcd_commit_store&&) noexcept = default;
 etcd_commit_store& etcd_commit_store::operator=(etcd_commit_store&&) noexcept = default;
 etcd_commit_store::~etcd_commit_store() = default;
@@ -333,8 +352,11 @@ const std::string& etcd_commit_store::epoch_key() const noexcept { return impl_-
 const std::string& etcd_commit_store::attempt_key() const noexcept { return impl_->attempt_key(); }
 status etcd_commit_store::load(stored_record& out) { return impl_->load(out); }
 status etcd_commit_store::take_over(std::uint64_t& epoch) { return impl_->take_over(epoch); }
-status etcd_commit_store::prepare(std::uint64_t epoch, std::uint64_t& attempt) { return impl_->prepare(epoch, attempt); }
-status etcd_commit_store::compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
+status etcd_commit_store::prepare(std::uint64_t epoch, std::uint64_t& attempt) {
+  return impl_->prepare(epoch, attempt);
+}
+status etcd_commit_store::compare_and_set(std::uint64_t epoch, std::uint64_t attempt,
+                                          std::uint64_t expected_revision,
                                           const commit_record& next) {
   return impl_->compare_and_set(epoch, attempt, expected_revision, next);
 }

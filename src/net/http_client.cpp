@@ -68,7 +68,8 @@ status parse_endpoint(std::string_view url, http_endpoint& out) {
   if (url.substr(0, 7) == "http://") {
     url.remove_prefix(7);
   } else if (url.substr(0, 8) == "https://") {
-    DCR_RETURN_ERROR_IF(!tls_supported(), invalid_argument, detail::tls_missing_message("endpoint '" + orig + "'"));
+    DCR_RETURN_ERROR_IF(!tls_supported(), invalid_argument,
+                        detail::tls_missing_message("endpoint '" + orig + "'"));
     url.remove_prefix(8);
     e.tls = true;
   } else {
@@ -83,11 +84,13 @@ status parse_endpoint(std::string_view url, http_endpoint& out) {
   bool has_port = true;
   if (!url.empty() && url.front() == '[') {
     const auto close = url.find(']');
-    DCR_RETURN_ERROR_IF(close == std::string_view::npos, invalid_argument, "endpoint '" + orig + "': unclosed '['");
+    DCR_RETURN_ERROR_IF(close == std::string_view::npos, invalid_argument,
+                        "endpoint '" + orig + "': unclosed '['");
     e.host = std::string(url.substr(1, close - 1));
     url.remove_prefix(close + 1);
     has_port = !url.empty();
-    DCR_RETURN_ERROR_IF(has_port && url.front() != ':', invalid_argument, "endpoint '" + orig + "': expected ':port'");
+    DCR_RETURN_ERROR_IF(has_port && url.front() != ':', invalid_argument,
+                        "endpoint '" + orig + "': expected ':port'");
     if (has_port) port = url.substr(1);
   } else {
     const auto colon = url.rfind(':');
@@ -95,7 +98,8 @@ status parse_endpoint(std::string_view url, http_endpoint& out) {
     e.host = std::string(url.substr(0, has_port ? colon : url.size()));
     if (has_port) port = url.substr(colon + 1);
   }
-  DCR_RETURN_ERROR_IF(!has_port && !has_scheme, invalid_argument, "endpoint '" + orig + "': expected host:port");
+  DCR_RETURN_ERROR_IF(!has_port && !has_scheme, invalid_argument,
+                      "endpoint '" + orig + "': expected host:port");
   DCR_RETURN_ERROR_IF(e.host.empty(), invalid_argument, "endpoint '" + orig + "': empty host");
   if (!has_port) {
     e.port = e.tls ? 443 : 80;
@@ -103,11 +107,13 @@ status parse_endpoint(std::string_view url, http_endpoint& out) {
     return status::success();
   }
   unsigned long p = 0;
-  DCR_RETURN_ERROR_IF(port.empty() || port.size() > 5 ||
-                          !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }),
-                      invalid_argument, "endpoint '" + orig + "': bad port");
+  DCR_RETURN_ERROR_IF(
+      port.empty() || port.size() > 5 ||
+          !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }),
+      invalid_argument, "endpoint '" + orig + "': bad port");
   for (char c : port) p = p * 10 + static_cast<unsigned long>(c - '0');
-  DCR_RETURN_ERROR_IF(p == 0 || p > 65535, invalid_argument, "endpoint '" + orig + "': port out of range");
+  DCR_RETURN_ERROR_IF(p == 0 || p > 65535, invalid_argument,
+                      "endpoint '" + orig + "': port out of range");
   e.port = static_cast<std::uint16_t>(p);
   out = std::move(e);
   return status::success();
@@ -134,7 +140,8 @@ struct http_client::impl {
 #if defined(DCR_NET_TLS) && DCR_NET_TLS
       if (!tls_ctx_) tls_ctx_.emplace(make_tls_context(opt_.tls));
 #else
-      throw error(errc::invalid_argument, detail::tls_missing_message("http_client: endpoint " + e.url()));
+      throw error(errc::invalid_argument,
+                  detail::tls_missing_message("http_client: endpoint " + e.url()));
 #endif
     }
   }
@@ -181,7 +188,8 @@ struct http_client::impl {
       auto s = exchange(rq, out, sent);
       if (s) return s;
       drop();
-      if (s.code != errc::unavailable) return s; // the server answered, badly: not a transport failure
+      if (s.code != errc::unavailable)
+        return s; // the server answered, badly: not a transport failure
       last = std::move(s);
       if (sent && !rq.idempotent) {
         last.message += " (the request may have been applied: outcome unknown)";
@@ -214,7 +222,8 @@ struct http_client::impl {
 
   /// The TCP layer under either stream (timeouts and the socket live there).
   tcp_stream& tcp_layer() {
-    return std::visit([](auto& s) -> tcp_stream& { return boost::beast::get_lowest_layer(s); }, *stream_);
+    return std::visit([](auto& s) -> tcp_stream& { return boost::beast::get_lowest_layer(s); },
+                      *stream_);
   }
 
   /// An idle kept-alive socket that polls readable has seen EOF or stray
@@ -222,7 +231,8 @@ struct http_client::impl {
   bool connection_is_idle_open() {
     if (buffer_.size() != 0) return false; // unread bytes after the last response
 #if defined(DCR_NET_TLS) && DCR_NET_TLS
-    if (auto* t = std::get_if<tls_stream>(&*stream_); t && SSL_pending(t->native_handle()) > 0) return false;
+    if (auto* t = std::get_if<tls_stream>(&*stream_); t && SSL_pending(t->native_handle()) > 0)
+      return false;
 #endif
     pollfd p{};
     p.fd = tcp_layer().socket().native_handle();
@@ -264,9 +274,12 @@ struct http_client::impl {
     if (ec) return fail(errc::unavailable, where() + ": cannot resolve host: " + ec.message());
     tcp_stream s(ioc_);
     s.expires_at(deadline);
-    s.async_connect(results, [&](const boost::beast::error_code& e, const tcp::endpoint&) { ec = e; });
+    s.async_connect(results,
+                    [&](const boost::beast::error_code& e, const tcp::endpoint&) { ec = e; });
     run();
-    if (ec) return fail(errc::unavailable, where() + ": cannot connect: " + timeout_or(ec, opt_.connect_timeout));
+    if (ec)
+      return fail(errc::unavailable,
+                  where() + ": cannot connect: " + timeout_or(ec, opt_.connect_timeout));
     s.socket().set_option(tcp::no_delay(true), ec);
     buffer_.clear();
 #if defined(DCR_NET_TLS) && DCR_NET_TLS
@@ -281,16 +294,19 @@ struct http_client::impl {
     return status::success();
   }
 
-  static std::string timeout_or(const boost::beast::error_code& ec, std::chrono::milliseconds limit) {
-    return ec == boost::beast::error::timeout ? "timed out after " + std::to_string(limit.count()) + " ms"
-                                              : ec.message();
+  static std::string timeout_or(const boost::beast::error_code& ec,
+                                std::chrono::milliseconds limit) {
+    return ec == boost::beast::error::timeout
+               ? "timed out after " + std::to_string(limit.count()) + " ms"
+               : ec.message();
   }
 
   status exchange(const http_request& rq, http_response& out, bool& sent) {
     return std::visit([&](auto& s) { return exchange_on(s, rq, out, sent); }, *stream_);
   }
 
-  template <class Stream> status exchange_on(Stream& stream, const http_request& rq, http_response& out, bool& sent) {
+  template <class Stream>
+  status exchange_on(Stream& stream, const http_request& rq, http_response& out, bool& sent) {
     namespace http = boost::beast::http;
     // The body is sent from the caller's buffer (no copy: payloads and
     // manifests can be hundreds of MiB).
@@ -327,12 +343,13 @@ struct http_client::impl {
     http::response_parser<http::string_body> parser;
     parser.body_limit(opt_.max_body);
     if (rq.method == "HEAD") parser.skip(true);
-    http::async_read(stream, buffer_, parser, [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
+    http::async_read(stream, buffer_, parser,
+                     [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
     run();
     if (ec) {
       if (ec == http::error::body_limit)
-        return fail(errc::length_overflow,
-                    where(&rq) + ": response body larger than " + std::to_string(opt_.max_body) + " bytes");
+        return fail(errc::length_overflow, where(&rq) + ": response body larger than " +
+                                               std::to_string(opt_.max_body) + " bytes");
       if (ec == http::error::header_limit)
         return fail(errc::length_overflow, where(&rq) + ": response header too large");
       // A closed or cut connection is a transport failure; any other parser
@@ -346,13 +363,15 @@ struct http_client::impl {
     out.status = res.result_int();
     out.reason = std::string(res.reason());
     out.headers.clear();
-    for (auto& f : res) out.headers.push_back({std::string(f.name_string()), std::string(f.value())});
+    for (auto& f : res)
+      out.headers.push_back({std::string(f.name_string()), std::string(f.value())});
     out.body = std::move(res.body());
     if (!res.keep_alive()) drop();
     return status::success();
   }
 
-  status transport_error(const http_request& rq, const char* phase, const boost::beast::error_code& ec) {
+  status transport_error(const http_request& rq, const char* phase,
+                         const boost::beast::error_code& ec) {
 #if defined(DCR_NET_TLS) && DCR_NET_TLS
     // An alert after the handshake (TLS 1.3 servers reject a client
     // certificate only once the client has finished) is a refusal, not a
@@ -361,7 +380,8 @@ struct http_client::impl {
       return fail(errc::io, where(&rq) + ": " + phase + " failed: TLS: " + ec.message());
 #endif
     timed_out_ = ec == boost::beast::error::timeout;
-    return fail(errc::unavailable, where(&rq) + ": " + phase + " failed: " + timeout_or(ec, opt_.request_timeout));
+    return fail(errc::unavailable,
+                where(&rq) + ": " + phase + " failed: " + timeout_or(ec, opt_.request_timeout));
   }
 
 #if defined(DCR_NET_TLS) && DCR_NET_TLS
@@ -369,7 +389,8 @@ struct http_client::impl {
     namespace ssl = boost::asio::ssl;
     ssl::context ctx(ssl::context::tls_client);
     auto check = [](const boost::beast::error_code& ec, const std::string& what) {
-      if (ec) throw error(errc::invalid_argument, "http_client: TLS: " + what + ": " + ec.message());
+      if (ec)
+        throw error(errc::invalid_argument, "http_client: TLS: " + what + ": " + ec.message());
     };
     if (SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION) != 1)
       throw error(errc::invalid_argument, "http_client: TLS: cannot require TLS 1.2");
@@ -387,15 +408,16 @@ struct http_client::impl {
       check(ec, "cannot use CA directory '" + t.ca_dir + "'");
     }
     if (t.cert_file.empty() != t.key_file.empty())
-      throw error(errc::invalid_argument, "http_client: TLS: a client certificate needs both cert_file and key_file");
+      throw error(errc::invalid_argument,
+                  "http_client: TLS: a client certificate needs both cert_file and key_file");
     if (!t.cert_file.empty()) {
       ctx.use_certificate_chain_file(t.cert_file, ec);
       check(ec, "cannot load client certificate '" + t.cert_file + "'");
       ctx.use_private_key_file(t.key_file, ssl::context::pem, ec);
       check(ec, "cannot load client key '" + t.key_file + "'");
       if (SSL_CTX_check_private_key(ctx.native_handle()) != 1)
-        throw error(errc::invalid_argument,
-                    "http_client: TLS: key '" + t.key_file + "' does not belong to '" + t.cert_file + "'");
+        throw error(errc::invalid_argument, "http_client: TLS: key '" + t.key_file +
+                                                "' does not belong to '" + t.cert_file + "'");
     }
     return ctx;
   }
@@ -406,16 +428,19 @@ struct http_client::impl {
     if (t.ca_file.empty() && t.ca_dir.empty()) return "the system trust store";
     std::string s;
     if (!t.ca_file.empty()) s = "CA file '" + t.ca_file + "'";
-    if (!t.ca_dir.empty()) s += (s.empty() ? "" : " and ") + std::string("CA directory '") + t.ca_dir + "'";
+    if (!t.ca_dir.empty())
+      s += (s.empty() ? "" : " and ") + std::string("CA directory '") + t.ca_dir + "'";
     return s;
   }
 
   status handshake(tls_stream& s, std::chrono::steady_clock::time_point deadline) {
     namespace ssl = boost::asio::ssl;
-    const std::string name = opt_.tls.server_name.empty() ? current_endpoint().host : opt_.tls.server_name;
+    const std::string name =
+        opt_.tls.server_name.empty() ? current_endpoint().host : opt_.tls.server_name;
     boost::beast::error_code ec;
     (void)boost::asio::ip::make_address(name, ec);
-    if (ec && SSL_set_tlsext_host_name(s.native_handle(), name.c_str()) != 1) // SNI takes names, not addresses
+    if (ec && SSL_set_tlsext_host_name(s.native_handle(), name.c_str()) !=
+                  1) // SNI takes names, not addresses
       return fail(errc::invalid_argument, where() + ": TLS: cannot set server name '" + name + "'");
     verify_failure_.clear();
     if (opt_.tls.verify_peer) {
@@ -423,13 +448,15 @@ struct http_client::impl {
       // host_name_verification alone reports every failure as "certificate
       // verify failed"; recording why here lets the message tell an unknown
       // issuer from a wrong name.
-      s.set_verify_callback([this, name, names = ssl::host_name_verification(name)](bool preverified,
-                                                                                  ssl::verify_context& vc) {
+      s.set_verify_callback([this, name, names = ssl::host_name_verification(name)](
+                                bool preverified, ssl::verify_context& vc) {
         X509_STORE_CTX* x = vc.native_handle();
         if (!preverified) {
           if (verify_failure_.empty())
-            verify_failure_ = "certificate at depth " + std::to_string(X509_STORE_CTX_get_error_depth(x)) +
-                              " failed verification: " + X509_verify_cert_error_string(X509_STORE_CTX_get_error(x)) +
+            verify_failure_ = "certificate at depth " +
+                              std::to_string(X509_STORE_CTX_get_error_depth(x)) +
+                              " failed verification: " +
+                              X509_verify_cert_error_string(X509_STORE_CTX_get_error(x)) +
                               " (trusting " + trust_source() + ")";
           return false;
         }
@@ -446,12 +473,15 @@ struct http_client::impl {
     s.async_handshake(ssl::stream_base::client, [&](const boost::beast::error_code& e) { ec = e; });
     run();
     if (!ec) return status::success();
-    if (!verify_failure_.empty()) return fail(errc::io, where() + ": TLS: server " + verify_failure_);
+    if (!verify_failure_.empty())
+      return fail(errc::io, where() + ": TLS: server " + verify_failure_);
     if (ec.category() == boost::asio::error::get_ssl_category()) {
       const bool not_tls = ERR_GET_REASON(ec.value()) == SSL_R_WRONG_VERSION_NUMBER;
-      return fail(errc::io, where() + ": TLS handshake failed: " + ec.message() + (not_tls ? " (not a TLS server?)" : ""));
+      return fail(errc::io, where() + ": TLS handshake failed: " + ec.message() +
+                                (not_tls ? " (not a TLS server?)" : ""));
     }
-    return fail(errc::unavailable, where() + ": TLS handshake failed: " + timeout_or(ec, opt_.connect_timeout));
+    return fail(errc::unavailable,
+                where() + ": TLS handshake failed: " + timeout_or(ec, opt_.connect_timeout));
   }
 
   /// close_notify to a live TLS peer, bounded by connect_timeout. Marking the
@@ -463,7 +493,8 @@ struct http_client::impl {
     try {
       SSL_set_shutdown(t->native_handle(), SSL_RECEIVED_SHUTDOWN);
       boost::beast::get_lowest_layer(*t).expires_after(opt_.connect_timeout);
-      t->async_shutdown([](const boost::beast::error_code&) {}); // a peer that already left: nothing to do
+      t->async_shutdown(
+          [](const boost::beast::error_code&) {}); // a peer that already left: nothing to do
       run();
     } catch (...) {
     }
@@ -484,7 +515,6 @@ struct http_client::impl {
   boost::beast::flat_buffer buffer_;
 };
 
-
 http_client::http_client(std::vector<http_endpoint> endpoints, http_options opt)
     : impl_(std::make_unique<impl>(std::move(endpoints), std::move(opt))) {}
 http_client::http_client(http_endpoint endpoint, http_options opt)
@@ -493,12 +523,18 @@ http_client::http_client(http_client&&) noexcept = default;
 http_client& http_client::operator=(http_client&&) noexcept = default;
 http_client::~http_client() = default;
 
-const http_endpoint& http_client::current_endpoint() const noexcept { return impl_->current_endpoint(); }
-const std::vector<http_endpoint>& http_client::endpoints() const noexcept { return impl_->endpoints(); }
+const http_endpoint& http_client::current_endpoint() const noexcept {
+  return impl_->current_endpoint();
+}
+const std::vector<http_endpoint>& http_client::endpoints() const noexcept {
+  return impl_->endpoints();
+}
 const http_options& http_client::options() const noexcept { return impl_->options(); }
 void http_client::close() noexcept {
   if (impl_) impl_->close();
 }
-status http_client::request(const http_request& rq, http_response& out) { return impl_->request(rq, out); }
+status http_client::request(const http_request& rq, http_response& out) {
+  return impl_->request(rq, out);
+}
 
 } // namespace dcr::net

@@ -34,18 +34,23 @@ struct s3_object_store::impl {
   explicit impl(s3_options opt) : opt_(std::move(opt)) {
     throw_if_failed(net::parse_endpoint(opt_.endpoint, endpoint_));
     throw_if_failed(validate_bucket_name(opt_.bucket));
-    if (opt_.credentials.access_key.empty()) throw error(errc::invalid_argument, "S3: empty access key");
+    if (opt_.credentials.access_key.empty())
+      throw error(errc::invalid_argument, "S3: empty access key");
     if (opt_.max_keys < 1 || opt_.max_keys > 1000)
       throw error(errc::invalid_argument, "S3: max_keys must be 1..1000");
-    if (opt_.max_attempts < 1) throw error(errc::invalid_argument, "S3: max_attempts must be at least 1");
+    if (opt_.max_attempts < 1)
+      throw error(errc::invalid_argument, "S3: max_attempts must be at least 1");
     if (opt_.region.empty()) throw error(errc::invalid_argument, "S3: empty region");
-    if (opt_.list_poll_max.count() <= 0) throw error(errc::invalid_argument, "S3: list_poll_max must be positive");
+    if (opt_.list_poll_max.count() <= 0)
+      throw error(errc::invalid_argument, "S3: list_poll_max must be positive");
   }
 
   const s3_options& options() const noexcept { return opt_; }
   /// Upper bound of `attempt_reader`'s poll interval on this store.
   std::chrono::microseconds list_poll_max() const noexcept { return opt_.list_poll_max; }
-  s3_stats stats() const noexcept { return {requests_.load(), retries_.load(), list_pages_.load()}; }
+  s3_stats stats() const noexcept {
+    return {requests_.load(), retries_.load(), list_pages_.load()};
+  }
 
   /// CreateBucket; success also when this account already owns it.
   status create_bucket() {
@@ -91,8 +96,8 @@ struct s3_object_store::impl {
     std::string token, last;
     bool first_key = true;
     for (;;) {
-      std::vector<std::pair<std::string, std::string>> q{{"list-type", "2"},
-                                                         {"max-keys", std::to_string(opt_.max_keys)}};
+      std::vector<std::pair<std::string, std::string>> q{
+          {"list-type", "2"}, {"max-keys", std::to_string(opt_.max_keys)}};
       if (!prefix.empty()) q.emplace_back("prefix", std::string(prefix));
       if (!token.empty()) q.emplace_back("continuation-token", token);
       net::http_response res;
@@ -103,7 +108,8 @@ struct s3_object_store::impl {
       DCR_TRY(detail::parse_s3_list_page(res.body, page));
       for (auto& k : page.keys) {
         DCR_RETURN_ERROR_IF(k.compare(0, prefix.size(), prefix) != 0, bad_format,
-                            "ListObjectsV2: key '" + k + "' does not start with '" + std::string(prefix) + "'");
+                            "ListObjectsV2: key '" + k + "' does not start with '" +
+                                std::string(prefix) + "'");
         DCR_RETURN_ERROR_IF(!first_key && k <= last, bad_format,
                             "ListObjectsV2: key '" + k + "' does not follow '" + last + "'");
         first_key = false;
@@ -112,7 +118,8 @@ struct s3_object_store::impl {
       }
       if (!page.truncated) return status::success();
       // A server that hands back the token it was given would loop forever.
-      DCR_RETURN_ERROR_IF(page.next_token == token, bad_format, "ListObjectsV2: continuation token repeats");
+      DCR_RETURN_ERROR_IF(page.next_token == token, bad_format,
+                          "ListObjectsV2: continuation token repeats");
       token = std::move(page.next_token);
     }
   }
@@ -142,7 +149,8 @@ struct s3_object_store::impl {
     return http_status == 500 || http_status == 502 || http_status == 503 || http_status == 504;
   }
 
-  status http_error(std::string_view method, const std::string& path, const net::http_response& res) const {
+  status http_error(std::string_view method, const std::string& path,
+                    const net::http_response& res) const {
     auto e = detail::parse_s3_error(res.body);
     std::string m = "S3 " + std::string(method) + " " + endpoint_.url() + path + ": HTTP " +
                     std::to_string(res.status);
@@ -156,8 +164,8 @@ struct s3_object_store::impl {
   /// Sign and send one request, retrying retryable failures. A response with
   /// any status is success here; callers interpret it.
   status execute(const char* method, std::string_view key,
-                 const std::vector<std::pair<std::string, std::string>>& query, std::span<const std::byte> body,
-                 net::http_response& res) {
+                 const std::vector<std::pair<std::string, std::string>>& query,
+                 std::span<const std::byte> body, net::http_response& res) {
     try {
       net::http_request rq;
       rq.method = method;
@@ -179,13 +187,15 @@ struct s3_object_store::impl {
         ++requests_;
         last = client->request(rq, res);
         if (last.ok() && !retryable(res.status)) break;
-        if (!last.ok() && last.code != errc::unavailable) break; // the server spoke, but not HTTP: no retry
+        if (!last.ok() && last.code != errc::unavailable)
+          break; // the server spoke, but not HTTP: no retry
         if (attempt >= opt_.max_attempts) {
           if (last.ok()) { // a 5xx answer to the end
             last = http_error(method, rq.target, res);
             last.message += " (after " + std::to_string(attempt) + " attempts)";
           } else {
-            last.message = "S3: " + last.message + " (after " + std::to_string(attempt) + " attempts)";
+            last.message =
+                "S3: " + last.message + " (after " + std::to_string(attempt) + " attempts)";
           }
           break;
         }
@@ -202,8 +212,8 @@ struct s3_object_store::impl {
 
   /// Replace the signing headers of `rq` with fresh ones for now.
   void sign(net::http_request& rq, const std::string& path,
-            const std::vector<std::pair<std::string, std::string>>& query, const std::string& payload_hash,
-            const char* content_type) const {
+            const std::vector<std::pair<std::string, std::string>>& query,
+            const std::string& payload_hash, const char* content_type) const {
     detail::sigv4_request s;
     s.method = rq.method;
     s.canonical_uri = path;
@@ -211,7 +221,9 @@ struct s3_object_store::impl {
     s.payload_hash = payload_hash;
     s.date = detail::amz_date(std::chrono::system_clock::now());
     s.region = opt_.region;
-    s.headers = {{"host", endpoint_.host_header()}, {"x-amz-content-sha256", payload_hash}, {"x-amz-date", s.date}};
+    s.headers = {{"host", endpoint_.host_header()},
+                 {"x-amz-content-sha256", payload_hash},
+                 {"x-amz-date", s.date}};
     if (!opt_.credentials.session_token.empty())
       s.headers.emplace_back("x-amz-security-token", opt_.credentials.session_token);
     if (content_type) s.headers.emplace_back("content-type", content_type);
@@ -225,7 +237,8 @@ struct s3_object_store::impl {
   static std::chrono::milliseconds jittered(std::chrono::milliseconds d) {
     thread_local std::minstd_rand rng(std::random_device{}());
     const auto half = d.count() / 2;
-    return std::chrono::milliseconds(half + static_cast<std::int64_t>(rng() % static_cast<unsigned>(half + 1)));
+    return std::chrono::milliseconds(
+        half + static_cast<std::int64_t>(rng() % static_cast<unsigned>(half + 1)));
   }
 
   std::unique_ptr<net::http_client> acquire() {
@@ -255,11 +268,17 @@ s3_object_store::s3_object_store(s3_options opt) : impl_(std::make_unique<impl>(
 s3_object_store::~s3_object_store() = default;
 
 const s3_options& s3_object_store::options() const noexcept { return impl_->options(); }
-std::chrono::microseconds s3_object_store::list_poll_max() const noexcept { return impl_->list_poll_max(); }
+std::chrono::microseconds s3_object_store::list_poll_max() const noexcept {
+  return impl_->list_poll_max();
+}
 s3_stats s3_object_store::stats() const noexcept { return impl_->stats(); }
 status s3_object_store::create_bucket() { return impl_->create_bucket(); }
-status s3_object_store::put(std::string_view name, std::span<const std::byte> bytes) { return impl_->put(name, bytes); }
-status s3_object_store::get(std::string_view name, std::vector<std::byte>& out) { return impl_->get(name, out); }
+status s3_object_store::put(std::string_view name, std::span<const std::byte> bytes) {
+  return impl_->put(name, bytes);
+}
+status s3_object_store::get(std::string_view name, std::vector<std::byte>& out) {
+  return impl_->get(name, out);
+}
 status s3_object_store::list(std::string_view prefix, std::vector<std::string>& names) {
   return impl_->list(prefix, names);
 }

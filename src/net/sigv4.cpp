@@ -22,24 +22,27 @@
 
 namespace dcr::transport::detail {
 
-
 /// SHA-256 of `data`. Throws `dcr::error(io)` only if libcrypto fails
 /// (allocation), which callers turn into a status.
 sha256_digest sha256(std::span<const std::byte> data) {
   sha256_digest d{};
   unsigned len = 0;
-  if (EVP_Digest(data.data(), data.size(), d.data(), &len, EVP_sha256(), nullptr) != 1 || len != d.size())
+  if (EVP_Digest(data.data(), data.size(), d.data(), &len, EVP_sha256(), nullptr) != 1 ||
+      len != d.size())
     throw error(errc::io, "libcrypto SHA-256 failed");
   return d;
 }
-sha256_digest sha256(std::string_view s) { return sha256(std::as_bytes(std::span(s.data(), s.size()))); }
+sha256_digest sha256(std::string_view s) {
+  return sha256(std::as_bytes(std::span(s.data(), s.size())));
+}
 
 /// HMAC-SHA256(key, data).
 sha256_digest hmac_sha256(std::span<const unsigned char> key, std::string_view data) {
   sha256_digest d{};
   unsigned len = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
-           data.size(), d.data(), &len) == nullptr ||
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(data.data()), data.size(), d.data(),
+           &len) == nullptr ||
       len != d.size())
     throw error(errc::io, "libcrypto HMAC-SHA256 failed");
   return d;
@@ -55,8 +58,8 @@ std::string uri_encode(std::string_view s, bool keep_slash) {
   out.reserve(s.size());
   for (char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
-    const bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                            c == '-' || c == '.' || c == '_' || c == '~';
+    const bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                            (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' || c == '~';
     if (unreserved || (keep_slash && c == '/')) {
       out.push_back(ch);
     } else {
@@ -77,9 +80,6 @@ std::string amz_date(std::chrono::system_clock::time_point t) {
   std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
   return buf;
 }
-
-
-
 
 /// Canonical query string: names and values URI-encoded ('/' too), sorted by
 /// encoded name then value, each written "name=value" (also for empty values).
@@ -117,10 +117,11 @@ std::string canonical_header_value(std::string_view v) {
 
 /// The signing key: HMAC chain over "AWS4"+secret, date, region, service,
 /// "aws4_request".
-sha256_digest sigv4_signing_key(std::string_view secret, std::string_view day, std::string_view region,
-                                       std::string_view service) {
+sha256_digest sigv4_signing_key(std::string_view secret, std::string_view day,
+                                std::string_view region, std::string_view service) {
   const std::string k0 = "AWS4" + std::string(secret);
-  auto k = hmac_sha256(std::span(reinterpret_cast<const unsigned char*>(k0.data()), k0.size()), day);
+  auto k =
+      hmac_sha256(std::span(reinterpret_cast<const unsigned char*>(k0.data()), k0.size()), day);
   k = hmac_sha256(k, region);
   k = hmac_sha256(k, service);
   return hmac_sha256(k, "aws4_request");
@@ -133,8 +134,9 @@ sigv4_signature sigv4_sign(const sigv4_request& rq, const sigv4_credentials& cre
   std::vector<std::pair<std::string, std::string>> hs;
   for (auto& [n, v] : rq.headers) {
     std::string name(n);
-    std::transform(name.begin(), name.end(), name.begin(),
-                   [](unsigned char c) { return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c); });
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
+      return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    });
     auto it = std::find_if(hs.begin(), hs.end(), [&](auto& h) { return h.first == name; });
     if (it == hs.end())
       hs.emplace_back(std::move(name), canonical_header_value(v));
@@ -148,11 +150,12 @@ sigv4_signature sigv4_sign(const sigv4_request& rq, const sigv4_credentials& cre
     if (!s.signed_headers.empty()) s.signed_headers.push_back(';');
     s.signed_headers += n;
   }
-  s.canonical_request = rq.method + "\n" + rq.canonical_uri + "\n" + canonical_query(rq.query) + "\n" + canon_headers +
-                        "\n" + s.signed_headers + "\n" + rq.payload_hash;
+  s.canonical_request = rq.method + "\n" + rq.canonical_uri + "\n" + canonical_query(rq.query) +
+                        "\n" + canon_headers + "\n" + s.signed_headers + "\n" + rq.payload_hash;
   const std::string day = rq.date.substr(0, 8);
   s.scope = day + "/" + rq.region + "/" + rq.service + "/aws4_request";
-  s.string_to_sign = "AWS4-HMAC-SHA256\n" + rq.date + "\n" + s.scope + "\n" + to_hex(sha256(s.canonical_request));
+  s.string_to_sign =
+      "AWS4-HMAC-SHA256\n" + rq.date + "\n" + s.scope + "\n" + to_hex(sha256(s.canonical_request));
   const auto key = sigv4_signing_key(cred.secret_key, day, rq.region, rq.service);
   s.signature = to_hex(hmac_sha256(key, s.string_to_sign));
   s.authorization = "AWS4-HMAC-SHA256 Credential=" + cred.access_key + "/" + s.scope +

@@ -62,7 +62,13 @@ spec_body spec_encode(const std::vector<item>& items, location_scheme scheme, va
     } else {
       const int gw = maxg <= 0xFF ? 1 : maxg <= 0xFFFF ? 2 : maxg <= 0xFFFFFFFFull ? 4 : 8;
       const bool planes = scheme == location_scheme::planes && gw > 1;
-      loc = planes ? (gw == 2 ? 6 : gw == 4 ? 7 : 8) : (gw == 1 ? 2 : gw == 2 ? 3 : gw == 4 ? 4 : 5);
+      loc = planes ? (gw == 2   ? 6
+                      : gw == 4 ? 7
+                                : 8)
+                   : (gw == 1   ? 2
+                      : gw == 2 ? 3
+                      : gw == 4 ? 4
+                                : 5);
       if (planes) {
         for (int p = 0; p < gw; ++p)
           for (auto g : gaps) b.locs.push_back(static_cast<std::uint8_t>(g >> (8 * (gw - 1 - p))));
@@ -108,15 +114,18 @@ std::uint64_t rd(std::span<const std::byte> p, std::size_t off, int n) {
 
 TEST_CASE("an encoder written from the spec produces the library's header and body") {
   std::mt19937_64 rng(555);
-  const dtype_id dts[] = {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2};
+  const dtype_id dts[] = {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn,
+                          dtype_id::f8e5m2};
   for (int r = 0; r < 40; ++r) {
     std::vector<item> items;
     const int n = static_cast<int>(rng() % 5);
     for (int i = 0; i < n; ++i) {
       const std::uint64_t numel = 1 + rng() % (r % 3 == 0 ? 200000 : 300);
-      auto idx = test::random_indices(rng, numel, std::array{0.0, 0.003, 0.05, 0.6}[rng() % 4], rng() % 5 == 0);
-      items.push_back(test::make_item("w" + std::to_string(i), {numel}, dts[rng() % 5],
-                                      rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite, idx, rng));
+      auto idx = test::random_indices(rng, numel, std::array{0.0, 0.003, 0.05, 0.6}[rng() % 4],
+                                      rng() % 5 == 0);
+      items.push_back(test::make_item(
+          "w" + std::to_string(i), {numel}, dts[rng() % 5],
+          rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite, idx, rng));
     }
     for (auto scheme : {location_scheme::gaps, location_scheme::planes, location_scheme::varint,
                         location_scheme::escape_u8})
@@ -124,7 +133,8 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
         encode_options opt;
         opt.locations = scheme;
         opt.filter = filter;
-        const payload_id id{rng(), rng(), static_cast<std::uint32_t>(rng()), static_cast<std::uint32_t>(rng())};
+        const payload_id id{rng(), rng(), static_cast<std::uint32_t>(rng()),
+                            static_cast<std::uint32_t>(rng())};
         const auto p = encode_payload(id, items, opt);
         const auto want = spec_encode(items, scheme, filter);
         std::vector<std::uint8_t> body = want.table;

@@ -23,7 +23,8 @@ std::vector<item> named_items(std::mt19937_64& rng, int n) {
     const double density = std::array{0.0, 0.02, 0.3, 1.0}[rng() % 4];
     auto idx = test::random_indices(rng, rows * cols, density, rng() % 5 == 0);
     items.push_back(make_item("t" + std::to_string(i), {rows, cols}, dtypes[rng() % 4],
-                              rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite, std::move(idx), rng));
+                              rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite,
+                              std::move(idx), rng));
   }
   return items;
 }
@@ -32,7 +33,8 @@ std::vector<item> named_items(std::mt19937_64& rng, int n) {
 bool keep_even(const item_row& row) { return (row.tensor.name.back() - '0') % 2 == 0; }
 
 /// `decode_payload_if` under `keep` gives exactly the status `decode_payload` gives.
-template <class Keep> void check_same_verdict(std::span<const std::byte> bytes, Keep keep) {
+template <class Keep>
+void check_same_verdict(std::span<const std::byte> bytes, Keep keep) {
   decoded_payload full, some;
   const status a = decode_payload(bytes, full);
   const status b = decode_payload_if(bytes, some, keep);
@@ -42,13 +44,14 @@ template <class Keep> void check_same_verdict(std::span<const std::byte> bytes, 
 
 } // namespace
 
-TEST_CASE("decode_payload_if: kept items as decode_payload gives them, rejected ones without entries") {
+TEST_CASE(
+    "decode_payload_if: kept items as decode_payload gives them, rejected ones without entries") {
   std::mt19937_64 rng(41);
   for (int r = 0; r < 20; ++r) {
     auto items = named_items(rng, 1 + static_cast<int>(rng() % 6));
     encode_options opt;
-    opt.locations = std::array{location_scheme::gaps, location_scheme::planes, location_scheme::varint,
-                               location_scheme::escape_u8}[rng() % 4];
+    opt.locations = std::array{location_scheme::gaps, location_scheme::planes,
+                               location_scheme::varint, location_scheme::escape_u8}[rng() % 4];
     const auto bytes = encode_payload({3, 4, 5, 6}, items, opt);
     decoded_payload full, some;
     REQUIRE(decode_payload(bytes, full).ok());
@@ -77,13 +80,16 @@ TEST_CASE("decode_payload_if: kept items as decode_payload gives them, rejected 
   }
 }
 
-TEST_CASE("decode_payload_if: a corrupt location range of a rejected item is refused like decode_payload refuses it") {
+TEST_CASE("decode_payload_if: a corrupt location range of a rejected item is refused like "
+          "decode_payload refuses it") {
   std::mt19937_64 rng(42);
   // Item 1 ("t1", rejected by keep_even) is scattered: its gap bytes follow item 0's run.
-  std::vector<item> items = {make_item("t0", {4, 8}, dtype_id::bf16, value_encoding::xor_mask, {3, 4, 5}, rng),
-                             make_item("t1", {100}, dtype_id::f32, value_encoding::overwrite, {1, 7, 50, 99}, rng),
-                             make_item("t2", {10}, dtype_id::bf16, value_encoding::overwrite, {0, 9}, rng)};
-  const auto good = encode_payload({}, items, {1, location_scheme::gaps, value_filter::byte_planes});
+  std::vector<item> items = {
+      make_item("t0", {4, 8}, dtype_id::bf16, value_encoding::xor_mask, {3, 4, 5}, rng),
+      make_item("t1", {100}, dtype_id::f32, value_encoding::overwrite, {1, 7, 50, 99}, rng),
+      make_item("t2", {10}, dtype_id::bf16, value_encoding::overwrite, {0, 9}, rng)};
+  const auto good =
+      encode_payload({}, items, {1, location_scheme::gaps, value_filter::byte_planes});
   auto o = test::open_payload(good);
   // A gap that carries index 50 past the tensor end.
   auto body = o.body;
@@ -105,7 +111,8 @@ TEST_CASE("decode_payload_if: a corrupt location range of a rejected item is ref
   check_same_verdict(cut, keep_even);
 }
 
-TEST_CASE("decode_payload_if: same verdict as decode_payload under byte flips, truncation and resealed mutations") {
+TEST_CASE("decode_payload_if: same verdict as decode_payload under byte flips, truncation and "
+          "resealed mutations") {
   std::mt19937_64 rng(43);
   const auto reject_all = [](const item_row&) { return false; };
   for (int r = 0; r < 10; ++r) {

@@ -12,8 +12,8 @@ namespace dcr::test {
 
 /// Strictly increasing indices in [0, numel): each element kept with
 /// probability `density`, or one run when `run` is set.
-inline std::vector<std::uint64_t> random_indices(std::mt19937_64& rng, std::uint64_t numel, double density,
-                                                 bool as_run = false) {
+inline std::vector<std::uint64_t> random_indices(std::mt19937_64& rng, std::uint64_t numel,
+                                                 double density, bool as_run = false) {
   std::vector<std::uint64_t> idx;
   if (numel == 0) return idx;
   if (as_run) {
@@ -36,8 +36,8 @@ inline std::vector<std::byte> random_values(std::mt19937_64& rng, std::size_t n,
   return v;
 }
 
-inline item make_item(std::string name, std::vector<std::uint64_t> shape, dtype_id dtype, value_encoding enc,
-                      std::vector<std::uint64_t> idx, std::mt19937_64& rng) {
+inline item make_item(std::string name, std::vector<std::uint64_t> shape, dtype_id dtype,
+                      value_encoding enc, std::vector<std::uint64_t> idx, std::mt19937_64& rng) {
   item it;
   it.tensor = {std::move(name), std::move(shape), dtype};
   it.encoding = enc;
@@ -95,8 +95,10 @@ inline opened open_payload(std::span<const std::byte> payload) {
 }
 
 /// Little-endian store into a byte vector at `off`.
-template <class W> inline void poke(std::vector<std::byte>& b, std::size_t off, W v) {
-  for (std::size_t i = 0; i < sizeof(W); ++i) b[off + i] = static_cast<std::byte>((std::uint64_t(v) >> (8 * i)) & 0xFF);
+template <class W>
+inline void poke(std::vector<std::byte>& b, std::size_t off, W v) {
+  for (std::size_t i = 0; i < sizeof(W); ++i)
+    b[off + i] = static_cast<std::byte>((std::uint64_t(v) >> (8 * i)) & 0xFF);
 }
 
 } // namespace dcr::test

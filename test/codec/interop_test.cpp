@@ -40,7 +40,8 @@ std::string run(const std::string& cmd) {
 } // namespace
 
 TEST_CASE("zstd -d and b2sum -l 128 agree with the payload body and digest") {
-  const fs::path dir = fs::temp_directory_path() / ("dcr_codec_interop_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("dcr_codec_interop_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::mt19937_64 rng(21);
   for (int r = 0; r < 6; ++r) {
@@ -48,7 +49,8 @@ TEST_CASE("zstd -d and b2sum -l 128 agree with the payload body and digest") {
     for (int i = 0; i < 1 + r; ++i) {
       const std::uint64_t numel = 1000 + rng() % 100000;
       auto idx = test::random_indices(rng, numel, 0.001 * (1 + r * 10), i % 3 == 0);
-      items.push_back(test::make_item("t" + std::to_string(i), {numel}, r % 2 ? dtype_id::f32 : dtype_id::bf16,
+      items.push_back(test::make_item("t" + std::to_string(i), {numel},
+                                      r % 2 ? dtype_id::f32 : dtype_id::bf16,
                                       value_encoding::xor_mask, std::move(idx), rng));
     }
     encode_options opt;
@@ -57,12 +59,14 @@ TEST_CASE("zstd -d and b2sum -l 128 agree with the payload body and digest") {
     codec::payload_info pi;
     REQUIRE(codec::inspect_payload(payload, pi).ok());
     write_all(dir / "body.zst", codec::compressed_body(payload));
-    run("zstd -q -d -f '" + (dir / "body.zst").string() + "' -o '" + (dir / "body.raw").string() + "'");
+    run("zstd -q -d -f '" + (dir / "body.zst").string() + "' -o '" + (dir / "body.raw").string() +
+        "'");
     CHECK(read_all(dir / "body.raw") == pi.body);
     const auto sum = run("b2sum -l 128 '" + (dir / "body.zst").string() + "'");
     CHECK(sum.substr(0, 32) == to_hex(pi.header.digest));
     // And the other way: a frame made by the CLI is a body we accept.
-    run("zstd -q -1 -f '" + (dir / "body.raw").string() + "' -o '" + (dir / "cli.zst").string() + "'");
+    run("zstd -q -1 -f '" + (dir / "body.raw").string() + "' -o '" + (dir / "cli.zst").string() +
+        "'");
     const auto cli = read_all(dir / "cli.zst");
     std::vector<std::byte> p(payload.begin(), payload.begin() + 96);
     test::poke<std::uint64_t>(p, 72, cli.size());

@@ -10,10 +10,10 @@ using namespace dcr::codec;
 
 namespace {
 
-const location_id all_ids[] = {location_id::run,        location_id::gap_u8,     location_id::gap_u16,
-                               location_id::gap_u32,    location_id::gap_u64,    location_id::planes_u16,
-                               location_id::planes_u32, location_id::planes_u64, location_id::varint,
-                               location_id::escape_u8};
+const location_id all_ids[] = {
+    location_id::run,     location_id::gap_u8,     location_id::gap_u16,    location_id::gap_u32,
+    location_id::gap_u64, location_id::planes_u16, location_id::planes_u32, location_id::planes_u64,
+    location_id::varint,  location_id::escape_u8};
 
 bool can_encode(location_id id, std::span<const std::uint64_t> idx) {
   return visit_location(id, [&](auto c) { return decltype(c)::can_encode(idx); });
@@ -55,7 +55,8 @@ TEST_CASE("runs, single indices and gap extremes round-trip") {
   }
   const std::uint64_t top = ~std::uint64_t{0};
   // Gap widths exactly at each word's limit and one beyond.
-  for (std::uint64_t g : {0xFFull, 0x100ull, 0xFFFFull, 0x10000ull, 0xFFFFFFFFull, 0x100000000ull}) {
+  for (std::uint64_t g :
+       {0xFFull, 0x100ull, 0xFFFFull, 0x10000ull, 0xFFFFFFFFull, 0x100000000ull}) {
     std::vector<std::uint64_t> idx = {5, 5 + g + 1, 5 + 2 * (g + 1)};
     check_round_trip(idx, top);
   }
@@ -99,8 +100,10 @@ TEST_CASE("gap decoders reject wrong lengths, out-of-range and overflowing indic
     CHECK(decode_locations(location_id::planes_u16, b, 0, 100, out).code == errc::bad_location);
   }
   CHECK(decode_locations(location_id::gap_u16, two_u16, 0, 3, out).ok());
-  CHECK(decode_locations(location_id::gap_u16, two_u16, 0, 2, out).code == errc::index_out_of_range);
-  CHECK(decode_locations(location_id::gap_u16, two_u16, 5, 3, out).code == errc::index_out_of_range);
+  CHECK(decode_locations(location_id::gap_u16, two_u16, 0, 2, out).code ==
+        errc::index_out_of_range);
+  CHECK(decode_locations(location_id::gap_u16, two_u16, 5, 3, out).code ==
+        errc::index_out_of_range);
   // Gaps that wrap around 2^64 must not pass as small indices.
   std::vector<std::byte> wrap(16, std::byte{0xFF});
   auto s = decode_locations(location_id::gap_u64, wrap, 3, ~std::uint64_t{0}, out);
@@ -111,8 +114,9 @@ TEST_CASE("gap decoders reject wrong lengths, out-of-range and overflowing indic
   CHECK(decode_locations(location_id::run, one, 0, 10, out).code == errc::bad_location);
   CHECK(decode_locations(location_id::run, {}, 7, 10, out).ok());
   CHECK(decode_locations(location_id::run, {}, 8, 10, out).code == errc::index_out_of_range);
-  CHECK(decode_locations(location_id::run, {}, ~std::uint64_t{0} - 1, ~std::uint64_t{0}, out).code ==
-        errc::index_out_of_range);
+  CHECK(
+      decode_locations(location_id::run, {}, ~std::uint64_t{0} - 1, ~std::uint64_t{0}, out).code ==
+      errc::index_out_of_range);
 }
 
 TEST_CASE("varint and escape decoders reject malformed, non-minimal and trailing bytes") {
@@ -124,25 +128,36 @@ TEST_CASE("varint and escape decoders reject malformed, non-minimal and trailing
   };
   CHECK(decode_locations(location_id::varint, bytes({0x05}), 0, 10, out).ok());
   CHECK(out[1] == 6);
-  CHECK(decode_locations(location_id::varint, bytes({0x85}), 0, 10, out).code == errc::bad_location);
-  CHECK(decode_locations(location_id::varint, bytes({0x85, 0x00}), 0, 1000, out).code == errc::bad_location);
-  CHECK(decode_locations(location_id::varint, bytes({0x05, 0x00}), 0, 10, out).code == errc::bad_location);
+  CHECK(decode_locations(location_id::varint, bytes({0x85}), 0, 10, out).code ==
+        errc::bad_location);
+  CHECK(decode_locations(location_id::varint, bytes({0x85, 0x00}), 0, 1000, out).code ==
+        errc::bad_location);
+  CHECK(decode_locations(location_id::varint, bytes({0x05, 0x00}), 0, 10, out).code ==
+        errc::bad_location);
   CHECK(decode_locations(location_id::varint, bytes({}), 0, 10, out).code == errc::bad_location);
-  CHECK(decode_locations(location_id::varint, bytes({0x09}), 0, 10, out).code == errc::index_out_of_range);
-  CHECK(decode_locations(location_id::varint, bytes({0x01}), 10, 10, out).code == errc::index_out_of_range);
+  CHECK(decode_locations(location_id::varint, bytes({0x09}), 0, 10, out).code ==
+        errc::index_out_of_range);
+  CHECK(decode_locations(location_id::varint, bytes({0x01}), 10, 10, out).code ==
+        errc::index_out_of_range);
   // Eleven bytes or a tenth byte above 1 do not fit 64 bits.
-  CHECK(decode_locations(location_id::varint, bytes({0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02}), 0,
+  CHECK(decode_locations(location_id::varint,
+                         bytes({0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02}), 0,
                          ~0ull, out)
             .code == errc::bad_location);
   CHECK(decode_locations(location_id::escape_u8, bytes({0xFE}), 0, 300, out).ok());
   CHECK(out[1] == 255);
   CHECK(decode_locations(location_id::escape_u8, bytes({0xFF, 0x00}), 0, 300, out).ok());
   CHECK(out[1] == 256);
-  CHECK(decode_locations(location_id::escape_u8, bytes({0xFF}), 0, 300, out).code == errc::bad_location);
-  CHECK(decode_locations(location_id::escape_u8, bytes({0xFF, 0x80, 0x00}), 0, 1000, out).code == errc::bad_location);
-  CHECK(decode_locations(location_id::escape_u8, bytes({}), 0, 300, out).code == errc::bad_location);
-  CHECK(decode_locations(location_id::escape_u8, bytes({1, 2}), 0, 300, out).code == errc::bad_location);
-  CHECK(decode_locations(location_id::escape_u8, bytes({0xFF, 0x00}), 0, 256, out).code == errc::index_out_of_range);
+  CHECK(decode_locations(location_id::escape_u8, bytes({0xFF}), 0, 300, out).code ==
+        errc::bad_location);
+  CHECK(decode_locations(location_id::escape_u8, bytes({0xFF, 0x80, 0x00}), 0, 1000, out).code ==
+        errc::bad_location);
+  CHECK(decode_locations(location_id::escape_u8, bytes({}), 0, 300, out).code ==
+        errc::bad_location);
+  CHECK(decode_locations(location_id::escape_u8, bytes({1, 2}), 0, 300, out).code ==
+        errc::bad_location);
+  CHECK(decode_locations(location_id::escape_u8, bytes({0xFF, 0x00}), 0, 256, out).code ==
+        errc::index_out_of_range);
   // Blocks of eight plain gaps take a fast path: its range check must name the location.
   std::vector<std::uint64_t> nine(9);
   auto s = decode_locations(location_id::escape_u8, bytes({0, 0, 0, 0, 0, 0, 0, 0}), 0, 5, nine);
@@ -150,11 +165,12 @@ TEST_CASE("varint and escape decoders reject malformed, non-minimal and trailing
   CHECK(s.message.find("location 5") != std::string::npos);
   CHECK(decode_locations(location_id::escape_u8, bytes({0, 0, 0, 0, 0, 0, 0, 0}), 0, 9, nine).ok());
   CHECK(nine[8] == 8);
-  CHECK(decode_locations(location_id::escape_u8, bytes({0, 0, 0, 0, 0, 0, 0, 0, 0}), 0, 99, nine).code ==
-        errc::bad_location);
+  CHECK(decode_locations(location_id::escape_u8, bytes({0, 0, 0, 0, 0, 0, 0, 0, 0}), 0, 99, nine)
+            .code == errc::bad_location);
   std::vector<std::uint64_t> wrap(9);
-  CHECK(decode_locations(location_id::escape_u8, bytes({9, 9, 9, 9, 9, 9, 9, 9}), ~0ull - 20, ~0ull, wrap).code ==
-        errc::index_out_of_range);
+  CHECK(decode_locations(location_id::escape_u8, bytes({9, 9, 9, 9, 9, 9, 9, 9}), ~0ull - 20, ~0ull,
+                         wrap)
+            .code == errc::index_out_of_range);
 }
 
 TEST_CASE("location ids are closed: known ids decode, unknown ones are rejected") {
@@ -166,14 +182,15 @@ TEST_CASE("location ids are closed: known ids decode, unknown ones are rejected"
 }
 
 // The location_coding laws, instantiated for every model.
-TEST_CASE_TEMPLATE("location_coding laws hold for every model", C, run, gap_u8, gap_u16, gap_u32, gap_u64,
-                   planes_u16, planes_u32, planes_u64, varint_gaps, escape_u8) {
+TEST_CASE_TEMPLATE("location_coding laws hold for every model", C, run, gap_u8, gap_u16, gap_u32,
+                   gap_u64, planes_u16, planes_u32, planes_u64, varint_gaps, escape_u8) {
   static_assert(location_coding<C>);
   std::mt19937_64 rng(static_cast<std::uint64_t>(C::id) * 7919);
   int checked = 0;
   for (int r = 0; r < 300; ++r) {
     const std::uint64_t numel = 1 + rng() % 5000;
-    auto idx = test::random_indices(rng, numel, std::array{0.002, 0.02, 0.3, 1.0}[r % 4], r % 5 == 0);
+    auto idx =
+        test::random_indices(rng, numel, std::array{0.002, 0.02, 0.3, 1.0}[r % 4], r % 5 == 0);
     if (idx.empty() || !C::can_encode(idx)) continue;
     std::vector<std::byte> bytes;
     C::encode(idx, bytes);

@@ -14,8 +14,8 @@ namespace {
 
 const dtype_id all_dtypes[] = {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn,
                                dtype_id::f8e5m2};
-const location_scheme all_schemes[] = {location_scheme::gaps, location_scheme::planes, location_scheme::varint,
-                                       location_scheme::escape_u8};
+const location_scheme all_schemes[] = {location_scheme::gaps, location_scheme::planes,
+                                       location_scheme::varint, location_scheme::escape_u8};
 
 std::vector<item> random_items(std::mt19937_64& rng, int n) {
   std::vector<item> items;
@@ -29,7 +29,8 @@ std::vector<item> random_items(std::mt19937_64& rng, int n) {
     for (auto d : shape) numel *= d;
     const double density = std::array{0.0, 0.01, 0.1, 0.5, 1.0}[rng() % 5];
     auto idx = test::random_indices(rng, numel, density, rng() % 4 == 0);
-    items.push_back(make_item("layers." + std::to_string(i) + ".w", shape, dt, enc, std::move(idx), rng));
+    items.push_back(
+        make_item("layers." + std::to_string(i) + ".w", shape, dt, enc, std::move(idx), rng));
   }
   return items;
 }
@@ -40,7 +41,8 @@ status decode(std::span<const std::byte> b) {
 }
 
 /// Build a body from a valid payload, let `edit` change it, reseal, decode.
-template <class Edit> status resealed(std::span<const std::byte> payload, Edit&& edit) {
+template <class Edit>
+status resealed(std::span<const std::byte> payload, Edit&& edit) {
   auto o = test::open_payload(payload);
   edit(o.fields, o.body);
   return decode(test::seal(o.fields, o.body));
@@ -52,7 +54,8 @@ TEST_CASE("payloads round-trip random items over dtypes, densities, runs and eve
   std::mt19937_64 rng(2024);
   for (int r = 0; r < 60; ++r) {
     auto items = random_items(rng, 1 + static_cast<int>(rng() % 6));
-    const payload_id id{rng(), rng(), static_cast<std::uint32_t>(rng()), static_cast<std::uint32_t>(rng())};
+    const payload_id id{rng(), rng(), static_cast<std::uint32_t>(rng()),
+                        static_cast<std::uint32_t>(rng())};
     for (auto scheme : all_schemes)
       for (auto filter : {value_filter::none, value_filter::byte_planes}) {
         encode_options opt;
@@ -77,9 +80,10 @@ TEST_CASE("zero items, empty items and zero-size tensors round-trip") {
   auto none = decode_payload_or_throw(encode_payload(id, {}));
   CHECK(none.id == id);
   CHECK(none.items.empty());
-  std::vector<item> items = {make_item("empty", {4, 4}, dtype_id::bf16, value_encoding::xor_mask, {}, rng),
-                             make_item("zero", {0, 8}, dtype_id::f32, value_encoding::overwrite, {}, rng),
-                             make_item("scalar", {}, dtype_id::f16, value_encoding::overwrite, {0}, rng)};
+  std::vector<item> items = {
+      make_item("empty", {4, 4}, dtype_id::bf16, value_encoding::xor_mask, {}, rng),
+      make_item("zero", {0, 8}, dtype_id::f32, value_encoding::overwrite, {}, rng),
+      make_item("scalar", {}, dtype_id::f16, value_encoding::overwrite, {0}, rng)};
   auto back = decode_payload_or_throw(encode_payload(id, items));
   CHECK(back.items == items);
 }
@@ -87,11 +91,10 @@ TEST_CASE("zero items, empty items and zero-size tensors round-trip") {
 TEST_CASE("huge tensors with u64 gaps round-trip without allocating the tensor") {
   std::mt19937_64 rng(4);
   const std::uint64_t big = std::uint64_t{1} << 31;
-  std::vector<item> items = {
-      make_item("huge", {big, big}, dtype_id::bf16, value_encoding::xor_mask,
-                {0, 1, 1ull << 35, (1ull << 61) + 3, big * big - 1}, rng),
-      make_item("edge", {0xFFFFFFFFFFFFFFFFull}, dtype_id::f8e5m2, value_encoding::overwrite,
-                {0, 0xFFFFFFFFFFFFFFFEull}, rng)};
+  std::vector<item> items = {make_item("huge", {big, big}, dtype_id::bf16, value_encoding::xor_mask,
+                                       {0, 1, 1ull << 35, (1ull << 61) + 3, big * big - 1}, rng),
+                             make_item("edge", {0xFFFFFFFFFFFFFFFFull}, dtype_id::f8e5m2,
+                                       value_encoding::overwrite, {0, 0xFFFFFFFFFFFFFFFEull}, rng)};
   for (auto scheme : all_schemes) {
     encode_options opt;
     opt.locations = scheme;
@@ -240,13 +243,14 @@ TEST_CASE("a resealed body with a bad frame or wrong lengths is rejected") {
 TEST_CASE("every item table field is validated and errors name the item and byte") {
   std::mt19937_64 rng(13);
   // Item 0 is a run ("a"), item 1 is scattered ("bb"): rows at known offsets.
-  std::vector<item> items = {make_item("a", {4, 8}, dtype_id::bf16, value_encoding::xor_mask, {3, 4, 5}, rng),
-                             make_item("bb", {100}, dtype_id::f32, value_encoding::overwrite, {1, 7, 50, 99}, rng)};
+  std::vector<item> items = {
+      make_item("a", {4, 8}, dtype_id::bf16, value_encoding::xor_mask, {3, 4, 5}, rng),
+      make_item("bb", {100}, dtype_id::f32, value_encoding::overwrite, {1, 7, 50, 99}, rng)};
   const auto good = encode_payload({}, items);
   const std::size_t r0 = 0, r1 = 2 + 1 + 5 + 16 + 48;
   // Offsets inside row 1 ("bb", rank 1).
-  const std::size_t ids = r1 + 2 + 2, dims = ids + 5, count = dims + 8, first = count + 8, loff = first + 8,
-                    llen = loff + 8, voff = llen + 8, vlen = voff + 8;
+  const std::size_t ids = r1 + 2 + 2, dims = ids + 5, count = dims + 8, first = count + 8,
+                    loff = first + 8, llen = loff + 8, voff = llen + 8, vlen = voff + 8;
   auto code = [&](auto&& edit) { return resealed(good, edit); };
   auto s = code([&](auto&, auto& b) { b[ids] = std::byte{99}; });
   CHECK(s.code == errc::bad_dtype);
@@ -259,31 +263,45 @@ TEST_CASE("every item table field is validated and errors name the item and byte
   CHECK(code([&](auto&, auto& b) { b[ids + 4] = std::byte{7}; }).code == errc::shape_mismatch);
   // Rank 2 instead of 1 shifts the row: whatever follows must still be caught.
   CHECK_FALSE(code([&](auto&, auto& b) { b[ids + 4] = std::byte{2}; }).ok());
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, dims, 99); }).code == errc::index_out_of_range);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, dims, 99); }).code ==
+        errc::index_out_of_range);
   CHECK(code([&](auto&, auto& b) {
           b[r0 + 2 + 1 + 4] = std::byte{2};
           poke<std::uint64_t>(b, r0 + 8, 1ull << 33);
           poke<std::uint64_t>(b, r0 + 16, 1ull << 33);
         }).code == errc::length_overflow);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, count, 101); }).code == errc::index_out_of_range);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, count, 5); }).code == errc::length_overflow);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, first, 100); }).code == errc::index_out_of_range);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, first, 60); }).code == errc::index_out_of_range);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, loff, 1); }).code == errc::offset_out_of_range);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, llen, 1000); }).code == errc::offset_out_of_range);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, llen, 2); }).code == errc::trailing_bytes);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, voff, 8); }).code == errc::offset_out_of_range);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, vlen, 15); }).code == errc::length_overflow);
-  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, vlen, ~0ull - 3); }).code == errc::length_overflow);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, count, 101); }).code ==
+        errc::index_out_of_range);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, count, 5); }).code ==
+        errc::length_overflow);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, first, 100); }).code ==
+        errc::index_out_of_range);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, first, 60); }).code ==
+        errc::index_out_of_range);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, loff, 1); }).code ==
+        errc::offset_out_of_range);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, llen, 1000); }).code ==
+        errc::offset_out_of_range);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, llen, 2); }).code ==
+        errc::trailing_bytes);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, voff, 8); }).code ==
+        errc::offset_out_of_range);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, vlen, 15); }).code ==
+        errc::length_overflow);
+  CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, vlen, ~0ull - 3); }).code ==
+        errc::length_overflow);
   // Item 0's run: bytes in its location range, or a run leaving the tensor.
   CHECK(code([&](auto&, auto& b) { poke<std::uint64_t>(b, r0 + 2 + 1 + 5 + 16 + 8, 30); }).code ==
         errc::index_out_of_range);
   // Empty items must be canonical.
-  std::vector<item> empty = {make_item("e", {4}, dtype_id::bf16, value_encoding::xor_mask, {}, rng)};
+  std::vector<item> empty = {
+      make_item("e", {4}, dtype_id::bf16, value_encoding::xor_mask, {}, rng)};
   const auto pe = encode_payload({}, empty);
   const std::size_t e_ids = 2 + 1;
-  CHECK(resealed(pe, [&](auto&, auto& b) { b[e_ids + 2] = std::byte{2}; }).code == errc::bad_location);
-  CHECK(resealed(pe, [&](auto&, auto& b) { b[e_ids + 3] = std::byte{1}; }).code == errc::bad_location);
+  CHECK(resealed(pe, [&](auto&, auto& b) { b[e_ids + 2] = std::byte{2}; }).code ==
+        errc::bad_location);
+  CHECK(resealed(pe, [&](auto&, auto& b) { b[e_ids + 3] = std::byte{1}; }).code ==
+        errc::bad_location);
   CHECK(resealed(pe, [&](auto&, auto& b) { poke<std::uint64_t>(b, e_ids + 5 + 8 + 8, 1); }).code ==
         errc::bad_location);
   // Table, location and value sections must be used exactly.
@@ -297,7 +315,8 @@ TEST_CASE("every item table field is validated and errors name the item and byte
           f.table_length += 1;
         }).code == errc::trailing_bytes);
   CHECK(code([&](auto& f, auto& b) {
-          b.insert(b.begin() + static_cast<std::ptrdiff_t>(f.table_length + f.location_length), std::byte{0});
+          b.insert(b.begin() + static_cast<std::ptrdiff_t>(f.table_length + f.location_length),
+                   std::byte{0});
           f.location_length += 1;
         }).code == errc::trailing_bytes);
   CHECK(code([&](auto& f, auto& b) {
@@ -345,7 +364,8 @@ TEST_CASE("resealed random body mutations give a typed error or equal re-encodab
       auto s = decode_payload(test::seal(o.fields, body), out);
       if (s.ok()) {
         // Whatever decodes must satisfy the item invariants.
-        for (std::size_t i = 0; i < out.items.size(); ++i) CHECK(validate_item(out.items[i], i).ok());
+        for (std::size_t i = 0; i < out.items.size(); ++i)
+          CHECK(validate_item(out.items[i], i).ok());
       } else {
         CHECK(s.code != errc::ok);
         CHECK_FALSE(s.message.empty());

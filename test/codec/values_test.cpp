@@ -23,11 +23,13 @@ TEST_CASE("byte-plane filter is a bijection for every width and length") {
       // Plane p holds byte (width - 1 - p) of every word: most significant first.
       apply_filter(value_filter::byte_planes, words, width, filtered);
       for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t p = 0; p < width; ++p) CHECK(filtered[p * n + i] == words[i * width + width - 1 - p]);
+        for (std::size_t p = 0; p < width; ++p)
+          CHECK(filtered[p * n + i] == words[i * width + width - 1 - p]);
     }
 }
 
-TEST_CASE("delta encodings satisfy apply(old, make(old, new)) == new over all 16-bit pairs sampled") {
+TEST_CASE(
+    "delta encodings satisfy apply(old, make(old, new)) == new over all 16-bit pairs sampled") {
   std::mt19937_64 rng(77);
   for (int r = 0; r < 100000; ++r) {
     const auto o = static_cast<std::uint16_t>(rng()), n = static_cast<std::uint16_t>(rng());

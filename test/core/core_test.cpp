@@ -10,7 +10,8 @@
 using namespace dcr;
 
 TEST_CASE("dtype info round-trips through safetensors names") {
-  for (auto id : {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2}) {
+  for (auto id :
+       {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2}) {
     auto i = info(id);
     REQUIRE(i);
     CHECK(from_safetensors_name(i->safetensors_name) == id);
@@ -25,7 +26,7 @@ TEST_CASE("placeholders are NaN patterns of their dtype") {
   CHECK(is_nan_word<f32>(dtype_traits<f32>::placeholder));
   CHECK(is_nan_word<f8e4m3fn>(dtype_traits<f8e4m3fn>::placeholder));
   CHECK(is_nan_word<f8e5m2>(dtype_traits<f8e5m2>::placeholder));
-  CHECK_FALSE(is_nan_word<bf16>(0x7F80)); // +inf
+  CHECK_FALSE(is_nan_word<bf16>(0x7F80));   // +inf
   CHECK_FALSE(is_nan_word<f8e4m3fn>(0x7E)); // 448, the largest finite e4m3fn
 }
 

@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,8 +26,8 @@ namespace {
 
 /// One 16-bit format described by its field widths only.
 struct format16 {
-  int mantissa_bits; // 7 for bf16, 10 for f16
-  int exponent_bias; // 127 for bf16, 15 for f16
+  int mantissa_bits;      // 7 for bf16, 10 for f16
+  int exponent_bias;      // 127 for bf16, 15 for f16
   std::uint16_t inf_code; // 0x7F80, 0x7C00
   std::uint16_t (*narrow)(float);
   float (*widen)(std::uint16_t);
@@ -46,7 +46,8 @@ double ref_magnitude(const format16& f, std::uint32_t code) {
   const std::uint32_t m = code & ((1u << f.mantissa_bits) - 1u);
   const int e = static_cast<int>(code >> f.mantissa_bits);
   if (e == 0) return std::ldexp(static_cast<double>(m), 1 - f.exponent_bias - f.mantissa_bits);
-  return std::ldexp(static_cast<double>(m + (1u << f.mantissa_bits)), e - f.exponent_bias - f.mantissa_bits);
+  return std::ldexp(static_cast<double>(m + (1u << f.mantissa_bits)),
+                    e - f.exponent_bias - f.mantissa_bits);
 }
 
 /// Table of magnitudes of codes 0..inf_code, the last being the value the
@@ -68,7 +69,8 @@ std::uint16_t pick(double ax, std::uint32_t lo, double vlo, double vhi) {
 
 /// Expected NaN result: the policy written in rounding.hpp.
 std::uint16_t ref_nan(const format16& f, std::uint32_t u) {
-  const std::uint32_t keep = static_cast<std::uint32_t>(f.mantissa_bits) - 1u; // below the quiet bit
+  const std::uint32_t keep =
+      static_cast<std::uint32_t>(f.mantissa_bits) - 1u; // below the quiet bit
   const std::uint32_t payload = (u >> (22 - keep)) & ((1u << keep) - 1u);
   const std::uint32_t quiet = 1u << keep;
   return static_cast<std::uint16_t>(((u >> 16) & 0x8000u) | f.inf_code | quiet | payload);
@@ -81,7 +83,8 @@ std::uint16_t ref_narrow(const format16& f, const std::vector<double>& mag, floa
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   if (std::isinf(x)) return static_cast<std::uint16_t>(sign | f.inf_code);
   const double ax = std::fabs(static_cast<double>(x));
-  if (ax >= mag.back()) return static_cast<std::uint16_t>(sign | f.inf_code); // nearer to 2^128 / 2^16
+  if (ax >= mag.back())
+    return static_cast<std::uint16_t>(sign | f.inf_code); // nearer to 2^128 / 2^16
   auto it = std::upper_bound(mag.begin(), mag.end(), ax); // first magnitude > ax
   const auto lo = static_cast<std::uint32_t>(it - mag.begin() - 1);
   if (mag[lo] == ax) return static_cast<std::uint16_t>(sign | lo);
@@ -104,7 +107,8 @@ float random_input(splitmix& g) {
   const std::uint32_t sign = u & 0x80000000u;
   switch ((r >> 32) & 7u) {
   case 0:
-  case 1: return f32_from_bits(u);
+  case 1:
+    return f32_from_bits(u);
   case 2: { // exponent 2^-30 .. 2^17 covers f16 subnormal, normal and overflow
     const std::uint32_t e = 97u + static_cast<std::uint32_t>((r >> 40) % 48u);
     return f32_from_bits(sign | (e << 23) | (u & 0x007FFFFFu));
@@ -122,7 +126,9 @@ float random_input(splitmix& g) {
   case 6: // one ulp either side of a bf16 tie
     return f32_from_bits((u & 0xFFFF0000u) | ((r >> 40) & 1u ? 0x8001u : 0x7FFFu));
   default: { // f16 subnormal/normal boundary region and f32 subnormals
-    const std::uint32_t e = static_cast<std::uint32_t>((r >> 40) % 4u) == 0 ? 0u : 110u + static_cast<std::uint32_t>((r >> 42) % 4u);
+    const std::uint32_t e = static_cast<std::uint32_t>((r >> 40) % 4u) == 0
+                                ? 0u
+                                : 110u + static_cast<std::uint32_t>((r >> 42) % 4u);
     return f32_from_bits(sign | (e << 23) | (u & 0x007FFFFFu));
   }
   }
@@ -169,7 +175,8 @@ void exhaustive_sweep(const format16& f) {
     const std::uint16_t got = f.narrow(x);
     const std::uint16_t got_neg = f.narrow(f32_from_bits(u | 0x80000000u));
     if ((got != want || got_neg != (want | 0x8000u)) && ++bad <= 10) {
-      INFO("input " << hex(u) << " want " << hex(want) << " got " << hex(got) << " / " << hex(got_neg));
+      INFO("input " << hex(u) << " want " << hex(want) << " got " << hex(got) << " / "
+                    << hex(got_neg));
       CHECK(false);
     }
   }
@@ -227,8 +234,8 @@ TEST_CASE("bf16 edge classes") {
     CHECK(bf(-INFINITY) == 0xFF80);
   }
   SUBCASE("ties go to the even code, near-ties to the nearer") {
-    CHECK(bf(1.0f + 0x1p-8f) == 0x3F80);         // 0x3F80 | 0x3F81: even below
-    CHECK(bf(1.0f + 3 * 0x1p-8f) == 0x3F82);     // 0x3F81 | 0x3F82: even above
+    CHECK(bf(1.0f + 0x1p-8f) == 0x3F80);     // 0x3F80 | 0x3F81: even below
+    CHECK(bf(1.0f + 3 * 0x1p-8f) == 0x3F82); // 0x3F81 | 0x3F82: even above
     CHECK(bf(1.0f + 0x1p-8f + 0x1p-23f) == 0x3F81);
     CHECK(bf(-(1.0f + 3 * 0x1p-8f)) == 0xBF82);
     CHECK(bf(bits(0x3F817FFFu)) == 0x3F81);
@@ -241,18 +248,18 @@ TEST_CASE("bf16 edge classes") {
     CHECK(bf(-bits(0x7F7FFFFFu)) == 0xFF80);
   }
   SUBCASE("subnormal inputs and results round at subnormal precision") {
-    CHECK(bf(bits(0x00000001u)) == 0x0000);  // smallest FP32 subnormal
-    CHECK(bf(bits(0x00008000u)) == 0x0000);  // tie 0 | 1: even
+    CHECK(bf(bits(0x00000001u)) == 0x0000); // smallest FP32 subnormal
+    CHECK(bf(bits(0x00008000u)) == 0x0000); // tie 0 | 1: even
     CHECK(bf(bits(0x00008001u)) == 0x0001);
-    CHECK(bf(bits(0x00018000u)) == 0x0002);  // tie 1 | 2: even
-    CHECK(bf(bits(0x007FFFFFu)) == 0x0080);  // largest FP32 subnormal → smallest normal
+    CHECK(bf(bits(0x00018000u)) == 0x0002); // tie 1 | 2: even
+    CHECK(bf(bits(0x007FFFFFu)) == 0x0080); // largest FP32 subnormal → smallest normal
     CHECK(bf(bits(0x80008001u)) == 0x8001);
   }
   SUBCASE("NaNs become quiet, keep sign and the top payload bits") {
     CHECK(bf(bits(0x7FC00000u)) == 0x7FC0);
     CHECK(bf(bits(0xFFC00001u)) == 0xFFC0);
-    CHECK(bf(bits(0x7F800001u)) == 0x7FC0);  // signalling, payload only in dropped bits
-    CHECK(bf(bits(0x7FA00000u)) == 0x7FE0);  // signalling, payload bit kept
+    CHECK(bf(bits(0x7F800001u)) == 0x7FC0); // signalling, payload only in dropped bits
+    CHECK(bf(bits(0x7FA00000u)) == 0x7FE0); // signalling, payload bit kept
     CHECK(bf(bits(0xFFFFFFFFu)) == 0xFFFF);
   }
 }
@@ -280,12 +287,12 @@ TEST_CASE("f16 edge classes") {
   }
   SUBCASE("subnormal results are rounded once, at their own precision") {
     CHECK(hf(0x1p-24f) == 0x0001);
-    CHECK(hf(0x1p-25f) == 0x0000);                         // tie 0 | 1: even
+    CHECK(hf(0x1p-25f) == 0x0000); // tie 0 | 1: even
     CHECK(hf(std::nextafter(0x1p-25f, 1.0f)) == 0x0001);
     CHECK(hf(std::nextafter(0x1p-25f, 0.0f)) == 0x0000);
-    CHECK(hf(3 * 0x1p-25f) == 0x0002);                     // tie 1 | 2
-    CHECK(hf(5 * 0x1p-25f) == 0x0002);                     // tie 2 | 3
-    CHECK(hf(0x1p-14f - 0x1p-25f) == 0x0400);              // tie 0x3FF | 0x400: even, a normal
+    CHECK(hf(3 * 0x1p-25f) == 0x0002);        // tie 1 | 2
+    CHECK(hf(5 * 0x1p-25f) == 0x0002);        // tie 2 | 3
+    CHECK(hf(0x1p-14f - 0x1p-25f) == 0x0400); // tie 0x3FF | 0x400: even, a normal
     CHECK(hf(0x1p-14f - 0x1p-24f) == 0x03FF);
     CHECK(hf(0x1p-14f) == 0x0400);
     CHECK(hf(-0x1p-24f) == 0x8001);

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <random>
 
+#include "dcr/assembly/adapters.hpp"
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/trainer_layout.hpp"
-#include "dcr/assembly/adapters.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
@@ -47,7 +47,8 @@ struct world {
 
   /// Receivers: vLLM with tensor_parallel_size `rtp`, data_parallel_size
   /// `rdp`, expert parallelism enabled for MoE models.
-  world(model_config c, trainer_layout t, std::uint64_t rtp, std::uint64_t rdp, std::uint64_t s, builder_options bo = {})
+  world(model_config c, trainer_layout t, std::uint64_t rtp, std::uint64_t rdp, std::uint64_t s,
+        builder_options bo = {})
       : cfg(std::move(c)), tl(t), seed(s) {
     plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
     std::vector<host_tensor> init;
@@ -72,7 +73,11 @@ struct world {
     snapshot();
     for (std::size_t k = 0; k < layouts.size(); ++k)
       endpoints.push_back(std::make_unique<endpoint_t>(
-          id(k), [this, k] { return std::make_unique<staged_t>(id(k), std::make_unique<rank_t>(layouts[k], plan->canonical)); },
+          id(k),
+          [this, k] {
+            return std::make_unique<staged_t>(
+                id(k), std::make_unique<rank_t>(layouts[k], plan->canonical));
+          },
           [this](staged_t& s) {
             s.inner().dense_refit(committed);
             return status::success();
@@ -138,7 +143,8 @@ model_config small_moe() {
 
 } // namespace
 
-TEST_CASE("e2e: Megatron TP2xEP2xDP2 owners -> fs object store -> vLLM TP 4, DP 2, expert parallel receivers, bit-exact every step") {
+TEST_CASE("e2e: Megatron TP2xEP2xDP2 owners -> fs object store -> vLLM TP 4, DP 2, expert parallel "
+          "receivers, bit-exact every step") {
   world w(small_moe(), trainer_layout{2, 1, 2, 1, 2, 128}, 4, 2, 1, targets(1 << 14, 1 << 15));
   auto c = w.coordinator();
   REQUIRE(c.take_over().ok());
@@ -155,7 +161,8 @@ TEST_CASE("e2e: Megatron TP2xEP2xDP2 owners -> fs object store -> vLLM TP 4, DP 
   }
 }
 
-TEST_CASE("e2e: dense Llama, trainer TP2xPP2xDP2, vLLM TP4 (KV heads replicated), with faults every step") {
+TEST_CASE("e2e: dense Llama, trainer TP2xPP2xDP2, vLLM TP4 (KV heads replicated), with faults "
+          "every step") {
   model_config c = tiny_llama();
   c.layers = 2;
   world w(c, trainer_layout{2, 2, 1, 1, 2}, 4, 1, 2, targets(1 << 15, 1 << 16));
@@ -223,7 +230,11 @@ TEST_CASE("e2e: asynchronous RL stages while serving, applies after the gate clo
   for (std::size_t k = 0; k < w.layouts.size(); ++k) {
     gates.push_back(std::make_unique<request_gate>());
     w.endpoints.push_back(std::make_unique<endpoint_t>(
-        w.id(k), [&w, k] { return std::make_unique<staged_t>(w.id(k), std::make_unique<rank_t>(w.layouts[k], w.plan->canonical)); },
+        w.id(k),
+        [&w, k] {
+          return std::make_unique<staged_t>(
+              w.id(k), std::make_unique<rank_t>(w.layouts[k], w.plan->canonical));
+        },
         [&w](staged_t& s) {
           s.inner().dense_refit(w.committed);
           return status::success();

@@ -27,7 +27,10 @@ using namespace dcr;
 
 namespace {
 
-template <class T> T pick(std::mt19937_64& rng, std::initializer_list<T> v) { return *(v.begin() + rng() % v.size()); }
+template <class T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> v) {
+  return *(v.begin() + rng() % v.size());
+}
 
 /// A model with the structure of a real family, at a size a test can refit.
 model_config random_model_config(std::mt19937_64& rng, int index) {
@@ -38,7 +41,8 @@ model_config random_model_config(std::mt19937_64& rng, int index) {
   c.kv_heads = pick<std::uint64_t>(rng, {1, 2, 4});
   c.heads = c.kv_heads * pick<std::uint64_t>(rng, {1, 4, 7, 8});
   c.head_dim = pick<std::uint64_t>(rng, {8, 16});
-  c.hidden = c.family == "qwen3" || c.family == "qwen3_moe" ? pick<std::uint64_t>(rng, {32, 64}) : c.heads * c.head_dim;
+  c.hidden = c.family == "qwen3" || c.family == "qwen3_moe" ? pick<std::uint64_t>(rng, {32, 64})
+                                                            : c.heads * c.head_dim;
   c.layers = pick<std::uint64_t>(rng, {1, 2, 3, 4, 5});
   c.ffn = pick<std::uint64_t>(rng, {48, 64, 96});
   c.vocab = pick<std::uint64_t>(rng, {128, 257, 320, 777});
@@ -73,7 +77,8 @@ std::optional<trainer_layout> random_trainer(std::mt19937_64& rng, const model_c
   return std::nullopt;
 }
 
-std::optional<loaders::vllm_parallel_config> random_vllm(std::mt19937_64& rng, const model_config& c) {
+std::optional<loaders::vllm_parallel_config> random_vllm(std::mt19937_64& rng,
+                                                         const model_config& c) {
   for (int tries = 0; tries < 200; ++tries) {
     loaders::vllm_parallel_config p;
     p.tensor_parallel_size = pick<std::uint64_t>(rng, {1, 2, 4, 8});
@@ -90,7 +95,8 @@ std::optional<loaders::vllm_parallel_config> random_vllm(std::mt19937_64& rng, c
       p.pp_layer_partition += std::to_string(left);
     }
     try {
-      for (std::uint64_t r = 0; r < p.world_size(); ++r) loaders::vllm_style_loader(c, loaders::vllm_layout::of_rank(p, r));
+      for (std::uint64_t r = 0; r < p.world_size(); ++r)
+        loaders::vllm_style_loader(c, loaders::vllm_layout::of_rank(p, r));
       return p;
     } catch (const error&) {
     }
@@ -106,14 +112,17 @@ tensor_set canonical(const source_plan& plan, const source_state& state) {
   return set;
 }
 
-std::string describe(const model_config& c, const trainer_layout& t, const loaders::vllm_parallel_config& p) {
+std::string describe(const model_config& c, const trainer_layout& t,
+                     const loaders::vllm_parallel_config& p) {
   std::ostringstream o;
-  o << c.family << " L" << c.layers << " h" << c.hidden << " nh" << c.heads << " nkv" << c.kv_heads << " d" << c.head_dim
-    << " V" << c.vocab << (c.tied_embeddings ? " tied" : "") << " E" << c.experts << " step" << c.decoder_sparse_step
-    << " | megatron tp" << t.tp << " pp" << t.pp << " ep" << t.ep << " etp" << t.etp << " dp" << t.dp << " vb"
-    << t.vocab_block << " first" << t.first_stage_layers.value_or(0) << " last" << t.last_stage_layers.value_or(0)
-    << " | vllm tp" << p.tensor_parallel_size << " pp" << p.pipeline_parallel_size << " dp" << p.data_parallel_size
-    << (p.enable_expert_parallel ? " ep" : "") << " part'" << p.pp_layer_partition << "'";
+  o << c.family << " L" << c.layers << " h" << c.hidden << " nh" << c.heads << " nkv" << c.kv_heads
+    << " d" << c.head_dim << " V" << c.vocab << (c.tied_embeddings ? " tied" : "") << " E"
+    << c.experts << " step" << c.decoder_sparse_step << " | megatron tp" << t.tp << " pp" << t.pp
+    << " ep" << t.ep << " etp" << t.etp << " dp" << t.dp << " vb" << t.vocab_block << " first"
+    << t.first_stage_layers.value_or(0) << " last" << t.last_stage_layers.value_or(0)
+    << " | vllm tp" << p.tensor_parallel_size << " pp" << p.pipeline_parallel_size << " dp"
+    << p.data_parallel_size << (p.enable_expert_parallel ? " ep" : "") << " part'"
+    << p.pp_layer_partition << "'";
   return o.str();
 }
 
@@ -154,8 +163,8 @@ sweep_stats sweep(int n, std::uint64_t seed) {
     for (std::uint64_t step = 1; step <= 2; ++step) {
       for (std::size_t s = 0; s < state.shards.size(); ++s) {
         auto& b = state.shards[s];
-        sim::stress_update({reinterpret_cast<std::uint16_t*>(b.data()), b.size() / 2}, step == 1 ? 0.03 : 0.3, 1e-2,
-                           rng());
+        sim::stress_update({reinterpret_cast<std::uint16_t*>(b.data()), b.size() / 2},
+                           step == 1 ? 0.03 : 0.3, 1e-2, rng());
       }
       payload_id id;
       id.attempt = step;
@@ -181,7 +190,8 @@ sweep_stats sweep(int n, std::uint64_t seed) {
     }
     st.pp_both = st.pp_both || (tl->pp > 1 && vp->pipeline_parallel_size > 1);
     st.ep_dp = st.ep_dp || (vp->enable_expert_parallel && vp->data_parallel_size > 1);
-    for (auto& l : loaders_) st.uneven_experts = st.uneven_experts || l.local_experts() != loaders_[0].local_experts();
+    for (auto& l : loaders_)
+      st.uneven_experts = st.uneven_experts || l.local_experts() != loaders_[0].local_experts();
     st.tied_pp = st.tied_pp || (c.tied_embeddings && tl->pp > 1 && vp->pipeline_parallel_size > 1);
     st.mixed = st.mixed || (c.is_moe() && c.has_dense_layer());
     ++st.cases;
@@ -191,9 +201,11 @@ sweep_stats sweep(int n, std::uint64_t seed) {
 
 } // namespace
 
-TEST_CASE("placement sweep: random real-shaped models, Megatron layouts and vLLM deployments (unit subset)") {
+TEST_CASE("placement sweep: random real-shaped models, Megatron layouts and vLLM deployments (unit "
+          "subset)") {
   auto st = sweep(40, 20261203);
-  MESSAGE("cases " << st.cases << ", receivers compared " << st.receivers << ", payload bytes " << st.payload_bytes);
+  MESSAGE("cases " << st.cases << ", receivers compared " << st.receivers << ", payload bytes "
+                   << st.payload_bytes);
   CHECK(st.pp_both);
   CHECK(st.ep_dp);
   CHECK(st.uneven_experts);

@@ -16,15 +16,15 @@
 
 #include <unistd.h>
 
+#include "dcr/core/json.hpp"
+#include "dcr/net/base64.hpp"
+#include "dcr/protocol/coordinator.hpp"
+#include "dcr/protocol/etcd_commit_store.hpp"
+#include "dcr/transport/object_store.hpp"
 #include "etcd_server.hpp"
 #include "fake_server.hpp"
 #include "protocol/commit_store_laws.hpp"
 #include "protocol/models.hpp"
-#include "dcr/net/base64.hpp"
-#include "dcr/core/json.hpp"
-#include "dcr/protocol/coordinator.hpp"
-#include "dcr/protocol/etcd_commit_store.hpp"
-#include "dcr/transport/object_store.hpp"
 
 using namespace dcr;
 using namespace dcr::protocol;
@@ -112,7 +112,8 @@ TEST_CASE("etcd store: keys, values and the record's revision as documented") {
     rq.method = "POST";
     rq.target = "/v3/kv/put";
     rq.body = R"({"key":")" + net::base64_encode(s.record_key()) + R"(","value":")" +
-              net::base64_encode(serialize_commit_record(parsed)) + R"("})"; // version 3, record says 2
+              net::base64_encode(serialize_commit_record(parsed)) +
+              R"("})"; // version 3, record says 2
     net::http_response res;
     REQUIRE(c.request(rq, res).ok());
     REQUIRE(res.status == 200);
@@ -213,7 +214,8 @@ TEST_CASE("etcd store: two store objects racing compare-and-set: exactly one win
   t1.join();
   for (int r = 0; r < rounds; ++r) {
     INFO("round " << r);
-    const auto a = results[0][static_cast<std::size_t>(r)], b = results[1][static_cast<std::size_t>(r)];
+    const auto a = results[0][static_cast<std::size_t>(r)],
+               b = results[1][static_cast<std::size_t>(r)];
     CHECK(seen_revision[0][static_cast<std::size_t>(r)] == std::uint64_t(r));
     CHECK(seen_revision[1][static_cast<std::size_t>(r)] == std::uint64_t(r));
     CHECK(((a == errc::ok && b == errc::conflict) || (a == errc::conflict && b == errc::ok)));
@@ -225,7 +227,8 @@ TEST_CASE("etcd store: two store objects racing compare-and-set: exactly one win
   CHECK(cur.record.version == rounds);
 }
 
-TEST_CASE("etcd store: server killed -> typed errors; frozen -> timeout; restarted -> state persisted") {
+TEST_CASE(
+    "etcd store: server killed -> typed errors; frozen -> timeout; restarted -> state persisted") {
   etcd_server srv;
   auto opt = options_for(srv, "crash/");
   opt.http.request_timeout = std::chrono::milliseconds(1500);
@@ -284,10 +287,12 @@ TEST_CASE("etcd store: server killed -> typed errors; frozen -> timeout; restart
   REQUIRE(fresh.prepare(e2, a2).ok());
   CHECK(a2 > a);
   REQUIRE(fresh.compare_and_set(e2, a2, r.revision, sample_record(9, a2, 9)).ok());
-  CHECK(s.compare_and_set(e, a, r.revision + 1, k).code == errc::conflict); // the old coordinator is fenced
+  CHECK(s.compare_and_set(e, a, r.revision + 1, k).code ==
+        errc::conflict); // the old coordinator is fenced
 }
 
-TEST_CASE("etcd store: a compare-and-set whose answer is lost is resolved by reading the state back") {
+TEST_CASE(
+    "etcd store: a compare-and-set whose answer is lost is resolved by reading the state back") {
   auto& srv = shared_server();
   // A proxy in front of etcd that can lose one record put: either after
   // etcd applied it (answer lost) or before forwarding it (request lost).
@@ -295,7 +300,8 @@ TEST_CASE("etcd store: a compare-and-set whose answer is lost is resolved by rea
   std::atomic<lose> mode{lose::nothing};
   std::atomic<int> lost{0};
   etcd_commit_store direct(options_for(srv, "lost-answer/"));
-  const std::string record_put = R"("request_put":{"key":")" + net::base64_encode(direct.record_key()) + "\"";
+  const std::string record_put =
+      R"("request_put":{"key":")" + net::base64_encode(direct.record_key()) + "\"";
   test_net::fake_server proxy([&](int fd, int) {
     net::http_client up(net::http_endpoint{"127.0.0.1", srv.client_port()});
     for (std::string rq; !(rq = test_net::fake_server::read_request(fd)).empty();) {
@@ -318,9 +324,9 @@ TEST_CASE("etcd store: a compare-and-set whose answer is lost is resolved by rea
         ++lost;
         return;
       }
-      test_net::fake_server::write_all(fd, "HTTP/1.1 " + std::to_string(res.status) + " " + res.reason +
-                                               "\r\nContent-Length: " + std::to_string(res.body.size()) +
-                                               "\r\n\r\n" + res.body);
+      test_net::fake_server::write_all(
+          fd, "HTTP/1.1 " + std::to_string(res.status) + " " + res.reason +
+                  "\r\nContent-Length: " + std::to_string(res.body.size()) + "\r\n\r\n" + res.body);
     }
   });
   auto opt = options_for(srv, "lost-answer/");
@@ -385,7 +391,8 @@ TEST_CASE("etcd store: a joint commit through the coordinator, crash and success
   transport::memory_object_store objects;
   etcd_commit_store commits(options_for(srv, "coordinator/"));
   auto dense = [&](model_receiver& r) {
-    for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
+    for (std::size_t t = 0; t < metas.size(); ++t)
+      r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
     return status::success();
   };
   std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
@@ -396,7 +403,8 @@ TEST_CASE("etcd store: a joint commit through the coordinator, crash and success
         id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
     ep.push_back(eps.back().get());
   }
-  using C = coordinator<model_owner, model_receiver, transport::memory_object_store, etcd_commit_store>;
+  using C =
+      coordinator<model_owner, model_receiver, transport::memory_object_store, etcd_commit_store>;
   coordinator_options crash;
   crash.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
   C c1(commits, objects, op, ep, crash);
@@ -404,7 +412,8 @@ TEST_CASE("etcd store: a joint commit through the coordinator, crash and success
   REQUIRE(c1.bootstrap().ok());
   trainer.step(0.05, 1);
   CHECK(c1.transition().result.code == errc::aborted);
-  etcd_commit_store reopened(options_for(srv, "coordinator/")); // the successor reads the durable record
+  etcd_commit_store reopened(
+      options_for(srv, "coordinator/")); // the successor reads the durable record
   C c2(reopened, objects, op, ep);
   REQUIRE(c2.take_over().ok());
   auto rep = c2.transition();
@@ -418,7 +427,8 @@ TEST_CASE("etcd store: a joint commit through the coordinator, crash and success
   for (std::size_t i = 0; i < ep.size(); ++i)
     ep[i]->with_receiver([&](model_receiver& r) {
       CHECK(cur.record.receivers[i].state == r.state_digest());
-      for (std::size_t t = 0; t < metas.size(); ++t) CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
+      for (std::size_t t = 0; t < metas.size(); ++t)
+        CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
     });
   // The first coordinator was fenced by the successor's take_over.
   std::uint64_t a = 0;
@@ -427,7 +437,8 @@ TEST_CASE("etcd store: a joint commit through the coordinator, crash and success
 
 int main(int argc, char** argv) {
   if (::access(test_etcd::etcd_binary, X_OK) != 0) {
-    std::printf("skip: %s not found (install the Debian package etcd-server)\n", test_etcd::etcd_binary);
+    std::printf("skip: %s not found (install the Debian package etcd-server)\n",
+                test_etcd::etcd_binary);
     return 77;
   }
   doctest::Context ctx(argc, argv);

@@ -89,14 +89,22 @@ public:
     if (pid_ > 0) throw std::runtime_error("etcd already running");
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::vector<std::string> args = {etcd_binary,
-                                     "--name", "dcr-test",
-                                     "--data-dir", (dir_ / "data").string(),
-                                     "--listen-client-urls", url(),
-                                     "--advertise-client-urls", url(),
-                                     "--listen-peer-urls", peer,
-                                     "--initial-advertise-peer-urls", peer,
-                                     "--initial-cluster", "dcr-test=" + peer,
-                                     "--initial-cluster-state", "new"};
+                                     "--name",
+                                     "dcr-test",
+                                     "--data-dir",
+                                     (dir_ / "data").string(),
+                                     "--listen-client-urls",
+                                     url(),
+                                     "--advertise-client-urls",
+                                     url(),
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "dcr-test=" + peer,
+                                     "--initial-cluster-state",
+                                     "new"};
     if (tls_) {
       args.insert(args.end(), {"--cert-file", tls_->cert_file, "--key-file", tls_->key_file});
       if (!tls_->client_ca_file.empty())
@@ -168,7 +176,9 @@ private:
       rq.target = "/health";
       rq.idempotent = true;
       net::http_response res;
-      if (c.request(rq, res).ok() && res.status == 200 && res.body.find("\"true\"") != std::string::npos) return;
+      if (c.request(rq, res).ok() && res.status == 200 &&
+          res.body.find("\"true\"") != std::string::npos)
+        return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     kill(SIGKILL);

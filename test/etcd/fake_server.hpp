@@ -37,7 +37,7 @@ public:
     REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
     port_ = ntohs(a.sin_port);
     thread_ = std::thread([this] {
-      for (int n = 0; !stop_; ) {
+      for (int n = 0; !stop_;) {
         pollfd p{fd_, POLLIN, 0};
         if (::poll(&p, 1, 20) <= 0) continue;
         const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -81,8 +81,8 @@ public:
     }
   }
   static std::string ok(std::string_view body, std::string_view extra = "") {
-    return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + std::string(extra) +
-           "\r\n" + std::string(body);
+    return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" +
+           std::string(extra) + "\r\n" + std::string(body);
   }
 
   std::atomic<int> connections{0};

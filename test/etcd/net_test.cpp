@@ -16,10 +16,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "fake_server.hpp"
+#include "dcr/core/json.hpp"
 #include "dcr/net/base64.hpp"
 #include "dcr/net/http_client.hpp"
-#include "dcr/core/json.hpp"
+#include "fake_server.hpp"
 
 using namespace dcr;
 using namespace dcr::net;
@@ -46,10 +46,11 @@ TEST_CASE("base64: round trip over every length and byte; strict decoding") {
 
 TEST_CASE("json: values, escapes, integers as strings, and malformed input") {
   json_value v;
-  REQUIRE(parse_json(R"( {"a":"x\u00e9\ud83d\ude00\n","n":-1.5e3,"i":"18446744073709551615","b":true,
+  REQUIRE(
+      parse_json(R"( {"a":"x\u00e9\ud83d\ude00\n","n":-1.5e3,"i":"18446744073709551615","b":true,
                           "z":null,"arr":[1,[],{}],"a":"second"} )",
-                     v)
-              .ok());
+                 v)
+          .ok());
   REQUIRE(v.is_object());
   CHECK(v.get("a")->text == "x\xc3\xa9\xf0\x9f\x98\x80\n"); // the first of repeated keys
   CHECK(v.get("n")->type == json_value::kind::number);
@@ -68,8 +69,8 @@ TEST_CASE("json: values, escapes, integers as strings, and malformed input") {
   CHECK_FALSE(w.as_u64(u)); // overflow
   REQUIRE(parse_json("\"012\"", w).ok());
   CHECK_FALSE(w.as_u64(u)); // leading zero
-  for (const char* bad : {"", "{", "{\"a\"}", "{\"a\":1,}", "[1 2]", "01", "1.", "-", "tru", "\"\\x\"", "\"a",
-                          "\"\\ud800\"", "{} {}", "\"\x01\"", "1e"})
+  for (const char* bad : {"", "{", "{\"a\"}", "{\"a\":1,}", "[1 2]", "01", "1.", "-", "tru",
+                          "\"\\x\"", "\"a", "\"\\ud800\"", "{} {}", "\"\x01\"", "1e"})
     CHECK_MESSAGE(parse_json(bad, w, "input").code == errc::bad_format, bad);
   std::string deep(100, '[');
   deep += std::string(100, ']');
@@ -92,8 +93,8 @@ TEST_CASE("parse_endpoint: accepted and rejected forms") {
   CHECK(e.url() == "http://example.org:80");
   REQUIRE(parse_endpoint("http://[::1]", e).ok());
   CHECK(e == http_endpoint{"::1", 80});
-  for (const char* bad : {"h", "h:", ":1", "h:0", "h:65536", "h:12a", "http://h:1/path", "[::1:5", "[::1]", "ftp://h:1",
-                          "http://", "http://:80"})
+  for (const char* bad : {"h", "h:", ":1", "h:0", "h:65536", "h:12a", "http://h:1/path", "[::1:5",
+                          "[::1]", "ftp://h:1", "http://", "http://:80"})
     CHECK_MESSAGE(parse_endpoint(bad, e).code == errc::invalid_argument, bad);
 }
 
@@ -132,7 +133,8 @@ http_request post(std::string body, bool idempotent = false) {
 
 } // namespace
 
-TEST_CASE("http_client: keep-alive reuse; request line, headers and body arrive; response headers") {
+TEST_CASE(
+    "http_client: keep-alive reuse; request line, headers and body arrive; response headers") {
   std::string seen;
   fake_server srv([&](int fd, int) {
     for (std::string rq; !(rq = fake_server::read_request(fd)).empty();) {
@@ -157,7 +159,8 @@ TEST_CASE("http_client: keep-alive reuse; request line, headers and body arrive;
   c.close();
 }
 
-TEST_CASE("http_client: a connection closed by the server (idle close or Connection: close) is replaced") {
+TEST_CASE("http_client: a connection closed by the server (idle close or Connection: close) is "
+          "replaced") {
   fake_server srv([&](int fd, int n) {
     if (fake_server::read_request(fd).empty()) return;
     // Odd connections say nothing and close; even ones announce it.
@@ -166,7 +169,8 @@ TEST_CASE("http_client: a connection closed by the server (idle close or Connect
   http_client c(srv.endpoint());
   for (int i = 0; i < 4; ++i) {
     http_response res;
-    auto st = c.request(post("x"), res); // not idempotent: works only if staleness is seen before sending
+    auto st =
+        c.request(post("x"), res); // not idempotent: works only if staleness is seen before sending
     REQUIRE_MESSAGE(st.ok(), st.message);
     CHECK(res.body == "r");
     std::this_thread::sleep_for(std::chrono::milliseconds(30)); // let the server's close arrive
@@ -190,7 +194,8 @@ TEST_CASE("http_client: silence -> timeout; garbage -> bad_format; big body -> l
     CHECK(st.code == errc::unavailable);
     CHECK(st.message.find("timed out after 300 ms") != std::string::npos);
     CHECK(st.message.find("outcome unknown") != std::string::npos);
-    CHECK(st.message.find("POST http://" + srv.endpoint().authority() + "/echo?x=1") != std::string::npos);
+    CHECK(st.message.find("POST http://" + srv.endpoint().authority() + "/echo?x=1") !=
+          std::string::npos);
   }
   SUBCASE("not HTTP") {
     fake_server srv([&](int fd, int) {
@@ -226,7 +231,8 @@ TEST_CASE("http_client: silence -> timeout; garbage -> bad_format; big body -> l
   }
 }
 
-TEST_CASE("http_client: a request dropped after it was read: idempotent ones move on, others report unknown") {
+TEST_CASE("http_client: a request dropped after it was read: idempotent ones move on, others "
+          "report unknown") {
   // Connection 1 serves one request and keeps the connection; the second
   // request on it is read and dropped. Connection 2 answers.
   fake_server srv([&](int fd, int n) {
@@ -236,7 +242,8 @@ TEST_CASE("http_client: a request dropped after it was read: idempotent ones mov
       (void)fake_server::read_request(fd);
       return; // close without answering
     }
-    for (std::string rq; !(rq = fake_server::read_request(fd)).empty();) fake_server::write_all(fd, fake_server::ok("again"));
+    for (std::string rq; !(rq = fake_server::read_request(fd)).empty();)
+      fake_server::write_all(fd, fake_server::ok("again"));
   });
   {
     http_client c(srv.endpoint());
@@ -252,8 +259,10 @@ TEST_CASE("http_client: a request dropped after it was read: idempotent ones mov
 TEST_CASE("http_client: a non-idempotent request dropped after it was read is an unknown outcome") {
   fake_server srv([&](int fd, int n) {
     if (fake_server::read_request(fd).empty()) return;
-    if (n == 1) fake_server::write_all(fd, fake_server::ok("first"));
-    else return;
+    if (n == 1)
+      fake_server::write_all(fd, fake_server::ok("first"));
+    else
+      return;
     (void)fake_server::read_request(fd);
   });
   http_client c(srv.endpoint());
@@ -267,7 +276,8 @@ TEST_CASE("http_client: a non-idempotent request dropped after it was read is an
 
 TEST_CASE("http_client: failover past dead endpoints; all dead -> unavailable") {
   fake_server srv([&](int fd, int) {
-    for (std::string rq; !(rq = fake_server::read_request(fd)).empty();) fake_server::write_all(fd, fake_server::ok("up"));
+    for (std::string rq; !(rq = fake_server::read_request(fd)).empty();)
+      fake_server::write_all(fd, fake_server::ok("up"));
   });
   // A port nobody listens on: bind, read the port, close.
   auto dead_port = [] {

@@ -21,7 +21,9 @@ namespace {
 const char* python = "/usr/bin/python3";
 
 std::string tmp(const std::string& stem) {
-  return (std::filesystem::temp_directory_path() / ("dcr_sti_" + stem + "_" + std::to_string(::getpid()))).string();
+  return (std::filesystem::temp_directory_path() /
+          ("dcr_sti_" + stem + "_" + std::to_string(::getpid())))
+      .string();
 }
 
 int run_python(const std::string& script, const std::string& arg) {
@@ -99,7 +101,8 @@ TEST_CASE("a file written by Python's json/struct is read exactly") {
 }
 
 TEST_CASE("a file written by dcr is parsed and checked by Python") {
-  std::vector<tensor_meta> metas = {{"y.\xc3\xa9", {3}, dtype_id::f8e4m3fn}, {"x", {2, 7}, dtype_id::bf16}};
+  std::vector<tensor_meta> metas = {{"y.\xc3\xa9", {3}, dtype_id::f8e4m3fn},
+                                    {"x", {2, 7}, dtype_id::bf16}};
   std::vector<std::byte> y(3, std::byte{0x38}), x(28);
   for (int i = 0; i < 14; ++i) {
     const auto v = static_cast<std::uint16_t>(i * 3);

@@ -17,12 +17,15 @@ using namespace dcr::io;
 
 namespace {
 
-std::vector<std::byte> image(const std::string& header, std::size_t data_bytes, std::uint64_t declared_len = ~0ull) {
+std::vector<std::byte> image(const std::string& header, std::size_t data_bytes,
+                             std::uint64_t declared_len = ~0ull) {
   const std::uint64_t n = declared_len == ~0ull ? header.size() : declared_len;
   std::vector<std::byte> v(8 + header.size() + data_bytes);
-  for (int i = 0; i < 8; ++i) v[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 8; ++i)
+    v[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
   std::memcpy(v.data() + 8, header.data(), header.size());
-  for (std::size_t i = 0; i < data_bytes; ++i) v[8 + header.size() + i] = static_cast<std::byte>(i * 7 + 1);
+  for (std::size_t i = 0; i < data_bytes; ++i)
+    v[8 + header.size() + i] = static_cast<std::byte>(i * 7 + 1);
   return v;
 }
 
@@ -31,7 +34,9 @@ status parse(const std::vector<std::byte>& img, safetensors_index& idx) {
 }
 
 std::string temp_path(const std::string& stem) {
-  return (std::filesystem::temp_directory_path() / ("dcr_st_" + stem + "_" + std::to_string(::getpid()))).string();
+  return (std::filesystem::temp_directory_path() /
+          ("dcr_st_" + stem + "_" + std::to_string(::getpid())))
+      .string();
 }
 
 } // namespace
@@ -41,8 +46,9 @@ static_assert(canonical_source<safetensors_file>);
 TEST_CASE("an image laid out like the reference writer's parses to the declared tensors") {
   // serde_json output of the reference writer: metadata first, no spaces,
   // header padded with spaces to a multiple of 8.
-  std::string h = R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
-                  R"("a":{"dtype":"F32","shape":[],"data_offsets":[12,16]},"e":{"dtype":"F8_E4M3","shape":[0],"data_offsets":[16,16]}})";
+  std::string h =
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
+      R"("a":{"dtype":"F32","shape":[],"data_offsets":[12,16]},"e":{"dtype":"F8_E4M3","shape":[0],"data_offsets":[16,16]}})";
   while ((8 + h.size()) % 8) h += ' ';
   auto img = image(h, 16);
   safetensors_index idx;
@@ -55,7 +61,8 @@ TEST_CASE("an image laid out like the reference writer's parses to the declared 
   CHECK(idx.entries[2].meta.numel() == 0);
   CHECK(idx.data_offset == 8 + h.size());
   // Pretty-printed JSON with escapes and unknown keys is fine too.
-  std::string h2 = "{\n  \"w\\u00e9\\ud83d\\ude00\\n\" : { \"shape\" : [ 1 ] , \"extra\": [true, null, -1.5e3, {\"x\": []}],"
+  std::string h2 = "{\n  \"w\\u00e9\\ud83d\\ude00\\n\" : { \"shape\" : [ 1 ] , \"extra\": [true, "
+                   "null, -1.5e3, {\"x\": []}],"
                    " \"dtype\" : \"F16\", \"data_offsets\" : [0, 2] }\n}";
   auto img2 = image(h2, 2);
   REQUIRE(parse(img2, idx).ok());
@@ -83,7 +90,8 @@ TEST_CASE("encode_safetensors round trip through a file, zero-copy views") {
   }
   CHECK(!f.find("nope"));
   // Dense refit from the file equals dense refit from memory.
-  loaders::vllm_parallel_config deployment; // TP 2, DP 2, expert parallel: rank 1 is (dp 0, tp 1), EP rank 1 of 4
+  loaders::vllm_parallel_config
+      deployment; // TP 2, DP 2, expert parallel: rank 1 is (dp 0, tp 1), EP rank 1 of 4
   deployment.tensor_parallel_size = 2;
   deployment.data_parallel_size = 2;
   deployment.enable_expert_parallel = true;
@@ -98,7 +106,8 @@ TEST_CASE("encode_safetensors round trip through a file, zero-copy views") {
 }
 
 TEST_CASE("unaligned tensors are served from an aligned copy") {
-  std::string h = R"({"x":{"dtype":"F8_E5M2","shape":[3],"data_offsets":[0,3]},"y":{"dtype":"BF16","shape":[2],"data_offsets":[3,7]}})";
+  std::string h =
+      R"({"x":{"dtype":"F8_E5M2","shape":[3],"data_offsets":[0,3]},"y":{"dtype":"BF16","shape":[2],"data_offsets":[3,7]}})";
   while ((8 + h.size()) % 8) h += ' ';
   auto img = image(h, 7);
   const auto path = temp_path("unaligned");
@@ -131,22 +140,31 @@ TEST_CASE("malformed safetensors give bad_format naming what is wrong") {
       {"{" + ok_b, 4, "header JSON"},
       {"[" + ok_b + "]", 4, "does not start with '{'"},
       {"{" + ok_b + "} x", 4, "bytes after the header object"},
-      {R"({"t":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8, "tensor t: unsupported dtype 'I64'"},
-      {R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[0]}})", 4, "tensor t: data_offsets must hold two"},
-      {R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[4,0]}})", 4, "tensor t: data_offsets end before"},
-      {R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[0,40]}})", 4, "tensor t: data_offsets end 40 beyond"},
-      {R"({"t":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})", 4, "tensor t: shape needs 6 bytes"},
+      {R"({"t":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8,
+       "tensor t: unsupported dtype 'I64'"},
+      {R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[0]}})", 4,
+       "tensor t: data_offsets must hold two"},
+      {R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[4,0]}})", 4,
+       "tensor t: data_offsets end before"},
+      {R"({"t":{"dtype":"BF16","shape":[2],"data_offsets":[0,40]}})", 4,
+       "tensor t: data_offsets end 40 beyond"},
+      {R"({"t":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})", 4,
+       "tensor t: shape needs 6 bytes"},
       {R"({"t":{"dtype":"BF16","shape":[-2],"data_offsets":[0,4]}})", 4, "non-negative integer"},
       {R"({"t":{"dtype":"BF16","shape":[2.5],"data_offsets":[0,4]}})", 4, "expected an integer"},
-      {R"({"t":{"dtype":"BF16","shape":[4294967296,4294967296,4],"data_offsets":[0,4]}})", 4, "tensor t: shape overflows"},
+      {R"({"t":{"dtype":"BF16","shape":[4294967296,4294967296,4],"data_offsets":[0,4]}})", 4,
+       "tensor t: shape overflows"},
       {R"({"t":{"dtype":"BF16","data_offsets":[0,4]}})", 4, "tensor t: entry lacks"},
       {R"({"t":[1]})", 4, "tensor t: entry is not an object"},
-      {"{" + ok_b + R"(,"c":{"dtype":"BF16","shape":[2],"data_offsets":[2,6]}})", 6, "tensors b and c overlap"},
-      {"{" + ok_b + R"(,"c":{"dtype":"BF16","shape":[2],"data_offsets":[6,10]}})", 10, "tensor c: hole of 2 bytes"},
+      {"{" + ok_b + R"(,"c":{"dtype":"BF16","shape":[2],"data_offsets":[2,6]}})", 6,
+       "tensors b and c overlap"},
+      {"{" + ok_b + R"(,"c":{"dtype":"BF16","shape":[2],"data_offsets":[6,10]}})", 10,
+       "tensor c: hole of 2 bytes"},
       {"{" + ok_b + "}", 6, "2 bytes after the last tensor"},
       {"{" + ok_b + "," + ok_b + "}", 4, "tensor b: listed twice"},
       {R"({"__metadata__":{"k":1}})", 0, "__metadata__ value is not a string"},
-      {R"({"t":{"dtype":"BF16","shape":[1,1,1,1,1,1,1],"data_offsets":[0,2]}})", 2, "tensor t: rank 7"},
+      {R"({"t":{"dtype":"BF16","shape":[1,1,1,1,1,1,1],"data_offsets":[0,2]}})", 2,
+       "tensor t: rank 7"},
       {R"({"t\q":{}})", 0, "bad escape"},
       {"{\"t\x01\":{}}", 0, "control character"},
       {R"({"\ud800":{}})", 0, "lone surrogate"},
@@ -190,8 +208,9 @@ TEST_CASE("encode_safetensors rejects inconsistent input") {
   std::vector<std::byte> three(3);
   d[1] = three;
   CHECK_THROWS_AS(encode_safetensors(m, d), error);
-  CHECK(write_safetensors("/nonexistent-dir/x.safetensors", m, std::vector<std::span<const std::byte>>{four, four}).code ==
-        errc::io);
+  CHECK(write_safetensors("/nonexistent-dir/x.safetensors", m,
+                          std::vector<std::span<const std::byte>>{four, four})
+            .code == errc::io);
 }
 
 TEST_CASE("random truncations and byte flips never crash the parser") {
@@ -209,8 +228,10 @@ TEST_CASE("random truncations and byte flips never crash the parser") {
   int rejected = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     auto v = img;
-    if (trial % 3 == 0) v.resize(rng() % header_end);
-    else v[rng() % header_end] = static_cast<std::byte>(rng());
+    if (trial % 3 == 0)
+      v.resize(rng() % header_end);
+    else
+      v[rng() % header_end] = static_cast<std::byte>(rng());
     auto s = parse(v, idx);
     if (!s.ok()) {
       ++rejected;

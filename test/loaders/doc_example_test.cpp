@@ -15,7 +15,8 @@ struct fused_mlp_loader {
   static bool ends_with(std::string_view s, std::string_view x) {
     return s.size() >= x.size() && s.substr(s.size() - x.size()) == x;
   }
-  static std::string gate_up(std::string_view n) { // "...mlp.gate_proj.weight" -> "...mlp.gate_up.weight"
+  static std::string
+  gate_up(std::string_view n) { // "...mlp.gate_proj.weight" -> "...mlp.gate_up.weight"
     return std::string(n.substr(0, n.rfind("mlp.") + 4)) + "gate_up.weight";
   }
 
@@ -23,9 +24,12 @@ struct fused_mlp_loader {
   void declare(dcr::parameter_store& s, std::span<const dcr::tensor_meta> canonical) {
     for (auto& m : canonical) {
       if (ends_with(m.name, "mlp.up_proj.weight")) continue; // lives in gate_up
-      if (ends_with(m.name, "mlp.gate_proj.weight")) s.add(gate_up(m.name), {2 * m.shape[0], m.shape[1]}, m.dtype);
-      else if (ends_with(m.name, "norm.weight")) s.add(m.name, m.shape, dcr::dtype_id::f32);
-      else s.add(m.name, m.shape, m.dtype);
+      if (ends_with(m.name, "mlp.gate_proj.weight"))
+        s.add(gate_up(m.name), {2 * m.shape[0], m.shape[1]}, m.dtype);
+      else if (ends_with(m.name, "norm.weight"))
+        s.add(m.name, m.shape, dcr::dtype_id::f32);
+      else
+        s.add(m.name, m.shape, m.dtype);
     }
   }
 
@@ -36,7 +40,8 @@ struct fused_mlp_loader {
       const auto rows = src.layout.extents[0];
       const auto p = gate_up(name);
       const bool up = ends_with(name, "up_proj.weight");
-      sink.copy(s.view(p).slice(0, up ? rows : 0, rows), src); // a slice of the scratch: XOR allowed
+      sink.copy(s.view(p).slice(0, up ? rows : 0, rows),
+                src); // a slice of the scratch: XOR allowed
       return {{p}};
     }
     if (ends_with(name, "norm.weight")) {
@@ -70,6 +75,8 @@ TEST_CASE("docs/loaders.md example: plan and delta refit == dense refit") {
   auto v = test::random_model(metas, 3);
   auto v1 = test::clone(v);
   test::stress(v1, 0.05, 0.05, 4);
-  for (auto mode : {test::delta_mode::mixed, test::delta_mode::xor_only, test::delta_mode::overwrite_only})
-    CHECK(test::check_delta_equals_dense(std::vector{fused_mlp_loader{}}, metas, v, v1, mode, 5).changed > 0);
+  for (auto mode :
+       {test::delta_mode::mixed, test::delta_mode::xor_only, test::delta_mode::overwrite_only})
+    CHECK(test::check_delta_equals_dense(std::vector{fused_mlp_loader{}}, metas, v, v1, mode, 5)
+              .changed > 0);
 }

@@ -47,8 +47,8 @@ tensor_set canonical(const source_plan& plan, const source_state& state) {
 } // namespace
 
 TEST_CASE("row_split_loader: splits what divides, replicates the rest, refuses a bad rank") {
-  const std::vector<tensor_meta> metas = {{"a", {8, 3}, dtype_id::bf16}, {"b", {3, 4}, dtype_id::bf16},
-                                          {"c", {2}, dtype_id::bf16}};
+  const std::vector<tensor_meta> metas = {
+      {"a", {8, 3}, dtype_id::bf16}, {"b", {3, 4}, dtype_id::bf16}, {"c", {2}, dtype_id::bf16}};
   loaders::row_split_loader l(4, 1, metas);
   CHECK(l.splits("a"));
   CHECK_FALSE(l.splits("b"));
@@ -71,7 +71,8 @@ TEST_CASE("row_split_loader: delta refits equal dense refits on random shapes an
     auto v = test::random_model(metas, 100 + round);
     auto v1 = test::clone(v);
     test::adamw_steps(v1, 1, 200 + round);
-    for (auto mode : {test::delta_mode::mixed, test::delta_mode::xor_only, test::delta_mode::overwrite_only}) {
+    for (auto mode :
+         {test::delta_mode::mixed, test::delta_mode::xor_only, test::delta_mode::overwrite_only}) {
       INFO("round " << round << ", " << parts << " ranks");
       auto st = test::check_delta_equals_dense(ls, metas, v, v1, mode, 300 + round);
       CHECK(st.receivers == parts);
@@ -83,7 +84,8 @@ TEST_CASE("row_split_plan -> builder -> row_split receivers equals a dense refit
   std::mt19937_64 rng(0xabc);
   for (int round = 0; round < 8; ++round) {
     const auto metas = random_metas(rng);
-    const std::uint32_t tp = 1 + static_cast<std::uint32_t>(rng() % 3), dp = 1 + static_cast<std::uint32_t>(rng() % 2);
+    const std::uint32_t tp = 1 + static_cast<std::uint32_t>(rng() % 3),
+                        dp = 1 + static_cast<std::uint32_t>(rng() % 2);
     const std::uint64_t parts = 1 + rng() % 4;
     INFO("round " << round << ": TP" << tp << " x DP" << dp << " -> " << parts << " ranks");
     auto plan = std::make_shared<const source_plan>(row_split_plan(metas, tp, dp));
@@ -105,7 +107,8 @@ TEST_CASE("row_split_plan -> builder -> row_split receivers equals a dense refit
     }
     for (std::size_t s = 0; s < state.shards.size(); ++s) {
       auto& b = state.shards[s];
-      sim::stress_update({reinterpret_cast<std::uint16_t*>(b.data()), b.size() / 2}, 0.05, 1e-2, 50 * round + s);
+      sim::stress_update({reinterpret_cast<std::uint16_t*>(b.data()), b.size() / 2}, 0.05, 1e-2,
+                         50 * round + s);
     }
     payload_id id;
     id.attempt = 1;
@@ -115,7 +118,8 @@ TEST_CASE("row_split_plan -> builder -> row_split receivers equals a dense refit
     for (auto& r : rs) REQUIRE(r.apply_staged().ok());
     const tensor_set next = canonical(*plan, state);
     for (std::uint64_t r = 0; r < parts; ++r) {
-      receiver<loaders::row_split_loader> dense(loaders::row_split_loader(parts, r, metas), plan->canonical);
+      receiver<loaders::row_split_loader> dense(loaders::row_split_loader(parts, r, metas),
+                                                plan->canonical);
       dense.dense_refit(next);
       CHECK(first_difference(rs[r].storage(), dense.storage()) == "");
     }

@@ -48,7 +48,7 @@ struct expectation {
 struct vllm_reference {
   model_config c;
   loaders::vllm_parallel_config p;
-  std::uint64_t dp_rank, pp_rank, r; // r: TP rank
+  std::uint64_t dp_rank, pp_rank, r;      // r: TP rank
   std::map<std::string, std::size_t> idx; // canonical name -> tensor index
 
   std::uint64_t t() const { return p.tensor_parallel_size; }
@@ -56,14 +56,17 @@ struct vllm_reference {
   std::uint64_t vocab_rows() const { return padded() / t(); }
   std::uint64_t nq_l() const { return c.heads / t(); }
   std::uint64_t nkv_l() const { return c.kv_heads >= t() ? c.kv_heads / t() : 1; }
-  std::uint64_t kv_first_head() const { return c.kv_heads >= t() ? r * nkv_l() : r * c.kv_heads / t(); }
+  std::uint64_t kv_first_head() const {
+    return c.kv_heads >= t() ? r * nkv_l() : r * c.kv_heads / t();
+  }
   // Stage sizes: even split, leftovers one each to stages P-2, P-3, ...
   std::uint64_t stage_size(std::uint64_t s) const {
     const auto P = p.pipeline_parallel_size, L = c.layers, rem = L % P;
     if (!p.pp_layer_partition.empty()) {
       std::vector<std::uint64_t> v;
       std::string x = p.pp_layer_partition + ",";
-      for (std::size_t a = 0, b; (b = x.find(',', a)) != std::string::npos; a = b + 1) v.push_back(std::stoull(x.substr(a, b - a)));
+      for (std::size_t a = 0, b; (b = x.find(',', a)) != std::string::npos; a = b + 1)
+        v.push_back(std::stoull(x.substr(a, b - a)));
       return v.at(s);
     }
     return L / P + (s + 1 < P && s + 1 + rem >= P ? 1 : 0);
@@ -76,7 +79,8 @@ struct vllm_reference {
   bool first() const { return pp_rank == 0; }
   bool last() const { return pp_rank + 1 == p.pipeline_parallel_size; }
   bool holds_embed(std::uint64_t stage) const {
-    return c.family == "qwen3_moe" || stage == 0 || (c.tied_embeddings && stage + 1 == p.pipeline_parallel_size);
+    return c.family == "qwen3_moe" || stage == 0 ||
+           (c.tied_embeddings && stage + 1 == p.pipeline_parallel_size);
   }
   bool holds_final(std::uint64_t stage) const {
     return c.family == "qwen3_moe" || stage + 1 == p.pipeline_parallel_size;
@@ -89,7 +93,9 @@ struct vllm_reference {
   std::uint64_t etp() const { return ep() ? 1 : p.data_parallel_size * t(); }
   std::uint64_t etp_rank() const { return ep() ? 0 : flat_rank(); }
   bool round_robin() const {
-    if (p.expert_placement_strategy != loaders::expert_placement::round_robin || c.expert_groups < 2) return false;
+    if (p.expert_placement_strategy != loaders::expert_placement::round_robin ||
+        c.expert_groups < 2)
+      return false;
     if (p.data_parallel_size > 1 && ep() && p.all2all_backend != "deepep_low_latency") return false;
     return true;
   }
@@ -128,7 +134,8 @@ struct vllm_reference {
     if (pn == "model.embed_tokens.weight" || pn == "lm_head.weight") {
       const auto g = r * vocab_rows() + x[0];
       if (g >= c.vocab) return {0, 0, 0, true};
-      return {at(pn == "lm_head.weight" && !c.tied_embeddings ? pn : "model.embed_tokens.weight"), g, x[1]};
+      return {at(pn == "lm_head.weight" && !c.tied_embeddings ? pn : "model.embed_tokens.weight"),
+              g, x[1]};
     }
     if (ends("qkv_proj.weight") || ends("qkv_proj.bias")) {
       const bool bias = ends("bias");
@@ -136,7 +143,8 @@ struct vllm_reference {
       const auto col = bias ? 0 : x[1];
       const char* sfx = bias ? "bias" : "weight";
       const auto nq = nq_l() * d, nkv = nkv_l() * d;
-      if (i < nq) return {at(L(pn, ("self_attn.q_proj." + std::string(sfx)).c_str())), r * nq + i, col};
+      if (i < nq)
+        return {at(L(pn, ("self_attn.q_proj." + std::string(sfx)).c_str())), r * nq + i, col};
       const bool is_k = i < nq + nkv;
       const auto j = i - nq - (is_k ? 0 : nkv);
       return {at(L(pn, (std::string("self_attn.") + (is_k ? "k" : "v") + "_proj." + sfx).c_str())),
@@ -145,7 +153,8 @@ struct vllm_reference {
     if (ends("o_proj.weight")) return {at(pn), x[0], r * (c.heads * d / t()) + x[1]};
     if (ends("gate_up_proj.weight")) {
       const auto il = c.ffn / t();
-      return {at(L(pn, x[0] < il ? "mlp.gate_proj.weight" : "mlp.up_proj.weight")), r * il + x[0] % il, x[1]};
+      return {at(L(pn, x[0] < il ? "mlp.gate_proj.weight" : "mlp.up_proj.weight")),
+              r * il + x[0] % il, x[1]};
     }
     if (ends("mlp.down_proj.weight")) return {at(pn), x[0], r * (c.ffn / t()) + x[1]};
     if (ends("w13_weight")) {
@@ -169,7 +178,8 @@ struct vllm_reference {
     if (n == "model.norm.weight") return !holds_final(pp_rank);
     const auto layer = std::stoull(n.substr(13));
     if (stage_of_layer(layer) != pp_rank) return true;
-    if (n.find(".experts.") != std::string::npos) return home_of(std::stoull(n.substr(n.find(".experts.") + 9))) != ep_rank();
+    if (n.find(".experts.") != std::string::npos)
+      return home_of(std::stoull(n.substr(n.find(".experts.") + 9))) != ep_rank();
     return false;
   }
 
@@ -182,11 +192,13 @@ struct vllm_reference {
         stages += n == "model.embed_tokens.weight" ? holds_embed(s) : holds_final(s);
       return static_cast<std::uint32_t>(stages * dp * (n == "model.norm.weight" ? T : 1));
     }
-    if (n.find(".experts.") != std::string::npos) return 1; // one rank of the dp x tp group of its stage
+    if (n.find(".experts.") != std::string::npos)
+      return 1; // one rank of the dp x tp group of its stage
     const bool kv = n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos;
     std::uint64_t per = 1;
     if (kv && T > c.kv_heads) per = T / c.kv_heads;
-    if (n.find("norm") != std::string::npos || n.find("mlp.gate.weight") != std::string::npos) per = T;
+    if (n.find("norm") != std::string::npos || n.find("mlp.gate.weight") != std::string::npos)
+      per = T;
     return static_cast<std::uint32_t>(dp * per);
   }
 };
@@ -210,7 +222,8 @@ model_config shrink(model_config c) {
   return c;
 }
 
-loaders::vllm_parallel_config deployment(std::uint64_t tp, std::uint64_t pp = 1, std::uint64_t dp = 1, bool ep = false) {
+loaders::vllm_parallel_config deployment(std::uint64_t tp, std::uint64_t pp = 1,
+                                         std::uint64_t dp = 1, bool ep = false) {
   loaders::vllm_parallel_config p;
   p.tensor_parallel_size = tp;
   p.pipeline_parallel_size = pp;
@@ -221,10 +234,11 @@ loaders::vllm_parallel_config deployment(std::uint64_t tp, std::uint64_t pp = 1,
 
 void check_layout(model_config c, const loaders::vllm_parallel_config& p) {
   c = shrink(c);
-  INFO("family " << c.family << " tp " << p.tensor_parallel_size << " pp " << p.pipeline_parallel_size << " dp "
-                 << p.data_parallel_size << " ep " << p.enable_expert_parallel << " placement "
-                 << static_cast<int>(p.expert_placement_strategy) << " vocab " << c.vocab << " tied "
-                 << c.tied_embeddings << " experts " << c.experts);
+  INFO("family " << c.family << " tp " << p.tensor_parallel_size << " pp "
+                 << p.pipeline_parallel_size << " dp " << p.data_parallel_size << " ep "
+                 << p.enable_expert_parallel << " placement "
+                 << static_cast<int>(p.expert_placement_strategy) << " vocab " << c.vocab
+                 << " tied " << c.tied_embeddings << " experts " << c.experts);
   auto metas = canonical_tensors(c);
   auto model = tagged_model(metas);
   std::map<std::string, std::size_t> idx;
@@ -237,16 +251,21 @@ void check_layout(model_config c, const loaders::vllm_parallel_config& p) {
     receiver<loaders::vllm_style_loader> rc(l, metas);
     rc.dense_refit(model);
     vllm_reference ref{c, p, lay.dp_rank, lay.pp_rank, lay.tp_rank, idx};
-    INFO("rank " << rank << " (dp " << lay.dp_rank << ", pp " << lay.pp_rank << ", tp " << lay.tp_rank << ")");
+    INFO("rank " << rank << " (dp " << lay.dp_rank << ", pp " << lay.pp_rank << ", tp "
+                 << lay.tp_rank << ")");
     auto& st = rc.storage();
     for (std::size_t q = 0; q < st.size(); ++q) {
       const auto& par = st[q];
       const auto& n = par.meta.name;
       // Declared only where vLLM builds the module (PPMissingLayer elsewhere).
-      if (n.rfind("model.layers.", 0) == 0) CHECK_MESSAGE(ref.stage_of_layer(std::stoull(n.substr(13))) == lay.pp_rank, n);
-      else if (n == "model.embed_tokens.weight") CHECK(ref.holds_embed(lay.pp_rank));
-      else CHECK_MESSAGE(ref.holds_final(lay.pp_rank), n);
-      if (n == "model.embed_tokens.weight" || n == "lm_head.weight") CHECK(par.meta.shape[0] == ref.vocab_rows());
+      if (n.rfind("model.layers.", 0) == 0)
+        CHECK_MESSAGE(ref.stage_of_layer(std::stoull(n.substr(13))) == lay.pp_rank, n);
+      else if (n == "model.embed_tokens.weight")
+        CHECK(ref.holds_embed(lay.pp_rank));
+      else
+        CHECK_MESSAGE(ref.holds_final(lay.pp_rank), n);
+      if (n == "model.embed_tokens.weight" || n == "lm_head.weight")
+        CHECK(par.meta.shape[0] == ref.vocab_rows());
       const auto* w = reinterpret_cast<const std::uint32_t*>(par.bytes.data());
       std::uint64_t bad = 0, first_bad = 0;
       for (std::uint64_t k = 0; k < par.meta.numel(); ++k) {
@@ -273,8 +292,9 @@ void check_layout(model_config c, const loaders::vllm_parallel_config& p) {
     const auto want = vllm_reference{c, p, 0, 0, 0, idx}.holders(metas[i].name);
     std::uint64_t bad = 0;
     for (auto v : count[i]) bad += v != want;
-    CHECK_MESSAGE(bad == 0, metas[i].name << ": " << bad << " elements held by the wrong number of ranks (want " << want
-                                          << ")");
+    CHECK_MESSAGE(bad == 0, metas[i].name << ": " << bad
+                                          << " elements held by the wrong number of ranks (want "
+                                          << want << ")");
   }
 }
 
@@ -296,7 +316,8 @@ TEST_CASE("vLLM-style placement: tied embeddings, odd vocab, biases") {
   }
 }
 
-TEST_CASE("vLLM-style placement: pipeline stages (get_pp_indices, PPMissingLayer, first/last stage modules)") {
+TEST_CASE("vLLM-style placement: pipeline stages (get_pp_indices, PPMissingLayer, first/last stage "
+          "modules)") {
   auto c = tiny_llama();
   c.layers = 5;
   for (bool tied : {false, true}) {
@@ -315,7 +336,8 @@ TEST_CASE("vLLM-style placement: pipeline stages (get_pp_indices, PPMissingLayer
   check_layout(q, deployment(1, 3, 2, true));
 }
 
-TEST_CASE("vLLM-style placement: Qwen3-MoE under FusedMoEParallelConfig (EP over dp x tp, or TP-sharded experts)") {
+TEST_CASE("vLLM-style placement: Qwen3-MoE under FusedMoEParallelConfig (EP over dp x tp, or "
+          "TP-sharded experts)") {
   auto c = tiny_qwen3_moe();
   c.layers = 1;
   check_layout(c, deployment(1));
@@ -331,7 +353,8 @@ TEST_CASE("vLLM-style placement: Qwen3-MoE under FusedMoEParallelConfig (EP over
   check_layout(c, deployment(2, 1, 2, true));
 }
 
-TEST_CASE("vLLM-style placement: round-robin only where determine_expert_placement_strategy keeps it") {
+TEST_CASE(
+    "vLLM-style placement: round-robin only where determine_expert_placement_strategy keeps it") {
   auto c = tiny_qwen3_moe();
   c.layers = 1;
   c.experts = 6;
@@ -348,7 +371,8 @@ TEST_CASE("vLLM-style placement: round-robin only where determine_expert_placeme
   }
 }
 
-TEST_CASE("vLLM-style placement: mixed dense/MoE stack (decoder_sparse_step, mlp_only_layers) under PP and EP") {
+TEST_CASE("vLLM-style placement: mixed dense/MoE stack (decoder_sparse_step, mlp_only_layers) "
+          "under PP and EP") {
   auto c = tiny_qwen3_moe();
   c.layers = 4;
   c.ffn = 96;
@@ -377,8 +401,10 @@ TEST_CASE("vLLM rule functions at real sizes") {
   for (auto bad : {"10,11", "10,11,12", "10,x,11", "10,,22", ""})
     if (*bad) CHECK_THROWS_AS(get_pp_indices(32, 0, 3, bad), error);
   // determine_expert_map: 6 experts over 4 EP ranks.
-  CHECK(determine_expert_map(4, 0, 6, expert_placement::linear) == std::vector<std::int64_t>{0, 1, -1, -1, -1, -1});
-  CHECK(determine_expert_map(4, 2, 6, expert_placement::linear) == std::vector<std::int64_t>{-1, -1, -1, -1, 0, -1});
+  CHECK(determine_expert_map(4, 0, 6, expert_placement::linear) ==
+        std::vector<std::int64_t>{0, 1, -1, -1, -1, -1});
+  CHECK(determine_expert_map(4, 2, 6, expert_placement::linear) ==
+        std::vector<std::int64_t>{-1, -1, -1, -1, 0, -1});
   CHECK(determine_expert_map(4, 1, 6, expert_placement::round_robin) ==
         std::vector<std::int64_t>{-1, 0, -1, -1, -1, 1});
   CHECK(determine_expert_map(4, 3, 6, expert_placement::round_robin) ==
@@ -425,11 +451,13 @@ TEST_CASE("vLLM-style loader rejects layouts that do not divide the model") {
   c = tiny_qwen3_moe();
   CHECK(code(deployment(1, 1, 16, true)) == errc::invalid_argument); // 8 experts over 16 EP ranks
   c.moe_ffn = 36;
-  CHECK(code(deployment(4, 1, 2, false)) == errc::invalid_argument); // 36 rows over 8 expert-TP ranks
+  CHECK(code(deployment(4, 1, 2, false)) ==
+        errc::invalid_argument); // 36 rows over 8 expert-TP ranks
   CHECK(code(deployment(4, 1, 2, true)) == errc::ok);
 }
 
-TEST_CASE("cast/transpose loader: stored words equal casts and transposes of the canonical tensors") {
+TEST_CASE(
+    "cast/transpose loader: stored words equal casts and transposes of the canonical tensors") {
   auto c = tiny_qwen3_moe();
   auto metas = canonical_tensors(c);
   tensor_set model(metas);
@@ -446,7 +474,8 @@ TEST_CASE("cast/transpose loader: stored words equal casts and transposes of the
     if (auto p = st.index_of(n); p && st[*p].meta.dtype == dtype_id::f32) {
       auto* w = reinterpret_cast<const std::uint32_t*>(st[*p].bytes.data());
       std::size_t bad = 0;
-      for (std::size_t i = 0; i < src.size(); ++i) bad += w[i] != static_cast<std::uint32_t>(src[i]) << 16;
+      for (std::size_t i = 0; i < src.size(); ++i)
+        bad += w[i] != static_cast<std::uint32_t>(src[i]) << 16;
       CHECK(bad == 0);
     } else if (auto q = st.index_of(n + ".t")) {
       auto* w = reinterpret_cast<const std::uint16_t*>(st[*q].bytes.data());
@@ -455,14 +484,16 @@ TEST_CASE("cast/transpose loader: stored words equal casts and transposes of the
       for (std::uint64_t i = 0; i < R; ++i)
         for (std::uint64_t j = 0; j < C; ++j) bad += w[j * R + i] != src[i * C + j];
       CHECK(bad == 0);
-    } else if (n.find("_proj.weight") != std::string::npos && n.find("self_attn.") != std::string::npos &&
-               n.find("o_proj") == std::string::npos) {
+    } else if (n.find("_proj.weight") != std::string::npos &&
+               n.find("self_attn.") != std::string::npos && n.find("o_proj") == std::string::npos) {
       const auto base = n.substr(0, n.find("self_attn.") + 10);
-      auto* w = reinterpret_cast<const std::uint16_t*>(st[*st.index_of(base + "qkv_proj_t.weight")].bytes.data());
+      auto* w = reinterpret_cast<const std::uint16_t*>(
+          st[*st.index_of(base + "qkv_proj_t.weight")].bytes.data());
       const auto cols = (c.heads + 2 * c.kv_heads) * c.head_dim;
-      const auto off = n.find("q_proj") != std::string::npos   ? 0
-                       : n.find("k_proj") != std::string::npos ? c.heads * c.head_dim
-                                                               : (c.heads + c.kv_heads) * c.head_dim;
+      const auto off = n.find("q_proj") != std::string::npos ? 0
+                       : n.find("k_proj") != std::string::npos
+                           ? c.heads * c.head_dim
+                           : (c.heads + c.kv_heads) * c.head_dim;
       const auto R = t.meta.shape[0], C = t.meta.shape[1];
       std::size_t bad = 0;
       for (std::uint64_t i = 0; i < R; ++i)

@@ -17,7 +17,8 @@ namespace {
 /// Generic law suite for any index_map model `m` with runtime form `pm`;
 /// `numel[t]` bounds canonical indices of tensor id t. Returns the image.
 template <index_map M>
-std::vector<destination> check_map_laws(const M& m, const piecewise_map& pm, const std::map<std::uint32_t, std::uint64_t>& numel) {
+std::vector<destination> check_map_laws(const M& m, const piecewise_map& pm,
+                                        const std::map<std::uint32_t, std::uint64_t>& numel) {
   const std::uint64_t n = m.domain_size();
   REQUIRE(pm.domain_size() == n);
   std::vector<destination> img(n);
@@ -77,7 +78,8 @@ std::vector<destination> check_map_laws(const M& m, const piecewise_map& pm, con
 }
 
 /// Each element of each tensor in `numel` is hit exactly once by `images`.
-void check_tiling(const std::vector<std::vector<destination>>& images, const std::map<std::uint32_t, std::uint64_t>& numel) {
+void check_tiling(const std::vector<std::vector<destination>>& images,
+                  const std::map<std::uint32_t, std::uint64_t>& numel) {
   std::map<std::uint32_t, std::vector<int>> hits;
   for (auto& [t, n] : numel) hits[t].assign(n, 0);
   for (auto& img : images)
@@ -110,7 +112,8 @@ TEST_CASE("column- and row-parallel maps tile the tensor; composition with the g
       col.push_back(check_map_laws(cm, cm.pieces(), {{0, N * K}}));
       col_parts.push_back(cm.pieces());
       // composition: column shard r == full map after shifting by r*N/t rows
-      for (std::uint64_t j = 0; j < cm.domain_size(); ++j) CHECK(cm(j) == full(r * (N / t) * K + j));
+      for (std::uint64_t j = 0; j < cm.domain_size(); ++j)
+        CHECK(cm(j) == full(r * (N / t) * K + j));
       row_parallel_map rm(0, N, K, t, r);
       row.push_back(check_map_laws(rm, rm.pieces(), {{0, N * K}}));
       // composition: row shard r == full map after embedding (i, j) -> (i, r K/t + j)
@@ -152,22 +155,29 @@ TEST_CASE("vocab_padded_map: padding maps nowhere, real rows tile the vocabulary
   }
 }
 
-TEST_CASE("fused_qkv_map matches Megatron's per-group interleaving, whole groups and raw row slices") {
-  struct shape { std::uint64_t nh, ng, d; };
-  for (auto s : {shape{8, 2, 4}, shape{4, 4, 2}, shape{6, 1, 4}, shape{6, 3, 2}, shape{8, 8, 1}, shape{12, 2, 2}}) {
+TEST_CASE(
+    "fused_qkv_map matches Megatron's per-group interleaving, whole groups and raw row slices") {
+  struct shape {
+    std::uint64_t nh, ng, d;
+  };
+  for (auto s : {shape{8, 2, 4}, shape{4, 4, 2}, shape{6, 1, 4}, shape{6, 3, 2}, shape{8, 8, 1},
+                 shape{12, 2, 2}}) {
     const std::uint64_t p = s.nh / s.ng, F = s.ng * (p + 2) * s.d;
     for (std::uint64_t cols : {1, 3}) {
-      const std::map<std::uint32_t, std::uint64_t> numel{{10, s.nh * s.d * cols}, {11, s.ng * s.d * cols}, {12, s.ng * s.d * cols}};
+      const std::map<std::uint32_t, std::uint64_t> numel{
+          {10, s.nh * s.d * cols}, {11, s.ng * s.d * cols}, {12, s.ng * s.d * cols}};
       // Independent reference: the fused matrix Megatron builds by concatenating,
       // per group g, the p query heads, then key head g, then value head g.
       std::vector<destination> ref;
       for (std::uint64_t g = 0; g < s.ng; ++g) {
         for (std::uint64_t h = g * p; h < (g + 1) * p; ++h)
           for (std::uint64_t j = 0; j < s.d; ++j)
-            for (std::uint64_t c = 0; c < cols; ++c) ref.push_back({10, ((h * s.d) + j) * cols + c});
+            for (std::uint64_t c = 0; c < cols; ++c)
+              ref.push_back({10, ((h * s.d) + j) * cols + c});
         for (std::uint32_t kv : {11u, 12u})
           for (std::uint64_t j = 0; j < s.d; ++j)
-            for (std::uint64_t c = 0; c < cols; ++c) ref.push_back({kv, ((g * s.d) + j) * cols + c});
+            for (std::uint64_t c = 0; c < cols; ++c)
+              ref.push_back({kv, ((g * s.d) + j) * cols + c});
       }
       REQUIRE(ref.size() == F * cols);
       for (std::uint64_t t : {1, 2, 3, 4, 8}) {
@@ -182,7 +192,8 @@ TEST_CASE("fused_qkv_map matches Megatron's per-group interleaving, whole groups
           imgs.push_back(check_map_laws(m, m.pieces(), numel));
           parts.push_back(m.pieces());
           // composition: rank r's map is the reference after a shift of r F/t rows
-          for (std::uint64_t j = 0; j < m.domain_size(); ++j) CHECK(m(j) == ref[r * (F / t) * cols + j]);
+          for (std::uint64_t j = 0; j < m.domain_size(); ++j)
+            CHECK(m(j) == ref[r * (F / t) * cols + j]);
         }
         check_tiling(imgs, numel);
         auto gathered = piecewise_map::concat_rows(parts);
@@ -243,9 +254,10 @@ TEST_CASE("experts over EP and layers over PP are partitions") {
 }
 
 TEST_CASE("piecewise_map validates pieces and detects non-unique maps") {
-  CHECK_THROWS_AS(piecewise_map(4, 2, {{2, 2, 0, 0, 0, 2}, {1, 1, 0, 4, 0, 2}}), dcr::error); // unsorted
-  CHECK_THROWS_AS(piecewise_map(4, 2, {{0, 5, 0, 0, 0, 2}}), dcr::error);                     // out of range
-  CHECK_THROWS_AS(piecewise_map(4, 3, {{0, 4, 0, 0, 0, 2}}), dcr::error);                     // columns exceed
+  CHECK_THROWS_AS(piecewise_map(4, 2, {{2, 2, 0, 0, 0, 2}, {1, 1, 0, 4, 0, 2}}),
+                  dcr::error);                                            // unsorted
+  CHECK_THROWS_AS(piecewise_map(4, 2, {{0, 5, 0, 0, 0, 2}}), dcr::error); // out of range
+  CHECK_THROWS_AS(piecewise_map(4, 3, {{0, 4, 0, 0, 0, 2}}), dcr::error); // columns exceed
   CHECK_THROWS_AS(piecewise_map(4, 2, {{0, 4, nowhere, 0, 0, 2}}), dcr::error);
   // two pieces writing the same canonical rows: not unique, and the law suite agrees
   piecewise_map dup(4, 2, {{0, 2, 0, 0, 0, 2}, {2, 2, 0, 1, 0, 2}});

@@ -30,8 +30,10 @@ float bf16_at(const std::vector<std::byte>& b, std::size_t k) {
   return bf16_to_f32(w);
 }
 /// Rows [r R/t, (r+1) R/t) of a row-major R x C matrix.
-std::vector<std::byte> row_slice(const std::vector<std::byte>& full, std::size_t C, std::size_t r0, std::size_t rows, std::size_t w = 2) {
-  return {full.begin() + static_cast<std::ptrdiff_t>(r0 * C * w), full.begin() + static_cast<std::ptrdiff_t>((r0 + rows) * C * w)};
+std::vector<std::byte> row_slice(const std::vector<std::byte>& full, std::size_t C, std::size_t r0,
+                                 std::size_t rows, std::size_t w = 2) {
+  return {full.begin() + static_cast<std::ptrdiff_t>(r0 * C * w),
+          full.begin() + static_cast<std::ptrdiff_t>((r0 + rows) * C * w)};
 }
 
 } // namespace
@@ -45,8 +47,10 @@ TEST_CASE("e4m3: decode is exact, RNE encode is the nearest representable value,
     }
     const float x = e4m3_to_f32(static_cast<std::uint8_t>(w));
     const auto back = f32_to_e4m3_rne(x);
-    if (x == 0) CHECK((back & 0x7F) == 0);
-    else CHECK(back == w);
+    if (x == 0)
+      CHECK((back & 0x7F) == 0);
+    else
+      CHECK(back == w);
   }
   CHECK(e4m3_to_f32(0x7E) == 448.0f);
   CHECK(e4m3_to_f32(0x01) == std::ldexp(1.0f, -9));
@@ -75,7 +79,8 @@ TEST_CASE("e4m3: decode is exact, RNE encode is the nearest representable value,
 TEST_CASE("gather_rule assembles TP parts; coverage and disagreement are typed errors") {
   const std::size_t R = 8, C = 4;
   auto full = random_bf16(R * C, 1);
-  std::vector<piecewise_map> maps{piecewise_map(4, C, {{0, 4, 0, 0, 0, C}}), piecewise_map(4, C, {{0, 4, 0, 4, 0, C}})};
+  std::vector<piecewise_map> maps{piecewise_map(4, C, {{0, 4, 0, 0, 0, C}}),
+                                  piecewise_map(4, C, {{0, 4, 0, 4, 0, C}})};
   auto rule = gather_rule("g", {{"w", {R, C}, dtype_id::bf16}}, maps);
   auto p0 = row_slice(full, C, 0, 4), p1 = row_slice(full, C, 4, 4);
   std::vector<residual_input> in{{p0, dtype_id::bf16}, {p1, dtype_id::bf16}};
@@ -92,7 +97,8 @@ TEST_CASE("gather_rule assembles TP parts; coverage and disagreement are typed e
   std::vector<residual_input> in0{in[0]};
   CHECK(run_rule(half, in0, out).code == errc::coverage);
   // overlapping parts that agree are fine; that disagree -> parts_disagree
-  std::vector<piecewise_map> ov{piecewise_map(6, C, {{0, 6, 0, 0, 0, C}}), piecewise_map(4, C, {{0, 4, 0, 4, 0, C}})};
+  std::vector<piecewise_map> ov{piecewise_map(6, C, {{0, 6, 0, 0, 0, C}}),
+                                piecewise_map(4, C, {{0, 4, 0, 4, 0, C}})};
   auto over = gather_rule("g", {{"w", {R, C}, dtype_id::bf16}}, ov);
   auto q0 = row_slice(full, C, 0, 6);
   std::vector<residual_input> in_ov{{q0, dtype_id::bf16}, {p1, dtype_id::bf16}};
@@ -156,13 +162,15 @@ TEST_CASE("scale_cast_rule: out = RNE(lambda * x); a change of lambda changes ma
     std::vector<host_tensor> out;
     CHECK(run_rule(rule, bad, out).code == errc::shape_mismatch);
   }
-  CHECK_THROWS_AS(scale_cast_rule("s", {"y", {1}, dtype_id::f8e5m2}, dtype_id::bf16, {}), dcr::error);
+  CHECK_THROWS_AS(scale_cast_rule("s", {"y", {1}, dtype_id::f8e5m2}, dtype_id::bf16, {}),
+                  dcr::error);
 }
 
 TEST_CASE("fp8_block_quant_rule: per-128x128 scale_inv and e4m3 values match a reference") {
   const std::size_t R = 200, C = 300, B = 128; // partial edge tiles in both dimensions
   auto x = random_bf16(R * C, 4, 0.05f);
-  std::vector<piecewise_map> maps{piecewise_map(100, C, {{0, 100, 0, 0, 0, C}}), piecewise_map(100, C, {{0, 100, 0, 100, 0, C}})};
+  std::vector<piecewise_map> maps{piecewise_map(100, C, {{0, 100, 0, 0, 0, C}}),
+                                  piecewise_map(100, C, {{0, 100, 0, 100, 0, C}})};
   auto rule = fp8_block_quant_rule("q", "w", R, C, dtype_id::bf16, maps);
   REQUIRE(rule.outputs.size() == 2);
   CHECK(rule.outputs[1].name == "w_scale_inv");
@@ -188,7 +196,8 @@ TEST_CASE("fp8_block_quant_rule: per-128x128 scale_inv and e4m3 values match a r
   for (std::size_t i = 0; i < R; ++i)
     for (std::size_t j = 0; j < C; ++j) {
       const float f = 448.0f / std::max(amax[(i / B) * 3 + j / B], 1e-4f);
-      bad += static_cast<std::uint8_t>(out[0].bytes[i * C + j]) != f32_to_e4m3_rne(bf16_at(x, i * C + j) * f);
+      bad += static_cast<std::uint8_t>(out[0].bytes[i * C + j]) !=
+             f32_to_e4m3_rne(bf16_at(x, i * C + j) * f);
     }
   CHECK(bad == 0);
   // one changed element that becomes the new tile maximum rescales its whole tile
@@ -201,12 +210,14 @@ TEST_CASE("fp8_block_quant_rule: per-128x128 scale_inv and e4m3 values match a r
   std::size_t changed_in_tile = 0, changed_elsewhere = 0;
   for (std::size_t i = 0; i < R; ++i)
     for (std::size_t j = 0; j < C; ++j)
-      if (out2[0].bytes[i * C + j] != out[0].bytes[i * C + j]) (i < B && j < B ? changed_in_tile : changed_elsewhere)++;
+      if (out2[0].bytes[i * C + j] != out[0].bytes[i * C + j])
+        (i < B && j < B ? changed_in_tile : changed_elsewhere)++;
   CHECK(changed_in_tile > B * B / 2);
   CHECK(changed_elsewhere == 0);
   // an all-zero tile: the clamped amax gives scale_inv 1e-4 / 448 and zero codes
   std::vector<std::byte> z(2 * 4 * 4);
-  auto zr = fp8_block_quant_rule("z", "z", 4, 4, dtype_id::bf16, {piecewise_map(4, 4, {{0, 4, 0, 0, 0, 4}})});
+  auto zr = fp8_block_quant_rule("z", "z", 4, 4, dtype_id::bf16,
+                                 {piecewise_map(4, 4, {{0, 4, 0, 0, 0, 4}})});
   std::vector<residual_input> zin{{z, dtype_id::bf16}};
   REQUIRE(run_rule(zr, zin, out).ok());
   float s;
@@ -214,14 +225,16 @@ TEST_CASE("fp8_block_quant_rule: per-128x128 scale_inv and e4m3 values match a r
   CHECK(s == 1e-4f / 448.0f);
   for (auto b : out[0].bytes) CHECK(b == std::byte{0});
   // the division policy keeps the earlier behaviour: scale 1 for a zero tile
-  auto zd = fp8_block_quant_rule("z", "z", 4, 4, dtype_id::bf16, {piecewise_map(4, 4, {{0, 4, 0, 0, 0, 4}})}, 128,
-                                 divide_by_scale_inv{});
+  auto zd =
+      fp8_block_quant_rule("z", "z", 4, 4, dtype_id::bf16,
+                           {piecewise_map(4, 4, {{0, 4, 0, 0, 0, 4}})}, 128, divide_by_scale_inv{});
   REQUIRE(run_rule(zd, zin, out).ok());
   std::memcpy(&s, out[1].bytes.data(), 4);
   CHECK(s == 1.0f);
 }
 
-TEST_CASE("fp8 block quantizers: the reference multiplies by 448/amax, the division policy differs on some tiles") {
+TEST_CASE("fp8 block quantizers: the reference multiplies by 448/amax, the division policy differs "
+          "on some tiles") {
   // A tile whose amax is tiny is clamped (1e-4): its values are scaled by 448e4, not by 448/amax.
   per_block_cast_to_fp8 ref;
   divide_by_scale_inv div;
@@ -239,7 +252,8 @@ TEST_CASE("fp8 block quantizers: the reference multiplies by 448/amax, the divis
 
 TEST_CASE("tied, stack and custom rules") {
   auto e = random_bf16(12, 5);
-  auto tied = tied_rule("t", {"model.embed_tokens.weight", {3, 4}, dtype_id::bf16}, {"lm_head.weight", {3, 4}, dtype_id::bf16},
+  auto tied = tied_rule("t", {"model.embed_tokens.weight", {3, 4}, dtype_id::bf16},
+                        {"lm_head.weight", {3, 4}, dtype_id::bf16},
                         {piecewise_map(3, 4, {{0, 3, 0, 0, 0, 4}})});
   std::vector<residual_input> in{{e, dtype_id::bf16}};
   std::vector<host_tensor> out;
@@ -247,7 +261,8 @@ TEST_CASE("tied, stack and custom rules") {
   CHECK(out[0].bytes == e);
   CHECK(out[1].bytes == e);
   CHECK(out[1].meta.name == "lm_head.weight");
-  CHECK_THROWS_AS(tied_rule("t", {"a", {3, 4}, dtype_id::bf16}, {"b", {4, 3}, dtype_id::bf16}, {}), dcr::error);
+  CHECK_THROWS_AS(tied_rule("t", {"a", {3, 4}, dtype_id::bf16}, {"b", {4, 3}, dtype_id::bf16}, {}),
+                  dcr::error);
 
   auto s0 = random_bf16(6, 6), s1 = random_bf16(6, 7), s2 = random_bf16(6, 8);
   auto st = stack_rule("s", {"experts", {3, 2, 3}, dtype_id::bf16}, 3);
@@ -260,7 +275,8 @@ TEST_CASE("tied, stack and custom rules") {
   std::vector<residual_input> sbad{{s0, dtype_id::bf16}, {s1, dtype_id::f16}, {s2, dtype_id::bf16}};
   CHECK(run_rule(st, sbad, out).code == errc::bad_dtype);
   auto shorter = std::vector<std::byte>(s1.begin(), s1.end() - 2);
-  std::vector<residual_input> ssize{{s0, dtype_id::bf16}, {shorter, dtype_id::bf16}, {s2, dtype_id::bf16}};
+  std::vector<residual_input> ssize{
+      {s0, dtype_id::bf16}, {shorter, dtype_id::bf16}, {s2, dtype_id::bf16}};
   CHECK(run_rule(st, ssize, out).code == errc::shape_mismatch);
   CHECK_THROWS_AS(stack_rule("s", {"x", {5}, dtype_id::bf16}, 2), dcr::error);
 
@@ -269,10 +285,12 @@ TEST_CASE("tied, stack and custom rules") {
                         [](std::span<const residual_input> in, std::span<host_tensor> out) {
                           for (std::size_t i = 0; i < 3; ++i)
                             for (std::size_t j = 0; j < 4; ++j)
-                              std::memcpy(out[0].bytes.data() + 2 * (j * 3 + i), in[0].bytes.data() + 2 * (i * 4 + j), 2);
+                              std::memcpy(out[0].bytes.data() + 2 * (j * 3 + i),
+                                          in[0].bytes.data() + 2 * (i * 4 + j), 2);
                           return status::success();
                         });
   REQUIRE(run_rule(tr, in, out).ok());
   for (std::size_t i = 0; i < 3; ++i)
-    for (std::size_t j = 0; j < 4; ++j) CHECK(bf16_at(out[0].bytes, j * 3 + i) == bf16_at(e, i * 4 + j));
+    for (std::size_t j = 0; j < 4; ++j)
+      CHECK(bf16_at(out[0].bytes, j * 3 + i) == bf16_at(e, i * 4 + j));
 }

@@ -149,12 +149,15 @@ TEST_CASE("hf config: Qwen3-0.6B ties embeddings and has head_dim 128 over hidde
   CHECK(count_named(t, "lm_head") == 0);
   CHECK(count_named(t, "q_norm") == 28);
   for (auto& m : t)
-    if (m.name == "model.layers.0.self_attn.q_proj.weight") CHECK(m.shape == std::vector<std::uint64_t>{2048, 1024});
+    if (m.name == "model.layers.0.self_attn.q_proj.weight")
+      CHECK(m.shape == std::vector<std::uint64_t>{2048, 1024});
 }
 
 TEST_CASE("hf config: decoder_sparse_step and mlp_only_layers give a mixed dense/MoE stack") {
   std::string j = qwen3_30b_a3b;
-  auto put = [&](const std::string& from, const std::string& to) { j.replace(j.find(from), from.size(), to); };
+  auto put = [&](const std::string& from, const std::string& to) {
+    j.replace(j.find(from), from.size(), to);
+  };
   put("\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2");
   put("\"mlp_only_layers\": []", "\"mlp_only_layers\": [3, 47]");
   auto c = model_config_from_hf_json(j);
@@ -167,7 +170,8 @@ TEST_CASE("hf config: decoder_sparse_step and mlp_only_layers give a mixed dense
   CHECK(count_named(t, ".mlp.gate_proj.weight") == 26);
   CHECK(count_named(t, ".mlp.gate.weight") == 22);
   for (auto& m : t)
-    if (m.name == "model.layers.3.mlp.gate_proj.weight") CHECK(m.shape == std::vector<std::uint64_t>{6144, 2048});
+    if (m.name == "model.layers.3.mlp.gate_proj.weight")
+      CHECK(m.shape == std::vector<std::uint64_t>{6144, 2048});
 }
 
 TEST_CASE("hf config: unsupported or malformed fields are named in a typed error") {
@@ -176,29 +180,39 @@ TEST_CASE("hf config: unsupported or malformed fields are named in a typed error
     j.replace(j.find(from), from.size(), to);
     return j;
   };
-  CHECK(code_of(with(llama31_8b, "\"model_type\": \"llama\"", "\"model_type\": \"gpt2\""), &msg) == errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"model_type\": \"llama\"", "\"model_type\": \"gpt2\""), &msg) ==
+        errc::invalid_argument);
   CHECK(msg.find("'model_type'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"mlp_bias\": false", "\"mlp_bias\": true"), &msg) == errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"mlp_bias\": false", "\"mlp_bias\": true"), &msg) ==
+        errc::invalid_argument);
   CHECK(msg.find("'mlp_bias'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), &msg) == errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), &msg) ==
+        errc::invalid_argument);
   CHECK(msg.find("'hidden_act'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"hidden_size\": 4096", "\"hidden_size\": \"4096\""), &msg) == errc::bad_format);
+  CHECK(code_of(with(llama31_8b, "\"hidden_size\": 4096", "\"hidden_size\": \"4096\""), &msg) ==
+        errc::bad_format);
   CHECK(msg.find("'hidden_size'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"vocab_size\": 128256", "\"vocab_size\": -1"), &msg) == errc::bad_format);
+  CHECK(code_of(with(llama31_8b, "\"vocab_size\": 128256", "\"vocab_size\": -1"), &msg) ==
+        errc::bad_format);
   CHECK(msg.find("'vocab_size'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5"), &msg) == errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5"),
+                &msg) == errc::invalid_argument);
   CHECK(msg.find("'num_key_value_heads'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"num_hidden_layers\": 32,", ""), &msg) == errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"num_hidden_layers\": 32,", ""), &msg) ==
+        errc::invalid_argument);
   CHECK(msg.find("'num_hidden_layers' is required") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"torch_dtype\": \"bfloat16\"", "\"torch_dtype\": \"int8\""), &msg) == errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"torch_dtype\": \"bfloat16\"", "\"torch_dtype\": \"int8\""),
+                &msg) == errc::invalid_argument);
   CHECK(msg.find("'torch_dtype'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"use_cache\": true", "\"use_cache\": true, \"quantization_config\": {}"), &msg) ==
-        errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"use_cache\": true",
+                     "\"use_cache\": true, \"quantization_config\": {}"),
+                &msg) == errc::invalid_argument);
   CHECK(msg.find("'quantization_config'") != std::string::npos);
-  CHECK(code_of(with(qwen3_30b_a3b, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [48]"), &msg) == errc::invalid_argument);
+  CHECK(code_of(with(qwen3_30b_a3b, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [48]"),
+                &msg) == errc::invalid_argument);
   CHECK(msg.find("'mlp_only_layers'") != std::string::npos);
-  CHECK(code_of(with(llama31_8b, "\"LlamaForCausalLM\"", "\"LlamaForSequenceClassification\""), &msg) ==
-        errc::invalid_argument);
+  CHECK(code_of(with(llama31_8b, "\"LlamaForCausalLM\"", "\"LlamaForSequenceClassification\""),
+                &msg) == errc::invalid_argument);
   CHECK(msg.find("'architectures'") != std::string::npos);
   CHECK(code_of("{\"model_type\": ", &msg) == errc::bad_format);
   CHECK(code_of("[1]", &msg) == errc::bad_format);

@@ -83,15 +83,20 @@ TEST_CASE("stage composition equals function composition, in order") {
            stage{[](std::string s) { return s + "!"; }, 4};
   static_assert(std::is_same_v<chain_output<int, decltype(p)>::type, std::string>);
   std::vector<std::string> out;
-  run<int>(p, [](auto&& emit) {
-    for (int i = 0; i < 200; ++i)
-      if (!emit(i)) return;
-  }, [&](std::string s) { out.push_back(std::move(s)); });
+  run<int>(
+      p,
+      [](auto&& emit) {
+        for (int i = 0; i < 200; ++i)
+          if (!emit(i)) return;
+      },
+      [&](std::string s) { out.push_back(std::move(s)); });
   REQUIRE(out.size() == 200);
   for (int i = 0; i < 200; ++i) CHECK(out[i] == std::to_string(3 * i) + "!");
   // A single stage works too.
   int total = 0;
-  run<int>(stage{[](int x) { return x + 1; }}, [](auto&& emit) { emit(1), emit(2); }, [&](int v) { total += v; });
+  run<int>(
+      stage{[](int x) { return x + 1; }}, [](auto&& emit) { emit(1), emit(2); },
+      [&](int v) { total += v; });
   CHECK(total == 5);
 }
 
@@ -110,12 +115,18 @@ TEST_CASE("stages overlap: stage 1 starts item l+1 while stage 2 still works on 
              if (x == 0) {
                // Hold item 0 here until stage 1 has taken item 1 (or give up).
                std::unique_lock l(m);
-               overlapped = cv.wait_for(l, std::chrono::seconds(10), [&] { return stage1_started >= 2; });
+               overlapped =
+                   cv.wait_for(l, std::chrono::seconds(10), [&] { return stage1_started >= 2; });
              }
              return x;
            }};
   int n = 0;
-  run<int>(p, [](auto&& emit) { for (int i = 0; i < 3; ++i) emit(i); }, [&](int) { ++n; });
+  run<int>(
+      p,
+      [](auto&& emit) {
+        for (int i = 0; i < 3; ++i) emit(i);
+      },
+      [&](int) { ++n; });
   CHECK(n == 3);
   CHECK(overlapped);
 }
@@ -127,21 +138,25 @@ TEST_CASE("a failing stage stops the pipeline; run rethrows after joining every 
              return x;
            }} |
            stage{[](int x) { return x; }};
-  CHECK_THROWS_WITH_AS(run<int>(p,
-                                [&](auto&& emit) {
-                                  for (int i = 0; i < 100000; ++i) {
-                                    if (!emit(i)) return;
-                                    ++produced;
-                                  }
-                                },
-                                [&](int) { ++sunk; }),
+  CHECK_THROWS_WITH_AS(run<int>(
+                           p,
+                           [&](auto&& emit) {
+                             for (int i = 0; i < 100000; ++i) {
+                               if (!emit(i)) return;
+                               ++produced;
+                             }
+                           },
+                           [&](int) { ++sunk; }),
                        "stage failed at 50", std::runtime_error);
   CHECK(sunk <= 50);
   CHECK(produced < 100000); // the source saw the stop
   // A failing sink and a failing source propagate too.
-  CHECK_THROWS_AS(run<int>(p, [](auto&& emit) { emit(1); }, [](int) { throw std::logic_error("sink"); }),
+  CHECK_THROWS_AS(run<int>(
+                      p, [](auto&& emit) { emit(1); }, [](int) { throw std::logic_error("sink"); }),
                   std::logic_error);
-  CHECK_THROWS_AS(run<int>(p, [](auto&&) { throw std::out_of_range("source"); }, [](int) {}), std::out_of_range);
+  CHECK_THROWS_AS(run<int>(
+                      p, [](auto&&) { throw std::out_of_range("source"); }, [](int) {}),
+                  std::out_of_range);
 }
 
 TEST_CASE(

@@ -8,8 +8,8 @@
 #include <functional>
 #include <memory>
 
-#include "models.hpp"
 #include "dcr/protocol/coordinator.hpp"
+#include "models.hpp"
 
 namespace dcr::test_models {
 
@@ -26,7 +26,8 @@ std::vector<std::byte> with_sequence(std::vector<std::byte> p, std::uint32_t seq
 /// Object store decorator: after owner 0 publishes its first payload of the
 /// attempt numbered `from` or later, places such a copy (sequence 77) under
 /// the same attempt prefix, once.
-template <transport::object_store Inner> class copy_planting_store {
+template <transport::object_store Inner>
+class copy_planting_store {
 public:
   explicit copy_planting_store(Inner& s) : s_(&s) {}
   std::atomic<bool> armed{false};
@@ -34,7 +35,8 @@ public:
   status put(std::string_view name, std::span<const std::byte> b) {
     DCR_TRY(s_->put(name, b));
     const auto at = name.find("attempt/");
-    if (at != std::string_view::npos && name.ends_with("/payload/o0000000000-s0000000000") && armed.exchange(false)) {
+    if (at != std::string_view::npos && name.ends_with("/payload/o0000000000-s0000000000") &&
+        armed.exchange(false)) {
       const auto tau = transport::attempt_of(name.substr(at));
       payload_id pid;
       DCR_TRY(read_payload_id(b, pid));
@@ -70,7 +72,8 @@ void check_unlisted_copy(Inner& objects, Commits& commits, rl_mode mode) {
   }
   copy_planting_store<Inner> store(objects);
   auto dense = [&](model_receiver& r) {
-    for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
+    for (std::size_t t = 0; t < metas.size(); ++t)
+      r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
     return status::success();
   };
   std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
@@ -84,7 +87,8 @@ void check_unlisted_copy(Inner& objects, Commits& commits, rl_mode mode) {
   coordinator_options o;
   o.mode = mode;
   o.attempt_deadline = std::chrono::milliseconds(10000);
-  coordinator<model_owner, model_receiver, copy_planting_store<Inner>, Commits> c(commits, store, op, ep, o);
+  coordinator<model_owner, model_receiver, copy_planting_store<Inner>, Commits> c(commits, store,
+                                                                                  op, ep, o);
   REQUIRE(c.take_over().ok());
   REQUIRE(c.bootstrap().ok());
   for (std::uint64_t v = 1; v <= 2; ++v) {
@@ -98,7 +102,8 @@ void check_unlisted_copy(Inner& objects, Commits& commits, rl_mode mode) {
     CHECK(cur.record.version == v);
     for (std::size_t r = 0; r < ep.size(); ++r)
       ep[r]->with_receiver([&](model_receiver& rc) {
-        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
+        for (std::size_t t = 0; t < metas.size(); ++t)
+          CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
         CHECK(cur.record.receivers[r].state == rc.state_digest());
       });
     REQUIRE(rep.attempts.size() == 2);
@@ -124,7 +129,8 @@ void check_lost_record(Store& objects, const std::function<std::unique_ptr<Commi
     op.push_back(owners.back().get());
   }
   auto dense = [&](model_receiver& r) {
-    for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
+    for (std::size_t t = 0; t < metas.size(); ++t)
+      r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
     return status::success();
   };
   auto endpoints = [&] {
@@ -185,7 +191,8 @@ void check_lost_record(Store& objects, const std::function<std::unique_ptr<Commi
     CHECK(cur.record.version == v);
     for (std::size_t r = 0; r < eps.size(); ++r)
       eps[r]->with_receiver([&](model_receiver& rc) {
-        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
+        for (std::size_t t = 0; t < metas.size(); ++t)
+          CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
         CHECK(cur.record.receivers[r].state == rc.state_digest());
       });
   }

@@ -15,7 +15,8 @@ namespace dcr::test_laws {
 using namespace dcr::protocol;
 
 /// A record with 0-4 receivers (some ids with spaces), all fields from `seed`.
-inline commit_record sample_record(std::uint64_t version, std::uint64_t attempt, std::uint64_t seed) {
+inline commit_record sample_record(std::uint64_t version, std::uint64_t attempt,
+                                   std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   commit_record k;
   k.version = version;
@@ -36,7 +37,8 @@ inline commit_record sample_record(std::uint64_t version, std::uint64_t attempt,
 }
 
 /// Every law on a fresh (never written) store `s`.
-template <commit_store Store> void check_laws(Store& s) {
+template <commit_store Store>
+void check_laws(Store& s) {
   stored_record r;
   REQUIRE(s.load(r).ok());
   CHECK(r == stored_record{});

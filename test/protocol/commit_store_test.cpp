@@ -251,9 +251,12 @@ TEST_CASE("file backend: forked processes racing compare-and-set never lose an i
         next.incarnation = std::string(32, 'a');
         next.receivers = {{"p" + std::to_string(p), {}}};
         auto st = s.compare_and_set(epoch, attempt, r.revision, next);
-        if (st.ok()) ++won;
-        else if (st.code == errc::conflict) ++conflicts;
-        else ::_exit(3);
+        if (st.ok())
+          ++won;
+        else if (st.code == errc::conflict)
+          ++conflicts;
+        else
+          ::_exit(3);
       }
       ::_exit(0);
     }
@@ -272,7 +275,8 @@ TEST_CASE("file backend: forked processes racing compare-and-set never lose an i
   CHECK(r.revision == std::uint64_t{procs * per});
 }
 
-TEST_CASE("file backend: processes killed mid-operation leave a readable record and no stuck lock") {
+TEST_CASE(
+    "file backend: processes killed mid-operation leave a readable record and no stuck lock") {
   temp_dir d;
   std::uint64_t epoch = 0, attempt = 0;
   {

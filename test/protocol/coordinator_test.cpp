@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "attempt_faults.hpp"
-#include "models.hpp"
 #include "dcr/protocol/coordinator.hpp"
+#include "models.hpp"
 
 using namespace dcr;
 using namespace dcr::protocol;
@@ -26,7 +26,8 @@ using store_t = faulty_store;
 using commits_t = memory_commit_store;
 
 /// A small training side + rollout side over one object store and commit store.
-template <class Receiver = model_receiver> struct rig {
+template <class Receiver = model_receiver>
+struct rig {
   using endpoint_t = receiver_endpoint<Receiver>;
   using coord_t = coordinator<model_owner, Receiver, store_t, commits_t>;
 
@@ -41,21 +42,24 @@ template <class Receiver = model_receiver> struct rig {
   std::function<std::unique_ptr<Receiver>(std::string)> make_receiver;
 
   explicit rig(int n_owners = 3, int n_receivers = 3,
-                  std::function<std::unique_ptr<Receiver>(std::string)> make = nullptr) {
+               std::function<std::unique_ptr<Receiver>(std::string)> make = nullptr) {
     make_receiver = make ? make : [this](std::string id) {
-      if constexpr (std::is_same_v<Receiver, model_receiver>) return std::make_unique<model_receiver>(id, metas);
-      else return std::unique_ptr<Receiver>();
+      if constexpr (std::is_same_v<Receiver, model_receiver>)
+        return std::make_unique<model_receiver>(id, metas);
+      else
+        return std::unique_ptr<Receiver>();
     };
     for (int k = 0; k < n_owners; ++k)
-      owners.push_back(std::make_unique<model_owner>(static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(n_owners), &trainer));
+      owners.push_back(std::make_unique<model_owner>(
+          static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(n_owners), &trainer));
     for (int r = 0; r < n_receivers; ++r) add_receiver("rank-" + std::to_string(r));
   }
 
   void add_receiver(const std::string& id) {
     gates.push_back(std::make_unique<request_gate>());
     endpoints.push_back(std::make_unique<endpoint_t>(
-        id, [this, id] { return make_receiver(id); }, [this](Receiver& r) { return dense_refit(r); },
-        gates.back().get()));
+        id, [this, id] { return make_receiver(id); },
+        [this](Receiver& r) { return dense_refit(r); }, gates.back().get()));
   }
 
   /// Dense refit from the owners' committed baselines (what a checkpoint of
@@ -70,8 +74,10 @@ template <class Receiver = model_receiver> struct rig {
     return status::success();
   }
   static model_receiver& unwrap(Receiver& r) {
-    if constexpr (std::is_same_v<Receiver, model_receiver>) return r;
-    else return r.inner();
+    if constexpr (std::is_same_v<Receiver, model_receiver>)
+      return r;
+    else
+      return r.inner();
   }
 
   coord_t coord(coordinator_options opt = {}) {
@@ -117,13 +123,14 @@ template <class Receiver = model_receiver> struct rig {
     // The committed baseline is the trainer's current state (nothing lost).
     if (caught_up)
       for (std::size_t t = 0; t < metas.size(); ++t)
-      CHECK(owners[t % owners.size()]->baseline(t)->bytes == trainer.tensors[t].bytes);
+        CHECK(owners[t % owners.size()]->baseline(t)->bytes == trainer.tensors[t].bytes);
   }
 };
 
 } // namespace
 
-TEST_CASE("clean transitions: one mixed attempt each, receivers bit-exact, attempt objects collected") {
+TEST_CASE(
+    "clean transitions: one mixed attempt each, receivers bit-exact, attempt objects collected") {
   rig<> s;
   auto c = s.coord();
   s.start(c);
@@ -192,7 +199,8 @@ TEST_CASE("scenario: receiver killed mid-refit -> restarted, dense restore of v,
   s.check_consistent(1);
 }
 
-TEST_CASE("scenario: receiver dies between transitions -> restored to the committed digest before the attempt") {
+TEST_CASE("scenario: receiver dies between transitions -> restored to the committed digest before "
+          "the attempt") {
   rig<> s;
   auto c = s.coord();
   s.start(c);
@@ -222,7 +230,8 @@ TEST_CASE("scenario: a restore that does not reach the committed digest fails th
   receiver_endpoint<model_receiver> bad(
       "rank-0", [&] { return s.make_receiver("rank-0"); },
       [&](model_receiver& r) {
-        for (std::size_t t = 0; t < s.metas.size(); ++t) r.tensors()[t].bytes = s.trainer.tensors[t].bytes;
+        for (std::size_t t = 0; t < s.metas.size(); ++t)
+          r.tensors()[t].bytes = s.trainer.tensors[t].bytes;
         return status::success();
       });
   coordinator<model_owner, model_receiver, store_t, commits_t> c2(
@@ -308,7 +317,8 @@ TEST_CASE("scenario: payloads reordered -> same result in one attempt") {
 
 TEST_CASE("scenario: payloads duplicated -> suppressed (XOR applied once) in one attempt") {
   rig<duplicating_receiver> s(3, 2, [&](std::string id) {
-    return std::make_unique<duplicating_receiver>(std::make_unique<model_receiver>(id, canonical_tensors(small_llama())));
+    return std::make_unique<duplicating_receiver>(
+        std::make_unique<model_receiver>(id, canonical_tensors(small_llama())));
   });
   auto c = s.coord();
   s.start(c);
@@ -317,7 +327,8 @@ TEST_CASE("scenario: payloads duplicated -> suppressed (XOR applied once) in one
   REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
   CHECK(rep.attempts.size() == 1);
   CHECK(rep.attempts[0].mode == refit_mode::mixed);
-  s.endpoints[0]->with_receiver([&](duplicating_receiver& r) { CHECK(r.duplicates == int(rep.attempts[0].payloads)); });
+  s.endpoints[0]->with_receiver(
+      [&](duplicating_receiver& r) { CHECK(r.duplicates == int(rep.attempts[0].payloads)); });
   s.check_consistent(1);
 }
 
@@ -338,11 +349,13 @@ TEST_CASE("endpoint: duplicates (same object, or same payload id) and stale atte
   auto p = encode_payload({tau, 1, 0, 0}, items);
   auto before = e.with_receiver([](model_receiver& r) { return r.tensors()[1].bytes; });
   REQUIRE(e.deliver(tau, "attempt/a/payload/one", p, true).ok());
-  REQUIRE(e.deliver(tau, "attempt/a/payload/one", p, true).ok());   // same object again
-  REQUIRE(e.deliver(tau, "attempt/a/payload/copy", p, true).ok());  // same payload id, other name
+  REQUIRE(e.deliver(tau, "attempt/a/payload/one", p, true).ok());  // same object again
+  REQUIRE(e.deliver(tau, "attempt/a/payload/copy", p, true).ok()); // same payload id, other name
   auto stale = encode_payload({tau - 1, 1, 0, 1}, items);
-  REQUIRE(e.deliver(tau, "attempt/a/payload/stale", stale, true).ok()); // payload of a replaced attempt
-  REQUIRE(e.deliver(tau - 1, "attempt/b/payload/late", p, true).ok());  // late delivery of a replaced attempt
+  REQUIRE(
+      e.deliver(tau, "attempt/a/payload/stale", stale, true).ok()); // payload of a replaced attempt
+  REQUIRE(e.deliver(tau - 1, "attempt/b/payload/late", p, true)
+              .ok()); // late delivery of a replaced attempt
   auto after = e.with_receiver([](model_receiver& r) { return r.tensors()[1].bytes; });
   before[0] ^= std::byte{1};
   before[11] ^= std::byte{0x80};
@@ -363,13 +376,15 @@ TEST_CASE("endpoint: duplicates (same object, or same payload id) and stale atte
   CHECK(e.finish(tau, d).code == errc::aborted);
 }
 
-TEST_CASE("scenario: a stale attempt's payload appears under the current attempt -> unlisted, attempt fails, retry commits") {
+TEST_CASE("scenario: a stale attempt's payload appears under the current attempt -> unlisted, "
+          "attempt fails, retry commits") {
   rig<> s;
   auto c = s.coord();
   s.start(c);
   s.trainer.step(0.1, 1);
   s.store.mode = faulty_store::fault::inject_stale;
-  s.endpoints[0]->with_receiver([](model_receiver& r) { r.fail_after(1); }); // attempt 1 fails, leaves payloads
+  s.endpoints[0]->with_receiver(
+      [](model_receiver& r) { r.fail_after(1); }); // attempt 1 fails, leaves payloads
   s.store.remaining = 1;
   auto rep = c.transition();
   REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
@@ -381,8 +396,8 @@ TEST_CASE("scenario: a stale attempt's payload appears under the current attempt
   s.check_consistent(1);
 }
 
-
-TEST_CASE("unlisted payload: a copy with another sequence number fails the attempt; the retry commits bit-exact (memory)") {
+TEST_CASE("unlisted payload: a copy with another sequence number fails the attempt; the retry "
+          "commits bit-exact (memory)") {
   for (auto mode : {rl_mode::synchronous, rl_mode::asynchronous}) {
     CAPTURE(int(mode));
     transport::memory_object_store objects;
@@ -402,9 +417,10 @@ TEST_CASE("unlisted payload: same on the filesystem object store with the file c
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("scenario: coordinator dies after prepare -> successor fences it and commits with overwrite") {
+TEST_CASE(
+    "scenario: coordinator dies after prepare -> successor fences it and commits with overwrite") {
   rig<> s;
-  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_prepare;}));
+  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_prepare; }));
   s.start(c1);
   s.trainer.step(0.1, 1);
   auto r1 = c1.transition();
@@ -416,20 +432,21 @@ TEST_CASE("scenario: coordinator dies after prepare -> successor fences it and c
   auto r2 = c2.transition();
   REQUIRE_MESSAGE(r2.result.ok(), r2.result.message);
   REQUIRE(r2.attempts.size() == 1);
-  CHECK(r2.attempts[0].mode == refit_mode::overwrite_all); // an attempt was prepared since the commit
+  CHECK(r2.attempts[0].mode ==
+        refit_mode::overwrite_all); // an attempt was prepared since the commit
   s.check_consistent(1);
 }
 
 TEST_CASE("scenario: coordinator dies after some ACKs -> successor repairs every receiver") {
   rig<> s;
-  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_first_ack;}));
+  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
   s.start(c1);
   s.trainer.step(0.1, 1);
   auto r1 = c1.transition();
   CHECK(r1.result.code == errc::aborted);
   stored_record cur;
   REQUIRE(s.commits.load(cur).ok());
-  CHECK(cur.record.version == 0); // v stays committed...
+  CHECK(cur.record.version == 0);                    // v stays committed...
   for (auto& g : s.gates) CHECK_FALSE(g->is_open()); // ...and partial weights are not served
   auto c2 = s.coord();
   REQUIRE(c2.take_over().ok());
@@ -439,9 +456,10 @@ TEST_CASE("scenario: coordinator dies after some ACKs -> successor repairs every
   s.check_consistent(1);
 }
 
-TEST_CASE("scenario: coordinator dies after commit, before the baseline update -> successor rolls forward") {
+TEST_CASE("scenario: coordinator dies after commit, before the baseline update -> successor rolls "
+          "forward") {
   rig<> s;
-  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_commit;}));
+  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_commit; }));
   s.start(c1);
   s.trainer.step(0.1, 1);
   auto r1 = c1.transition();
@@ -467,7 +485,8 @@ TEST_CASE("scenario: coordinator dies after commit, before the baseline update -
   s.check_consistent(2);
 }
 
-TEST_CASE("scenario: two coordinators race -> the replaced one gets conflict, one version commits") {
+TEST_CASE(
+    "scenario: two coordinators race -> the replaced one gets conflict, one version commits") {
   for (int round = 0; round < 4; ++round) {
     CAPTURE(round);
     rig<> s;
@@ -481,7 +500,8 @@ TEST_CASE("scenario: two coordinators race -> the replaced one gets conflict, on
     auto a = s.coord(crash_at([&](crash_point p) {
       if (p == crash_point::after_first_ack) {
         a_streaming = true;
-        for (int i = 0; i < 5000 && !b_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        for (int i = 0; i < 5000 && !b_done; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       return false;
     }));
@@ -490,7 +510,8 @@ TEST_CASE("scenario: two coordinators race -> the replaced one gets conflict, on
     transition_report ra, rb;
     std::thread ta([&] { ra = a.transition(); });
     std::thread tb([&] {
-      for (int i = 0; i < 5000 && !a_streaming; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (int i = 0; i < 5000 && !a_streaming; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (round % 2) std::this_thread::sleep_for(std::chrono::milliseconds(round));
       REQUIRE(b.take_over().ok());
       rb = b.transition();
@@ -504,9 +525,14 @@ TEST_CASE("scenario: two coordinators race -> the replaced one gets conflict, on
   }
 }
 
-TEST_CASE("scenario: a persistent fault exhausts the attempts; v stays committed; a later transition repairs") {
+TEST_CASE("scenario: a persistent fault exhausts the attempts; v stays committed; a later "
+          "transition repairs") {
   rig<> s;
-  auto c = s.coord([] { coordinator_options o; o.max_attempts = 2; return o; }());
+  auto c = s.coord([] {
+    coordinator_options o;
+    o.max_attempts = 2;
+    return o;
+  }());
   s.start(c);
   s.trainer.step(0.1, 1);
   s.store.mode = faulty_store::fault::corrupt;
@@ -530,7 +556,8 @@ TEST_CASE("scenario: a persistent fault exhausts the attempts; v stays committed
 namespace {
 /// Serve requests on every receiver while transitions run; each request reads
 /// the complete storage under a gate ticket. Returns the digests it saw.
-template <class Sys> struct request_load {
+template <class Sys>
+struct request_load {
   Sys& s;
   std::atomic<bool> stop{false};
   std::mutex m;
@@ -543,7 +570,8 @@ template <class Sys> struct request_load {
         while (!stop) {
           auto t = s.gates[r]->admit();
           if (stop) break;
-          auto d = s.endpoints[r]->with_receiver([](model_receiver& rc) { return rc.state_digest(); });
+          auto d =
+              s.endpoints[r]->with_receiver([](model_receiver& rc) { return rc.state_digest(); });
           std::this_thread::sleep_for(std::chrono::microseconds(200));
           {
             std::lock_guard l(m);
@@ -565,7 +593,11 @@ TEST_CASE("request gate: requests only ever see a committed version (sync and as
   for (auto mode : {rl_mode::synchronous, rl_mode::asynchronous}) {
     CAPTURE(int(mode));
     rig<> s;
-    auto c = s.coord([&] { coordinator_options o; o.mode = mode; return o; }());
+    auto c = s.coord([&] {
+      coordinator_options o;
+      o.mode = mode;
+      return o;
+    }());
     s.start(c);
     std::set<digest128> committed;
     auto note_committed = [&] {
@@ -592,7 +624,8 @@ TEST_CASE("request gate: requests only ever see a committed version (sync and as
   }
 }
 
-TEST_CASE("request gate: close waits for in-flight requests; replaced attempts' operations are ignored") {
+TEST_CASE(
+    "request gate: close waits for in-flight requests; replaced attempts' operations are ignored") {
   request_gate g;
   auto t = g.admit();
   std::atomic<bool> closed{false};
@@ -631,7 +664,8 @@ TEST_CASE("file-backed run: filesystem object store + file commit store, crash a
     transport::fs_object_store objects(dir / "objects");
     file_commit_store commits(dir / "control");
     auto dense = [&](model_receiver& r) {
-      for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
+      for (std::size_t t = 0; t < metas.size(); ++t)
+        r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
       return status::success();
     };
     std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
@@ -642,8 +676,10 @@ TEST_CASE("file-backed run: filesystem object store + file commit store, crash a
           id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
       ep.push_back(eps.back().get());
     }
-    using C = coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
-    C c1(commits, objects, op, ep, crash_at([](crash_point p) { return p == crash_point::after_first_ack;}));
+    using C =
+        coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
+    C c1(commits, objects, op, ep,
+         crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
     REQUIRE(c1.take_over().ok());
     REQUIRE(c1.bootstrap().ok());
     trainer.step(0.05, 1);
@@ -659,7 +695,8 @@ TEST_CASE("file-backed run: filesystem object store + file commit store, crash a
     CHECK(cur.record.version == 1);
     for (auto* e : ep)
       e->with_receiver([&](model_receiver& r) {
-        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
+        for (std::size_t t = 0; t < metas.size(); ++t)
+          CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
       });
     std::vector<std::string> left;
     REQUIRE(objects.list("", left).ok());
@@ -668,13 +705,15 @@ TEST_CASE("file-backed run: filesystem object store + file commit store, crash a
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("lost commit record next to attempt objects: bootstrap refuses, typed; after cleanup a new history commits (memory)") {
+TEST_CASE("lost commit record next to attempt objects: bootstrap refuses, typed; after cleanup a "
+          "new history commits (memory)") {
   transport::memory_object_store objects;
   check_lost_record<transport::memory_object_store, memory_commit_store>(
       objects, [] { return std::make_unique<memory_commit_store>(); });
 }
 
-TEST_CASE("lost commit record next to attempt objects: same with the fs object store and a deleted commit file") {
+TEST_CASE("lost commit record next to attempt objects: same with the fs object store and a deleted "
+          "commit file") {
   char tmpl[] = "/tmp/dcr-lost-XXXXXX";
   const std::filesystem::path dir = ::mkdtemp(tmpl);
   {
@@ -687,11 +726,13 @@ TEST_CASE("lost commit record next to attempt objects: same with the fs object s
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("attempt objects are bound to the incarnation: another history's objects are never listed or read") {
+TEST_CASE("attempt objects are bound to the incarnation: another history's objects are never "
+          "listed or read") {
   transport::memory_object_store raw;
   const std::string a(32, 'a'), b(32, 'b');
   transport::incarnation_scope<transport::memory_object_store> sa(raw, a), sb(raw, b);
-  CHECK_THROWS_AS((transport::incarnation_scope<transport::memory_object_store>(raw, "xyz")), error);
+  CHECK_THROWS_AS((transport::incarnation_scope<transport::memory_object_store>(raw, "xyz")),
+                  error);
   std::vector<std::byte> p1(40, std::byte{1}), p2(40, std::byte{2});
   {
     transport::attempt_writer w(sa, 5, 0);
@@ -710,8 +751,9 @@ TEST_CASE("attempt objects are bound to the incarnation: another history's objec
   REQUIRE(sb.put(transport::manifest_name(5, 0), m).ok());
   std::atomic<bool> stop{false};
   transport::attempt_reader<decltype(sb)> reader(sb, 5, {0});
-  auto st = reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); }, stop,
-                       std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  auto st =
+      reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); },
+                 stop, std::chrono::steady_clock::now() + std::chrono::seconds(5));
   CHECK(st.code == errc::foreign_incarnation);
   // Garbage collection of one history leaves the other's objects alone.
   REQUIRE(transport::collect_attempts(sa, 5).ok());
@@ -721,7 +763,8 @@ TEST_CASE("attempt objects are bound to the incarnation: another history's objec
   CHECK(names.size() == 2);
 }
 
-TEST_CASE("a commit record replaced by an older one hands out attempt ids again: their objects are never read") {
+TEST_CASE("a commit record replaced by an older one hands out attempt ids again: their objects are "
+          "never read") {
   char tmpl[] = "/tmp/dcr-rollback-XXXXXX";
   const std::filesystem::path dir = ::mkdtemp(tmpl);
   {
@@ -736,7 +779,8 @@ TEST_CASE("a commit record replaced by an older one hands out attempt ids again:
     transport::fs_object_store objects(dir / "objects");
     file_commit_store commits(dir / "control");
     auto dense = [&](model_receiver& r) {
-      for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
+      for (std::size_t t = 0; t < metas.size(); ++t)
+        r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
       return status::success();
     };
     std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
@@ -747,8 +791,10 @@ TEST_CASE("a commit record replaced by an older one hands out attempt ids again:
           id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
       ep.push_back(eps.back().get());
     }
-    using C = coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
-    C c1(commits, objects, op, ep, crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
+    using C =
+        coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
+    C c1(commits, objects, op, ep,
+         crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
     C c0(commits, objects, op, ep);
     REQUIRE(c0.take_over().ok());
     REQUIRE(c0.bootstrap().ok());
@@ -761,7 +807,8 @@ TEST_CASE("a commit record replaced by an older one hands out attempt ids again:
     CHECK(c1.transition().result.code == errc::aborted); // its objects stay
     // The record (with its attempt counter) is put back to the saved one,
     // and the candidate moves on: the old attempt's objects are now wrong.
-    std::filesystem::copy_file(saved, dir / "control" / "commit", std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(saved, dir / "control" / "commit",
+                               std::filesystem::copy_options::overwrite_existing);
     trainer.step(0.1, 3);
     for (auto* e : ep) e->kill(); // restarted receivers: no in-memory fence helps
     C c2(commits, objects, op, ep);
@@ -773,7 +820,8 @@ TEST_CASE("a commit record replaced by an older one hands out attempt ids again:
     CHECK(cur.record.version == 2);
     for (std::size_t r = 0; r < ep.size(); ++r)
       ep[r]->with_receiver([&](model_receiver& rc) {
-        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
+        for (std::size_t t = 0; t < metas.size(); ++t)
+          CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
         CHECK(cur.record.receivers[r].state == rc.state_digest());
       });
     REQUIRE(rep.attempts.size() == 2);
@@ -782,7 +830,8 @@ TEST_CASE("a commit record replaced by an older one hands out attempt ids again:
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a foreign payload that changes elements outside the changed set: the receiver is restored densely, never committed") {
+TEST_CASE("a foreign payload that changes elements outside the changed set: the receiver is "
+          "restored densely, never committed") {
   // Owner 0's first payload is replaced, as published, by another valid
   // payload with the same attempt, owner and sequence (what another
   // history's object looks like): it XORs element 0 of tensor 0, which this
@@ -822,7 +871,8 @@ TEST_CASE("a foreign payload that changes elements outside the changed set: the 
   replacing_store store{&objects, metas};
   memory_commit_store commits;
   auto dense = [&](model_receiver& r) {
-    for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
+    for (std::size_t t = 0; t < metas.size(); ++t)
+      r.tensors()[t].bytes = owners[t % 2]->baseline(t)->bytes;
     return status::success();
   };
   std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
@@ -833,11 +883,13 @@ TEST_CASE("a foreign payload that changes elements outside the changed set: the 
         id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
     ep.push_back(eps.back().get());
   }
-  coordinator<model_owner, model_receiver, replacing_store, memory_commit_store> c(commits, store, op, ep);
+  coordinator<model_owner, model_receiver, replacing_store, memory_commit_store> c(commits, store,
+                                                                                   op, ep);
   REQUIRE(c.take_over().ok());
   REQUIRE(c.bootstrap().ok());
   trainer.step(0.1, 1);
-  for (std::size_t b = 0; b < width_of(metas[0].dtype); ++b) // element 0 of tensor 0 stays unchanged
+  for (std::size_t b = 0; b < width_of(metas[0].dtype);
+       ++b) // element 0 of tensor 0 stays unchanged
     trainer.tensors[0].bytes[b] = before[b];
   auto rep = c.transition();
   REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
@@ -847,7 +899,8 @@ TEST_CASE("a foreign payload that changes elements outside the changed set: the 
   std::uint64_t restores = 0;
   for (std::size_t r = 0; r < ep.size(); ++r) {
     ep[r]->with_receiver([&](model_receiver& rc) {
-      for (std::size_t t = 0; t < metas.size(); ++t) CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
+      for (std::size_t t = 0; t < metas.size(); ++t)
+        CHECK(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
       CHECK(cur.record.receivers[r].state == rc.state_digest());
     });
     restores += ep[r]->counters().restores;

@@ -16,8 +16,8 @@
 #include <map>
 #include <sstream>
 
-#include "models.hpp"
 #include "dcr/protocol/coordinator.hpp"
+#include "models.hpp"
 
 using namespace dcr;
 using namespace dcr::protocol;
@@ -30,21 +30,31 @@ enum class damage { missing, duplicated, truncated, flipped, older_attempt, othe
 
 const char* name_of(object_kind k) {
   switch (k) {
-  case object_kind::payload: return "payload";
-  case object_kind::manifest: return "manifest";
-  case object_kind::dense_snapshot: return "dense snapshot";
-  case object_kind::commit_record: return "commit record";
+  case object_kind::payload:
+    return "payload";
+  case object_kind::manifest:
+    return "manifest";
+  case object_kind::dense_snapshot:
+    return "dense snapshot";
+  case object_kind::commit_record:
+    return "commit record";
   }
   return "?";
 }
 const char* name_of(damage d) {
   switch (d) {
-  case damage::missing: return "missing";
-  case damage::duplicated: return "duplicated under another name";
-  case damage::truncated: return "truncated";
-  case damage::flipped: return "one byte flipped";
-  case damage::older_attempt: return "older attempt's";
-  case damage::other_incarnation: return "other incarnation's";
+  case damage::missing:
+    return "missing";
+  case damage::duplicated:
+    return "duplicated under another name";
+  case damage::truncated:
+    return "truncated";
+  case damage::flipped:
+    return "one byte flipped";
+  case damage::older_attempt:
+    return "older attempt's";
+  case damage::other_incarnation:
+    return "other incarnation's";
   }
   return "?";
 }
@@ -96,15 +106,18 @@ public:
     std::vector<std::byte> bytes(b.begin(), b.end());
     const std::string scope(name.substr(0, at));
     switch (what) {
-    case damage::missing: return status::success(); // lost
+    case damage::missing:
+      return status::success(); // lost
     case damage::duplicated: {
       DCR_TRY(s_->put(name, b));
       const auto other = inner.rfind("payload/", 0) == 0 ? transport::payload_name(tau, 0, 900)
-                                                          : transport::manifest_name(tau, 900);
+                                                         : transport::manifest_name(tau, 900);
       return s_->put(scope + other, b);
     }
     case damage::truncated:
-    case damage::flipped: damage_bytes(bytes, what); return s_->put(name, bytes);
+    case damage::flipped:
+      damage_bytes(bytes, what);
+      return s_->put(name, bytes);
     case damage::older_attempt: {
       std::lock_guard l(m_);
       for (std::uint64_t t = tau; t-- > 0;)
@@ -147,7 +160,8 @@ struct history {
 
   explicit history(std::filesystem::path d)
       : dir(std::move(d)), objects(dir / "objects"), commits(dir / "control") {
-    for (std::uint32_t k = 0; k < 2; ++k) owners.push_back(std::make_unique<model_owner>(k, 2, &trainer));
+    for (std::uint32_t k = 0; k < 2; ++k)
+      owners.push_back(std::make_unique<model_owner>(k, 2, &trainer));
     for (int r = 0; r < 2; ++r) {
       auto id = "rank-" + std::to_string(r);
       endpoints.push_back(std::make_unique<endpoint_t>(
@@ -252,7 +266,8 @@ twin_state make_twin(const std::filesystem::path& dir) {
 }
 
 /// Runs one case; returns its outcome for the table (and checks the invariant).
-std::string run_case(const std::filesystem::path& dir, const twin_state& twin, object_kind kind, damage what) {
+std::string run_case(const std::filesystem::path& dir, const twin_state& twin, object_kind kind,
+                     damage what) {
   history h(dir);
   h.store.twin = &twin.objects;
   auto c = h.coord();
@@ -272,7 +287,8 @@ std::string run_case(const std::filesystem::path& dir, const twin_state& twin, o
   std::unique_ptr<history::coord_t> successor;
   auto* run = &c;
   if (kind == object_kind::payload || kind == object_kind::manifest) {
-    h.store.target = kind == object_kind::payload ? "payload/o0000000000-s0000000000" : "manifest/o0000000000";
+    h.store.target =
+        kind == object_kind::payload ? "payload/o0000000000-s0000000000" : "manifest/o0000000000";
     h.store.what = what;
     h.store.armed = true;
   } else if (kind == object_kind::dense_snapshot) {
@@ -281,12 +297,23 @@ std::string run_case(const std::filesystem::path& dir, const twin_state& twin, o
     const auto p = dir / "objects" / "dense" / "v1" / "t0";
     auto b = read_file(p);
     switch (what) {
-    case damage::missing: std::filesystem::remove(p); break;
-    case damage::duplicated: write_file(dir / "objects" / "dense" / "v1" / "t0-copy", b); break;
+    case damage::missing:
+      std::filesystem::remove(p);
+      break;
+    case damage::duplicated:
+      write_file(dir / "objects" / "dense" / "v1" / "t0-copy", b);
+      break;
     case damage::truncated:
-    case damage::flipped: damage_bytes(b, what); write_file(p, b); break;
-    case damage::older_attempt: write_file(p, read_file(dir / "objects" / "dense" / "v0" / "t0")); break;
-    case damage::other_incarnation: write_file(p, twin.dense_v1[0]); break;
+    case damage::flipped:
+      damage_bytes(b, what);
+      write_file(p, b);
+      break;
+    case damage::older_attempt:
+      write_file(p, read_file(dir / "objects" / "dense" / "v0" / "t0"));
+      break;
+    case damage::other_incarnation:
+      write_file(p, twin.dense_v1[0]);
+      break;
     }
   } else {
     // The transition to v = 2 dies after an ACK (its objects stay), the record
@@ -304,18 +331,31 @@ std::string run_case(const std::filesystem::path& dir, const twin_state& twin, o
     const auto p = dir / "control" / "commit";
     auto b = read_file(p);
     switch (what) {
-    case damage::missing: std::filesystem::remove(p); break;
-    case damage::duplicated: write_file(dir / "control" / "commit-copy", b); break;
+    case damage::missing:
+      std::filesystem::remove(p);
+      break;
+    case damage::duplicated:
+      write_file(dir / "control" / "commit-copy", b);
+      break;
     case damage::truncated:
-    case damage::flipped: damage_bytes(b, what); write_file(p, b); break;
-    case damage::older_attempt: write_file(p, record_v0); break;
-    case damage::other_incarnation: write_file(p, twin.record_v1); break;
+    case damage::flipped:
+      damage_bytes(b, what);
+      write_file(p, b);
+      break;
+    case damage::older_attempt:
+      write_file(p, record_v0);
+      break;
+    case damage::other_incarnation:
+      write_file(p, twin.record_v1);
+      break;
     }
     for (auto& e : h.endpoints) e->kill();
     successor = h.coord_ptr();
     run = successor.get();
-    if (auto s = run->take_over(); !s) rep.result = s;
-    else if (auto b0 = run->bootstrap(); !b0) rep.result = b0;
+    if (auto s = run->take_over(); !s)
+      rep.result = s;
+    else if (auto b0 = run->bootstrap(); !b0)
+      rep.result = b0;
   }
   if (rep.result) rep = run->transition();
 
@@ -327,9 +367,10 @@ std::string run_case(const std::filesystem::path& dir, const twin_state& twin, o
     REQUIRE(loaded.ok());
     CHECK(cur.record.version == 2);
     const bool exact = h.bit_exact(cur);
-    CHECK_MESSAGE(exact, name_of(kind) << " / " << name_of(what) << ": a commit that differs from a dense refit");
-    out << (exact ? "bit-exact commit" : "WRONG COMMIT") << ", " << rep.attempts.size() << " attempt"
-        << (rep.attempts.size() == 1 ? "" : "s");
+    CHECK_MESSAGE(exact, name_of(kind) << " / " << name_of(what)
+                                       << ": a commit that differs from a dense refit");
+    out << (exact ? "bit-exact commit" : "WRONG COMMIT") << ", " << rep.attempts.size()
+        << " attempt" << (rep.attempts.size() == 1 ? "" : "s");
     if (rep.attempts.size() > 1) out << " (1st: " << to_string(rep.attempts[0].result.code) << ")";
     if (rep.rolled_forward) out << ", rolled forward";
   } else {
@@ -337,7 +378,8 @@ std::string run_case(const std::filesystem::path& dir, const twin_state& twin, o
     // Nothing new was committed: the record (where it can be read) is still v = 1,
     // or the damaged record itself is what failed.
     if (loaded.ok() && cur.revision > 0) {
-      CHECK_MESSAGE(cur.record.version <= 1, name_of(kind) << " / " << name_of(what) << ": committed past v");
+      CHECK_MESSAGE(cur.record.version <= 1, name_of(kind)
+                                                 << " / " << name_of(what) << ": committed past v");
       if (kind != object_kind::commit_record) CHECK(cur.record.version == 1);
     }
     out << "typed failure: " << to_string(rep.result.code) << ", v=1 still committed";
@@ -351,15 +393,17 @@ std::string run_case(const std::filesystem::path& dir, const twin_state& twin, o
 
 } // namespace
 
-TEST_CASE("attempt-object fault table: every damaged object ends bit-exact or in a typed failure, never a wrong commit") {
+TEST_CASE("attempt-object fault table: every damaged object ends bit-exact or in a typed failure, "
+          "never a wrong commit") {
   temp_dir d;
   const auto twin = make_twin(d.path / "twin");
   std::ostringstream table;
   table << "| object | damage | outcome |\n|---|---|---|\n";
   int n = 0;
-  for (auto kind : {object_kind::payload, object_kind::manifest, object_kind::dense_snapshot, object_kind::commit_record})
-    for (auto what : {damage::missing, damage::duplicated, damage::truncated, damage::flipped, damage::older_attempt,
-                      damage::other_incarnation}) {
+  for (auto kind : {object_kind::payload, object_kind::manifest, object_kind::dense_snapshot,
+                    object_kind::commit_record})
+    for (auto what : {damage::missing, damage::duplicated, damage::truncated, damage::flipped,
+                      damage::older_attempt, damage::other_incarnation}) {
       CAPTURE(name_of(kind));
       CAPTURE(name_of(what));
       const auto outcome = run_case(d.path / ("case-" + std::to_string(n++)), twin, kind, what);

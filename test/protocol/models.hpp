@@ -60,7 +60,8 @@ struct trainer_state {
 /// Owner k owns tensors t with t % n == k; baseline is its own copy.
 class model_owner {
 public:
-  model_owner(std::uint32_t id, std::uint32_t n, const trainer_state* candidate, std::size_t items_per_payload = 3)
+  model_owner(std::uint32_t id, std::uint32_t n, const trainer_state* candidate,
+              std::size_t items_per_payload = 3)
       : id_(id), n_(n), cand_(candidate), per_payload_(items_per_payload) {
     for (std::size_t t = 0; t < cand_->tensors.size(); ++t)
       if (t % n_ == id_) baseline_.emplace(t, cand_->tensors[t]);
@@ -81,14 +82,16 @@ public:
       auto& c = cand_->tensors[t];
       item it;
       it.tensor = c.meta;
-      it.encoding = rq.mode == protocol::refit_mode::mixed ? value_encoding::xor_mask : value_encoding::overwrite;
+      it.encoding = rq.mode == protocol::refit_mode::mixed ? value_encoding::xor_mask
+                                                           : value_encoding::overwrite;
       const auto w = width_of(c.meta.dtype);
       for (std::size_t i = 0; i < c.meta.numel(); ++i) {
         if (std::memcmp(&c.bytes[i * w], &base.bytes[i * w], w) == 0) continue;
         it.indices.push_back(i);
         for (std::size_t b = 0; b < w; ++b)
-          it.values.push_back(it.encoding == value_encoding::xor_mask ? (c.bytes[i * w + b] ^ base.bytes[i * w + b])
-                                                                      : c.bytes[i * w + b]);
+          it.values.push_back(it.encoding == value_encoding::xor_mask
+                                  ? (c.bytes[i * w + b] ^ base.bytes[i * w + b])
+                                  : c.bytes[i * w + b]);
       }
       if (it.indices.empty()) continue;
       items.push_back(std::move(it));
@@ -144,8 +147,10 @@ public:
     payload_id pid;
     DCR_TRY(read_payload_id(bytes, pid));
     DCR_RETURN_ERROR_IF(pid.attempt != attempt_, stale_attempt,
-                        "payload of attempt " + std::to_string(pid.attempt) + ", current " + std::to_string(attempt_));
-    DCR_RETURN_ERROR_IF(!seen_.insert({pid.owner, pid.sequence}).second, duplicate, "payload seen before");
+                        "payload of attempt " + std::to_string(pid.attempt) + ", current " +
+                            std::to_string(attempt_));
+    DCR_RETURN_ERROR_IF(!seen_.insert({pid.owner, pid.sequence}).second, duplicate,
+                        "payload seen before");
     decoded_payload d;
     if (auto s = decode_payload(bytes, d); !s) {
       seen_.erase({pid.owner, pid.sequence});
@@ -172,7 +177,8 @@ public:
         for (std::size_t k = 0; k < it.indices.size(); ++k)
           for (std::size_t b = 0; b < w; ++b) {
             auto& dst = t.bytes[it.indices[k] * w + b];
-            dst = it.encoding == value_encoding::xor_mask ? dst ^ it.values[k * w + b] : it.values[k * w + b];
+            dst = it.encoding == value_encoding::xor_mask ? dst ^ it.values[k * w + b]
+                                                          : it.values[k * w + b];
           }
       }
     staged_.clear();
@@ -222,7 +228,8 @@ public:
       const auto scope = std::string(name.substr(0, at));
       const auto a = transport::attempt_of(name.substr(at));
       if (!old_.empty() && old_attempt_ < a && take()) {
-        DCR_TRY(s_->put(scope + transport::attempt_prefix(a) + "payload/o0000000099-s0000000000", old_));
+        DCR_TRY(s_->put(scope + transport::attempt_prefix(a) + "payload/o0000000099-s0000000000",
+                        old_));
       }
       if (old_.empty() || a == old_attempt_) {
         old_.assign(b.begin(), b.end());
@@ -269,7 +276,8 @@ public:
   status stage(std::span<const std::byte> b) {
     DCR_TRY(r_->stage(b));
     auto s = r_->stage(b);
-    DCR_RETURN_ERROR_IF(s.code != errc::duplicate, verification, "second delivery was not suppressed: " + s.message);
+    DCR_RETURN_ERROR_IF(s.code != errc::duplicate, verification,
+                        "second delivery was not suppressed: " + s.message);
     ++duplicates;
     return status::success();
   }

@@ -13,12 +13,14 @@ using namespace dcr::test_models;
 namespace {
 model_config sweep_model() {
   model_config c;
-  c.hidden = 48, c.heads = 4, c.kv_heads = 2, c.head_dim = 12, c.ffn = 64, c.vocab = 97, c.layers = 2;
+  c.hidden = 48, c.heads = 4, c.kv_heads = 2, c.head_dim = 12, c.ffn = 64, c.vocab = 97,
+  c.layers = 2;
   return c;
 }
 } // namespace
 
-TEST_CASE("fault sweep: random faults every transition, receivers always equal the committed version") {
+TEST_CASE(
+    "fault sweep: random faults every transition, receivers always equal the committed version") {
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
     CAPTURE(seed);
     std::mt19937_64 rng(seed);
@@ -35,7 +37,8 @@ TEST_CASE("fault sweep: random faults every transition, receivers always equal t
     faulty_store store(objects);
     memory_commit_store commits;
     auto dense = [&](model_receiver& r) {
-      for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % n_owners]->baseline(t)->bytes;
+      for (std::size_t t = 0; t < metas.size(); ++t)
+        r.tensors()[t].bytes = owners[t % n_owners]->baseline(t)->bytes;
       return status::success();
     };
     const int n_receivers = 1 + static_cast<int>(rng() % 4);
@@ -57,19 +60,36 @@ TEST_CASE("fault sweep: random faults every transition, receivers always equal t
     std::uint64_t version = 0;
     for (int step = 1; step <= 8; ++step) {
       CAPTURE(step);
-      trainer.step(0.01 + 0.1 * static_cast<double>(rng() % 10) / 10.0, seed * 100 + static_cast<std::uint64_t>(step));
+      trainer.step(0.01 + 0.1 * static_cast<double>(rng() % 10) / 10.0,
+                   seed * 100 + static_cast<std::uint64_t>(step));
       const int fault = static_cast<int>(rng() % 9);
       CAPTURE(fault);
       store.mode = faulty_store::fault::none;
       switch (fault) {
-      case 1: eps[rng() % eps.size()]->with_receiver([&](model_receiver& r) { r.fail_after(static_cast<long>(rng() % 3)); }); break;
-      case 2: eps[rng() % eps.size()]->kill_after(1 + rng() % 2); break;
-      case 3: store.mode = faulty_store::fault::drop, store.remaining = 1; break;
-      case 4: store.mode = faulty_store::fault::corrupt, store.remaining = 1; break;
-      case 5: store.mode = faulty_store::fault::truncate, store.remaining = 1; break;
-      case 6: store.mode = faulty_store::fault::reverse_list; break;
-      case 7: eps[rng() % eps.size()]->kill(); break;
-      default: break;
+      case 1:
+        eps[rng() % eps.size()]->with_receiver(
+            [&](model_receiver& r) { r.fail_after(static_cast<long>(rng() % 3)); });
+        break;
+      case 2:
+        eps[rng() % eps.size()]->kill_after(1 + rng() % 2);
+        break;
+      case 3:
+        store.mode = faulty_store::fault::drop, store.remaining = 1;
+        break;
+      case 4:
+        store.mode = faulty_store::fault::corrupt, store.remaining = 1;
+        break;
+      case 5:
+        store.mode = faulty_store::fault::truncate, store.remaining = 1;
+        break;
+      case 6:
+        store.mode = faulty_store::fault::reverse_list;
+        break;
+      case 7:
+        eps[rng() % eps.size()]->kill();
+        break;
+      default:
+        break;
       }
       transition_report rep;
       if (fault == 8) {
@@ -91,7 +111,8 @@ TEST_CASE("fault sweep: random faults every transition, receivers always equal t
       REQUIRE(cur.record.version == version);
       for (std::size_t r = 0; r < eps.size(); ++r)
         eps[r]->with_receiver([&](model_receiver& rc) {
-          for (std::size_t t = 0; t < metas.size(); ++t) REQUIRE(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
+          for (std::size_t t = 0; t < metas.size(); ++t)
+            REQUIRE(rc.tensors()[t].bytes == trainer.tensors[t].bytes);
           CHECK(cur.record.receivers[r].state == rc.state_digest());
         });
       std::vector<std::string> left;

@@ -60,7 +60,9 @@ TEST_CASE("view_inverse maps exactly the offsets a unique view reaches") {
     }
     auto inv = view_inverse::make(v.view, v.base, dst, 3);
     std::vector<std::int64_t> expect(static_cast<std::size_t>(v.parent.size()), -1);
-    for_each_offset_pair(dst, v.view, [&](std::int64_t d, std::int64_t o) { expect[static_cast<std::size_t>(v.base + o)] = 3 + d; });
+    for_each_offset_pair(dst, v.view, [&](std::int64_t d, std::int64_t o) {
+      expect[static_cast<std::size_t>(v.base + o)] = 3 + d;
+    });
     for (std::int64_t o = -2; o < v.parent.size() + 2; ++o) {
       const auto want = (o >= 0 && o < v.parent.size()) ? expect[static_cast<std::size_t>(o)] : -1;
       REQUIRE(inv.map(o) == want);
@@ -74,7 +76,8 @@ TEST_CASE("view_inverse::for_each_sorted agrees with map on sorted offsets") {
     auto v = make_random_view(rng);
     strided_layout dst = v.view;
     if (dst.rank > 1 && rng() % 2) { // a transposed destination
-      dst = strided_layout::row_major({static_cast<std::uint64_t>(v.view.extents[1]), static_cast<std::uint64_t>(v.view.extents[0])});
+      dst = strided_layout::row_major({static_cast<std::uint64_t>(v.view.extents[1]),
+                                       static_cast<std::uint64_t>(v.view.extents[0])});
       dst = dst.transposed(0, 1);
       if (dst.rank > 2) dst = v.view;
     }
@@ -84,7 +87,8 @@ TEST_CASE("view_inverse::for_each_sorted agrees with map on sorted offsets") {
     for (std::int64_t o = 0; o < v.parent.size(); ++o)
       if (rng() % 3 == 0) idx.push_back(static_cast<std::uint64_t>(o));
     std::vector<std::pair<std::size_t, std::int64_t>> got, want;
-    inv.for_each_sorted(idx.data(), idx.size(), [&](std::size_t j, std::int64_t e) { got.emplace_back(j, e); });
+    inv.for_each_sorted(idx.data(), idx.size(),
+                        [&](std::size_t j, std::int64_t e) { got.emplace_back(j, e); });
     for (std::size_t j = 0; j < idx.size(); ++j)
       if (auto e = inv.map(static_cast<std::int64_t>(idx[j])); e >= 0) want.emplace_back(j, e);
     REQUIRE(got == want);
@@ -101,7 +105,8 @@ TEST_CASE("for_each_offset_pair enumerates coordinates in row-major order") {
       seen.push_back(d);
     });
     REQUIRE(static_cast<std::int64_t>(seen.size()) == v.view.size());
-    for (std::int64_t k = 0; k < v.view.size(); ++k) CHECK(seen[static_cast<std::size_t>(k)] == v.view.offset_of_linear(k));
+    for (std::int64_t k = 0; k < v.view.size(); ++k)
+      CHECK(seen[static_cast<std::size_t>(k)] == v.view.offset_of_linear(k));
   }
 }
 
@@ -111,7 +116,8 @@ TEST_CASE("strided_copy equals an elementwise copy for every width") {
     for (int trial = 0; trial < 100; ++trial) {
       auto v = make_random_view(rng);
       const auto w = width_of(dt);
-      std::vector<std::byte> src(static_cast<std::size_t>(v.parent.size()) * w), a(src.size()), b(src.size());
+      std::vector<std::byte> src(static_cast<std::size_t>(v.parent.size()) * w), a(src.size()),
+          b(src.size());
       for (auto& x : src) x = static_cast<std::byte>(rng());
       auto dstl = rng() % 2 ? v.view : v.parent; // parent only when extents agree
       if (!same_extents(dstl, v.view)) dstl = v.view;
@@ -132,7 +138,8 @@ TEST_CASE("prewarm of the vLLM-style loader: direct, XOR-allowed plans and expli
   auto c = tiny_qwen3_moe();
   auto metas = canonical_tensors(c);
   // TP 2, DP 2, expert parallel: 4 EP ranks of 2 experts each; rank (dp 1, tp 1) is EP rank 3.
-  loaders::vllm_style_loader l(c, loaders::vllm_layout::of_rank(test::vllm_deployment(2, 1, 2, true), 3));
+  loaders::vllm_style_loader l(
+      c, loaders::vllm_layout::of_rank(test::vllm_deployment(2, 1, 2, true), 3));
   receiver<loaders::vllm_style_loader> r(l, metas);
   std::size_t skipped = 0;
   for (auto& tp : r.plan().tensors) {
@@ -147,7 +154,8 @@ TEST_CASE("prewarm of the vLLM-style loader: direct, XOR-allowed plans and expli
   }
   CHECK(l.moe_parallel().ep_size == 4);
   CHECK(l.moe_parallel().ep_rank == 3);
-  CHECK(skipped == c.layers * (c.experts - c.experts / 4) * 3); // three quarters live on other EP ranks
+  CHECK(skipped ==
+        c.layers * (c.experts - c.experts / 4) * 3); // three quarters live on other EP ranks
   std::uint64_t largest = 0;
   for (auto& m : metas) largest = std::max(largest, m.nbytes());
   CHECK(r.scratch_bytes() == largest);
@@ -158,7 +166,8 @@ TEST_CASE("prewarm of the cast/transpose loader: casts are overwrite-only, trans
   auto metas = canonical_tensors(c);
   receiver<loaders::cast_transpose_loader> r(loaders::cast_transpose_loader(c), metas);
   for (auto& tp : r.plan().tensors) {
-    const bool cast = tp.meta.name.find("norm") != std::string::npos || tp.meta.name == "lm_head.weight";
+    const bool cast =
+        tp.meta.name.find("norm") != std::string::npos || tp.meta.name == "lm_head.weight";
     INFO(tp.meta.name);
     CHECK(tp.direct == !cast);
     CHECK(r.xor_allowed(tp.meta.name) == !cast);
@@ -193,7 +202,8 @@ TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") 
       INFO("tp " << L.p.tensor_parallel_size << " pp " << L.p.pipeline_parallel_size << " dp "
                  << L.p.data_parallel_size << " ep " << L.p.enable_expert_parallel << " mode "
                  << static_cast<int>(mode));
-      auto st = test::check_delta_equals_dense(test::all_ranks(L.c, L.p), metas, v, v1, mode, seed + 2);
+      auto st =
+          test::check_delta_equals_dense(test::all_ranks(L.c, L.p), metas, v, v1, mode, seed + 2);
       CHECK(st.changed > 0);
       if (mode == delta_mode::overwrite_only) CHECK(st.xor_items == 0);
       if (mode == delta_mode::xor_only) CHECK(st.xor_items == st.items);
@@ -211,9 +221,11 @@ TEST_CASE("delta apply equals dense refit with NaN values (placeholder pattern i
   test::stress(v1, 0.02, 0.1, 7);
   test::inject_nans(v1, 7, 8);
   for (auto mode : {delta_mode::mixed, delta_mode::overwrite_only}) {
-    test::check_delta_equals_dense(test::all_ranks(c, test::vllm_deployment(4)), metas, v, v1, mode, 9);
+    test::check_delta_equals_dense(test::all_ranks(c, test::vllm_deployment(4)), metas, v, v1, mode,
+                                   9);
     // Cast paths: NaN values force the two-fill active mask.
-    auto st = test::check_delta_equals_dense(std::vector{loaders::cast_transpose_loader(c)}, metas, v, v1, mode, 10);
+    auto st = test::check_delta_equals_dense(std::vector{loaders::cast_transpose_loader(c)}, metas,
+                                             v, v1, mode, 10);
     CHECK(st.changed > 0);
   }
 }
@@ -228,8 +240,8 @@ TEST_CASE("an overwrite item of only NaN values on a cast path") {
   w[0] = 0x7FC0; // the default placeholder itself
   w[17] = 0xFFC0;
   w[lm.meta.numel() - 1] = 0x7F81;
-  auto st = test::check_delta_equals_dense(std::vector{loaders::cast_transpose_loader(c)}, metas, v, v1,
-                                           delta_mode::overwrite_only, 12, 1);
+  auto st = test::check_delta_equals_dense(std::vector{loaders::cast_transpose_loader(c)}, metas, v,
+                                           v1, delta_mode::overwrite_only, 12, 1);
   CHECK(st.changed == 3);
 }
 
@@ -276,7 +288,8 @@ TEST_CASE("applying an XOR item twice reverts it; verify and digest see it") {
   auto v1 = test::clone(v);
   test::stress(v1, 0.05, 0.05, 22);
   loaders::vllm_style_loader l(c, loaders::vllm_layout::of_rank(test::vllm_deployment(2), 0));
-  auto items = test::diff_items(v, v1, delta_mode::xor_only, [](const std::string&) { return true; });
+  auto items =
+      test::diff_items(v, v1, delta_mode::xor_only, [](const std::string&) { return true; });
   receiver<loaders::vllm_style_loader> r(l, metas), ref(l, metas);
   ref.dense_refit(v1);
   r.dense_refit(v);
@@ -349,9 +362,9 @@ struct bad_loader {
     wrong_report,
     dtype_change,
     extent_mismatch,
-    dst_outside,     // copies into loader memory
-    src_in_storage,  // copies from a parameter
-    cross_overlap,   // a and b write the same parameter elements
+    dst_outside,    // copies into loader memory
+    src_in_storage, // copies from a parameter
+    cross_overlap,  // a and b write the same parameter elements
     writes_input,
     broadcast_dst,
   } w = none;
@@ -364,7 +377,8 @@ struct bad_loader {
     s.add("pf", {4, 6}, dtype_id::f32);
     s.add("pw", {8, 6}, dtype_id::bf16);
   }
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) {
+  load_report load(std::string_view name, const tensor_view& src, parameter_store& s,
+                   copy_sink& sink) {
     const int m = apply_mode ? *apply_mode : 0;
     const bool is_b = name == "b";
     std::string p = is_b ? "pb" : "pa";
@@ -383,7 +397,7 @@ struct bad_loader {
       return {};
     }
     if (m == 4 && is_b) throw std::runtime_error("loader failure");
-    if (m == 5 && is_b) { // modifies its input in place
+    if (m == 5 && is_b) {                 // modifies its input in place
       std::memset(src.data + 6, 0x11, 2); // element 3, an active one in the test item
       sink.copy(s.view(p), src);
       return {{p}};
@@ -422,7 +436,9 @@ struct bad_loader {
       break;
     case dst_outside:
       if (is_b) {
-        sink.copy({reinterpret_cast<std::byte*>(own.data()), dtype_id::bf16, strided_layout::row_major({4, 6})}, src);
+        sink.copy({reinterpret_cast<std::byte*>(own.data()), dtype_id::bf16,
+                   strided_layout::row_major({4, 6})},
+                  src);
         return {};
       }
       break;
@@ -447,7 +463,8 @@ struct bad_loader {
       }
       break;
     }
-    case none: break;
+    case none:
+      break;
     }
     sink.copy(s.view(p), src);
     return {{p}};
@@ -472,12 +489,14 @@ void expect_rejected(bad_loader::what w, const std::string& needle) {
 
 TEST_CASE("prewarm rejects loader paths that break the loader conditions") {
   expect_rejected(bad_loader::write_outside, "pw was written outside the copy sink");
-  expect_rejected(bad_loader::no_copy_no_skip, "tensor b: loader made no copy and declared no skip");
+  expect_rejected(bad_loader::no_copy_no_skip,
+                  "tensor b: loader made no copy and declared no skip");
   expect_rejected(bad_loader::copy_and_skip, "tensor b: loader both copied and skipped");
   expect_rejected(bad_loader::wrong_report, "tensor b: parameters reported as loaded differ");
   expect_rejected(bad_loader::dtype_change, "tensor b: copy 0: copy changes dtype");
   expect_rejected(bad_loader::extent_mismatch, "tensor b: copy 0: copy extents differ");
-  expect_rejected(bad_loader::dst_outside, "tensor b: copy 0: destination is not inside one parameter");
+  expect_rejected(bad_loader::dst_outside,
+                  "tensor b: copy 0: destination is not inside one parameter");
   expect_rejected(bad_loader::src_in_storage, "tensor b: copy 0: source lies in rank storage");
   expect_rejected(bad_loader::cross_overlap, "tensors a and b both write element");
   expect_rejected(bad_loader::writes_input, "loader wrote into its input tensor");
@@ -521,7 +540,9 @@ namespace {
 /// Two copies of one tensor write the same destination row (rows 0 and 1 of
 /// the source both into row 0): overwrites must agree, XOR is not allowed.
 struct overlap_loader {
-  void declare(parameter_store& s, std::span<const tensor_meta>) { s.add("p", {1, 6}, dtype_id::bf16); }
+  void declare(parameter_store& s, std::span<const tensor_meta>) {
+    s.add("p", {1, 6}, dtype_id::bf16);
+  }
   load_report load(std::string_view, const tensor_view& src, parameter_store& s, copy_sink& sink) {
     sink.copy(s.view("p"), src.slice(0, 0, 1));
     sink.copy(s.view("p"), src.slice(0, 1, 1));

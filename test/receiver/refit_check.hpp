@@ -18,13 +18,14 @@
 namespace dcr::test {
 
 /// Every rank of a vLLM deployment (DP-major, then PP, then TP).
-inline std::vector<loaders::vllm_style_loader> all_ranks(const model_config& c, const loaders::vllm_parallel_config& p) {
+inline std::vector<loaders::vllm_style_loader> all_ranks(const model_config& c,
+                                                         const loaders::vllm_parallel_config& p) {
   return loaders::vllm_style_loaders(c, p);
 }
 
 /// A deployment as vLLM's flags give it.
-inline loaders::vllm_parallel_config vllm_deployment(std::uint64_t tp, std::uint64_t pp = 1, std::uint64_t dp = 1,
-                                                     bool ep = false) {
+inline loaders::vllm_parallel_config vllm_deployment(std::uint64_t tp, std::uint64_t pp = 1,
+                                                     std::uint64_t dp = 1, bool ep = false) {
   loaders::vllm_parallel_config p;
   p.tensor_parallel_size = tp;
   p.pipeline_parallel_size = pp;
@@ -39,8 +40,9 @@ struct refit_stats {
 };
 
 template <class L>
-refit_stats check_delta_equals_dense(const std::vector<L>& loaders, const std::vector<tensor_meta>& metas,
-                                     const tensor_set& v, const tensor_set& v1, delta_mode mode, std::uint64_t seed,
+refit_stats check_delta_equals_dense(const std::vector<L>& loaders,
+                                     const std::vector<tensor_meta>& metas, const tensor_set& v,
+                                     const tensor_set& v1, delta_mode mode, std::uint64_t seed,
                                      int owners = 2) {
   std::vector<receiver<L>> rs;
   for (auto& l : loaders) rs.emplace_back(l, metas);

@@ -18,9 +18,15 @@ enum class workload { adamw, stress_low, stress_high, nan_values };
 tensor_set transition(const tensor_set& v, workload w, std::uint64_t seed) {
   auto v1 = test::clone(v);
   switch (w) {
-  case workload::adamw: test::adamw_steps(v1, 2, seed); break;
-  case workload::stress_low: test::stress(v1, 0.012, 0.02, seed); break;
-  case workload::stress_high: test::stress(v1, 0.05, 0.2, seed); break;
+  case workload::adamw:
+    test::adamw_steps(v1, 2, seed);
+    break;
+  case workload::stress_low:
+    test::stress(v1, 0.012, 0.02, seed);
+    break;
+  case workload::stress_high:
+    test::stress(v1, 0.05, 0.2, seed);
+    break;
   case workload::nan_values:
     test::stress(v1, 0.02, 0.05, seed);
     test::inject_nans(v1, 9, seed + 1);
@@ -75,12 +81,14 @@ TEST_CASE("sweep: vLLM-style layouts x workloads x modes, delta refit == dense r
     const auto metas = canonical_tensors(L.c);
     const auto v = test::random_model(metas, seed);
     const auto ranks = test::all_ranks(L.c, L.p);
-    for (auto w : {workload::adamw, workload::stress_low, workload::stress_high, workload::nan_values}) {
+    for (auto w :
+         {workload::adamw, workload::stress_low, workload::stress_high, workload::nan_values}) {
       const auto v1 = transition(v, w, seed + 7);
       for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only}) {
-        INFO(L.c.family << " tp " << L.p.tensor_parallel_size << " pp " << L.p.pipeline_parallel_size << " dp "
-                        << L.p.data_parallel_size << " ep " << L.p.enable_expert_parallel << " workload "
-                        << static_cast<int>(w) << " mode " << static_cast<int>(mode));
+        INFO(L.c.family << " tp " << L.p.tensor_parallel_size << " pp "
+                        << L.p.pipeline_parallel_size << " dp " << L.p.data_parallel_size << " ep "
+                        << L.p.enable_expert_parallel << " workload " << static_cast<int>(w)
+                        << " mode " << static_cast<int>(mode));
         auto st = test::check_delta_equals_dense(ranks, metas, v, v1, mode, seed + 11, 3);
         CHECK(st.changed > 0);
         changed += st.changed;
@@ -92,7 +100,8 @@ TEST_CASE("sweep: vLLM-style layouts x workloads x modes, delta refit == dense r
   MESSAGE("receivers checked: " << checks << ", changed entries applied: " << changed);
 }
 
-TEST_CASE("sweep: cast/transpose loader x workloads x modes (overwrite through casts, NaN two-fill masks)") {
+TEST_CASE("sweep: cast/transpose loader x workloads x modes (overwrite through casts, NaN two-fill "
+          "masks)") {
   for (auto c : {tiny_llama(), tiny_qwen3_moe()}) {
     const auto metas = canonical_tensors(c);
     const auto v = test::random_model(metas, 77);
@@ -100,7 +109,8 @@ TEST_CASE("sweep: cast/transpose loader x workloads x modes (overwrite through c
       const auto v1 = transition(v, w, 78);
       for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only}) {
         INFO(c.family << " workload " << static_cast<int>(w) << " mode " << static_cast<int>(mode));
-        auto st = test::check_delta_equals_dense(std::vector{loaders::cast_transpose_loader(c)}, metas, v, v1, mode, 79);
+        auto st = test::check_delta_equals_dense(std::vector{loaders::cast_transpose_loader(c)},
+                                                 metas, v, v1, mode, 79);
         CHECK(st.changed > 0);
       }
     }

@@ -23,7 +23,8 @@ namespace {
 struct moe_fixture {
   model_config c = tiny_qwen3_moe();
   std::vector<tensor_meta> metas = canonical_tensors(c);
-  std::vector<loaders::vllm_style_loader> ranks = test::all_ranks(c, test::vllm_deployment(2, 1, 2, true));
+  std::vector<loaders::vllm_style_loader> ranks =
+      test::all_ranks(c, test::vllm_deployment(2, 1, 2, true));
   tensor_set v = test::random_model(metas, 51);
   tensor_set v1 = [&] {
     auto x = test::clone(v);
@@ -32,22 +33,27 @@ struct moe_fixture {
   }();
 
   /// The delta v -> v1 as payloads of attempt `attempt`, `per` shuffled items each.
-  std::vector<std::vector<std::byte>> payloads(std::uint64_t attempt, delta_mode mode, std::size_t per = 5) {
-    auto items = test::diff_items(v, v1, mode, [](const std::string&) { return true; }, 2);
+  std::vector<std::vector<std::byte>> payloads(std::uint64_t attempt, delta_mode mode,
+                                               std::size_t per = 5) {
+    auto items = test::diff_items(
+        v, v1, mode, [](const std::string&) { return true; }, 2);
     std::mt19937_64 rng(53);
     std::shuffle(items.begin(), items.end(), rng);
     std::vector<std::vector<std::byte>> out;
     for (std::size_t k = 0, seq = 0; k < items.size(); k += per, ++seq)
-      out.push_back(encode_payload({attempt, 1, 0, static_cast<std::uint32_t>(seq)},
-                                   std::span<const item>(items.data() + k, std::min(per, items.size() - k))));
+      out.push_back(
+          encode_payload({attempt, 1, 0, static_cast<std::uint32_t>(seq)},
+                         std::span<const item>(items.data() + k, std::min(per, items.size() - k))));
     return out;
   }
 };
 
 /// The first scattered item of a tensor `r` skips, from the delta v -> v1.
 item skipped_item(moe_fixture& f, const rx& r) {
-  for (auto& it : test::diff_items(f.v, f.v1, delta_mode::overwrite_only, [](const std::string&) { return true; }))
-    if (!r.holds(it.tensor.name) && it.indices.size() > 2 && it.indices.back() - it.indices.front() >= it.indices.size())
+  for (auto& it : test::diff_items(f.v, f.v1, delta_mode::overwrite_only,
+                                   [](const std::string&) { return true; }))
+    if (!r.holds(it.tensor.name) && it.indices.size() > 2 &&
+        it.indices.back() - it.indices.front() >= it.indices.size())
       return it;
   FAIL("no scattered item of a skipped tensor");
   return {};
@@ -55,7 +61,8 @@ item skipped_item(moe_fixture& f, const rx& r) {
 
 /// One item of a tensor `r` holds.
 item held_item(moe_fixture& f, const rx& r) {
-  for (auto& it : test::diff_items(f.v, f.v1, delta_mode::overwrite_only, [](const std::string&) { return true; }))
+  for (auto& it : test::diff_items(f.v, f.v1, delta_mode::overwrite_only,
+                                   [](const std::string&) { return true; }))
     if (r.holds(it.tensor.name)) return it;
   FAIL("no item of a held tensor");
   return {};
@@ -63,7 +70,8 @@ item held_item(moe_fixture& f, const rx& r) {
 
 } // namespace
 
-TEST_CASE("skipping items of tensors a rank stores nothing of: storage equals dense refit and a full apply") {
+TEST_CASE("skipping items of tensors a rank stores nothing of: storage equals dense refit and a "
+          "full apply") {
   moe_fixture f;
   for (auto mode : {delta_mode::mixed, delta_mode::overwrite_only}) {
     const auto ps = f.payloads(1, mode);
@@ -100,7 +108,8 @@ TEST_CASE("skipping items of tensors a rank stores nothing of: storage equals de
         rx r(f.ranks[k], f.metas);
         r.dense_refit(f.v);
         r.begin_attempt(1);
-        for (auto& p : ps) REQUIRE(r.stage(p, {.decode_now = decode_now, .exact_attempt = true}).ok());
+        for (auto& p : ps)
+          REQUIRE(r.stage(p, {.decode_now = decode_now, .exact_attempt = true}).ok());
         auto st = r.apply_staged();
         REQUIRE_MESSAGE(st.ok(), st.message);
         CHECK(r.applied_payloads() == ps.size());
@@ -116,7 +125,8 @@ TEST_CASE("a corrupt location range in a skipped tensor's item refuses the whole
   moe_fixture f;
   rx probe(f.ranks[0], f.metas);
   std::vector<item> items = {held_item(f, probe), skipped_item(f, probe)};
-  const auto good = encode_payload({1, 1, 0, 0}, items, {1, codec::location_scheme::varint, codec::value_filter::byte_planes});
+  const auto good = encode_payload(
+      {1, 1, 0, 0}, items, {1, codec::location_scheme::varint, codec::value_filter::byte_planes});
   auto o = test::open_payload(good);
   // Varint bytes of the skipped item that never end: the location decoder refuses them.
   decoded_payload d;
@@ -193,8 +203,11 @@ namespace {
 /// skips nor copies it (leaves its planned path).
 struct forgetful_loader {
   bool* forget = nullptr;
-  void declare(parameter_store& s, std::span<const tensor_meta>) { s.add("pa", {8}, dtype_id::bf16); }
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) {
+  void declare(parameter_store& s, std::span<const tensor_meta>) {
+    s.add("pa", {8}, dtype_id::bf16);
+  }
+  load_report load(std::string_view name, const tensor_view& src, parameter_store& s,
+                   copy_sink& sink) {
     if (name == "a") {
       sink.copy(s.view("pa"), src);
       return {{"pa"}};

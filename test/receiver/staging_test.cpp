@@ -28,8 +28,8 @@ struct fixture {
   }();
 
   /// Payloads of one attempt: items dealt round-robin to `owners`, `per` items per payload.
-  std::vector<std::vector<std::byte>> payloads(std::uint64_t attempt, delta_mode mode, std::uint32_t owners = 3,
-                                               std::size_t per = 4) {
+  std::vector<std::vector<std::byte>> payloads(std::uint64_t attempt, delta_mode mode,
+                                               std::uint32_t owners = 3, std::size_t per = 4) {
     auto items = test::diff_items(v, v1, mode, [](const std::string&) { return true; });
     std::vector<std::vector<item>> by_owner(owners);
     for (std::size_t i = 0; i < items.size(); ++i) by_owner[i % owners].push_back(items[i]);
@@ -111,7 +111,8 @@ TEST_CASE("corrupt payloads are refused at staging with the decoder's error") {
   CHECK(r.stage(ps[0]).ok()); // the intact payload was never marked as seen
 }
 
-TEST_CASE("a failed attempt refuses further payloads; an all-overwrite retry repairs partial writes") {
+TEST_CASE(
+    "a failed attempt refuses further payloads; an all-overwrite retry repairs partial writes") {
   fixture f;
   auto a1 = f.payloads(1, delta_mode::xor_only);
   // A payload whose item names a tensor this rank does not know fails the apply.

@@ -20,8 +20,12 @@
 
 namespace dcr::test {
 
-inline std::uint16_t* bf16_words(host_tensor& t) { return reinterpret_cast<std::uint16_t*>(t.bytes.data()); }
-inline const std::uint16_t* bf16_words(const host_tensor& t) { return reinterpret_cast<const std::uint16_t*>(t.bytes.data()); }
+inline std::uint16_t* bf16_words(host_tensor& t) {
+  return reinterpret_cast<std::uint16_t*>(t.bytes.data());
+}
+inline const std::uint16_t* bf16_words(const host_tensor& t) {
+  return reinterpret_cast<const std::uint16_t*>(t.bytes.data());
+}
 
 /// Random BF16 model: N(0, 0.02) weights, norms near 1.
 inline tensor_set random_model(const std::vector<tensor_meta>& metas, std::uint64_t seed) {
@@ -84,7 +88,8 @@ enum class delta_mode { mixed, xor_only, overwrite_only };
 /// entries). XOR where `xor_ok(name)` allows it (in mixed mode for about half
 /// of those tensors), overwrite elsewhere.
 inline std::vector<item> diff_items(const tensor_set& from, const tensor_set& to, delta_mode mode,
-                                    const std::function<bool(const std::string&)>& xor_ok, int owners = 2) {
+                                    const std::function<bool(const std::string&)>& xor_ok,
+                                    int owners = 2) {
   std::vector<item> out;
   for (auto& a : from.tensors()) {
     auto bt = to.find(a.meta.name);
@@ -94,8 +99,10 @@ inline std::vector<item> diff_items(const tensor_set& from, const tensor_set& to
     bool use_xor = mode != delta_mode::overwrite_only && xor_ok(a.meta.name);
     if (mode == delta_mode::mixed && use_xor) use_xor = name_hash(a.meta.name) % 2 == 0;
     for (int o = 0; o < owners; ++o) {
-      const std::uint64_t lo = n * static_cast<std::uint64_t>(o) / static_cast<std::uint64_t>(owners);
-      const std::uint64_t hi = n * static_cast<std::uint64_t>(o + 1) / static_cast<std::uint64_t>(owners);
+      const std::uint64_t lo =
+          n * static_cast<std::uint64_t>(o) / static_cast<std::uint64_t>(owners);
+      const std::uint64_t hi =
+          n * static_cast<std::uint64_t>(o + 1) / static_cast<std::uint64_t>(owners);
       item it;
       it.tensor = a.meta;
       it.encoding = use_xor ? value_encoding::xor_mask : value_encoding::overwrite;

@@ -6,11 +6,11 @@
 #include <random>
 #include <thread>
 
-#include "protocol/models.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/transport/relay_frame.hpp"
 #include "dcr/transport/relay_tcp.hpp"
 #include "dcr/transport/relay_tree.hpp"
+#include "protocol/models.hpp"
 
 using namespace dcr;
 using namespace dcr::protocol;
@@ -25,12 +25,13 @@ static_assert(!attempt_transport<memory_object_store>);
 
 TEST_CASE("relay frames: round trip of every kind and field extreme") {
   const std::vector<std::byte> body{std::byte{1}, std::byte{2}, std::byte{3}};
-  for (auto kind : {frame_kind::payload, frame_kind::owner_done, frame_kind::payload_ack, frame_kind::done_ack,
-                    frame_kind::reject, frame_kind::abort})
+  for (auto kind : {frame_kind::payload, frame_kind::owner_done, frame_kind::payload_ack,
+                    frame_kind::done_ack, frame_kind::reject, frame_kind::abort})
     for (std::uint64_t attempt : {std::uint64_t{1}, std::uint64_t{77}, ~std::uint64_t{0}})
       for (std::uint32_t v : {0u, 5u, 0xFFFFFFFFu}) {
         const frame_header h{kind, attempt, v, ~v, 0};
-        const auto b = kind == frame_kind::payload ? std::span<const std::byte>(body) : std::span<const std::byte>();
+        const auto b = kind == frame_kind::payload ? std::span<const std::byte>(body)
+                                                   : std::span<const std::byte>();
         const auto bytes = encode_frame(h, b);
         REQUIRE(bytes.size() == frame_header_size + b.size());
         frame f;
@@ -43,9 +44,11 @@ TEST_CASE("relay frames: round trip of every kind and field extreme") {
 }
 
 TEST_CASE("relay frames: the header layout is little-endian at fixed offsets") {
-  const auto b = encode_frame_header({frame_kind::owner_done, 0x0102030405060708ull, 0x0A0B0C0Du, 0x11121314u, 0});
-  const std::vector<unsigned> want{'D', 'C', 'R', 'F', 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1,
-                                   0x0D, 0x0C, 0x0B, 0x0A, 0x14, 0x13, 0x12, 0x11, 0, 0, 0, 0, 0, 0, 0, 0};
+  const auto b = encode_frame_header(
+      {frame_kind::owner_done, 0x0102030405060708ull, 0x0A0B0C0Du, 0x11121314u, 0});
+  const std::vector<unsigned> want{'D',  'C',  'R', 'F', 1, 0,    2,    0,    8,    7,    6,
+                                   5,    4,    3,   2,   1, 0x0D, 0x0C, 0x0B, 0x0A, 0x14, 0x13,
+                                   0x12, 0x11, 0,   0,   0, 0,    0,    0,    0,    0};
   for (std::size_t i = 0; i < want.size(); ++i) CHECK(static_cast<unsigned>(b[i]) == want[i]);
 }
 
@@ -67,8 +70,10 @@ TEST_CASE("relay frames: corrupt, truncated, oversize and wrong-magic frames are
   CHECK(code(with(6, std::byte{0})) == errc::bad_format);
   CHECK(code(with(6, std::byte{7})) == errc::bad_format);
   CHECK(code(with(7, std::byte{1})) == errc::bad_format); // kind 0x0101
-  CHECK(code(encode_frame({frame_kind::payload, 0, 1, 2, 0}, body)) == errc::bad_format); // attempt 0
-  CHECK(code(encode_frame({frame_kind::payload, 3, 1, 2, 0}, {})) == errc::bad_format);   // empty payload
+  CHECK(code(encode_frame({frame_kind::payload, 0, 1, 2, 0}, body)) ==
+        errc::bad_format); // attempt 0
+  CHECK(code(encode_frame({frame_kind::payload, 3, 1, 2, 0}, {})) ==
+        errc::bad_format); // empty payload
   {
     auto b = encode_frame({frame_kind::payload_ack, 3, 1, 2, 0}, {});
     b[24] = std::byte{1}; // a control frame that claims a body
@@ -82,7 +87,8 @@ TEST_CASE("relay frames: corrupt, truncated, oversize and wrong-magic frames are
     CHECK(code(b) == errc::length_overflow);
   }
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}})
-    CHECK(code(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n))) == errc::truncated);
+    CHECK(code(std::vector<std::byte>(
+              good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n))) == errc::truncated);
   CHECK(code(std::vector<std::byte>(good.begin(), good.end() - 1)) == errc::truncated);
   auto longer = good;
   longer.push_back(std::byte{0});
@@ -174,7 +180,9 @@ struct raw_sender {
     auto p = tiny_payload(a, o, s);
     return send({frame_kind::payload, a, o, s, p.size()}, p);
   }
-  frame_kind done(std::uint64_t a, std::uint32_t o, std::uint32_t n) { return send({frame_kind::owner_done, a, o, n, 0}); }
+  frame_kind done(std::uint64_t a, std::uint32_t o, std::uint32_t n) {
+    return send({frame_kind::owner_done, a, o, n, 0});
+  }
 };
 
 relay_options small_tree(std::uint32_t nodes, std::uint32_t k, std::uint32_t per_node = 1) {
@@ -189,20 +197,23 @@ relay_options small_tree(std::uint32_t nodes, std::uint32_t k, std::uint32_t per
 
 struct collected {
   std::vector<std::string> names;
-  status run(relay_tree& t, std::uint64_t a, std::size_t r, std::vector<std::uint32_t> owners, int ms = 2000) {
+  status run(relay_tree& t, std::uint64_t a, std::size_t r, std::vector<std::uint32_t> owners,
+             int ms = 2000) {
     std::atomic<bool> stop{false};
     return t.open_reader(a, r, owners)
-        .run([&](std::string_view n, std::span<const std::byte>) {
-          names.emplace_back(n);
-          return status::success();
-        },
-             stop, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms));
+        .run(
+            [&](std::string_view n, std::span<const std::byte>) {
+              names.emplace_back(n);
+              return status::success();
+            },
+            stop, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms));
   }
 };
 
 } // namespace
 
-TEST_CASE("relay node: every receiver of every node gets each payload once; duplicates ACKed and dropped") {
+TEST_CASE("relay node: every receiver of every node gets each payload once; duplicates ACKed and "
+          "dropped") {
   for (bool tcp : {false, true}) {
     CAPTURE(tcp);
     auto opt = small_tree(5, 2, 2);
@@ -256,12 +267,13 @@ TEST_CASE("relay node: stale attempts are rejected, a newer one replaces the cur
   CHECK(s.payload(6, 0, 1) == frame_kind::reject);
 }
 
-TEST_CASE("relay node: an owner_done that disagrees with what arrived, or a lost upstream, fails the attempt") {
+TEST_CASE("relay node: an owner_done that disagrees with what arrived, or a lost upstream, fails "
+          "the attempt") {
   auto tree = make_inproc_relay_tree(small_tree(3, 2));
   {
     raw_sender s(*tree, 0);
     CHECK(s.payload(3, 0, 0) == frame_kind::payload_ack);
-    CHECK(s.done(3, 0, 2) == frame_kind::reject); // declared 2, one arrived
+    CHECK(s.done(3, 0, 2) == frame_kind::reject);    // declared 2, one arrived
     CHECK(s.payload(3, 1, 0) == frame_kind::reject); // the attempt is failed
   }
   collected c;
@@ -275,13 +287,15 @@ TEST_CASE("relay node: an owner_done that disagrees with what arrived, or a lost
   // Garbage on a link closes it (nothing after it can be trusted).
   std::shared_ptr<frame_conn> c2;
   REQUIRE(tree->network().dial(0, c2).ok());
-  REQUIRE(static_cast<inproc_conn&>(*c2).write_raw(std::vector<std::byte>(40, std::byte{0x55})).ok());
+  REQUIRE(
+      static_cast<inproc_conn&>(*c2).write_raw(std::vector<std::byte>(40, std::byte{0x55})).ok());
   frame f;
   CHECK(c2->read(f).code == errc::unavailable);
   // A payload whose own id disagrees with its frame header closes the link too.
   REQUIRE(tree->network().dial(0, c2).ok());
   auto p = tiny_payload(5, 0, 1);
-  REQUIRE(c2->write({frame_kind::payload, 5, 0, 0, p.size()}, p, std::chrono::milliseconds(1000)).ok());
+  REQUIRE(
+      c2->write({frame_kind::payload, 5, 0, 0, p.size()}, p, std::chrono::milliseconds(1000)).ok());
   CHECK(c2->read(f).code == errc::unavailable);
 }
 
@@ -292,7 +306,8 @@ namespace {
 using commits_t = memory_commit_store;
 
 /// A training side and rollout side over a relay tree.
-template <class Receiver = model_receiver> struct relay_rig {
+template <class Receiver = model_receiver>
+struct relay_rig {
   using endpoint_t = receiver_endpoint<Receiver>;
   using coord_t = coordinator<model_owner, Receiver, relay_tree, commits_t>;
 
@@ -306,11 +321,14 @@ template <class Receiver = model_receiver> struct relay_rig {
   std::function<std::unique_ptr<Receiver>(std::string)> make_receiver;
 
   relay_rig(bool tcp, int n_owners, relay_options opt, std::uint64_t seed = 11,
-            std::function<std::unique_ptr<Receiver>(std::string)> make = nullptr, std::size_t items_per_payload = 3)
+            std::function<std::unique_ptr<Receiver>(std::string)> make = nullptr,
+            std::size_t items_per_payload = 3)
       : trainer(trainer_state::make(metas, seed)) {
     make_receiver = make ? make : [this](std::string id) {
-      if constexpr (std::is_same_v<Receiver, model_receiver>) return std::make_unique<model_receiver>(id, metas);
-      else return std::unique_ptr<Receiver>();
+      if constexpr (std::is_same_v<Receiver, model_receiver>)
+        return std::make_unique<model_receiver>(id, metas);
+      else
+        return std::unique_ptr<Receiver>();
     };
     for (int k = 0; k < n_owners; ++k)
       owners.push_back(std::make_unique<model_owner>(static_cast<std::uint32_t>(k),
@@ -320,19 +338,22 @@ template <class Receiver = model_receiver> struct relay_rig {
       const auto id = "rank-" + std::to_string(r);
       gates.push_back(std::make_unique<request_gate>());
       endpoints.push_back(std::make_unique<endpoint_t>(
-          id, [this, id] { return make_receiver(id); }, [this](Receiver& rc) { return dense_refit(rc); },
-          gates.back().get()));
+          id, [this, id] { return make_receiver(id); },
+          [this](Receiver& rc) { return dense_refit(rc); }, gates.back().get()));
     }
     tree = tcp ? make_tcp_relay_tree(std::move(opt)) : make_inproc_relay_tree(std::move(opt));
   }
 
   static model_receiver& unwrap(Receiver& r) {
-    if constexpr (std::is_same_v<Receiver, model_receiver>) return r;
-    else return r.inner();
+    if constexpr (std::is_same_v<Receiver, model_receiver>)
+      return r;
+    else
+      return r.inner();
   }
   status dense_refit(Receiver& r) {
     auto& inner = unwrap(r);
-    for (std::size_t t = 0; t < metas.size(); ++t) inner.tensors()[t].bytes = owners[t % owners.size()]->baseline(t)->bytes;
+    for (std::size_t t = 0; t < metas.size(); ++t)
+      inner.tensors()[t].bytes = owners[t % owners.size()]->baseline(t)->bytes;
     return status::success();
   }
 
@@ -361,7 +382,8 @@ template <class Receiver = model_receiver> struct relay_rig {
       REQUIRE(e.alive());
       e.with_receiver([&](Receiver& rc) {
         auto& inner = unwrap(rc);
-        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(inner.tensors()[t].bytes == trainer.tensors[t].bytes);
+        for (std::size_t t = 0; t < metas.size(); ++t)
+          CHECK(inner.tensors()[t].bytes == trainer.tensors[t].bytes);
         CHECK(cur.record.receivers[r].state == rc.state_digest());
       });
     }
@@ -384,7 +406,8 @@ TEST_CASE("a coordinator refuses a relay tree sized for another number of receiv
   CHECK_THROWS_AS(rig.coord(), dcr::error);
 }
 
-TEST_CASE("coordinator over the relay tree: random configurations, every receiver bit-exact after each refit") {
+TEST_CASE("coordinator over the relay tree: random configurations, every receiver bit-exact after "
+          "each refit") {
   std::mt19937 rng(20261203);
   for (int round = 0; round < 10; ++round) {
     const bool tcp = round % 2 == 1;
@@ -398,11 +421,14 @@ TEST_CASE("coordinator over the relay tree: random configurations, every receive
     opt.local_queue = 1 + rng() % 4;
     opt.io_timeout = std::chrono::milliseconds(3000);
     const int n_owners = 1 + static_cast<int>(rng() % 4);
-    INFO("round " << round << (tcp ? " tcp" : " inproc") << (round % 3 == 2 ? " async" : " sync") << ": nodes " << opt.nodes << ", k " << opt.fanout
-                  << ", receivers " << opt.receivers << ", owners " << n_owners << ", window " << opt.window);
-    relay_rig<> s(tcp, n_owners, opt, 100 + static_cast<std::uint64_t>(round), nullptr, 1 + rng() % 3);
+    INFO("round " << round << (tcp ? " tcp" : " inproc") << (round % 3 == 2 ? " async" : " sync")
+                  << ": nodes " << opt.nodes << ", k " << opt.fanout << ", receivers "
+                  << opt.receivers << ", owners " << n_owners << ", window " << opt.window);
+    relay_rig<> s(tcp, n_owners, opt, 100 + static_cast<std::uint64_t>(round), nullptr,
+                  1 + rng() % 3);
     coordinator_options co;
-    co.mode = round % 3 == 2 ? rl_mode::asynchronous : rl_mode::synchronous; // stage all, then apply
+    co.mode =
+        round % 3 == 2 ? rl_mode::asynchronous : rl_mode::synchronous; // stage all, then apply
     auto c = s.coord(co);
     s.start(c);
     for (std::uint64_t v = 1; v <= 2; ++v) {
@@ -415,7 +441,8 @@ TEST_CASE("coordinator over the relay tree: random configurations, every receive
       CHECK(rep.attempts[0].payloads > 0);
       s.check_consistent(v);
       // Each node saw each payload once (the tree copies, owners send once).
-      for (std::uint32_t i = 0; i < opt.nodes; ++i) CHECK(s.tree->node(i).counters().duplicates == 0);
+      for (std::uint32_t i = 0; i < opt.nodes; ++i)
+        CHECK(s.tree->node(i).counters().duplicates == 0);
     }
     // An unchanged candidate: owners send only owner_done, and the version still commits.
     auto rep = c.transition();
@@ -444,7 +471,8 @@ TEST_CASE("coordinator over the relay tree: duplicated frames are suppressed, XO
   }
 }
 
-TEST_CASE("coordinator over the relay tree: a killed receiver fails the attempt; the overwrite retry commits") {
+TEST_CASE("coordinator over the relay tree: a killed receiver fails the attempt; the overwrite "
+          "retry commits") {
   for (bool tcp : {false, true}) {
     CAPTURE(tcp);
     relay_rig<> s(tcp, 3, small_tree(3, 2));
@@ -466,7 +494,8 @@ TEST_CASE("coordinator over the relay tree: a killed receiver fails the attempt;
   }
 }
 
-TEST_CASE("coordinator over the relay tree: a dropped link fails the attempt below it; the retry reconnects and commits") {
+TEST_CASE("coordinator over the relay tree: a dropped link fails the attempt below it; the retry "
+          "reconnects and commits") {
   for (bool tcp : {false, true}) {
     CAPTURE(tcp);
     relay_rig<> s(tcp, 2, small_tree(7, 2));
@@ -484,7 +513,8 @@ TEST_CASE("coordinator over the relay tree: a dropped link fails the attempt bel
   }
 }
 
-TEST_CASE("coordinator over the relay tree: frames of a replaced attempt arriving mid-attempt are ignored") {
+TEST_CASE("coordinator over the relay tree: frames of a replaced attempt arriving mid-attempt are "
+          "ignored") {
   for (bool tcp : {false, true}) {
     CAPTURE(tcp);
     auto opt = small_tree(3, 2);
@@ -518,31 +548,35 @@ TEST_CASE("coordinator over the relay tree: frames of a replaced attempt arrivin
   }
 }
 
-TEST_CASE("relay writer: an unreachable or vanished root is a typed error, never a silent success") {
+TEST_CASE(
+    "relay writer: an unreachable or vanished root is a typed error, never a silent success") {
   for (bool tcp : {false, true}) {
-  CAPTURE(tcp);
-  auto tree = tcp ? make_tcp_relay_tree(small_tree(1, 2)) : make_inproc_relay_tree(small_tree(1, 2));
-  auto p = tiny_payload(3, 0, 0);
-  {
-    auto w = tree->open_writer(3, 1);
-    CHECK(w.put_payload(p).code == errc::invalid_argument); // payload of another owner
-  }
-  {
-    auto w = tree->open_writer(3, 0);
-    REQUIRE(w.put_payload(p).ok());
-    tree->node(0).shutdown(); // the root goes away with the payload unacknowledged or just acknowledged
-    const auto s = w.finish();
-    CHECK((s.code == errc::unavailable || s.code == errc::aborted));
-  }
-  tree->network().shutdown();
-  auto w = tree->open_writer(4, 0);
-  CHECK(w.put_payload(tiny_payload(4, 0, 0)).code == errc::unavailable);
-  auto moved = std::move(w);
-  w = tree->open_writer(5, 0); // assigning over a writer ends its link first
+    CAPTURE(tcp);
+    auto tree =
+        tcp ? make_tcp_relay_tree(small_tree(1, 2)) : make_inproc_relay_tree(small_tree(1, 2));
+    auto p = tiny_payload(3, 0, 0);
+    {
+      auto w = tree->open_writer(3, 1);
+      CHECK(w.put_payload(p).code == errc::invalid_argument); // payload of another owner
+    }
+    {
+      auto w = tree->open_writer(3, 0);
+      REQUIRE(w.put_payload(p).ok());
+      tree->node(0)
+          .shutdown(); // the root goes away with the payload unacknowledged or just acknowledged
+      const auto s = w.finish();
+      CHECK((s.code == errc::unavailable || s.code == errc::aborted));
+    }
+    tree->network().shutdown();
+    auto w = tree->open_writer(4, 0);
+    CHECK(w.put_payload(tiny_payload(4, 0, 0)).code == errc::unavailable);
+    auto moved = std::move(w);
+    w = tree->open_writer(5, 0); // assigning over a writer ends its link first
   }
 }
 
-TEST_CASE("coordinator over the relay tree: a copy of a payload with another sequence number fails the attempt; the retry commits") {
+TEST_CASE("coordinator over the relay tree: a copy of a payload with another sequence number fails "
+          "the attempt; the retry commits") {
   for (bool tcp : {false, true}) {
     CAPTURE(tcp);
     // Just before owner 0 finishes the first attempt of the transition, a
@@ -564,10 +598,13 @@ TEST_CASE("coordinator over the relay tree: a copy of a payload with another seq
     std::shared_ptr<frame_conn> planted;
     p->act = [&](std::uint64_t attempt) {
       std::vector<std::vector<std::byte>> built;
-      REQUIRE(s.owners[0]->build({attempt, 1, refit_mode::mixed}, [&](std::vector<std::byte>&& b) {
-        built.push_back(std::move(b));
-        return status::success();
-      }).ok());
+      REQUIRE(s.owners[0]
+                  ->build({attempt, 1, refit_mode::mixed},
+                          [&](std::vector<std::byte>&& b) {
+                            built.push_back(std::move(b));
+                            return status::success();
+                          })
+                  .ok());
       REQUIRE_FALSE(built.empty());
       auto copy = built[0];
       for (int i = 0; i < 4; ++i) copy[28 + i] = static_cast<std::byte>((77u >> (8 * i)) & 0xFF);
@@ -575,7 +612,10 @@ TEST_CASE("coordinator over the relay tree: a copy of a payload with another seq
       REQUIRE(read_payload_id(copy, pid).ok());
       REQUIRE(pid.sequence == 77);
       REQUIRE(s.tree->network().dial(0, planted).ok());
-      REQUIRE(planted->write({frame_kind::payload, attempt, 0, 77, copy.size()}, copy, std::chrono::milliseconds(2000)).ok());
+      REQUIRE(planted
+                  ->write({frame_kind::payload, attempt, 0, 77, copy.size()}, copy,
+                          std::chrono::milliseconds(2000))
+                  .ok());
       frame ack;
       REQUIRE(planted->read(ack).ok());
       CHECK(ack.header.kind == frame_kind::payload_ack); // queued like any payload...
@@ -591,7 +631,8 @@ TEST_CASE("coordinator over the relay tree: a copy of a payload with another seq
   }
 }
 
-TEST_CASE("coordinator over the relay tree: a lost commit record restarts attempt ids; nodes fence them, nothing wrong commits") {
+TEST_CASE("coordinator over the relay tree: a lost commit record restarts attempt ids; nodes fence "
+          "them, nothing wrong commits") {
   relay_rig<> s(false, 2, small_tree(3, 2));
   {
     auto c = s.coord();
@@ -610,7 +651,8 @@ TEST_CASE("coordinator over the relay tree: a lost commit record restarts attemp
   for (auto& p : s.endpoints) {
     const auto id = p->id();
     fresh.push_back(std::make_unique<receiver_endpoint<model_receiver>>(
-        id, [&s, id] { return s.make_receiver(id); }, [&s](model_receiver& rc) { return s.dense_refit(rc); }));
+        id, [&s, id] { return s.make_receiver(id); },
+        [&s](model_receiver& rc) { return s.dense_refit(rc); }));
     e.push_back(fresh.back().get());
   }
   coordinator_options co;
@@ -628,11 +670,13 @@ TEST_CASE("coordinator over the relay tree: a lost commit record restarts attemp
     CHECK(cur.record.version == 1);
     for (std::size_t r = 0; r < e.size(); ++r)
       e[r]->with_receiver([&](model_receiver& rc) {
-        for (std::size_t t = 0; t < s.metas.size(); ++t) CHECK(rc.tensors()[t].bytes == s.trainer.tensors[t].bytes);
+        for (std::size_t t = 0; t < s.metas.size(); ++t)
+          CHECK(rc.tensors()[t].bytes == s.trainer.tensors[t].bytes);
         CHECK(cur.record.receivers[r].state == rc.state_digest());
       });
     CHECK(rep.attempts.size() > 1); // the reused ids were refused first
-    for (std::size_t i = 0; i + 1 < rep.attempts.size(); ++i) CHECK_FALSE(rep.attempts[i].result.ok());
+    for (std::size_t i = 0; i + 1 < rep.attempts.size(); ++i)
+      CHECK_FALSE(rep.attempts[i].result.ok());
   } else {
     CHECK(cur.record.version == 0); // typed failure, v still committed
   }

@@ -32,8 +32,9 @@ struct recorded_request {
 
 inline std::string http_response(unsigned status, std::string_view reason, std::string_view body,
                                  std::string_view extra_headers = "") {
-  return "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason) + "\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\n" + std::string(extra_headers) + "\r\n" + std::string(body);
+  return "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason) +
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" +
+         std::string(extra_headers) + "\r\n" + std::string(body);
 }
 
 class fake_http_server {

@@ -101,8 +101,12 @@ TEST_CASE("S3 (Swift s3api): list pages through continuation tokens") {
 TEST_CASE("S3 (Swift s3api): every name byte class, deep and long names, large objects") {
   auto s = fresh_store("dcr-names", 2);
   const std::vector<std::string> names = {
-      "A9/b..c", "a-b_c.d/-x/_y/z.", "UPPER/lower/0123456789", "x/y/z/1/2/3/4/5/6/7/8/9/10",
-      "attempt/00000000000000000001/payload/o0000000001-s0000000002", std::string(1000, 'n') + "/tail"};
+      "A9/b..c",
+      "a-b_c.d/-x/_y/z.",
+      "UPPER/lower/0123456789",
+      "x/y/z/1/2/3/4/5/6/7/8/9/10",
+      "attempt/00000000000000000001/payload/o0000000001-s0000000002",
+      std::string(1000, 'n') + "/tail"};
   for (auto& n : names) {
     INFO(n.substr(0, 60));
     auto data = random_bytes(n.size(), n.size());
@@ -210,7 +214,8 @@ TEST_CASE("S3 (Swift s3api): one store used from several threads") {
   CHECK(names.size() == 24);
 }
 
-TEST_CASE("S3 (Swift s3api): joint refits through the coordinator, payloads in S3, attempts collected") {
+TEST_CASE(
+    "S3 (Swift s3api): joint refits through the coordinator, payloads in S3, attempts collected") {
   using namespace dcr::protocol;
   using namespace dcr::test_models;
   auto metas = canonical_tensors(tiny_qwen3_moe());
@@ -224,7 +229,8 @@ TEST_CASE("S3 (Swift s3api): joint refits through the coordinator, payloads in S
   auto objects = fresh_store("dcr-refit", 4); // small pages: the reader lists across pages
   memory_commit_store commits;
   auto dense = [&](model_receiver& r) {
-    for (std::size_t t = 0; t < metas.size(); ++t) r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
+    for (std::size_t t = 0; t < metas.size(); ++t)
+      r.tensors()[t].bytes = owners[t % 4]->baseline(t)->bytes;
     return status::success();
   };
   std::vector<std::unique_ptr<receiver_endpoint<model_receiver>>> eps;
@@ -235,7 +241,8 @@ TEST_CASE("S3 (Swift s3api): joint refits through the coordinator, payloads in S
         id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
     ep.push_back(eps.back().get());
   }
-  coordinator<model_owner, model_receiver, s3_object_store, memory_commit_store> c(commits, *objects, op, ep);
+  coordinator<model_owner, model_receiver, s3_object_store, memory_commit_store> c(
+      commits, *objects, op, ep);
   REQUIRE(c.take_over().ok());
   REQUIRE(c.bootstrap().ok());
   for (std::uint64_t v = 1; v <= 2; ++v) {
@@ -246,7 +253,8 @@ TEST_CASE("S3 (Swift s3api): joint refits through the coordinator, payloads in S
     CHECK(rep.collected_objects > 0);
     for (auto* e : ep)
       e->with_receiver([&](model_receiver& r) {
-        for (std::size_t t = 0; t < metas.size(); ++t) CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
+        for (std::size_t t = 0; t < metas.size(); ++t)
+          CHECK(r.tensors()[t].bytes == trainer.tensors[t].bytes);
       });
   }
   CHECK(objects->stats().list_pages > 0);
@@ -255,21 +263,24 @@ TEST_CASE("S3 (Swift s3api): joint refits through the coordinator, payloads in S
   CHECK(left.empty()); // every committed attempt's objects were collected
 }
 
-TEST_CASE("S3 (Swift s3api): an unlisted copy of a payload fails its attempt; the overwrite retry commits bit-exact") {
+TEST_CASE("S3 (Swift s3api): an unlisted copy of a payload fails its attempt; the overwrite retry "
+          "commits bit-exact") {
   auto objects = fresh_store("dcr-unlisted", 5);
   protocol::memory_commit_store commits;
   dcr::test_models::check_unlisted_copy(*objects, commits, protocol::rl_mode::synchronous);
 }
 
-TEST_CASE("S3 (Swift s3api): a lost commit record next to attempt objects is refused; after cleanup a new history commits") {
+TEST_CASE("S3 (Swift s3api): a lost commit record next to attempt objects is refused; after "
+          "cleanup a new history commits") {
   auto objects = fresh_store("dcr-lost-record");
   dcr::test_models::check_lost_record<s3_object_store, protocol::memory_commit_store>(
       *objects, [] { return std::make_unique<protocol::memory_commit_store>(); });
 }
 
 int main(int argc, char** argv) {
-  for (const char* b : {"/usr/bin/swift-proxy-server", "/usr/bin/swift-object-server", "/usr/bin/swift-container-server",
-                        "/usr/bin/swift-account-server", "/usr/bin/swift-ring-builder"})
+  for (const char* b : {"/usr/bin/swift-proxy-server", "/usr/bin/swift-object-server",
+                        "/usr/bin/swift-container-server", "/usr/bin/swift-account-server",
+                        "/usr/bin/swift-ring-builder"})
     if (::access(b, X_OK) != 0) {
       std::printf("skip: %s not found (install the Debian packages swift swift-proxy swift-account "
                   "swift-container swift-object)\n",

@@ -25,9 +25,11 @@ namespace {
 const sigv4_credentials suite_cred{"AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", ""};
 // The S3 API reference's worked examples ("Signature Calculations for the
 // Authorization Header: Transferring Payload in a Single Chunk").
-const sigv4_credentials s3_doc_cred{"AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", ""};
+const sigv4_credentials s3_doc_cred{"AKIAIOSFODNN7EXAMPLE",
+                                    "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", ""};
 
-sigv4_request suite_request(std::string method, std::vector<std::pair<std::string, std::string>> query = {}) {
+sigv4_request suite_request(std::string method,
+                            std::vector<std::pair<std::string, std::string>> query = {}) {
   sigv4_request r;
   r.method = std::move(method);
   r.query = std::move(query);
@@ -69,13 +71,15 @@ s3_options fake_options(const fake_http_server& srv) {
 }
 
 std::string xml_error(std::string_view code, std::string_view message) {
-  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>" + std::string(code) + "</Code><Message>" +
-         std::string(message) + "</Message><RequestId>tx42</RequestId></Error>";
+  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>" + std::string(code) +
+         "</Code><Message>" + std::string(message) +
+         "</Message><RequestId>tx42</RequestId></Error>";
 }
 
 // Recompute the signature of a received request from its bytes, as a server
 // would: the client must have signed exactly what it sent.
-bool signature_holds(const recorded_request& rq, const sigv4_credentials& cred, std::string_view region) {
+bool signature_holds(const recorded_request& rq, const sigv4_credentials& cred,
+                     std::string_view region) {
   const auto auth = rq.header("authorization");
   const auto signed_at = auth.find("SignedHeaders=");
   const auto sig_at = auth.find(", Signature=");
@@ -103,7 +107,8 @@ bool signature_holds(const recorded_request& rq, const sigv4_credentials& cred, 
       auto amp = q.find('&');
       auto kv = q.substr(0, amp);
       auto eq = kv.find('=');
-      s.query.emplace_back(decode(kv.substr(0, eq)), decode(eq == std::string_view::npos ? "" : kv.substr(eq + 1)));
+      s.query.emplace_back(decode(kv.substr(0, eq)),
+                           decode(eq == std::string_view::npos ? "" : kv.substr(eq + 1)));
       q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
     }
   }
@@ -127,13 +132,16 @@ TEST_CASE("SigV4 test suite: get-vanilla and get-vanilla-query-order-key-case") 
   CHECK(s.canonical_request ==
         "GET\n/\n\nhost:example.amazonaws.com\nx-amz-date:20150830T123600Z\n\nhost;x-amz-date\n" +
             std::string(empty_payload_sha256));
-  CHECK(s.string_to_sign == "AWS4-HMAC-SHA256\n20150830T123600Z\n20150830/us-east-1/service/aws4_request\n"
-                            "bb579772317eb040ac9ed261061d46c1f17a8133879d6129b6e1c25292927e63");
+  CHECK(s.string_to_sign ==
+        "AWS4-HMAC-SHA256\n20150830T123600Z\n20150830/us-east-1/service/aws4_request\n"
+        "bb579772317eb040ac9ed261061d46c1f17a8133879d6129b6e1c25292927e63");
   CHECK(s.authorization ==
         "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, "
-        "SignedHeaders=host;x-amz-date, Signature=5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
+        "SignedHeaders=host;x-amz-date, "
+        "Signature=5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
   // Parameters are sorted by name before signing.
-  auto q = sigv4_sign(suite_request("GET", {{"Param2", "value2"}, {"Param1", "value1"}}), suite_cred);
+  auto q =
+      sigv4_sign(suite_request("GET", {{"Param2", "value2"}, {"Param1", "value1"}}), suite_cred);
   CHECK(q.signature == "b97d918cfa904a5beff61c982a1b6f458b799221646efd99d3219ec94cdf2500");
   // A changed secret, date, region or header changes the signature.
   auto other = suite_cred;
@@ -149,7 +157,8 @@ TEST_CASE("SigV4 S3 examples: GET object with Range, PUT object, GET lifecycle, 
   get.headers.emplace_back("Range", "bytes=0-9");
   auto g = sigv4_sign(get, s3_doc_cred);
   CHECK(g.signed_headers == "host;range;x-amz-content-sha256;x-amz-date");
-  CHECK(to_hex(sha256(g.canonical_request)) == "7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972");
+  CHECK(to_hex(sha256(g.canonical_request)) ==
+        "7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972");
   CHECK(g.signature == "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
 
   // "test$file.text": the key is URI-encoded into the canonical URI.
@@ -166,12 +175,14 @@ TEST_CASE("SigV4 S3 examples: GET object with Range, PUT object, GET lifecycle, 
 
   auto lc = s3_doc_request("GET", "/", std::string(empty_payload_sha256));
   lc.query = {{"lifecycle", ""}};
-  CHECK(sigv4_sign(lc, s3_doc_cred).signature == "fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543");
+  CHECK(sigv4_sign(lc, s3_doc_cred).signature ==
+        "fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543");
 
   auto ls = s3_doc_request("GET", "/", std::string(empty_payload_sha256));
   ls.query = {{"prefix", "J"}, {"max-keys", "2"}};
   auto l = sigv4_sign(ls, s3_doc_cred);
-  CHECK(to_hex(sha256(l.canonical_request)) == "df57d21db20da04d7fa30298dd4488ba3a2b47ca3a489c74750e0f1e7df1b9b7");
+  CHECK(to_hex(sha256(l.canonical_request)) ==
+        "df57d21db20da04d7fa30298dd4488ba3a2b47ca3a489c74750e0f1e7df1b9b7");
   CHECK(l.signature == "34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7");
 }
 
@@ -188,25 +199,29 @@ TEST_CASE("SigV4 URI encoding, query and header canonicalisation") {
   auto s = sigv4_sign(r, suite_cred);
   CHECK(s.canonical_request.find("x-multi:one,two words\n") != std::string::npos);
   CHECK(s.signed_headers == "host;x-amz-date;x-multi");
-  CHECK(amz_date(std::chrono::system_clock::time_point(std::chrono::seconds(1440938160))) == "20150830T123600Z");
+  CHECK(amz_date(std::chrono::system_clock::time_point(std::chrono::seconds(1440938160))) ==
+        "20150830T123600Z");
 }
 
 TEST_CASE("XML reader: entities, CDATA, comments, namespaces; malformed input is bad_format") {
   std::vector<std::pair<std::string, std::string>> leaves;
   auto collect = [&](std::string_view p, std::string_view t) { leaves.emplace_back(p, t); };
-  REQUIRE(xml_walk("<?xml version=\"1.0\"?>\n<!-- c --><r xmlns=\"http://s3\" a='x>y'><k>a&amp;b&lt;&gt;&quot;&apos;"
-                   "&#65;&#x42;&#xfc;</k>\n <s:n><![CDATA[<raw&>]]></s:n><e/><m>x<!-- in -->y</m></r>",
-                   collect)
-              .ok());
+  REQUIRE(
+      xml_walk("<?xml version=\"1.0\"?>\n<!-- c --><r xmlns=\"http://s3\" "
+               "a='x>y'><k>a&amp;b&lt;&gt;&quot;&apos;"
+               "&#65;&#x42;&#xfc;</k>\n <s:n><![CDATA[<raw&>]]></s:n><e/><m>x<!-- in -->y</m></r>",
+               collect)
+          .ok());
   REQUIRE(leaves.size() == 4);
   CHECK(leaves[0] == std::pair<std::string, std::string>{"r/k", "a&b<>\"'AB\xC3\xBC"});
   CHECK(leaves[1] == std::pair<std::string, std::string>{"r/n", "<raw&>"});
   CHECK(leaves[2] == std::pair<std::string, std::string>{"r/e", ""});
   CHECK(leaves[3] == std::pair<std::string, std::string>{"r/m", "xy"});
   auto noop = [](std::string_view, std::string_view) {};
-  for (std::string bad : {"", "text", "<a>", "<a></b>", "<a>&bogus;</a>", "<a>&#xD800;</a>", "<a>&#0;</a>",
-                          "<a>&amp</a>", "<!DOCTYPE a [<!ENTITY x \"y\">]><a>&x;</a>", "<a/><b/>", "<a></a>x",
-                          "<a><![CDATA[x</a>", "<a b=\"c></a>", "<a>&#x110000;</a>"}) {
+  for (std::string bad :
+       {"", "text", "<a>", "<a></b>", "<a>&bogus;</a>", "<a>&#xD800;</a>", "<a>&#0;</a>",
+        "<a>&amp</a>", "<!DOCTYPE a [<!ENTITY x \"y\">]><a>&x;</a>", "<a/><b/>", "<a></a>x",
+        "<a><![CDATA[x</a>", "<a b=\"c></a>", "<a>&#x110000;</a>"}) {
     INFO(bad);
     CHECK(xml_walk(bad, noop).code == errc::bad_format);
   }
@@ -214,24 +229,30 @@ TEST_CASE("XML reader: entities, CDATA, comments, namespaces; malformed input is
 
 TEST_CASE("ListObjectsV2 page and error body parsing") {
   s3_list_page page;
-  REQUIRE(parse_s3_list_page("<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>b</Name>"
-                             "<IsTruncated>true</IsTruncated><Contents><Key>a/1</Key><Size>3</Size></Contents>"
-                             "<Contents><Key>a/2&amp;</Key></Contents><NextContinuationToken>t+/=&lt;"
-                             "</NextContinuationToken></ListBucketResult>",
-                             page)
+  REQUIRE(parse_s3_list_page(
+              "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>b</Name>"
+              "<IsTruncated>true</IsTruncated><Contents><Key>a/1</Key><Size>3</Size></Contents>"
+              "<Contents><Key>a/2&amp;</Key></Contents><NextContinuationToken>t+/=&lt;"
+              "</NextContinuationToken></ListBucketResult>",
+              page)
               .ok());
   CHECK(page.keys == std::vector<std::string>{"a/1", "a/2&"});
   CHECK(page.truncated);
   CHECK(page.next_token == "t+/=<");
-  REQUIRE(parse_s3_list_page("<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>", page).ok());
+  REQUIRE(parse_s3_list_page(
+              "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>", page)
+              .ok());
   CHECK(page.keys.empty());
   CHECK_FALSE(page.truncated);
-  CHECK(parse_s3_list_page("<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>", page).code ==
-        errc::bad_format);
-  CHECK(parse_s3_list_page("<ListBucketResult><IsTruncated>maybe</IsTruncated></ListBucketResult>", page).code ==
-        errc::bad_format);
+  CHECK(parse_s3_list_page("<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+                           page)
+            .code == errc::bad_format);
+  CHECK(parse_s3_list_page("<ListBucketResult><IsTruncated>maybe</IsTruncated></ListBucketResult>",
+                           page)
+            .code == errc::bad_format);
   CHECK(parse_s3_list_page("<ListBucketResult></ListBucketResult>", page).code == errc::bad_format);
-  CHECK(parse_s3_list_page("<Error><IsTruncated>false</IsTruncated></Error>", page).code == errc::bad_format);
+  CHECK(parse_s3_list_page("<Error><IsTruncated>false</IsTruncated></Error>", page).code ==
+        errc::bad_format);
   auto e = parse_s3_error(xml_error("AccessDenied", "no &amp; never"));
   CHECK(e.code == "AccessDenied");
   CHECK(e.message == "no & never");
@@ -245,8 +266,9 @@ TEST_CASE("s3_object_store: options are checked at construction") {
   o.credentials = {"AK", "SK", ""};
   CHECK_NOTHROW(s3_object_store{o});
   std::string const too_long(64, 'a');
-  for (std::string const& b : {std::string{}, std::string{"ab"}, std::string{"Upper"}, std::string{"-ab"},
-                               std::string{"ab-"}, std::string{"a_b"}, too_long}) {
+  for (std::string const& b :
+       {std::string{}, std::string{"ab"}, std::string{"Upper"}, std::string{"-ab"},
+        std::string{"ab-"}, std::string{"a_b"}, too_long}) {
     auto bad = o;
     bad.bucket = b;
     CHECK_THROWS_AS(s3_object_store{bad}, dcr::error);
@@ -270,7 +292,8 @@ TEST_CASE("s3_object_store: options are checked at construction") {
   bad.list_poll_max = std::chrono::milliseconds(250);
   s3_object_store slow{bad};
   CHECK(dcr::transport::default_poll_policy(slow).max == std::chrono::milliseconds(250));
-  CHECK(dcr::transport::default_poll_policy(s3_object_store{o}).max == std::chrono::milliseconds(50));
+  CHECK(dcr::transport::default_poll_policy(s3_object_store{o}).max ==
+        std::chrono::milliseconds(50));
   bad = o;
   bad.credentials.access_key.clear();
   CHECK_THROWS_AS(s3_object_store{bad}, dcr::error);
@@ -298,7 +321,9 @@ TEST_CASE("s3_object_store: requests are signed as sent, the payload hash is the
   CHECK(rqs[0].header("x-amz-content-sha256") == to_hex(sha256(body)));
   CHECK(rqs[0].header("authorization").find("Credential=AK/") != std::string::npos);
   CHECK(rqs[0].header("authorization").find("/eu-central-1/s3/aws4_request") != std::string::npos);
-  CHECK(rqs[0].header("authorization").find("SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date,") !=
+  CHECK(rqs[0]
+            .header("authorization")
+            .find("SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date,") !=
         std::string::npos);
   CHECK(rqs[1].header("x-amz-content-sha256") == empty_payload_sha256);
   for (auto& rq : rqs) {
@@ -311,14 +336,16 @@ TEST_CASE("s3_object_store: requests are signed as sent, the payload hash is the
   CHECK(srv.requests().size() == 2);
 }
 
-TEST_CASE("s3_object_store: 5xx answers and dropped connections are retried with backoff, then unavailable") {
+TEST_CASE("s3_object_store: 5xx answers and dropped connections are retried with backoff, then "
+          "unavailable") {
   std::atomic<int> n{0};
   std::atomic<int> fail_first{2};
   std::atomic<bool> drop{false};
   fake_http_server srv([&](const recorded_request&) -> std::string {
     if (n++ < fail_first) {
       if (drop) return "";
-      return http_response(503, "Slow Down", xml_error("SlowDown", "Please reduce your request rate."));
+      return http_response(503, "Slow Down",
+                           xml_error("SlowDown", "Please reduce your request rate."));
     }
     return http_response(200, "OK", "fine");
   });
@@ -342,18 +369,22 @@ TEST_CASE("s3_object_store: 5xx answers and dropped connections are retried with
   fail_first = 100;
   auto st = s.get("x", out);
   CHECK(st.code == errc::unavailable);
-  CHECK(st.message.find("HTTP 503 SlowDown: Please reduce your request rate.") != std::string::npos);
+  CHECK(st.message.find("HTTP 503 SlowDown: Please reduce your request rate.") !=
+        std::string::npos);
   CHECK(st.message.find("after 3 attempts") != std::string::npos);
   CHECK(n == 3);
 }
 
 TEST_CASE("s3_object_store: error bodies become typed errors with the S3 code and message") {
   fake_http_server srv([](const recorded_request& rq) -> std::string {
-    if (rq.target == "/bkt/missing") return http_response(404, "Not Found", xml_error("NoSuchKey", "gone"));
-    if (rq.target == "/bkt/nobucket") return http_response(404, "Not Found", xml_error("NoSuchBucket", "no bucket"));
+    if (rq.target == "/bkt/missing")
+      return http_response(404, "Not Found", xml_error("NoSuchKey", "gone"));
+    if (rq.target == "/bkt/nobucket")
+      return http_response(404, "Not Found", xml_error("NoSuchBucket", "no bucket"));
     if (rq.method == "HEAD") return http_response(404, "Not Found", "");
-    return http_response(403, "Forbidden",
-                         xml_error("SignatureDoesNotMatch", "The request signature &lt;sig&gt; &amp; more"));
+    return http_response(
+        403, "Forbidden",
+        xml_error("SignatureDoesNotMatch", "The request signature &lt;sig&gt; &amp; more"));
   });
   s3_object_store s(fake_options(srv));
   std::vector<std::byte> out;
@@ -363,8 +394,10 @@ TEST_CASE("s3_object_store: error bodies become typed errors with the S3 code an
   CHECK(nb.message.find("NoSuchBucket") != std::string::npos);
   auto st = s.put("denied", bytes_of("x"));
   CHECK(st.code == errc::io);
-  CHECK(st.message.find("HTTP 403 SignatureDoesNotMatch: The request signature <sig> & more (request id tx42)") !=
-        std::string::npos);
+  CHECK(
+      st.message.find(
+          "HTTP 403 SignatureDoesNotMatch: The request signature <sig> & more (request id tx42)") !=
+      std::string::npos);
   CHECK(st.message.find("/bkt/denied") != std::string::npos);
   const auto before = srv.requests().size();
   CHECK(s.remove("gone").code == errc::not_found);
@@ -379,23 +412,32 @@ TEST_CASE("s3_object_store: list follows continuation tokens and checks the orde
   // must be encoded in the query.
   std::vector<std::string> pages = {
       "<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>p/a</Key></Contents>"
-      "<Contents><Key>p/b</Key></Contents><NextContinuationToken>t1+/=</NextContinuationToken></ListBucketResult>",
+      "<Contents><Key>p/b</Key></Contents><NextContinuationToken>t1+/=</NextContinuationToken></"
+      "ListBucketResult>",
       "<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>p/b.x</Key></Contents>"
-      "<Contents><Key>p/bad name</Key></Contents><NextContinuationToken>t2&amp;</NextContinuationToken>"
+      "<Contents><Key>p/bad "
+      "name</Key></Contents><NextContinuationToken>t2&amp;</NextContinuationToken>"
       "</ListBucketResult>",
-      "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/c</Key></Contents></ListBucketResult>"};
+      "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/c</Key></Contents></"
+      "ListBucketResult>"};
   std::atomic<std::size_t> page{0};
   std::atomic<int> mode{0};
   fake_http_server srv([&](const recorded_request&) -> std::string {
     if (mode == 1) // keys out of order
-      return http_response(200, "OK", "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/b</Key>"
-                                       "</Contents><Contents><Key>p/a</Key></Contents></ListBucketResult>");
+      return http_response(
+          200, "OK",
+          "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/b</Key>"
+          "</Contents><Contents><Key>p/a</Key></Contents></ListBucketResult>");
     if (mode == 2) // a key outside the prefix
-      return http_response(200, "OK", "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>q</Key>"
-                                       "</Contents></ListBucketResult>");
+      return http_response(
+          200, "OK",
+          "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>q</Key>"
+          "</Contents></ListBucketResult>");
     if (mode == 3) // the same token forever
-      return http_response(200, "OK", "<ListBucketResult><IsTruncated>true</IsTruncated>"
-                                       "<NextContinuationToken>same</NextContinuationToken></ListBucketResult>");
+      return http_response(
+          200, "OK",
+          "<ListBucketResult><IsTruncated>true</IsTruncated>"
+          "<NextContinuationToken>same</NextContinuationToken></ListBucketResult>");
     return http_response(200, "OK", pages[page++ % pages.size()]);
   });
   auto o = fake_options(srv);
@@ -403,7 +445,8 @@ TEST_CASE("s3_object_store: list follows continuation tokens and checks the orde
   s3_object_store s(o);
   std::vector<std::string> names;
   REQUIRE(s.list("p/", names).ok());
-  CHECK(names == std::vector<std::string>{"p/a", "p/b", "p/b.x", "p/c"}); // "p/bad name" is no object name
+  CHECK(names ==
+        std::vector<std::string>{"p/a", "p/b", "p/b.x", "p/c"}); // "p/bad name" is no object name
   CHECK(s.stats().list_pages == 3);
   auto rqs = srv.requests();
   REQUIRE(rqs.size() == 3);

@@ -53,7 +53,8 @@ struct swift_cluster {
     std::string line;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (line.find('\n') == std::string::npos) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
       pollfd p{out[0], POLLIN, 0};
       if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
         std::fprintf(stderr, "start-swift.sh: no READY line within 120 s\n");

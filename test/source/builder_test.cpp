@@ -26,7 +26,8 @@ model_config random_config(std::mt19937_64& rng, bool moe) {
   model_config c;
   const std::uint64_t t3 = rng() % 2; // configs divisible by 3 (for t = 3) or by 8
   c.head_dim = t3 ? 6 : 8;
-  c.kv_heads = t3 ? std::vector<std::uint64_t>{1, 3}[rng() % 2] : std::vector<std::uint64_t>{1, 2, 4}[rng() % 3];
+  c.kv_heads = t3 ? std::vector<std::uint64_t>{1, 3}[rng() % 2]
+                  : std::vector<std::uint64_t>{1, 2, 4}[rng() % 3];
   c.heads = c.kv_heads * std::vector<std::uint64_t>{1, 2, 3}[rng() % 3];
   if (!t3) c.heads = c.kv_heads * std::vector<std::uint64_t>{1, 2, 4}[rng() % 3];
   c.hidden = t3 ? 24 : 32;
@@ -54,7 +55,8 @@ trainer_layout random_layout(std::mt19937_64& rng, const model_config& c) {
   for (;;) {
     trainer_layout l;
     const bool t3 = c.head_dim == 6;
-    l.tp = t3 ? std::vector<std::uint64_t>{1, 3}[rng() % 2] : std::vector<std::uint64_t>{1, 2, 4, 8}[rng() % 4];
+    l.tp = t3 ? std::vector<std::uint64_t>{1, 3}[rng() % 2]
+              : std::vector<std::uint64_t>{1, 2, 4, 8}[rng() % 4];
     l.pp = std::vector<std::uint64_t>{1, 2, 4}[rng() % 3];
     l.dp = std::vector<std::uint64_t>{1, 2, 3}[rng() % 3];
     l.vocab_block = std::vector<std::uint64_t>{0, 1, 8, 128}[rng() % 4];
@@ -77,21 +79,26 @@ std::size_t run_case(const sweep_case& k, std::uint64_t seed) {
   auto v1 = v0;
   test::stress(v1, k.fraction, 1e-2, seed + 1);
   auto s0 = source_from_canonical(*plan, v0, nullptr, std::byte{0});
-  auto s1 = source_from_canonical(*plan, v1, nullptr, std::byte{0x3C}); // padding changes must not be emitted
+  auto s1 = source_from_canonical(*plan, v1, nullptr,
+                                  std::byte{0x3C}); // padding changes must not be emitted
   training_side side(plan, s0.view());
   const auto mem0 = side.memory();
 
   auto buckets = side.build_items(s1.view(), k.b);
   std::vector<item> items;
   for (auto& b : buckets) {
-    std::set<std::pair<std::string, int>> in_bucket; // one item per owner x tensor x encoding in a bucket
+    std::set<std::pair<std::string, int>>
+        in_bucket; // one item per owner x tensor x encoding in a bucket
     for (auto& it : b.items) {
       CHECK(in_bucket.insert({it.tensor.name, static_cast<int>(it.encoding)}).second);
       items.push_back(it);
-      const bool residual = plan->tasks.size() && std::any_of(plan->tasks.begin(), plan->tasks.end(), [&](auto& t) {
-        return std::any_of(t.outputs.begin(), t.outputs.end(), [&](auto o) { return plan->canonical[o].name == it.tensor.name; });
-      });
-      const auto expect = (k.b.mode == refit_mode::mixed && !residual) ? value_encoding::xor_mask : value_encoding::overwrite;
+      const bool residual =
+          plan->tasks.size() && std::any_of(plan->tasks.begin(), plan->tasks.end(), [&](auto& t) {
+            return std::any_of(t.outputs.begin(), t.outputs.end(),
+                               [&](auto o) { return plan->canonical[o].name == it.tensor.name; });
+          });
+      const auto expect = (k.b.mode == refit_mode::mixed && !residual) ? value_encoding::xor_mask
+                                                                       : value_encoding::overwrite;
       CHECK(it.encoding == expect);
     }
   }
@@ -146,8 +153,16 @@ std::size_t sweep(int n) {
     k.b.bucket_bytes = std::vector<std::size_t>{1, 2048, 65536, std::size_t{512} << 20}[rng() % 4];
     k.fraction = std::vector<double>{0.0, 0.012, 0.05, 0.5, 1.0}[rng() % 5];
     CAPTURE(i);
-    CAPTURE(k.l.tp); CAPTURE(k.l.pp); CAPTURE(k.l.ep); CAPTURE(k.l.etp); CAPTURE(k.l.dp);
-    CAPTURE(k.c.heads); CAPTURE(k.c.kv_heads); CAPTURE(k.c.vocab); CAPTURE(k.c.tied_embeddings); CAPTURE(mode);
+    CAPTURE(k.l.tp);
+    CAPTURE(k.l.pp);
+    CAPTURE(k.l.ep);
+    CAPTURE(k.l.etp);
+    CAPTURE(k.l.dp);
+    CAPTURE(k.c.heads);
+    CAPTURE(k.c.kv_heads);
+    CAPTURE(k.c.vocab);
+    CAPTURE(k.c.tied_embeddings);
+    CAPTURE(mode);
     CAPTURE(static_cast<int>(k.o.ownership));
     total += run_case(k, 1000 + i);
   }
@@ -156,14 +171,17 @@ std::size_t sweep(int n) {
 
 } // namespace
 
-TEST_CASE("delta construction == brute-force diff over random configs and layouts") { CHECK(sweep(36) > 0); }
+TEST_CASE("delta construction == brute-force diff over random configs and layouts") {
+  CHECK(sweep(36) > 0);
+}
 
 TEST_CASE("delta construction == brute-force diff over 400 random configs and layouts" *
           doctest::test_suite("slow")) {
   CHECK(sweep(400) > 0);
 }
 
-TEST_CASE("payloads: byte-identical across builds, decode to the built items, one sequence per bucket") {
+TEST_CASE(
+    "payloads: byte-identical across builds, decode to the built items, one sequence per bucket") {
   model_config c;
   c.hidden = 32;
   c.heads = 4;
@@ -171,7 +189,8 @@ TEST_CASE("payloads: byte-identical across builds, decode to the built items, on
   c.head_dim = 8;
   c.ffn = 64;
   c.vocab = 99;
-  auto plan = std::make_shared<const source_plan>(megatron_plan(c, {2, 2, 1, 1, 2, 8}, {true, false}));
+  auto plan =
+      std::make_shared<const source_plan>(megatron_plan(c, {2, 2, 1, 1, 2, 8}, {true, false}));
   auto v0 = test::random_checkpoint(plan->canonical, 5);
   auto v1 = v0;
   test::stress(v1, 0.05, 1e-2, 6);
@@ -208,7 +227,8 @@ TEST_CASE("payloads: byte-identical across builds, decode to the built items, on
   }
 }
 
-TEST_CASE("chunks and buckets: whole tasks, bucket input bytes reach the target before a bucket closes") {
+TEST_CASE(
+    "chunks and buckets: whole tasks, bucket input bytes reach the target before a bucket closes") {
   model_config c;
   c.hidden = 32;
   c.heads = 4;
@@ -225,7 +245,7 @@ TEST_CASE("chunks and buckets: whole tasks, bucket input bytes reach the target 
   owner o(plan, 0, s0.view());
   required_set none = make_required(*plan, {});
   builder_options opt;
-  opt.chunk_bytes = 1;                // one task per chunk
+  opt.chunk_bytes = 1; // one task per chunk
   opt.bucket_bytes = 20000;
   auto b = o.build_items(s1.view(), none, opt);
   REQUIRE(b.size() > 1);

@@ -23,11 +23,13 @@ using splitmix = dcr::sim::splitmix64;
 
 /// `n + pad` random words and a copy in which each word differs with
 /// probability `p` (by XOR with a random non-zero word).
-template <class W> struct pair_of_buffers {
+template <class W>
+struct pair_of_buffers {
   std::vector<W> old_words, new_words;
 };
 
-template <class W> pair_of_buffers<W> make_pair_of(std::size_t n, double p, std::uint64_t seed) {
+template <class W>
+pair_of_buffers<W> make_pair_of(std::size_t n, double p, std::uint64_t seed) {
   splitmix g{seed};
   pair_of_buffers<W> r;
   r.old_words.resize(n);
@@ -36,14 +38,16 @@ template <class W> pair_of_buffers<W> make_pair_of(std::size_t n, double p, std:
   for (auto& w : r.new_words)
     if (g.uniform() < p) {
       W x;
-      do x = static_cast<W>(g.next()); while (x == 0);
+      do x = static_cast<W>(g.next());
+      while (x == 0);
       w = static_cast<W>(w ^ x);
     }
   return r;
 }
 
 template <class W>
-std::vector<std::uint64_t> naive_changes(std::span<const W> a, std::span<const W> b, std::uint64_t base) {
+std::vector<std::uint64_t> naive_changes(std::span<const W> a, std::span<const W> b,
+                                         std::uint64_t base) {
   std::vector<std::uint64_t> r;
   for (std::size_t i = 0; i < a.size(); ++i)
     if (a[i] != b[i]) r.push_back(base + i);
@@ -53,14 +57,17 @@ std::vector<std::uint64_t> naive_changes(std::span<const W> a, std::span<const W
 std::vector<index_run> naive_runs(const std::vector<std::uint64_t>& idx) {
   std::vector<index_run> r;
   for (auto i : idx) {
-    if (!r.empty() && r.back().start + r.back().count == i) ++r.back().count;
-    else r.push_back({i, 1});
+    if (!r.empty() && r.back().start + r.back().count == i)
+      ++r.back().count;
+    else
+      r.push_back({i, 1});
   }
   return r;
 }
 
 const double densities[] = {0.0, 1e-4, 0.01, 0.05, 0.5, 1.0};
-const std::size_t lengths[] = {0, 1, 2, 7, 63, 64, 65, 127, 128, 129, 1000, 1023, 1024, 1025, 4096 + 77, 70'001};
+const std::size_t lengths[] = {0,   1,   2,    7,    63,   64,   65,        127,
+                               128, 129, 1000, 1023, 1024, 1025, 4096 + 77, 70'001};
 
 } // namespace
 
@@ -134,7 +141,8 @@ TEST_CASE_TEMPLATE("every single-bit flip at every block position is a change", 
   std::vector<W> a(130);
   splitmix g{3};
   for (auto& w : a) w = static_cast<W>(g.next());
-  for (std::size_t pos : {std::size_t{0}, std::size_t{31}, std::size_t{63}, std::size_t{64}, std::size_t{129}})
+  for (std::size_t pos :
+       {std::size_t{0}, std::size_t{31}, std::size_t{63}, std::size_t{64}, std::size_t{129}})
     for (unsigned bit = 0; bit < 8 * sizeof(W); ++bit) {
       auto b = a;
       b[pos] = static_cast<W>(b[pos] ^ (W{1} << bit));
@@ -152,7 +160,8 @@ TEST_CASE("stored bits decide, not float equality: signed zeros and NaN payloads
   };
   // +0 == -0 and NaN != NaN as floats; as stored words it is the other way round.
   const std::vector<std::uint32_t> a{bits(0.0f), 0x7FC00000u, 0x7FC00000u, 0xFFC00001u, bits(1.5f)};
-  const std::vector<std::uint32_t> b{bits(-0.0f), 0x7FC00001u, 0x7FC00000u, 0xFFC00001u, bits(1.5f)};
+  const std::vector<std::uint32_t> b{bits(-0.0f), 0x7FC00001u, 0x7FC00000u, 0xFFC00001u,
+                                     bits(1.5f)};
   std::vector<std::uint64_t> got;
   detect_changes(a, b, 0, got);
   CHECK(got == std::vector<std::uint64_t>{0, 1});
@@ -182,7 +191,8 @@ TEST_CASE("for_each_change_mask visits every block once, in order, the tail shor
   for_each_change_mask<std::uint16_t>(buf.old_words, buf.new_words, 1000,
                                       [&](std::uint64_t first, std::uint64_t m) {
                                         firsts.push_back(first);
-                                        for (; m; m &= m - 1) from_masks.push_back(first + std::countr_zero(m));
+                                        for (; m; m &= m - 1)
+                                          from_masks.push_back(first + std::countr_zero(m));
                                       });
   CHECK(firsts == std::vector<std::uint64_t>{1000, 1064, 1128, 1192});
   CHECK(from_masks == naive_changes<std::uint16_t>(buf.old_words, buf.new_words, 1000));
@@ -221,11 +231,14 @@ TEST_CASE_TEMPLATE("change_masks: every available instruction set equals the sca
       auto buf = make_pair_of<W>(blocks * 64 + 5, p, g.next());
       for (std::size_t offset : {0, 1, 5}) { // unaligned block starts
         std::vector<std::uint64_t> masks(blocks, 0xDEAD);
-        change_masks(buf.old_words.data() + offset, buf.new_words.data() + offset, blocks, masks.data(), isa);
+        change_masks(buf.old_words.data() + offset, buf.new_words.data() + offset, blocks,
+                     masks.data(), isa);
         for (std::size_t k = 0; k < blocks; ++k) {
           std::uint64_t want = 0;
           for (std::size_t i = 0; i < 64; ++i)
-            want |= std::uint64_t{buf.old_words[offset + 64 * k + i] != buf.new_words[offset + 64 * k + i]} << i;
+            want |= std::uint64_t{buf.old_words[offset + 64 * k + i] !=
+                                  buf.new_words[offset + 64 * k + i]}
+                    << i;
           CHECK(masks[k] == want);
         }
       }
@@ -240,12 +253,13 @@ TEST_CASE("DCR_DETECT_ISA selects an available scan, otherwise the best one") {
                     : detect_isa_available(detect_isa::avx2) ? detect_isa::avx2
                                                              : detect_isa::portable;
   for (detect_isa i : {detect_isa::portable, detect_isa::avx2, detect_isa::avx512})
-    if (env != nullptr && std::string_view(env) == to_string(i) && detect_isa_available(i)) want = i;
+    if (env != nullptr && std::string_view(env) == to_string(i) && detect_isa_available(i))
+      want = i;
   CHECK(active_detect_isa() == want);
 }
 
-TEST_CASE_TEMPLATE("every available scan and extraction equals the naive reference and each other", W,
-                   std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
+TEST_CASE_TEMPLATE("every available scan and extraction equals the naive reference and each other",
+                   W, std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
   struct variant {
     detect_isa isa;
     detect_extract extract;
@@ -253,8 +267,11 @@ TEST_CASE_TEMPLATE("every available scan and extraction equals the naive referen
   std::vector<variant> variants;
   for (detect_isa isa : {detect_isa::portable, detect_isa::avx2, detect_isa::avx512})
     for (detect_extract e : {detect_extract::scalar, detect_extract::compress}) {
-      if (detect_extract_available(e, isa)) variants.push_back({isa, e});
-      else MESSAGE("scan " << to_string(isa) << " with " << to_string(e) << " extraction not on this CPU; not run");
+      if (detect_extract_available(e, isa))
+        variants.push_back({isa, e});
+      else
+        MESSAGE("scan " << to_string(isa) << " with " << to_string(e)
+                        << " extraction not on this CPU; not run");
     }
   REQUIRE(!variants.empty());
   splitmix g{0xC0DE + sizeof(W)};
@@ -268,7 +285,8 @@ TEST_CASE_TEMPLATE("every available scan and extraction equals the naive referen
       const std::size_t offset = static_cast<std::size_t>(g.next() % 9);
       auto buf = make_pair_of<W>(n + offset, p, g.next());
       if (round % 2 == 1) // a dirty stretch: every word of some blocks changed
-        for (std::size_t i = offset + n / 3; i < offset + n / 3 + std::min<std::size_t>(n / 4, 300); ++i)
+        for (std::size_t i = offset + n / 3; i < offset + n / 3 + std::min<std::size_t>(n / 4, 300);
+             ++i)
           buf.new_words[i] = static_cast<W>(~buf.old_words[i]);
       std::span<const W> a(buf.old_words.data() + offset, n), b(buf.new_words.data() + offset, n);
       const std::uint64_t base = g.next() >> 8;
@@ -301,10 +319,12 @@ TEST_CASE("the default extraction is scalar unless compress is asked for and ava
   const detect_isa isa = active_detect_isa();
   const char* env = std::getenv("DCR_DETECT_EXTRACT");
   const bool compress_asked = env != nullptr && std::string_view(env) == "compress";
-  MESSAGE("extraction with scan " << to_string(isa) << ": " << to_string(default_detect_extract(isa)));
-  CHECK(default_detect_extract(isa) == (compress_asked && detect_extract_available(detect_extract::compress, isa)
-                                            ? detect_extract::compress
-                                            : detect_extract::scalar));
+  MESSAGE("extraction with scan " << to_string(isa) << ": "
+                                  << to_string(default_detect_extract(isa)));
+  CHECK(default_detect_extract(isa) ==
+        (compress_asked && detect_extract_available(detect_extract::compress, isa)
+             ? detect_extract::compress
+             : detect_extract::scalar));
   CHECK(detect_extract_available(detect_extract::scalar, detect_isa::portable));
   CHECK(!detect_extract_available(detect_extract::compress, detect_isa::portable));
   CHECK(!detect_extract_available(detect_extract::compress, detect_isa::avx2));

@@ -76,7 +76,11 @@ std::vector<case_t> cases() {
 
 TEST_CASE("megatron_plan: affine shards tile every canonical element exactly once") {
   for (auto& [c, l] : cases()) {
-    CAPTURE(l.tp); CAPTURE(l.pp); CAPTURE(l.ep); CAPTURE(l.etp); CAPTURE(l.dp);
+    CAPTURE(l.tp);
+    CAPTURE(l.pp);
+    CAPTURE(l.ep);
+    CAPTURE(l.etp);
+    CAPTURE(l.dp);
     auto p = megatron_plan(c, l);
     CHECK(p.canonical == canonical_tensors(c));
     CHECK(p.tasks.empty());
@@ -93,13 +97,17 @@ TEST_CASE("megatron_plan: affine shards tile every canonical element exactly onc
     }
     for (std::size_t t = 0; t < hits.size(); ++t)
       for (std::size_t k = 0; k < hits[t].size(); ++k)
-        if (hits[t][k] != 1) FAIL_CHECK(p.canonical[t].name << "[" << k << "] hit " << hits[t][k] << " times");
+        if (hits[t][k] != 1)
+          FAIL_CHECK(p.canonical[t].name << "[" << k << "] hit " << hits[t][k] << " times");
   }
 }
 
 TEST_CASE("megatron_plan: replica groups, rank views and ownership follow the layout") {
   for (auto& [c, l] : cases()) {
-    CAPTURE(l.tp); CAPTURE(l.pp); CAPTURE(l.ep); CAPTURE(l.dp);
+    CAPTURE(l.tp);
+    CAPTURE(l.pp);
+    CAPTURE(l.ep);
+    CAPTURE(l.dp);
     auto p = megatron_plan(c, l);
     CHECK(p.world == l.world());
     std::uint64_t held = 0;
@@ -108,9 +116,12 @@ TEST_CASE("megatron_plan: replica groups, rank views and ownership follow the la
       std::set<std::uint32_t> reps(sh.replicas.begin(), sh.replicas.end());
       CHECK(reps.size() == sh.replicas.size());
       std::uint64_t expect = l.dp;
-      if (sh.key.find("@ep") != std::string::npos) expect = l.edp();
-      else if (sh.key.find("@tp") == std::string::npos) expect = l.tp * l.dp;
-      else if (sh.param == "embedding.word_embeddings.weight" && c.tied_embeddings && l.pp > 1) expect = 2 * l.dp;
+      if (sh.key.find("@ep") != std::string::npos)
+        expect = l.edp();
+      else if (sh.key.find("@tp") == std::string::npos)
+        expect = l.tp * l.dp;
+      else if (sh.param == "embedding.word_embeddings.weight" && c.tied_embeddings && l.pp > 1)
+        expect = 2 * l.dp;
       CHECK(sh.replicas.size() == expect);
       // ownership law: the owner is the hashed replica, stable across plan rebuilds
       CHECK(sh.owner == sh.replicas[name_hash(sh.key) % sh.replicas.size()]);
@@ -125,7 +136,8 @@ TEST_CASE("megatron_plan: replica groups, rank views and ownership follow the la
     for (auto& rs : p.rank_shards) listed += rs.size();
     CHECK(listed == held);
     auto again = megatron_plan(c, l);
-    for (std::size_t s = 0; s < p.shards.size(); ++s) CHECK(again.shards[s].owner == p.shards[s].owner);
+    for (std::size_t s = 0; s < p.shards.size(); ++s)
+      CHECK(again.shards[s].owner == p.shards[s].owner);
     auto bal = p.ownership_balance();
     CHECK(bal.total == p.source_bytes());
     CHECK(bal.bytes.size() == p.world);
@@ -143,14 +155,17 @@ TEST_CASE("megatron_plan: replica groups, rank views and ownership follow the la
       CHECK(a + local < b);
       const auto prefix = "model.layers." + std::to_string(a + local) + ".";
       for (auto& pc : sh.map->pieces()) CHECK(p.canonical[pc.tensor].name.rfind(prefix, 0) == 0);
-      if (l.pp > 1) CHECK(sh.key.find("pp" + std::to_string(stage) + "/" + std::to_string(l.pp)) != std::string::npos);
+      if (l.pp > 1)
+        CHECK(sh.key.find("pp" + std::to_string(stage) + "/" + std::to_string(l.pp)) !=
+              std::string::npos);
     }
     // Tied embeddings with PP > 1: the last stage's replicas are named output_layer.weight.
     for (auto& sh : p.shards) {
       if (sh.param != "embedding.word_embeddings.weight") continue;
       for (auto r : sh.replicas)
-        CHECK(sh.param_on(r) == (c.tied_embeddings && l.pp > 1 && r / T == l.pp - 1 ? "output_layer.weight"
-                                                                                      : "embedding.word_embeddings.weight"));
+        CHECK(sh.param_on(r) == (c.tied_embeddings && l.pp > 1 && r / T == l.pp - 1
+                                     ? "output_layer.weight"
+                                     : "embedding.word_embeddings.weight"));
     }
   }
 }
@@ -160,20 +175,24 @@ TEST_CASE("megatron_plan uses Megatron parameter names") {
   trainer_layout l{2, 2, 2, 1, 1, 8};
   auto p = megatron_plan(c, l);
   // 2 layers over PP 2: global layer 1 is module 0 of stage 1.
-  for (auto key : {"embedding.word_embeddings.weight@tp1/2", "decoder.layers.0.self_attention.linear_qkv.weight@tp0/2.pp1/2",
+  for (auto key : {"embedding.word_embeddings.weight@tp1/2",
+                   "decoder.layers.0.self_attention.linear_qkv.weight@tp0/2.pp1/2",
                    "decoder.layers.0.self_attention.linear_proj.weight@tp1/2.pp1/2",
                    "decoder.layers.0.self_attention.q_layernorm.weight@pp0/2",
                    "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight@pp0/2",
-                   "decoder.layers.0.pre_mlp_layernorm.weight@pp1/2", "decoder.layers.0.mlp.router.weight@pp1/2",
+                   "decoder.layers.0.pre_mlp_layernorm.weight@pp1/2",
+                   "decoder.layers.0.mlp.router.weight@pp1/2",
                    "decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp0/2",
-                   "decoder.layers.0.mlp.experts.linear_fc2.weight0@ep0/2.etp0/1.pp1/2", "decoder.final_layernorm.weight",
-                   "output_layer.weight@tp0/2"})
+                   "decoder.layers.0.mlp.experts.linear_fc2.weight0@ep0/2.etp0/1.pp1/2",
+                   "decoder.final_layernorm.weight", "output_layer.weight@tp0/2"})
     CHECK_NOTHROW((void)p.shard_id(key));
   CHECK_THROWS_AS((void)p.shard_id("decoder.layers.1.mlp.router.weight@pp1/2"), dcr::error);
   // local expert 3 on EP rank 1 of 2 with 8 experts is global expert 7
-  const auto& fc1 = p.shards[p.shard_id("decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp0/2")];
+  const auto& fc1 =
+      p.shards[p.shard_id("decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp0/2")];
   CHECK(p.canonical[fc1.map->pieces()[0].tensor].name == expert_name(0, 7, "gate_proj.weight"));
-  const auto& late = p.shards[p.shard_id("decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp1/2")];
+  const auto& late =
+      p.shards[p.shard_id("decoder.layers.0.mlp.experts.linear_fc1.weight3@ep1/2.etp0/1.pp1/2")];
   CHECK(p.canonical[late.map->pieces()[0].tensor].name == expert_name(1, 7, "gate_proj.weight"));
   CHECK_THROWS_AS((void)p.shard_id("nope"), dcr::error);
   CHECK_THROWS_AS((void)p.tensor_id("nope"), dcr::error);
@@ -181,8 +200,8 @@ TEST_CASE("megatron_plan uses Megatron parameter names") {
 
 TEST_CASE("invalid layouts are rejected with invalid_argument") {
   auto c = dense_small();
-  for (auto l : {trainer_layout{3, 1, 1, 1, 1}, trainer_layout{1, 3, 1, 1, 1}, trainer_layout{0, 1, 1, 1, 1},
-                 trainer_layout{1, 1, 2, 1, 1}}) {
+  for (auto l : {trainer_layout{3, 1, 1, 1, 1}, trainer_layout{1, 3, 1, 1, 1},
+                 trainer_layout{0, 1, 1, 1, 1}, trainer_layout{1, 1, 2, 1, 1}}) {
     CHECK(validate(c, l).code == errc::invalid_argument);
     try {
       (void)megatron_plan(c, l);
@@ -196,7 +215,8 @@ TEST_CASE("invalid layouts are rejected with invalid_argument") {
   CHECK(validate(m, {1, 1, 2, 1, 1}).code == errc::invalid_argument); // tp*dp % (ep*etp)
   CHECK(validate(m, {1, 1, 1, 3, 3}).code == errc::invalid_argument); // moe_ffn % etp
   CHECK(validate(m, {2, 2, 2, 2, 2, 8}).ok());
-  CHECK(validate(m, {2, 2, 2, 2, 2}).code == errc::invalid_argument); // vocab 77 % 2 without padding
+  CHECK(validate(m, {2, 2, 2, 2, 2}).code ==
+        errc::invalid_argument);            // vocab 77 % 2 without padding
   CHECK(validate(m, {1, 2, 2, 1, 2}).ok()); // tp 1: any vocabulary divides
 }
 
@@ -205,7 +225,7 @@ TEST_CASE("uneven first/last pipeline stages (num_layers_in_first/last_pipeline_
   c.layers = 7;
   trainer_layout l{1, 3, 1, 1, 1, 8};
   CHECK(validate(c, l).code == errc::invalid_argument); // 7 % 3
-  l.first_stage_layers = 1;                            // 1, then 6 over 2 stages: 1, 3, 3
+  l.first_stage_layers = 1;                             // 1, then 6 over 2 stages: 1, 3, 3
   REQUIRE(validate(c, l).ok());
   CHECK(megatron_stage_layers(c, l, 0) == std::pair<std::uint64_t, std::uint64_t>{0, 1});
   CHECK(megatron_stage_layers(c, l, 1) == std::pair<std::uint64_t, std::uint64_t>{1, 4});
@@ -224,7 +244,8 @@ TEST_CASE("uneven first/last pipeline stages (num_layers_in_first/last_pipeline_
   REQUIRE(validate(c, l).ok());
   auto p = megatron_plan(c, l);
   CHECK_NOTHROW((void)p.shard_id("decoder.layers.2.mlp.linear_fc1.weight@tp0/1.pp0/4"));
-  CHECK_THROWS_AS((void)p.shard_id("decoder.layers.1.mlp.linear_fc1.weight@tp0/1.pp1/4"), dcr::error);
+  CHECK_THROWS_AS((void)p.shard_id("decoder.layers.1.mlp.linear_fc1.weight@tp0/1.pp1/4"),
+                  dcr::error);
   CHECK_NOTHROW((void)p.shard_id("decoder.layers.1.mlp.linear_fc1.weight@tp0/1.pp3/4"));
 }
 
@@ -249,21 +270,26 @@ TEST_CASE("vocabulary padding: none by default, Megatron's make_vocab_size_divis
   c.vocab = 100;
   trainer_layout l{4, 1, 1, 1, 1};
   auto p = megatron_plan(c, l);
-  CHECK(p.shards[p.shard_id("embedding.word_embeddings.weight@tp3/4")].shape == std::vector<std::uint64_t>{25, 32});
+  CHECK(p.shards[p.shard_id("embedding.word_embeddings.weight@tp3/4")].shape ==
+        std::vector<std::uint64_t>{25, 32});
   l.vocab_block = 128; // padded to 512: 128 rows per rank, rank 0 real rows only
   p = megatron_plan(c, l);
-  CHECK(p.shards[p.shard_id("embedding.word_embeddings.weight@tp3/4")].shape == std::vector<std::uint64_t>{128, 32});
+  CHECK(p.shards[p.shard_id("embedding.word_embeddings.weight@tp3/4")].shape ==
+        std::vector<std::uint64_t>{128, 32});
 }
 
-TEST_CASE("simulator: shards from canonical tensors round-trip through full conversion, in every mode") {
+TEST_CASE(
+    "simulator: shards from canonical tensors round-trip through full conversion, in every mode") {
   for (auto& [c, l] : cases()) {
     for (int mode = 0; mode < 3; ++mode) {
-      CAPTURE(l.tp); CAPTURE(mode);
+      CAPTURE(l.tp);
+      CAPTURE(mode);
       megatron_options o;
       o.qkv_residual = mode == 1;
       o.full_conversion = mode == 2;
       auto p = megatron_plan(c, l, o);
-      if (mode == 1) { // one gather per connected group of q/k/v tensors (split further when ng < t)
+      if (mode ==
+          1) { // one gather per connected group of q/k/v tensors (split further when ng < t)
         std::set<std::string> outs;
         for (auto& t : p.tasks)
           for (auto o : t.outputs) outs.insert(p.canonical[o].name);
@@ -272,7 +298,8 @@ TEST_CASE("simulator: shards from canonical tensors round-trip through full conv
         CHECK(p.tasks.size() >= c.layers * (c.attention_bias ? 2u : 1u));
       }
       if (mode == 2) {
-        for (auto& sh : p.shards) CHECK_FALSE((sh.affine() && sh.map->image_size() > 0)); // all-padding shards map nothing
+        for (auto& sh : p.shards)
+          CHECK_FALSE((sh.affine() && sh.map->image_size() > 0)); // all-padding shards map nothing
         CHECK(p.shards.size() >= p.tasks.size());
       }
       auto canon = test::random_checkpoint(p.canonical, 7);
@@ -321,18 +348,22 @@ TEST_CASE("plan building rejects inconsistent shards and tasks") {
   CHECK_THROWS_AS(p.add_canonical({"w", {1}, dtype_id::bf16}), dcr::error);
   p.add_shard("s", "s", {4, 2}, dtype_id::bf16, {0, 1}, piecewise_map(4, 2, {{0, 4, t, 0, 0, 2}}));
   CHECK_THROWS_AS(p.add_shard("s", "s", {4, 2}, dtype_id::bf16, {0}), dcr::error);
-  CHECK_THROWS_AS(p.add_task(gather_rule("g", {{"w", {4, 4}, dtype_id::bf16}}, {}), {}), dcr::error); // shape differs
-  CHECK_THROWS_AS(p.add_task(gather_rule("g", {{"x", {4}, dtype_id::bf16}}, {}), {0}), dcr::error);   // input count
+  CHECK_THROWS_AS(p.add_task(gather_rule("g", {{"w", {4, 4}, dtype_id::bf16}}, {}), {}),
+                  dcr::error); // shape differs
+  CHECK_THROWS_AS(p.add_task(gather_rule("g", {{"x", {4}, dtype_id::bf16}}, {}), {0}),
+                  dcr::error); // input count
   source_plan bad_dtype(1);
   auto b = bad_dtype.add_canonical({"w", {4, 2}, dtype_id::f32});
-  bad_dtype.add_shard("s", "s", {4, 2}, dtype_id::bf16, {0}, piecewise_map(4, 2, {{0, 4, b, 0, 0, 2}}));
+  bad_dtype.add_shard("s", "s", {4, 2}, dtype_id::bf16, {0},
+                      piecewise_map(4, 2, {{0, 4, b, 0, 0, 2}}));
   CHECK_THROWS_AS(bad_dtype.finalize(), dcr::error);
   source_plan bad_rank(1);
   bad_rank.add_shard("s", "s", {1}, dtype_id::bf16, {3});
   CHECK_THROWS_AS(bad_rank.finalize(), dcr::error);
   source_plan bad_dom(1);
   auto d = bad_dom.add_canonical({"w", {4, 2}, dtype_id::bf16});
-  bad_dom.add_shard("s", "s", {3, 2}, dtype_id::bf16, {0}, piecewise_map(4, 2, {{0, 4, d, 0, 0, 2}}));
+  bad_dom.add_shard("s", "s", {3, 2}, dtype_id::bf16, {0},
+                    piecewise_map(4, 2, {{0, 4, d, 0, 0, 2}}));
   CHECK_THROWS_AS(bad_dom.finalize(), dcr::error);
 }
 
@@ -355,27 +386,38 @@ TEST_CASE("ownership helpers") {
 }
 
 TEST_CASE("bigger presets shard cleanly (image sizes add up to the checkpoint)") {
-  struct preset { model_config c; trainer_layout l; };
-  for (auto& [c, l] : {preset{llama3_8b_like(2), {8, 2, 1, 1, 2, 128}}, preset{qwen3_30b_a3b_like(2), {4, 2, 8, 1, 2, 128}},
+  struct preset {
+    model_config c;
+    trainer_layout l;
+  };
+  for (auto& [c, l] : {preset{llama3_8b_like(2), {8, 2, 1, 1, 2, 128}},
+                       preset{qwen3_30b_a3b_like(2), {4, 2, 8, 1, 2, 128}},
                        preset{qwen3_30b_a3b_like(4), {8, 4, 8, 2, 4, 128}}}) {
     REQUIRE(validate(c, l).ok());
     auto p = megatron_plan(c, l);
     std::vector<std::uint64_t> covered(p.canonical.size(), 0);
     for (auto& sh : p.shards)
       for (auto& pc : sh.map->pieces()) covered[pc.tensor] += pc.rows * sh.map->local_cols();
-    for (std::size_t t = 0; t < p.canonical.size(); ++t) CHECK(covered[t] == p.canonical[t].numel());
+    for (std::size_t t = 0; t < p.canonical.size(); ++t)
+      CHECK(covered[t] == p.canonical[t].numel());
     CHECK(p.source_bytes() >= p.checkpoint_bytes());
-    const auto bal = p.ownership_balance(); // few large shards per stage: hashing alone can be uneven
+    const auto bal =
+        p.ownership_balance(); // few large shards per stage: hashing alone can be uneven
     CHECK(bal.total == p.source_bytes());
     MESSAGE("ownership imbalance (max/mean) " << bal.imbalance());
   }
 }
 
-TEST_CASE("balanced ownership: owners are replicas, independent of build order, never worse than hashing here") {
-  struct preset { model_config c; trainer_layout l; };
-  for (auto& [c, l] : {preset{dense_small(), {2, 2, 1, 1, 2, 8}}, preset{llama3_8b_like(2), {8, 2, 1, 1, 2, 128}},
-                       preset{qwen3_30b_a3b_like(2), {4, 2, 8, 1, 2, 128}},
-                       preset{qwen3_30b_a3b_like(4), {8, 4, 8, 2, 4, 128}}}) {
+TEST_CASE("balanced ownership: owners are replicas, independent of build order, never worse than "
+          "hashing here") {
+  struct preset {
+    model_config c;
+    trainer_layout l;
+  };
+  for (auto& [c, l] :
+       {preset{dense_small(), {2, 2, 1, 1, 2, 8}}, preset{llama3_8b_like(2), {8, 2, 1, 1, 2, 128}},
+        preset{qwen3_30b_a3b_like(2), {4, 2, 8, 1, 2, 128}},
+        preset{qwen3_30b_a3b_like(4), {8, 4, 8, 2, 4, 128}}}) {
     const auto hashed = megatron_plan(c, l);
     megatron_options o;
     o.ownership = ownership_policy::balanced;
@@ -397,13 +439,16 @@ TEST_CASE("balanced ownership: owners are replicas, independent of build order, 
   auto build = [](bool reversed) {
     source_plan p(4);
     std::vector<std::uint32_t> ids;
-    for (int i = 0; i < 12; ++i) ids.push_back(p.add_canonical({"w" + std::to_string(i), {std::uint64_t(8 + i % 5), 4}, dtype_id::bf16}));
+    for (int i = 0; i < 12; ++i)
+      ids.push_back(p.add_canonical(
+          {"w" + std::to_string(i), {std::uint64_t(8 + i % 5), 4}, dtype_id::bf16}));
     std::vector<int> order(12);
     std::iota(order.begin(), order.end(), 0);
     if (reversed) std::reverse(order.begin(), order.end());
     for (int i : order) {
       const std::uint64_t rows = 8 + i % 5;
-      std::vector<std::uint32_t> reps = i % 2 ? std::vector<std::uint32_t>{0, 1, 2, 3} : std::vector<std::uint32_t>{1, 3};
+      std::vector<std::uint32_t> reps =
+          i % 2 ? std::vector<std::uint32_t>{0, 1, 2, 3} : std::vector<std::uint32_t>{1, 3};
       p.add_shard("w" + std::to_string(i), "w" + std::to_string(i), {rows, 4}, dtype_id::bf16, reps,
                   piecewise_map(rows, 4, {{0, rows, ids[i], 0, 0, 4}}));
     }

@@ -16,32 +16,45 @@ std::shared_ptr<const source_plan> residual_plan() {
   const std::vector<std::uint32_t> all{0, 1, 2, 3}, r0{0, 2}, r1{1, 3};
   // affine: a replicated norm
   auto norm = p->add_canonical({"model.norm.weight", {16}, dtype_id::bf16});
-  p->add_shard("norm", "decoder.final_layernorm.weight", {16}, dtype_id::bf16, all, replicated_map(norm, 16, 1).pieces());
+  p->add_shard("norm", "decoder.final_layernorm.weight", {16}, dtype_id::bf16, all,
+               replicated_map(norm, 16, 1).pieces());
   // FP8 block quantisation of a column-parallel bf16 weight (rows split over TP)
   const std::uint64_t R = 160, C = 136;
   auto xa = p->add_shard("x@tp0/2", "x", {R / 2, C}, dtype_id::bf16, r0);
   auto xb = p->add_shard("x@tp1/2", "x", {R / 2, C}, dtype_id::bf16, r1);
-  p->add_task(fp8_block_quant_rule("fp8:w", "model.layers.0.mlp.gate_proj.weight", R, C, dtype_id::bf16,
-                                   {column_parallel_map(0, R, C, 2, 0).pieces(), column_parallel_map(0, R, C, 2, 1).pieces()}),
+  p->add_task(fp8_block_quant_rule("fp8:w", "model.layers.0.mlp.gate_proj.weight", R, C,
+                                   dtype_id::bf16,
+                                   {column_parallel_map(0, R, C, 2, 0).pieces(),
+                                    column_parallel_map(0, R, C, 2, 1).pieces()}),
               {xa, xb});
   // scale and cast: lambda (f32 scalar, replicated) times a row-parallel bf16 weight
   auto lam = p->add_shard("lambda", "lambda", {1}, dtype_id::f32, all);
   auto ya = p->add_shard("y@tp0/2", "y", {8, 6}, dtype_id::bf16, r0);
   auto yb = p->add_shard("y@tp1/2", "y", {8, 6}, dtype_id::bf16, r1);
-  p->add_task(scale_cast_rule("scale:y", {"model.layers.0.self_attn.o_proj.weight", {8, 12}, dtype_id::bf16}, dtype_id::bf16,
-                              {row_parallel_map(0, 8, 12, 2, 0).pieces(), row_parallel_map(0, 8, 12, 2, 1).pieces()}),
+  p->add_task(scale_cast_rule("scale:y",
+                              {"model.layers.0.self_attn.o_proj.weight", {8, 12}, dtype_id::bf16},
+                              dtype_id::bf16,
+                              {row_parallel_map(0, 8, 12, 2, 0).pieces(),
+                               row_parallel_map(0, 8, 12, 2, 1).pieces()}),
               {lam, ya, yb});
   // tied outputs of a vocab-padded embedding (vocab 13, padded to 16)
-  auto ea = p->add_shard("emb@tp0/2", "embedding.word_embeddings.weight", {8, 4}, dtype_id::bf16, r0);
-  auto eb = p->add_shard("emb@tp1/2", "embedding.word_embeddings.weight", {8, 4}, dtype_id::bf16, r1);
-  p->add_task(tied_rule("tied", {"model.embed_tokens.weight", {13, 4}, dtype_id::bf16}, {"lm_head.weight", {13, 4}, dtype_id::bf16},
-                        {vocab_padded_map(0, 13, 4, 2, 0, 8).pieces(), vocab_padded_map(0, 13, 4, 2, 1, 8).pieces()}),
+  auto ea =
+      p->add_shard("emb@tp0/2", "embedding.word_embeddings.weight", {8, 4}, dtype_id::bf16, r0);
+  auto eb =
+      p->add_shard("emb@tp1/2", "embedding.word_embeddings.weight", {8, 4}, dtype_id::bf16, r1);
+  p->add_task(tied_rule("tied", {"model.embed_tokens.weight", {13, 4}, dtype_id::bf16},
+                        {"lm_head.weight", {13, 4}, dtype_id::bf16},
+                        {vocab_padded_map(0, 13, 4, 2, 0, 8).pieces(),
+                         vocab_padded_map(0, 13, 4, 2, 1, 8).pieces()}),
               {ea, eb});
   // stacking of three experts, each owned by a different replica group
   std::vector<std::uint32_t> ex;
   for (int e = 0; e < 3; ++e)
-    ex.push_back(p->add_shard("expert" + std::to_string(e), "expert", {4, 5}, dtype_id::bf16, e % 2 ? r1 : r0));
-  p->add_task(stack_rule("stack", {"model.layers.0.mlp.experts.stacked", {3, 4, 5}, dtype_id::bf16}, 3), ex);
+    ex.push_back(p->add_shard("expert" + std::to_string(e), "expert", {4, 5}, dtype_id::bf16,
+                              e % 2 ? r1 : r0));
+  p->add_task(
+      stack_rule("stack", {"model.layers.0.mlp.experts.stacked", {3, 4, 5}, dtype_id::bf16}, 3),
+      ex);
   // a custom rule: transpose
   auto tr = p->add_shard("t", "t", {3, 4}, dtype_id::bf16, all);
   p->add_task(custom_rule("transpose", {{"t.T", {4, 3}, dtype_id::bf16}}, 1,
@@ -49,7 +62,8 @@ std::shared_ptr<const source_plan> residual_plan() {
                             DCR_RETURN_ERROR_IF(in[0].bytes.size() != 24, shape_mismatch, "t");
                             for (std::size_t i = 0; i < 3; ++i)
                               for (std::size_t j = 0; j < 4; ++j)
-                                std::memcpy(out[0].bytes.data() + 2 * (j * 3 + i), in[0].bytes.data() + 2 * (i * 4 + j), 2);
+                                std::memcpy(out[0].bytes.data() + 2 * (j * 3 + i),
+                                            in[0].bytes.data() + 2 * (i * 4 + j), 2);
                             return status::success();
                           }),
               {tr});
@@ -61,7 +75,9 @@ source_state random_source(const source_plan& p, std::uint64_t seed) {
   auto s = source_state::zeros(p);
   for (std::uint32_t i = 0; i < p.shards.size(); ++i) {
     tensor_meta m{p.shards[i].key, p.shards[i].shape, p.shards[i].dtype};
-    s.shards[i] = test::random_tensor(m, seed * 7919 + i, p.shards[i].dtype == dtype_id::f32 ? 1.0f : 0.05f).bytes;
+    s.shards[i] =
+        test::random_tensor(m, seed * 7919 + i, p.shards[i].dtype == dtype_id::f32 ? 1.0f : 0.05f)
+            .bytes;
   }
   return s;
 }
@@ -81,8 +97,8 @@ void stress_shard(source_state& s, std::uint32_t id, double fraction, std::uint6
 }
 
 /// Builds, checks against brute force, returns the required set.
-required_set check_build(const std::shared_ptr<const source_plan>& p, training_side& side, const source_state& s0,
-                         const source_state& s1, refit_mode mode) {
+required_set check_build(const std::shared_ptr<const source_plan>& p, training_side& side,
+                         const source_state& s0, const source_state& s1, refit_mode mode) {
   builder_options opt;
   opt.mode = mode;
   opt.chunk_bytes = 512;
@@ -104,7 +120,8 @@ required_set check_build(const std::shared_ptr<const source_plan>& p, training_s
             CHECK(t.owner == residual_owner_of(p->canonical[t.outputs[0]].name, p->world));
           }
       } else {
-        CHECK(it.encoding == (mode == refit_mode::mixed ? value_encoding::xor_mask : value_encoding::overwrite));
+        CHECK(it.encoding ==
+              (mode == refit_mode::mixed ? value_encoding::xor_mask : value_encoding::overwrite));
       }
     }
   auto c0 = full_conversion(*p, s0), c1 = full_conversion(*p, s1);
@@ -130,12 +147,14 @@ TEST_CASE("residual tasks: U_req from flags, overwrite items equal the diff of f
 
   for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all}) {
     CAPTURE(static_cast<int>(mode));
-    { INFO("no change: nothing required, nothing emitted");
+    {
+      INFO("no change: nothing required, nothing emitted");
       auto req = check_build(p, side, s0, s0, mode);
       CHECK(req.size() == 0);
       CHECK(side.build_items(s0.view()).empty());
     }
-    { INFO("lambda changes: only the scale task is required, and most of its outputs change");
+    {
+      INFO("lambda changes: only the scale task is required, and most of its outputs change");
       auto s1 = s0;
       float l;
       std::memcpy(&l, s1.shards[lam].data(), 4);
@@ -149,7 +168,8 @@ TEST_CASE("residual tasks: U_req from flags, overwrite items equal the diff of f
         for (auto& it : b.items) n += it.size();
       CHECK(n > 96 / 2);
     }
-    { INFO("one element changes in one TP part of the FP8 weight: its tile is re-quantised");
+    {
+      INFO("one element changes in one TP part of the FP8 weight: its tile is re-quantised");
       auto s1 = s0;
       const auto xa = p->shard_id("x@tp0/2");
       const std::uint16_t big = f32_to_bf16_rne(9.0f);
@@ -158,7 +178,8 @@ TEST_CASE("residual tasks: U_req from flags, overwrite items equal the diff of f
       CHECK(req.size() == 1);
       CHECK(req.contains(task_of("fp8:w")));
     }
-    { INFO("the tied source changes: both canonical names are emitted");
+    {
+      INFO("the tied source changes: both canonical names are emitted");
       auto s1 = s0;
       stress_shard(s1, p->shard_id("emb@tp1/2"), 1.0, 9);
       auto req = check_build(p, side, s0, s1, mode);
@@ -169,7 +190,8 @@ TEST_CASE("residual tasks: U_req from flags, overwrite items equal the diff of f
       CHECK(names.count("model.embed_tokens.weight"));
       CHECK(names.count("lm_head.weight"));
     }
-    { INFO("random stress of everything, then commit and a second version");
+    {
+      INFO("random stress of everything, then commit and a second version");
       auto s1 = s0;
       for (std::uint32_t i = 0; i < p->shards.size(); ++i)
         if (p->shards[i].dtype == dtype_id::bf16) stress_shard(s1, i, 0.3, 100 + i);
@@ -197,7 +219,8 @@ TEST_CASE("baseline memory: trackers hold one copy of the source, plus residual 
   std::uint64_t res = 0;
   for (auto& t : p->tasks) res += t.output_bytes;
   CHECK(m.residual_bytes == res);
-  CHECK(side.memory_vs_checkpoint() == doctest::Approx(static_cast<double>(m.total()) / static_cast<double>(p->checkpoint_bytes())));
+  CHECK(side.memory_vs_checkpoint() == doctest::Approx(static_cast<double>(m.total()) /
+                                                       static_cast<double>(p->checkpoint_bytes())));
   auto bal = side.memory_balance();
   CHECK(bal.total == m.total());
 
@@ -205,8 +228,10 @@ TEST_CASE("baseline memory: trackers hold one copy of the source, plus residual 
   auto direct = megatron_plan(c, {2, 1, 1, 1, 2, 8});
   auto qkv = megatron_plan(c, {2, 1, 1, 1, 2, 8}, {true, false});
   auto canon = test::random_checkpoint(direct.canonical, 3);
-  training_side sd(std::make_shared<const source_plan>(direct), source_from_canonical(direct, canon).view());
-  training_side sq(std::make_shared<const source_plan>(qkv), source_from_canonical(qkv, canon).view());
+  training_side sd(std::make_shared<const source_plan>(direct),
+                   source_from_canonical(direct, canon).view());
+  training_side sq(std::make_shared<const source_plan>(qkv),
+                   source_from_canonical(qkv, canon).view());
   CHECK(sd.memory().residual_bytes == 0);
   CHECK(sd.memory().tracker_bytes == direct.source_bytes());
   std::uint64_t qkv_bytes = 0;
@@ -221,7 +246,9 @@ TEST_CASE("baseline memory: trackers hold one copy of the source, plus residual 
 TEST_CASE("a residual conversion failure is a typed error and leaves the baseline untouched") {
   auto p = std::make_shared<source_plan>(1);
   auto a = p->add_shard("a", "a", {2, 2}, dtype_id::bf16, {0});
-  p->add_task(gather_rule("g", {{"w", {4, 2}, dtype_id::bf16}}, {piecewise_map(2, 2, {{0, 2, 0, 0, 0, 2}})}), {a});
+  p->add_task(gather_rule("g", {{"w", {4, 2}, dtype_id::bf16}},
+                          {piecewise_map(2, 2, {{0, 2, 0, 0, 0, 2}})}),
+              {a});
   p->finalize();
   auto s = source_state::zeros(*p);
   try {
@@ -235,7 +262,8 @@ TEST_CASE("a residual conversion failure is a typed error and leaves the baselin
   auto b = q->add_shard("b", "b", {2}, dtype_id::bf16, {0});
   q->add_task(custom_rule("picky", {{"o", {2}, dtype_id::bf16}}, 1,
                           [](std::span<const residual_input> in, std::span<host_tensor> out) {
-                            DCR_RETURN_ERROR_IF(in[0].bytes[0] != std::byte{0}, parts_disagree, "picky: first byte set");
+                            DCR_RETURN_ERROR_IF(in[0].bytes[0] != std::byte{0}, parts_disagree,
+                                                "picky: first byte set");
                             std::memcpy(out[0].bytes.data(), in[0].bytes.data(), 4);
                             return status::success();
                           }),

@@ -16,7 +16,8 @@ using namespace dcr;
 
 namespace {
 
-template <class W> std::size_t count_changed(const std::vector<W>& a, std::span<const W> b) {
+template <class W>
+std::size_t count_changed(const std::vector<W>& a, std::span<const W> b) {
   std::size_t c = 0;
   for (std::size_t i = 0; i < a.size(); ++i) c += a[i] != b[i];
   return c;
@@ -52,7 +53,8 @@ TEST_CASE("generators: xoshiro256** reference values, bounded draws stay in rang
 
 TEST_CASE("normal_bf16 is deterministic and has the requested moments") {
   const std::size_t n = 1'000'000;
-  const auto a = sim::normal_bf16(n, 0.02f, 7), b = sim::normal_bf16(n, 0.02f, 7), c = sim::normal_bf16(n, 0.02f, 8);
+  const auto a = sim::normal_bf16(n, 0.02f, 7), b = sim::normal_bf16(n, 0.02f, 7),
+             c = sim::normal_bf16(n, 0.02f, 8);
   CHECK(a == b);
   CHECK(count_changed(a, std::span<const std::uint16_t>(c)) > n * 9 / 10);
   double sum = 0, sq = 0;
@@ -127,7 +129,8 @@ TEST_CASE("AdamW: weight decay shrinks, f16 trainer stores RNE(master)") {
   sim::adamw_options opt;
   opt.lr = 1e-3f;
   opt.weight_decay = 0.1f;
-  sim::basic_adamw_trainer<dcr::f16> t(init, 32, opt), no_decay(init, 32, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f});
+  sim::basic_adamw_trainer<dcr::f16> t(init, 32, opt),
+      no_decay(init, 32, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f});
   for (int s = 0; s < 3; ++s) {
     t.step();
     no_decay.step();
@@ -169,7 +172,8 @@ TEST_CASE("stress_update changes exactly round(fraction·n) uniformly chosen ele
   }
 }
 
-TEST_CASE("stress_update: elements scaling cannot change still change; bad arguments are rejected") {
+TEST_CASE(
+    "stress_update: elements scaling cannot change still change; bad arguments are rejected") {
   std::vector<std::uint16_t> w{0x0000, 0x8000, 0x7F80, 0x7FC0, 0x3F80};
   const auto before = w;
   CHECK(sim::stress_update(w, 1.0, 1e-2, 5) == 5);

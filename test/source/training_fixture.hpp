@@ -21,7 +21,8 @@
 namespace dcr::test {
 
 /// Normal(0, stddev) values of `meta`'s dtype (bf16/f16/f32/f8e4m3fn), fixed seed.
-inline host_tensor random_tensor(const tensor_meta& meta, std::uint64_t seed, float stddev = 0.02f) {
+inline host_tensor random_tensor(const tensor_meta& meta, std::uint64_t seed,
+                                 float stddev = 0.02f) {
   host_tensor t(meta);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, stddev);
@@ -29,19 +30,34 @@ inline host_tensor random_tensor(const tensor_meta& meta, std::uint64_t seed, fl
   for (std::uint64_t k = 0; k < n; ++k) {
     const float x = nd(rng);
     switch (meta.dtype) {
-    case dtype_id::bf16: { auto w = f32_to_bf16_rne(x); std::memcpy(t.bytes.data() + 2 * k, &w, 2); break; }
-    case dtype_id::f16: { auto w = f32_to_f16_rne(x); std::memcpy(t.bytes.data() + 2 * k, &w, 2); break; }
-    case dtype_id::f32: std::memcpy(t.bytes.data() + 4 * k, &x, 4); break;
-    case dtype_id::f8e4m3fn: t.bytes[k] = static_cast<std::byte>(f32_to_e4m3_rne(x * 100)); break;
-    default: break;
+    case dtype_id::bf16: {
+      auto w = f32_to_bf16_rne(x);
+      std::memcpy(t.bytes.data() + 2 * k, &w, 2);
+      break;
+    }
+    case dtype_id::f16: {
+      auto w = f32_to_f16_rne(x);
+      std::memcpy(t.bytes.data() + 2 * k, &w, 2);
+      break;
+    }
+    case dtype_id::f32:
+      std::memcpy(t.bytes.data() + 4 * k, &x, 4);
+      break;
+    case dtype_id::f8e4m3fn:
+      t.bytes[k] = static_cast<std::byte>(f32_to_e4m3_rne(x * 100));
+      break;
+    default:
+      break;
     }
   }
   return t;
 }
 
-inline std::vector<host_tensor> random_checkpoint(std::span<const tensor_meta> metas, std::uint64_t seed) {
+inline std::vector<host_tensor> random_checkpoint(std::span<const tensor_meta> metas,
+                                                  std::uint64_t seed) {
   std::vector<host_tensor> v;
-  for (std::size_t i = 0; i < metas.size(); ++i) v.push_back(random_tensor(metas[i], seed * 1000003 + i));
+  for (std::size_t i = 0; i < metas.size(); ++i)
+    v.push_back(random_tensor(metas[i], seed * 1000003 + i));
   return v;
 }
 
@@ -49,7 +65,8 @@ inline std::vector<host_tensor> random_checkpoint(std::span<const tensor_meta> m
 /// uniformly chosen elements get new bits, x -> RNE(x (1 + amp N(0,1))).
 inline void stress(std::vector<host_tensor>& ts, double fraction, double amp, std::uint64_t seed) {
   for (std::size_t i = 0; i < ts.size(); ++i)
-    if (ts[i].meta.dtype == dtype_id::bf16) sim::stress_update(ts[i].words<bf16>(), fraction, amp, seed * 7777 + i);
+    if (ts[i].meta.dtype == dtype_id::bf16)
+      sim::stress_update(ts[i].words<bf16>(), fraction, amp, seed * 7777 + i);
 }
 
 /// Destination = (canonical tensor name, flat index).
@@ -63,7 +80,8 @@ inline std::set<dest> changed_set(std::span<const host_tensor> a, std::span<cons
     REQUIRE(a[i].meta == b[i].meta);
     const auto w = width_of(a[i].meta.dtype);
     for (std::uint64_t k = 0; k < a[i].meta.numel(); ++k)
-      if (std::memcmp(a[i].bytes.data() + k * w, b[i].bytes.data() + k * w, w) != 0) s.insert({a[i].meta.name, k});
+      if (std::memcmp(a[i].bytes.data() + k * w, b[i].bytes.data() + k * w, w) != 0)
+        s.insert({a[i].meta.name, k});
   }
   return s;
 }
@@ -87,7 +105,8 @@ inline std::set<dest> apply_items(std::span<const item> items, std::vector<host_
         FAIL_CHECK("destination emitted twice: " << it.tensor.name << "[" << it.indices[k] << "]");
       std::byte* dst = t.bytes.data() + it.indices[k] * w;
       const std::byte* src = it.values.data() + k * w;
-      for (std::size_t b = 0; b < w; ++b) dst[b] = it.encoding == value_encoding::xor_mask ? dst[b] ^ src[b] : src[b];
+      for (std::size_t b = 0; b < w; ++b)
+        dst[b] = it.encoding == value_encoding::xor_mask ? dst[b] ^ src[b] : src[b];
     }
   }
   return emitted;

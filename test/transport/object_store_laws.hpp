@@ -30,10 +30,16 @@ inline std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed) {
 }
 
 inline const std::vector<std::string> bad_names = {
-    "", "/abs", "a//b", "a/", "../x", "a/../b", "a/./b", ".hidden", "a/.tmp.1.x", "sp ace", "a\\b",
-    std::string("nul\0x", 5), "ü", std::string(max_object_name + 1, 'a')};
+    "",           "/abs",
+    "a//b",       "a/",
+    "../x",       "a/../b",
+    "a/./b",      ".hidden",
+    "a/.tmp.1.x", "sp ace",
+    "a\\b",       std::string("nul\0x", 5),
+    "ü",          std::string(max_object_name + 1, 'a')};
 
-template <class Store> void check_laws(Store& s) {
+template <class Store>
+void check_laws(Store& s) {
   std::vector<std::byte> out;
   std::vector<std::string> names;
   CHECK(s.get("nope", out).code == errc::not_found);

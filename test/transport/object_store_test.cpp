@@ -31,8 +31,8 @@ struct temp_dir {
 
 TEST_CASE("object name validation") {
   for (auto& bad : bad_names) CHECK(validate_object_name(bad).code == errc::invalid_argument);
-  for (auto good : {"a", "a/b/c", "attempt/00000000000000000001/payload/o0000000001-s0000000002", "x.y-z_w",
-                    "A9/b..c"})
+  for (auto good : {"a", "a/b/c", "attempt/00000000000000000001/payload/o0000000001-s0000000002",
+                    "x.y-z_w", "A9/b..c"})
     CHECK(validate_object_name(good).ok());
   CHECK(validate_object_name(std::string(max_object_name, 'a')).ok());
 }
@@ -61,7 +61,8 @@ TEST_CASE("filesystem backend: readers never see a partial object; temporaries a
   REQUIRE(s.put("obj", std::vector<std::byte>(n, std::byte{0})).ok());
   std::atomic<bool> done{false};
   std::thread writer([&] {
-    for (int i = 1; i <= 40; ++i) (void)s.put("obj", std::vector<std::byte>(n, static_cast<std::byte>(i)));
+    for (int i = 1; i <= 40; ++i)
+      (void)s.put("obj", std::vector<std::byte>(n, static_cast<std::byte>(i)));
     done = true;
   });
   int reads = 0;
@@ -101,18 +102,26 @@ TEST_CASE("manifest serialisation round-trips and rejects damage") {
     return body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
   };
   const std::string head = "dcr-manifest 2\nincarnation none\nattempt 1\nowner 0\n";
-  CHECK(parse_manifest(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\n"), back).code == errc::unsupported_version);
-  CHECK(parse_manifest(with_digest("dcr-manifest 3\nincarnation none\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
-        errc::unsupported_version);
+  CHECK(
+      parse_manifest(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
+      errc::unsupported_version);
+  CHECK(parse_manifest(
+            with_digest("dcr-manifest 3\nincarnation none\nattempt 1\nowner 0\npayloads 0\n"), back)
+            .code == errc::unsupported_version);
   CHECK(parse_manifest(with_digest(head + "payloads 1\n"), back).code == errc::bad_format);
-  CHECK(parse_manifest(with_digest(head + "payloads 1\nattempt/00000000000000000002/payload/x 1 " + std::string(32, '0') + "\n"),
-              back)
+  CHECK(parse_manifest(with_digest(head + "payloads 1\nattempt/00000000000000000002/payload/x 1 " +
+                                   std::string(32, '0') + "\n"),
+                       back)
             .code == errc::bad_format); // entry of another attempt
-  const std::string entry = "attempt/00000000000000000001/payload/o0000000000-s0000000000 1 " + std::string(32, '0') + "\n";
-  CHECK(parse_manifest(with_digest(head + "payloads 2\n" + entry + entry), back).code == errc::bad_format); // listed twice
-  CHECK(parse_manifest(with_digest("dcr-manifest 2\nincarnation XYZ\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
-        errc::bad_format);
-  CHECK(parse_manifest(with_digest(head + "payloads 0\nextra\n"), back).code == errc::trailing_bytes);
+  const std::string entry = "attempt/00000000000000000001/payload/o0000000000-s0000000000 1 " +
+                            std::string(32, '0') + "\n";
+  CHECK(parse_manifest(with_digest(head + "payloads 2\n" + entry + entry), back).code ==
+        errc::bad_format); // listed twice
+  CHECK(parse_manifest(
+            with_digest("dcr-manifest 2\nincarnation XYZ\nattempt 1\nowner 0\npayloads 0\n"), back)
+            .code == errc::bad_format);
+  CHECK(parse_manifest(with_digest(head + "payloads 0\nextra\n"), back).code ==
+        errc::trailing_bytes);
   CHECK(parse_manifest("no digest", back).code == errc::bad_format);
 }
 
@@ -169,7 +178,8 @@ TEST_CASE("attempt writer and reader: every listed payload is delivered exactly 
   CHECK(got == sent);
 }
 
-TEST_CASE("attempt reader: overlaps with the writer, delivering payloads before the manifest exists") {
+TEST_CASE(
+    "attempt reader: overlaps with the writer, delivering payloads before the manifest exists") {
   memory_object_store s;
   std::atomic<int> delivered_before_manifest{0};
   std::atomic<bool> manifest_published{false};
@@ -204,7 +214,8 @@ struct slow_listing_store : memory_object_store {
 static_assert(object_store<slow_listing_store>);
 
 /// Listings a reader makes while the manifest of attempt 1 appears after 300 ms.
-template <class Store> std::size_t listings_while_waiting(Store& s, poll_policy* poll = nullptr) {
+template <class Store>
+std::size_t listings_while_waiting(Store& s, poll_policy* poll = nullptr) {
   std::thread writer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     attempt_writer w(s, 1, 0);
@@ -213,8 +224,9 @@ template <class Store> std::size_t listings_while_waiting(Store& s, poll_policy*
   });
   std::atomic<bool> stop{false};
   auto reader = poll ? attempt_reader<Store>(s, 1, {0}, *poll) : attempt_reader<Store>(s, 1, {0});
-  auto st = reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); }, stop,
-                       std::chrono::steady_clock::now() + std::chrono::seconds(20));
+  auto st =
+      reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); },
+                 stop, std::chrono::steady_clock::now() + std::chrono::seconds(20));
   writer.join();
   REQUIRE(st.ok());
   CHECK(reader.delivered() == 1);
@@ -238,9 +250,10 @@ TEST_CASE("attempt reader: waiting readers back off to the store's list interval
   poll_policy explicit_policy{std::chrono::milliseconds(1), std::chrono::milliseconds(100)};
   memory_object_store other;
   CHECK(listings_while_waiting(other, &explicit_policy) <= 12);
-  CHECK_THROWS_AS((attempt_reader<memory_object_store>(other, 1, {0}, poll_policy{std::chrono::microseconds(0),
-                                                                                  std::chrono::microseconds(1)})),
-                  dcr::error);
+  CHECK_THROWS_AS(
+      (attempt_reader<memory_object_store>(
+          other, 1, {0}, poll_policy{std::chrono::microseconds(0), std::chrono::microseconds(1)})),
+      dcr::error);
 }
 
 TEST_CASE("attempt reader: failures are typed") {
@@ -317,8 +330,9 @@ TEST_CASE("attempt reader: failures are typed") {
     memory_object_store s;
     std::atomic<bool> stop{true};
     attempt_reader<memory_object_store> reader(s, 2, {0});
-    auto st = reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); }, stop,
-                         std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    auto st =
+        reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); },
+                   stop, std::chrono::steady_clock::now() + std::chrono::seconds(5));
     CHECK(st.code == errc::aborted);
   }
   SUBCASE("the delivery callback's error ends the read") {
@@ -328,8 +342,9 @@ TEST_CASE("attempt reader: failures are typed") {
     REQUIRE(w.finish().ok());
     std::atomic<bool> stop{false};
     attempt_reader<memory_object_store> reader(s, 2, {0});
-    auto st = reader.run([](std::string_view, std::span<const std::byte>) { return fail(errc::truncated, "x"); },
-                         stop, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    auto st = reader.run(
+        [](std::string_view, std::span<const std::byte>) { return fail(errc::truncated, "x"); },
+        stop, std::chrono::steady_clock::now() + std::chrono::seconds(5));
     CHECK(st.code == errc::truncated);
   }
 }

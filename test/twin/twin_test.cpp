@@ -53,13 +53,16 @@ std::vector<layout_case> layouts() {
   v.push_back({"3d slice", 4 * 9 * 6, 0, strided_layout::row_major({4, 9, 6}).slice(1, 2, 5, b1)});
   v.back().base = b1;
   std::int64_t b2 = 0;
-  v.push_back({"3d slice^T", 4 * 9 * 6, 0, strided_layout::row_major({4, 9, 6}).slice(2, 1, 4, b2).transposed(0, 2)});
+  v.push_back({"3d slice^T", 4 * 9 * 6, 0,
+               strided_layout::row_major({4, 9, 6}).slice(2, 1, 4, b2).transposed(0, 2)});
   v.back().base = b2;
-  v.push_back({"4d perm", 2 * 3 * 4 * 5, 0, strided_layout::row_major({2, 3, 4, 5}).transposed(1, 3).transposed(0, 2)});
+  v.push_back({"4d perm", 2 * 3 * 4 * 5, 0,
+               strided_layout::row_major({2, 3, 4, 5}).transposed(1, 3).transposed(0, 2)});
   return v;
 }
 
-template <class W> std::vector<W> words(std::size_t n, std::uint64_t seed) {
+template <class W>
+std::vector<W> words(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 r(seed);
   std::vector<W> v(n);
   for (auto& w : v) w = static_cast<W>(r());
@@ -78,7 +81,8 @@ std::vector<std::uint64_t> locations(std::uint64_t n, double density, std::uint6
 std::vector<std::uint8_t> gaps_of(const std::vector<std::uint64_t>& loc, unsigned width) {
   std::vector<std::uint8_t> g;
   for (std::size_t k = 1; k < loc.size(); ++k)
-    for (unsigned b = 0; b < width; ++b) g.push_back(static_cast<std::uint8_t>((loc[k] - loc[k - 1] - 1) >> (8 * b)));
+    for (unsigned b = 0; b < width; ++b)
+      g.push_back(static_cast<std::uint8_t>((loc[k] - loc[k - 1] - 1) >> (8 * b)));
   return g;
 }
 
@@ -90,8 +94,10 @@ unsigned min_width(const std::vector<std::uint64_t>& loc) {
 
 const double densities[] = {0.0, 0.001, 0.01, 0.05, 0.5, 1.0};
 
-template <class W> bool same(const std::vector<W>& a, const std::vector<W>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(W)) == 0);
+template <class W>
+bool same(const std::vector<W>& a, const std::vector<W>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(W)) == 0);
 }
 
 } // namespace
@@ -112,7 +118,8 @@ TEST_CASE("device layout agrees with the core layout on every coordinate") {
     // The non-contiguous path of offset_of_linear gives the same offsets.
     auto slow = d;
     slow.contiguous = false;
-    for (std::int64_t k = 0; k < c.l.size(); ++k) REQUIRE(slow.offset_of_linear(k) == d.offset_of_linear(k));
+    for (std::int64_t k = 0; k < c.l.size(); ++k)
+      REQUIRE(slow.offset_of_linear(k) == d.offset_of_linear(k));
   }
   const std::int64_t ext[2] = {3, 4}, str[2] = {4, 0};
   CHECK_FALSE(twin::strided(ext, str, 2).is_unique());
@@ -127,7 +134,8 @@ TEST_CASE("NaN rules equal the dtype NaN test on every word") {
     visit_dtype(id, [&](auto tag) {
       using D = decltype(tag);
       for (std::uint32_t w = 0; w < words; ++w)
-        REQUIRE(twin::is_nan_by(static_cast<word_t<D>>(w), r) == is_nan_word<D>(static_cast<word_t<D>>(w)));
+        REQUIRE(twin::is_nan_by(static_cast<word_t<D>>(w), r) ==
+                is_nan_word<D>(static_cast<word_t<D>>(w)));
     });
   }
   const auto r = twin::nan_rule_of(dtype_id::f32);
@@ -166,8 +174,8 @@ TEST_CASE("gap words: width selection, little-endian loads, decode round trip") 
     }
 }
 
-TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W, std::uint8_t, std::uint16_t,
-                   std::uint32_t, std::uint64_t) {
+TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W, std::uint8_t,
+                   std::uint16_t, std::uint32_t, std::uint64_t) {
   std::uint64_t seed = 1;
   for (const auto& c : layouts())
     for (double d : densities)
@@ -190,8 +198,8 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
         // Fused gap form, minimal and widest width.
         for (unsigned w : {min_width(loc), 8u}) {
           auto g = init;
-          REQUIRE(twin::scatter_gaps<W>({g.data() + c.base, twin::to_device(c.l)}, loc.empty() ? 0 : loc[0], w,
-                                          gaps_of(loc, w), val, op)
+          REQUIRE(twin::scatter_gaps<W>({g.data() + c.base, twin::to_device(c.l)},
+                                        loc.empty() ? 0 : loc[0], w, gaps_of(loc, w), val, op)
                       .ok());
           CHECK(same(g, ref));
         }
@@ -206,7 +214,8 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
         for (std::uint64_t k = 0; k < count; ++k) rl[k] = start + k;
         const auto rv = words<W>(count, seed++);
         auto a = init, b = init;
-        REQUIRE(twin::scatter_run<W>({a.data() + c.base, twin::to_device(c.l)}, start, rv, op).ok());
+        REQUIRE(
+            twin::scatter_run<W>({a.data() + c.base, twin::to_device(c.l)}, start, rv, op).ok());
         REQUIRE(twin::scatter<W>({b.data() + c.base, twin::to_device(c.l)}, rl, rv, op).ok());
         CHECK(same(a, b));
       }
@@ -217,7 +226,9 @@ TEST_CASE("scatter failures carry their errc and write nothing") {
   const auto init = store;
   const twin::view<std::uint16_t> v{store.data(), twin::linear(100)};
   const std::vector<std::uint16_t> val = {1, 2, 3, 4};
-  auto code = [&](std::vector<std::uint64_t> loc) { return twin::scatter<std::uint16_t>(v, loc, val).code; };
+  auto code = [&](std::vector<std::uint64_t> loc) {
+    return twin::scatter<std::uint16_t>(v, loc, val).code;
+  };
   CHECK(code({1, 2, 3, 100}) == errc::index_out_of_range);
   CHECK(code({1, 2, 2, 5}) == errc::not_increasing);
   CHECK(code({5, 4, 6, 7}) == errc::not_increasing);
@@ -230,21 +241,24 @@ TEST_CASE("scatter failures carry their errc and write nothing") {
   alias.shape = twin::linear(10);
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
-  CHECK(twin::scatter<std::uint16_t>(alias, std::vector<std::uint64_t>{1}, std::vector<std::uint16_t>{1}).code ==
-        errc::invalid_argument);
+  CHECK(twin::scatter<std::uint16_t>(alias, std::vector<std::uint64_t>{1},
+                                     std::vector<std::uint16_t>{1})
+            .code == errc::invalid_argument);
   twin::view<std::uint16_t> lie = v; // marked contiguous but strided
-  lie.shape.rank = 2, lie.shape.extents[0] = 10, lie.shape.extents[1] = 5, lie.shape.strides[0] = 10,
-  lie.shape.strides[1] = 1;
-  CHECK(twin::scatter<std::uint16_t>(lie, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
-        errc::invalid_argument);
+  lie.shape.rank = 2, lie.shape.extents[0] = 10, lie.shape.extents[1] = 5,
+  lie.shape.strides[0] = 10, lie.shape.strides[1] = 1;
+  CHECK(
+      twin::scatter<std::uint16_t>(lie, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{})
+          .code == errc::invalid_argument);
   twin::view<std::uint16_t> huge = v;
   huge.shape.rank = 3, huge.shape.contiguous = false;
   huge.shape.extents[0] = huge.shape.extents[1] = huge.shape.extents[2] = 1 << 22;
   huge.shape.strides[0] = huge.shape.strides[1] = huge.shape.strides[2] = 1;
-  CHECK(twin::scatter<std::uint16_t>(huge, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{}).code ==
-        errc::length_overflow);
+  CHECK(
+      twin::scatter<std::uint16_t>(huge, std::vector<std::uint64_t>{}, std::vector<std::uint16_t>{})
+          .code == errc::length_overflow);
   CHECK(twin::scatter<std::uint16_t>({nullptr, twin::linear(3)}, std::vector<std::uint64_t>{},
-                                       std::vector<std::uint16_t>{})
+                                     std::vector<std::uint16_t>{})
             .code == errc::invalid_argument);
 
   CHECK(twin::scatter_run<std::uint16_t>(v, 97, val).code == errc::index_out_of_range);
@@ -252,7 +266,8 @@ TEST_CASE("scatter failures carry their errc and write nothing") {
   CHECK(twin::scatter_run<std::uint16_t>(v, ~0ull, std::vector<std::uint16_t>{}).ok());
 
   const std::vector<std::uint8_t> g3 = {0, 0, 0};
-  CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 3, std::vector<std::uint8_t>(9), val).code == errc::bad_location);
+  CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 3, std::vector<std::uint8_t>(9), val).code ==
+        errc::bad_location);
   CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 1, std::vector<std::uint8_t>(2), val).code ==
         errc::offset_out_of_range);
   CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 1, g3, val).ok()); // locations 0,1,2,3
@@ -260,14 +275,17 @@ TEST_CASE("scatter failures carry their errc and write nothing") {
   std::vector<std::uint8_t> wrap(24, 0xFF); // gap+1 wraps to 0: a duplicate
   CHECK(twin::scatter_gaps<std::uint16_t>(v, 0, 8, wrap, val).code == errc::not_increasing);
   wrap.assign(24, 0);
-  wrap[8] = 0xFE, std::fill(wrap.begin() + 9, wrap.begin() + 16, 0xFF); // huge gap: the sum wraps below
+  wrap[8] = 0xFE,
+  std::fill(wrap.begin() + 9, wrap.begin() + 16, 0xFF); // huge gap: the sum wraps below
   CHECK(twin::scatter_gaps<std::uint16_t>(v, 5, 8, wrap, val).code == errc::not_increasing);
-  CHECK(twin::scatter_gaps<std::uint16_t>(v, 50, 1, std::vector<std::uint8_t>{0, 60, 0}, val).code ==
-        errc::index_out_of_range);
+  CHECK(
+      twin::scatter_gaps<std::uint16_t>(v, 50, 1, std::vector<std::uint8_t>{0, 60, 0}, val).code ==
+      errc::index_out_of_range);
   CHECK(same(store, init));
 }
 
-TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_t, std::uint16_t, std::uint32_t) {
+TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_t, std::uint16_t,
+                   std::uint32_t) {
   const W ph = static_cast<W>(0x7FC0);
   std::uint64_t seed = 500;
   const auto ls = layouts();
@@ -275,7 +293,8 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
     for (double d : densities) {
       const auto& dc = ls[i];
       // Source: a row-major tensor with the destination's extents.
-      std::vector<std::uint64_t> ext(dc.l.extents.begin(), dc.l.extents.begin() + static_cast<std::ptrdiff_t>(dc.l.rank));
+      std::vector<std::uint64_t> ext(dc.l.extents.begin(),
+                                     dc.l.extents.begin() + static_cast<std::ptrdiff_t>(dc.l.rank));
       const auto sl = strided_layout::row_major(ext);
       const auto n = static_cast<std::size_t>(sl.size());
       auto src = words<W>(n, seed++);
@@ -284,14 +303,18 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
       std::vector<bool> active(n);
       for (auto a : act) active[a] = true;
       for (std::size_t k = 0; k < n; ++k) {
-        if (!active[k]) src[k] = ph;
-        else if (src[k] == ph) src[k] = static_cast<W>(ph ^ 1);
+        if (!active[k])
+          src[k] = ph;
+        else if (src[k] == ph)
+          src[k] = static_cast<W>(ph ^ 1);
         mask[k] = active[k] ? static_cast<std::uint8_t>(1 + k % 200) : 0;
       }
       const auto init = words<W>(dc.storage, seed++);
-      const dtype_id nd = sizeof(W) == 1 ? dtype_id::f8e5m2 : sizeof(W) == 2 ? dtype_id::f16 : dtype_id::f32;
-      for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_mask,
-                        copy_mode::overwrite_nan}) {
+      const dtype_id nd = sizeof(W) == 1   ? dtype_id::f8e5m2
+                          : sizeof(W) == 2 ? dtype_id::f16
+                                           : dtype_id::f32;
+      for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite,
+                        copy_mode::overwrite_mask, copy_mode::overwrite_nan}) {
         CAPTURE(dc.name);
         CAPTURE(static_cast<int>(mode));
         auto ref = init;
@@ -299,7 +322,8 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
           W& r = ref[static_cast<std::size_t>(dc.base + naive_offset(dc.l, k))];
           if (mode == copy_mode::dense) r = src[k];
           if (mode == copy_mode::xor_mask) r = static_cast<W>(r ^ src[k]);
-          if ((mode == copy_mode::overwrite || mode == copy_mode::overwrite_mask) && active[k]) r = src[k];
+          if ((mode == copy_mode::overwrite || mode == copy_mode::overwrite_mask) && active[k])
+            r = src[k];
           if (mode == copy_mode::overwrite_nan) {
             const bool nan = visit_dtype(nd, [&](auto tag) {
               using D = decltype(tag);
@@ -310,8 +334,8 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
         }
         auto got = init;
         const status s = twin::copy<W>({got.data() + dc.base, twin::to_device(dc.l)},
-                                         {src.data(), twin::to_device(sl)}, mode, ph,
-                                         {mask.data(), twin::to_device(sl)}, nd);
+                                       {src.data(), twin::to_device(sl)}, mode, ph,
+                                       {mask.data(), twin::to_device(sl)}, nd);
         REQUIRE(s.ok());
         CHECK(same(got, ref));
       }
@@ -323,34 +347,41 @@ TEST_CASE("copy failures carry their errc") {
   std::vector<std::uint8_t> m(64);
   const twin::view<std::uint16_t> da{a.data(), twin::linear(64)};
   const twin::view<const std::uint16_t> sb{b.data(), twin::linear(64)};
-  CHECK(twin::copy<std::uint16_t>(da, {b.data(), twin::linear(63)}, copy_mode::dense).code == errc::shape_mismatch);
+  CHECK(twin::copy<std::uint16_t>(da, {b.data(), twin::linear(63)}, copy_mode::dense).code ==
+        errc::shape_mismatch);
   CHECK(twin::copy<std::uint16_t>(da, {a.data() + 63, twin::linear(64)}, copy_mode::dense).code ==
         errc::invalid_argument);
   // Adjacent ranges do not overlap.
   CHECK(twin::copy<std::uint16_t>({a.data(), twin::linear(32)}, {a.data() + 32, twin::linear(32)},
-                                    copy_mode::dense)
+                                  copy_mode::dense)
             .ok());
-  CHECK(twin::copy<std::uint16_t>(da, sb, static_cast<copy_mode>(7)).code == errc::invalid_argument);
+  CHECK(twin::copy<std::uint16_t>(da, sb, static_cast<copy_mode>(7)).code ==
+        errc::invalid_argument);
   CHECK(twin::masked_overwrite_nan<std::uint16_t>(da, sb, dtype_id::f32).code == errc::bad_dtype);
-  CHECK(twin::masked_overwrite_nan<std::uint16_t>(da, sb, static_cast<dtype_id>(42)).code == errc::bad_dtype);
-  CHECK(twin::masked_overwrite<std::uint16_t>(da, sb, twin::view<const std::uint8_t>{m.data(), twin::linear(8)})
+  CHECK(twin::masked_overwrite_nan<std::uint16_t>(da, sb, static_cast<dtype_id>(42)).code ==
+        errc::bad_dtype);
+  CHECK(twin::masked_overwrite<std::uint16_t>(
+            da, sb, twin::view<const std::uint8_t>{m.data(), twin::linear(8)})
             .code == errc::shape_mismatch);
-  CHECK(twin::masked_overwrite<std::uint16_t>(da, sb, twin::view<const std::uint8_t>{nullptr, twin::linear(64)})
+  CHECK(twin::masked_overwrite<std::uint16_t>(
+            da, sb, twin::view<const std::uint8_t>{nullptr, twin::linear(64)})
             .code == errc::invalid_argument);
   twin::view<std::uint16_t> alias = da;
   alias.shape.strides[0] = 0;
   alias.shape.contiguous = false;
-  CHECK(twin::masked_overwrite<std::uint16_t>(alias, sb, std::uint16_t{0}).code == errc::invalid_argument);
+  CHECK(twin::masked_overwrite<std::uint16_t>(alias, sb, std::uint16_t{0}).code ==
+        errc::invalid_argument);
 }
 
-TEST_CASE_TEMPLATE("detect twin equals a naive comparison and appends", W, std::uint8_t, std::uint16_t,
-                   std::uint32_t, std::uint64_t) {
+TEST_CASE_TEMPLATE("detect twin equals a naive comparison and appends", W, std::uint8_t,
+                   std::uint16_t, std::uint32_t, std::uint64_t) {
   std::uint64_t seed = 900;
   for (std::size_t n : {0u, 1u, 7u, 63u, 64u, 65u, 4097u})
     for (double d : densities) {
       const auto a = words<W>(n, seed++);
       auto b = a;
-      for (auto i : locations(n, d, seed++)) b[i] = static_cast<W>(b[i] ^ (1u << (i % (8 * sizeof(W) > 16 ? 16 : 8 * sizeof(W)))));
+      for (auto i : locations(n, d, seed++))
+        b[i] = static_cast<W>(b[i] ^ (1u << (i % (8 * sizeof(W) > 16 ? 16 : 8 * sizeof(W)))));
       std::vector<std::uint64_t> want = {7};
       for (std::size_t i = 0; i < n; ++i)
         if (a[i] != b[i]) want.push_back(1000 + i);
@@ -373,7 +404,8 @@ TEST_CASE("scatter_item applies an item's little-endian words by its encoding") 
     it.encoding = enc;
     it.indices = locations(42, 0.3, 8);
     const auto w = words<std::uint16_t>(it.indices.size(), 9);
-    for (auto x : w) it.values.push_back(std::byte(x & 0xFF)), it.values.push_back(std::byte(x >> 8));
+    for (auto x : w)
+      it.values.push_back(std::byte(x & 0xFF)), it.values.push_back(std::byte(x >> 8));
     const auto init = words<std::uint16_t>(42, 10);
     const auto l = strided_layout::row_major({7, 6}).transposed(0, 1);
     auto got = init, ref = init;
@@ -383,7 +415,8 @@ TEST_CASE("scatter_item applies an item's little-endian words by its encoding") 
       r = enc == value_encoding::xor_mask ? static_cast<std::uint16_t>(r ^ w[k]) : w[k];
     }
     CHECK(same(got, ref));
-    CHECK(twin::op_of(enc) == (enc == value_encoding::xor_mask ? scatter_op::xor_mask : scatter_op::overwrite));
+    CHECK(twin::op_of(enc) ==
+          (enc == value_encoding::xor_mask ? scatter_op::xor_mask : scatter_op::overwrite));
   }
   item it;
   it.tensor = {"w", {4}, dtype_id::bf16};

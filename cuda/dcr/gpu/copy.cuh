@@ -42,7 +42,9 @@ __global__ void copy_strided_kernel(twin::view<W> dst, twin::view<const W> src,
     const auto i = static_cast<std::int64_t>(k);
     const W s = src.at(i);
     switch (mode) {
-    case twin::copy_mode::dense: dst.at(i) = s; break;
+    case twin::copy_mode::dense:
+      dst.at(i) = s;
+      break;
     case twin::copy_mode::xor_mask: {
       W& d = dst.at(i);
       d = static_cast<W>(d ^ s);
@@ -62,7 +64,8 @@ __global__ void copy_strided_kernel(twin::view<W> dst, twin::view<const W> src,
 }
 
 /// 16 bytes as words.
-template <twin::word W> union chunk {
+template <twin::word W>
+union chunk {
   uint4 v;
   W w[16 / sizeof(W)];
 };
@@ -77,8 +80,9 @@ __device__ inline bool is_active(W s, twin::copy_mode mode, W placeholder, twin:
 /// XOR, overwrite, overwrite_nan); the tail of fewer than one chunk goes to
 /// the strided kernel.
 template <twin::word W>
-__global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT src, twin::copy_mode mode,
-                                   W placeholder, twin::nan_rule nan, std::uint64_t chunks) {
+__global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT src,
+                                   twin::copy_mode mode, W placeholder, twin::nan_rule nan,
+                                   std::uint64_t chunks) {
   constexpr int per = 16 / sizeof(W);
   auto* d4 = reinterpret_cast<uint4*>(dst);
   const auto* s4 = reinterpret_cast<const uint4*>(src);
@@ -112,9 +116,13 @@ status launch_copy(twin::view<W> dst, twin::view<const W> src, twin::copy_mode m
                    cudaStream_t stream) {
   const auto n = static_cast<std::uint64_t>(dst.size());
   if (n == 0) return status::success();
-  const bool aligned = (reinterpret_cast<std::uintptr_t>(dst.data) | reinterpret_cast<std::uintptr_t>(src.data)) % 16 == 0;
+  const bool aligned =
+      (reinterpret_cast<std::uintptr_t>(dst.data) | reinterpret_cast<std::uintptr_t>(src.data)) %
+          16 ==
+      0;
   std::uint64_t done = 0;
-  if (dst.shape.contiguous && src.shape.contiguous && aligned && mode != twin::copy_mode::overwrite_mask) {
+  if (dst.shape.contiguous && src.shape.contiguous && aligned &&
+      mode != twin::copy_mode::overwrite_mask) {
     constexpr std::uint64_t per = 16 / sizeof(W);
     const std::uint64_t chunks = n / per;
     if (chunks > 0) {
@@ -142,25 +150,27 @@ status launch_copy(twin::view<W> dst, twin::view<const W> src, twin::copy_mode m
 /// `overwrite_mask`, `nan_dtype` by `overwrite_nan`. Returns after the launch.
 template <twin::word W>
 status copy(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src, twin::copy_mode mode,
-            W placeholder = 0, twin::view<const std::uint8_t> mask = {}, dtype_id nan_dtype = dtype_id::bf16,
-            cudaStream_t stream = 0) {
+            W placeholder = 0, twin::view<const std::uint8_t> mask = {},
+            dtype_id nan_dtype = dtype_id::bf16, cudaStream_t stream = 0) {
   DCR_TRY(twin::check_copy(dst, src, mode, mask, nan_dtype));
   detail::device_facts f;
-  DCR_TRY(detail::prepare(dst.data, src.data, mode == twin::copy_mode::overwrite_mask ? mask.data : nullptr, f));
-  return detail::launch_copy(dst, src, mode, placeholder, mask, twin::nan_rule_of(nan_dtype), f, stream);
+  DCR_TRY(detail::prepare(dst.data, src.data,
+                          mode == twin::copy_mode::overwrite_mask ? mask.data : nullptr, f));
+  return detail::launch_copy(dst, src, mode, placeholder, mask, twin::nan_rule_of(nan_dtype), f,
+                             stream);
 }
 
 /// Write `src` into `dst` where `src != placeholder` (device memory).
 template <twin::word W>
-status masked_overwrite(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src, W placeholder,
-                        cudaStream_t stream = 0) {
+status masked_overwrite(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src,
+                        W placeholder, cudaStream_t stream = 0) {
   return copy(dst, src, twin::copy_mode::overwrite, placeholder, {}, dtype_id::bf16, stream);
 }
 
 /// Write `src` into `dst` where `src` is not a NaN of `dtype` (device memory).
 template <twin::word W>
-status masked_overwrite_nan(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src, dtype_id dtype,
-                            cudaStream_t stream = 0) {
+status masked_overwrite_nan(twin::view<W> dst, std::type_identity_t<twin::view<const W>> src,
+                            dtype_id dtype, cudaStream_t stream = 0) {
   return copy(dst, src, twin::copy_mode::overwrite_nan, W{0}, {}, dtype, stream);
 }
 
@@ -188,12 +198,13 @@ struct device_tensor {
 /// takes the dtype whose NaN patterns are placeholders.
 class device_copy_sink {
 public:
-  explicit device_copy_sink(twin::copy_mode mode, std::uint64_t placeholder = 0, cudaStream_t stream = 0,
-                            dtype_id nan_dtype = dtype_id::bf16)
+  explicit device_copy_sink(twin::copy_mode mode, std::uint64_t placeholder = 0,
+                            cudaStream_t stream = 0, dtype_id nan_dtype = dtype_id::bf16)
       : mode_(mode), placeholder_(placeholder), stream_(stream), nan_dtype_(nan_dtype) {}
 
   /// Apply one intercepted copy; both views must have the same word width.
-  status copy(const device_tensor& dst, const device_tensor& src, twin::view<const std::uint8_t> mask = {}) {
+  status copy(const device_tensor& dst, const device_tensor& src,
+              twin::view<const std::uint8_t> mask = {}) {
     DCR_RETURN_ERROR_IF(dst.width != src.width, bad_dtype,
                         "sink copy: destination words of " + std::to_string(dst.width) +
                             " bytes, source words of " + std::to_string(src.width));
@@ -212,22 +223,29 @@ public:
   std::uint64_t elements() const noexcept { return elements_; }
 
 private:
-  status by_width(const device_tensor& dst, const device_tensor& src, twin::view<const std::uint8_t> mask) {
+  status by_width(const device_tensor& dst, const device_tensor& src,
+                  twin::view<const std::uint8_t> mask) {
     switch (dst.width) {
-    case 1: return typed<std::uint8_t>(dst, src, mask);
-    case 2: return typed<std::uint16_t>(dst, src, mask);
-    case 4: return typed<std::uint32_t>(dst, src, mask);
-    case 8: return typed<std::uint64_t>(dst, src, mask);
+    case 1:
+      return typed<std::uint8_t>(dst, src, mask);
+    case 2:
+      return typed<std::uint16_t>(dst, src, mask);
+    case 4:
+      return typed<std::uint32_t>(dst, src, mask);
+    case 8:
+      return typed<std::uint64_t>(dst, src, mask);
     }
     return fail(errc::bad_dtype, "sink copy: word width " + std::to_string(dst.width));
   }
 
   template <twin::word W>
-  status typed(const device_tensor& dst, const device_tensor& src, twin::view<const std::uint8_t> mask) {
+  status typed(const device_tensor& dst, const device_tensor& src,
+               twin::view<const std::uint8_t> mask) {
     DCR_RETURN_ERROR_IF(mode_ == twin::copy_mode::overwrite && placeholder_ > static_cast<W>(~W{0}),
                         invalid_argument, "sink: placeholder wider than the words");
-    return gpu::copy<W>({static_cast<W*>(dst.data), dst.shape}, {static_cast<const W*>(src.data), src.shape},
-                         mode_, static_cast<W>(placeholder_), mask, nan_dtype_, stream_);
+    return gpu::copy<W>({static_cast<W*>(dst.data), dst.shape},
+                        {static_cast<const W*>(src.data), src.shape}, mode_,
+                        static_cast<W>(placeholder_), mask, nan_dtype_, stream_);
   }
 
   twin::copy_mode mode_;

@@ -9,8 +9,8 @@
 /// in increasing order, with a CUB `DeviceSelect::If` over a counting
 /// iterator (64-bit item counts). Host twin: `dcr/twin/detect.hpp`.
 
-#include <cuda_runtime.h>
 #include <cub/device/device_select.cuh>
+#include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_output_iterator.h>
 
@@ -27,7 +27,8 @@ namespace dcr::gpu {
 namespace detail {
 
 /// Selects index i when the two words differ.
-template <twin::word W> struct differs {
+template <twin::word W>
+struct differs {
   const W* a;
   const W* b;
   __host__ __device__ bool operator()(std::uint64_t i) const { return a[i] != b[i]; }
@@ -46,10 +47,11 @@ struct add_base {
 /// (the worst case). Synchronises `stream` to read the count.
 template <twin::word W>
 status detect_changes(const W* d_old, const W* d_new, std::uint64_t n, std::uint64_t base,
-                      std::uint64_t* d_out, std::uint64_t& changed, workspace& ws, cudaStream_t stream = 0) {
+                      std::uint64_t* d_out, std::uint64_t& changed, workspace& ws,
+                      cudaStream_t stream = 0) {
   changed = 0;
-  DCR_RETURN_ERROR_IF(n > 0 && (d_old == nullptr || d_new == nullptr || d_out == nullptr), invalid_argument,
-                      "detect_changes: null buffer");
+  DCR_RETURN_ERROR_IF(n > 0 && (d_old == nullptr || d_new == nullptr || d_out == nullptr),
+                      invalid_argument, "detect_changes: null buffer");
   DCR_RETURN_ERROR_IF(n > static_cast<std::uint64_t>(INT64_MAX), length_overflow,
                       "detect_changes: " + std::to_string(n) + " words exceed int64");
   DCR_RETURN_ERROR_IF(n != 0 && base > UINT64_MAX - (n - 1), length_overflow,
@@ -65,15 +67,18 @@ status detect_changes(const W* d_old, const W* d_new, std::uint64_t n, std::uint
   const detail::differs<W> pred{d_old, d_new};
   const auto items = static_cast<std::int64_t>(n);
   std::size_t temp = 0;
-  DCR_TRY(check(cub::DeviceSelect::If(nullptr, temp, in, out, static_cast<unsigned long long*>(nullptr), items, pred, stream),
-                "cub::DeviceSelect::If(size)"));
+  DCR_TRY(
+      check(cub::DeviceSelect::If(nullptr, temp, in, out, static_cast<unsigned long long*>(nullptr),
+                                  items, pred, stream),
+            "cub::DeviceSelect::If(size)"));
   DCR_TRY(ws.reserve(256 + align256(temp)));
   auto* count = reinterpret_cast<unsigned long long*>(ws.data());
   DCR_TRY(check(cub::DeviceSelect::If(ws.data() + 256, temp, in, out, count, items, pred, stream),
                 "cub::DeviceSelect::If"));
   unsigned long long host_count = 0;
-  DCR_TRY(check(cudaMemcpyAsync(&host_count, count, sizeof host_count, cudaMemcpyDeviceToHost, stream),
-                "cudaMemcpyAsync(selected count)"));
+  DCR_TRY(
+      check(cudaMemcpyAsync(&host_count, count, sizeof host_count, cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync(selected count)"));
   DCR_TRY(synchronize(stream));
   changed = host_count;
   return status::success();

@@ -28,8 +28,8 @@ template <twin::word W>
 status scatter_item(twin::view<W> dst, const item& it, workspace& ws, cudaStream_t stream = 0) {
   DCR_TRY(twin::check_item<W>(it));
   DCR_RETURN_ERROR_IF(static_cast<std::uint64_t>(dst.size()) != it.tensor.numel(), shape_mismatch,
-                      it.tensor.name + ": view of " + std::to_string(dst.size()) + " elements, tensor of " +
-                          std::to_string(it.tensor.numel()));
+                      it.tensor.name + ": view of " + std::to_string(dst.size()) +
+                          " elements, tensor of " + std::to_string(it.tensor.numel()));
   DCR_TRY(detail::check_scatter_args(dst, it.values.data(), it.size()));
   DCR_TRY(require_device());
   if (it.size() == 0) return status::success();
@@ -40,9 +40,11 @@ status scatter_item(twin::view<W> dst, const item& it, workspace& ws, cudaStream
   auto* loc = reinterpret_cast<std::uint64_t*>(ws.data() + 256);
   auto* val = reinterpret_cast<W*>(ws.data() + 256 + loc_bytes);
   DCR_TRY(check(cudaMemcpyAsync(loc, it.indices.data(), it.indices.size() * sizeof(std::uint64_t),
-                                cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(item indices)"));
-  DCR_TRY(check(cudaMemcpyAsync(val, it.values.data(), it.values.size(), cudaMemcpyHostToDevice, stream),
-                "cudaMemcpyAsync(item values)"));
+                                cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync(item indices)"));
+  DCR_TRY(check(
+      cudaMemcpyAsync(val, it.values.data(), it.values.size(), cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync(item values)"));
   DCR_TRY(scatter(dst, loc, val, it.size(), twin::op_of(it.encoding), ws, stream));
   return synchronize(stream);
 }

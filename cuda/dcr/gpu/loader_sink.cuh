@@ -22,8 +22,8 @@
 #include "dcr/core/error.hpp"
 #include "dcr/core/tensor.hpp"
 #include "dcr/gpu/copy.cuh"
-#include "dcr/twin/view.hpp"
 #include "dcr/receiver/loader.hpp"
+#include "dcr/twin/view.hpp"
 
 namespace dcr::gpu {
 
@@ -36,19 +36,22 @@ public:
   device_loader_sink(twin::copy_mode mode, dtype_id dtype, cudaStream_t stream = 0)
       : sink_(mode, placeholder_of(dtype), stream, dtype) {
     if (mode == twin::copy_mode::overwrite_mask || static_cast<unsigned>(mode) > 4)
-      throw error(errc::invalid_argument, "device_loader_sink: mode needs a per-copy mask or is unknown");
+      throw error(errc::invalid_argument,
+                  "device_loader_sink: mode needs a per-copy mask or is unknown");
   }
 
   void copy(const tensor_view& dst, const tensor_view& src) override {
     if (!first_failure_.ok()) return;
     if (dst.dtype != src.dtype) {
       // (void): nvcc flags assignment of a [[nodiscard]] type as a discarded result.
-      (void)(first_failure_ = fail(errc::loader_condition, "copy from " + std::string(name_of(src.dtype)) +
-                                                               " into " + std::string(name_of(dst.dtype)) + " storage"));
+      (void)(first_failure_ = fail(errc::loader_condition,
+                                   "copy from " + std::string(name_of(src.dtype)) + " into " +
+                                       std::string(name_of(dst.dtype)) + " storage"));
       return;
     }
     const auto w = static_cast<unsigned>(dst.width());
-    status s = sink_.copy({dst.data, w, twin::to_device(dst.layout)}, {src.data, w, twin::to_device(src.layout)});
+    status s = sink_.copy({dst.data, w, twin::to_device(dst.layout)},
+                          {src.data, w, twin::to_device(src.layout)});
     if (!s.ok()) (void)(first_failure_ = std::move(s));
   }
   void skip(std::string_view canonical) override { skipped_.emplace_back(canonical); }

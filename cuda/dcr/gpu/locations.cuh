@@ -23,8 +23,8 @@
 /// then keeps the first failing location with `atomicMin`, and the host
 /// words the failure from a few words read back.
 
-#include <cuda_runtime.h>
 #include <cub/device/device_scan.cuh>
+#include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
@@ -50,7 +50,9 @@ enum : std::size_t { slot_key = 0, slot_present = 1, slot_used = 2, slot_escapes
 /// Byte `i`'s escape_u8 transition map.
 struct escape_map_at {
   const std::uint8_t* bytes;
-  __host__ __device__ twin::escape_map operator()(std::uint64_t i) const { return twin::escape_step(bytes[i]); }
+  __host__ __device__ twin::escape_map operator()(std::uint64_t i) const {
+    return twin::escape_step(bytes[i]);
+  }
 };
 
 /// Scan operator over transition maps.
@@ -74,7 +76,10 @@ struct end_flag {
   const std::uint8_t* bytes;
   const std::uint8_t* states; ///< null for varint
   __host__ __device__ std::uint64_t operator()(std::uint64_t i) const {
-    return twin::ends_value(form, bytes[i], states != nullptr ? states[i] : std::uint8_t{twin::escape_at_start}) ? 1 : 0;
+    return twin::ends_value(form, bytes[i],
+                            states != nullptr ? states[i] : std::uint8_t{twin::escape_at_start})
+               ? 1
+               : 0;
   }
 };
 
@@ -99,22 +104,30 @@ struct end_writer {
 struct coded_term {
   twin::coded_gaps c;
   std::uint64_t first;
-  __host__ __device__ std::uint64_t operator()(std::uint64_t k) const { return twin::coded_scan_term(c, first, k); }
+  __host__ __device__ std::uint64_t operator()(std::uint64_t k) const {
+    return twin::coded_scan_term(c, first, k);
+  }
 };
 
 /// Wrapping 64-bit sum (a wrap is reported by the check as a range failure).
 struct wrap_add {
-  __host__ __device__ std::uint64_t operator()(std::uint64_t a, std::uint64_t b) const { return a + b; }
+  __host__ __device__ std::uint64_t operator()(std::uint64_t a, std::uint64_t b) const {
+    return a + b;
+  }
 };
 struct count_add {
-  __host__ __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a + b; }
+  __host__ __device__ unsigned long long operator()(unsigned long long a,
+                                                    unsigned long long b) const {
+    return a + b;
+  }
 };
 
 /// Smallest `fault_key` over locations 1 .. count-1. A template only so
 /// that the header can be included by several translation units.
 template <class Key = unsigned long long>
-__global__ void coded_check_kernel(twin::coded_gaps c, const std::uint64_t* DCR_RESTRICT idx, std::uint64_t count,
-                                   std::uint64_t numel, Key* DCR_RESTRICT key) {
+__global__ void coded_check_kernel(twin::coded_gaps c, const std::uint64_t* DCR_RESTRICT idx,
+                                   std::uint64_t count, std::uint64_t numel,
+                                   Key* DCR_RESTRICT key) {
   for (std::uint64_t k = grid_first() + 1; k < count; k += grid_stride()) {
     const unsigned r = twin::coded_fault(c, idx, k, numel);
     if (r != twin::coded_ok) atomicMin(key, static_cast<Key>(twin::fault_key(k, r)));
@@ -137,9 +150,9 @@ __global__ void iota_kernel(std::uint64_t* DCR_RESTRICT out, std::uint64_t first
 /// Record k: value word k of the value bytes (plain or byte planes) lands
 /// at `loc[k]`, or at `start + k` when `loc` is null (a run).
 template <twin::word W>
-__global__ void scatter_bytes_kernel(twin::view<W> dst, const std::uint64_t* DCR_RESTRICT loc, std::uint64_t start,
-                                     const std::uint8_t* DCR_RESTRICT values, std::uint64_t n, bool planes,
-                                     twin::scatter_op op) {
+__global__ void scatter_bytes_kernel(twin::view<W> dst, const std::uint64_t* DCR_RESTRICT loc,
+                                     std::uint64_t start, const std::uint8_t* DCR_RESTRICT values,
+                                     std::uint64_t n, bool planes, twin::scatter_op op) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const std::uint64_t l = loc != nullptr ? loc[k] : start + k;
     W& d = dst.at(static_cast<std::int64_t>(l));
@@ -149,43 +162,51 @@ __global__ void scatter_bytes_kernel(twin::view<W> dst, const std::uint64_t* DCR
 
 /// Where a decode keeps its scratch in the workspace (byte offsets).
 struct decode_layout {
-  std::size_t slots_at = 0, temp_at = 0, temp_bytes = 0, states_at = 0, ends_at = 0, idx_at = 0, total = 0;
+  std::size_t slots_at = 0, temp_at = 0, temp_bytes = 0, states_at = 0, ends_at = 0, idx_at = 0,
+              total = 0;
 };
 
 /// Layout for decoding `c` (pointers unset) into `count` indices, starting
 /// at byte `base` of the workspace; `own_idx` reserves room for the indices.
-inline status plan_decode(const twin::coded_gaps& c, std::uint64_t count, bool own_idx, std::size_t base,
-                          decode_layout& L, cudaStream_t stream) {
+inline status plan_decode(const twin::coded_gaps& c, std::uint64_t count, bool own_idx,
+                          std::size_t base, decode_layout& L, cudaStream_t stream) {
   L.slots_at = base;
   L.temp_at = base + 256;
   std::size_t temp = 0, t = 0;
   if (c.form == twin::gap_form::escape) {
-    auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), escape_map_at{nullptr});
-    DCR_TRY(check(cub::DeviceScan::ExclusiveScan(nullptr, t, in, thrust::make_tabulate_output_iterator(state_writer{nullptr}),
-                                                 escape_then_op{}, twin::escape_identity, c.size, stream),
+    auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
+                                              escape_map_at{nullptr});
+    DCR_TRY(check(cub::DeviceScan::ExclusiveScan(
+                      nullptr, t, in, thrust::make_tabulate_output_iterator(state_writer{nullptr}),
+                      escape_then_op{}, twin::escape_identity, c.size, stream),
                   "cub::DeviceScan::ExclusiveScan(size, escape states)"));
     temp = t > temp ? t : temp;
   }
   if (twin::is_variable(c.form)) {
-    auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), end_flag{c.form, nullptr, nullptr});
-    DCR_TRY(check(cub::DeviceScan::ExclusiveScan(nullptr, t, in,
-                                                 thrust::make_tabulate_output_iterator(end_writer{{}, 0, 0, nullptr, nullptr}),
-                                                 count_add{}, 0ull, c.size, stream),
+    auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
+                                              end_flag{c.form, nullptr, nullptr});
+    DCR_TRY(check(cub::DeviceScan::ExclusiveScan(
+                      nullptr, t, in,
+                      thrust::make_tabulate_output_iterator(end_writer{{}, 0, 0, nullptr, nullptr}),
+                      count_add{}, 0ull, c.size, stream),
                   "cub::DeviceScan::ExclusiveScan(size, value ends)"));
     temp = t > temp ? t : temp;
   }
   {
-    auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), coded_term{c, 0});
-    DCR_TRY(check(cub::DeviceScan::InclusiveScan(nullptr, t, in, static_cast<std::uint64_t*>(nullptr), wrap_add{},
-                                                 count, stream),
-                  "cub::DeviceScan::InclusiveScan(size, indices)"));
+    auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
+                                              coded_term{c, 0});
+    DCR_TRY(
+        check(cub::DeviceScan::InclusiveScan(nullptr, t, in, static_cast<std::uint64_t*>(nullptr),
+                                             wrap_add{}, count, stream),
+              "cub::DeviceScan::InclusiveScan(size, indices)"));
     temp = t > temp ? t : temp;
   }
   L.temp_bytes = temp;
   L.states_at = L.temp_at + align256(temp);
   const std::size_t states = c.form == twin::gap_form::escape ? align256(c.size) : 0;
   L.ends_at = L.states_at + states;
-  const std::size_t ends = twin::is_variable(c.form) ? align256(c.values * sizeof(std::uint64_t)) : 0;
+  const std::size_t ends =
+      twin::is_variable(c.form) ? align256(c.values * sizeof(std::uint64_t)) : 0;
   L.idx_at = L.ends_at + ends;
   L.total = L.idx_at + (own_idx ? align256(count * sizeof(std::uint64_t)) : 0);
   return status::success();
@@ -207,7 +228,8 @@ struct device_probe {
   std::uint64_t read(const std::uint64_t* p) {
     std::uint64_t v = 0;
     if (!io) return 0;
-    note(check(cudaMemcpyAsync(&v, p, sizeof v, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(fault probe)"));
+    note(check(cudaMemcpyAsync(&v, p, sizeof v, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(fault probe)"));
     if (io) note(synchronize(stream));
     return v;
   }
@@ -215,10 +237,12 @@ struct device_probe {
   std::uint64_t end(std::uint64_t j) { return read(c.ends + j); }
   std::uint64_t escapes_before(std::uint64_t j) {
     if (!io) return 0;
-    note(check(cudaMemsetAsync(escapes, 0, sizeof *escapes, stream), "cudaMemsetAsync(escape run)"));
+    note(
+        check(cudaMemsetAsync(escapes, 0, sizeof *escapes, stream), "cudaMemsetAsync(escape run)"));
     if (!io || j == 0) return 0;
     const tuning t = select_tuning(kernel_kind::check, f->cc_major);
-    escapes_before_kernel<unsigned long long><<<grid_for(j, 1, t, *f), t.block_threads, 0, stream>>>(c, j, escapes);
+    escapes_before_kernel<unsigned long long>
+        <<<grid_for(j, 1, t, *f), t.block_threads, 0, stream>>>(c, j, escapes);
     note(check_launch("escapes_before_kernel"));
     return read(reinterpret_cast<const std::uint64_t*>(escapes));
   }
@@ -226,25 +250,31 @@ struct device_probe {
 
 /// Decode `count >= 2` indices of a non-run coding into `idx` (device), with
 /// scratch laid out by `plan_decode` in `ws`; synchronises `stream`.
-inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_t first, std::uint64_t numel,
-                         std::uint64_t count, std::uint64_t* idx, const decode_layout& L, const device_facts& f,
-                         workspace& ws, cudaStream_t stream) {
+inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_t first,
+                         std::uint64_t numel, std::uint64_t count, std::uint64_t* idx,
+                         const decode_layout& L, const device_facts& f, workspace& ws,
+                         cudaStream_t stream) {
   std::byte* base = ws.data();
   auto* slots = reinterpret_cast<std::uint64_t*>(base + L.slots_at);
   void* temp = base + L.temp_at;
   std::size_t temp_bytes = L.temp_bytes;
   // key = no failure, present = used = escapes = 0.
-  DCR_TRY(check(cudaMemsetAsync(slots, 0, 4 * sizeof(std::uint64_t), stream), "cudaMemsetAsync(decode slots)"));
-  DCR_TRY(check(cudaMemsetAsync(slots + slot_key, 0xFF, sizeof(std::uint64_t), stream), "cudaMemsetAsync(fault key)"));
+  DCR_TRY(check(cudaMemsetAsync(slots, 0, 4 * sizeof(std::uint64_t), stream),
+                "cudaMemsetAsync(decode slots)"));
+  DCR_TRY(check(cudaMemsetAsync(slots + slot_key, 0xFF, sizeof(std::uint64_t), stream),
+                "cudaMemsetAsync(fault key)"));
   if (twin::is_variable(c.form)) {
     c.ends = reinterpret_cast<std::uint64_t*>(base + L.ends_at);
     c.present = slots + slot_present;
     std::uint8_t* states = nullptr;
     if (c.form == twin::gap_form::escape && c.size > 0) {
       states = reinterpret_cast<std::uint8_t*>(base + L.states_at);
-      auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), escape_map_at{c.bytes});
-      DCR_TRY(check(cub::DeviceScan::ExclusiveScan(temp, temp_bytes, in, thrust::make_tabulate_output_iterator(state_writer{states}),
-                                                   escape_then_op{}, twin::escape_identity, c.size, stream),
+      auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
+                                                escape_map_at{c.bytes});
+      DCR_TRY(check(cub::DeviceScan::ExclusiveScan(
+                        temp, temp_bytes, in,
+                        thrust::make_tabulate_output_iterator(state_writer{states}),
+                        escape_then_op{}, twin::escape_identity, c.size, stream),
                     "cub::DeviceScan::ExclusiveScan(escape states)"));
     }
     if (c.size > 0) {
@@ -253,24 +283,29 @@ inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_
       auto out = thrust::make_tabulate_output_iterator(
           end_writer{flag, c.size, c.values, const_cast<std::uint64_t*>(c.ends), slots});
       temp_bytes = L.temp_bytes;
-      DCR_TRY(check(cub::DeviceScan::ExclusiveScan(temp, temp_bytes, in, out, count_add{}, 0ull, c.size, stream),
+      DCR_TRY(check(cub::DeviceScan::ExclusiveScan(temp, temp_bytes, in, out, count_add{}, 0ull,
+                                                   c.size, stream),
                     "cub::DeviceScan::ExclusiveScan(value ends)"));
     }
   }
-  auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), coded_term{c, first});
+  auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
+                                            coded_term{c, first});
   temp_bytes = L.temp_bytes;
-  DCR_TRY(check(cub::DeviceScan::InclusiveScan(temp, temp_bytes, in, idx, wrap_add{}, count, stream),
-                "cub::DeviceScan::InclusiveScan(indices)"));
+  DCR_TRY(
+      check(cub::DeviceScan::InclusiveScan(temp, temp_bytes, in, idx, wrap_add{}, count, stream),
+            "cub::DeviceScan::InclusiveScan(indices)"));
   const tuning t = select_tuning(kernel_kind::check, f.cc_major);
   auto* key = reinterpret_cast<unsigned long long*>(slots + slot_key);
-  coded_check_kernel<unsigned long long><<<grid_for(count - 1, 1, t, f), t.block_threads, 0, stream>>>(c, idx, count,
-                                                                                                      numel, key);
+  coded_check_kernel<unsigned long long>
+      <<<grid_for(count - 1, 1, t, f), t.block_threads, 0, stream>>>(c, idx, count, numel, key);
   DCR_TRY(check_launch("coded_check_kernel"));
   std::uint64_t host[3] = {};
-  DCR_TRY(check(cudaMemcpyAsync(host, slots, sizeof host, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(decode slots)"));
+  DCR_TRY(check(cudaMemcpyAsync(host, slots, sizeof host, cudaMemcpyDeviceToHost, stream),
+                "cudaMemcpyAsync(decode slots)"));
   DCR_TRY(synchronize(stream));
   if (host[slot_key] != twin::no_failure) {
-    device_probe probe{idx, c, reinterpret_cast<unsigned long long*>(slots + slot_escapes), &f, stream};
+    device_probe probe{idx, c, reinterpret_cast<unsigned long long*>(slots + slot_escapes), &f,
+                       stream};
     status s = twin::describe_fault(c, host[slot_present], host[slot_key], numel, probe);
     if (!probe.io) return probe.io;
     return s;
@@ -279,8 +314,8 @@ inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_
 }
 
 /// Coded view of the location bytes (device pointers unset for variable forms).
-inline twin::coded_gaps coded_of(codec::location_id id, const std::uint8_t* bytes, std::uint64_t size,
-                                   std::uint64_t count) {
+inline twin::coded_gaps coded_of(codec::location_id id, const std::uint8_t* bytes,
+                                 std::uint64_t size, std::uint64_t count) {
   twin::coded_gaps c;
   twin::form_of(id, c.form, c.width);
   c.bytes = bytes;
@@ -290,8 +325,8 @@ inline twin::coded_gaps coded_of(codec::location_id id, const std::uint8_t* byte
 }
 
 /// Launch the run decode (`first + k`).
-inline status launch_iota(std::uint64_t* out, std::uint64_t first, std::uint64_t n, const device_facts& f,
-                          cudaStream_t stream) {
+inline status launch_iota(std::uint64_t* out, std::uint64_t first, std::uint64_t n,
+                          const device_facts& f, cudaStream_t stream) {
   const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
   iota_kernel<void><<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(out, first, n);
   return check_launch("iota_kernel");
@@ -305,13 +340,15 @@ inline status launch_iota(std::uint64_t* out, std::uint64_t first, std::uint64_t
 /// and messages as the twin `twin::decode_locations` and the reference
 /// `codec::decode_locations`; `d_out` is unspecified on failure.
 /// Synchronises `stream` (the result of the checks is read back).
-inline status decode_locations(codec::location_id id, const std::uint8_t* d_bytes, std::uint64_t size,
-                               std::uint64_t first, std::uint64_t numel, std::uint64_t count, std::uint64_t* d_out,
-                               workspace& ws, cudaStream_t stream = 0) {
+inline status decode_locations(codec::location_id id, const std::uint8_t* d_bytes,
+                               std::uint64_t size, std::uint64_t first, std::uint64_t numel,
+                               std::uint64_t count, std::uint64_t* d_out, workspace& ws,
+                               cudaStream_t stream = 0) {
   bool done = false;
   DCR_TRY(twin::precheck_locations(id, size, first, numel, count, done));
   DCR_RETURN_ERROR_IF(d_out == nullptr, invalid_argument, "decode_locations: null output");
-  DCR_RETURN_ERROR_IF(size > 0 && d_bytes == nullptr, invalid_argument, "decode_locations: null location bytes");
+  DCR_RETURN_ERROR_IF(size > 0 && d_bytes == nullptr, invalid_argument,
+                      "decode_locations: null location bytes");
   detail::device_facts f;
   DCR_TRY(detail::prepare(d_bytes, d_out, nullptr, f));
   if (done) {
@@ -328,8 +365,8 @@ inline status decode_locations(codec::location_id id, const std::uint8_t* d_byte
 namespace detail {
 
 /// Workspace bytes `scatter_encoded` needs from byte `base` on.
-inline status plan_encoded(codec::location_id id, std::uint64_t size, std::uint64_t count, std::size_t base,
-                           decode_layout& L, cudaStream_t stream) {
+inline status plan_encoded(codec::location_id id, std::uint64_t size, std::uint64_t count,
+                           std::size_t base, decode_layout& L, cudaStream_t stream) {
   twin::gap_form form{};
   unsigned width = 0;
   if (count < 2 || !twin::form_of(id, form, width)) {
@@ -344,22 +381,24 @@ inline status plan_encoded(codec::location_id id, std::uint64_t size, std::uint6
 /// with the workspace already holding `L.total` bytes (callers that upload
 /// into the workspace plan first).
 template <twin::word W>
-status scatter_encoded_planned(twin::view<W> dst, std::uint64_t first, std::uint64_t count, codec::location_id id,
-                               const std::uint8_t* d_locations, std::uint64_t location_bytes,
-                               const std::uint8_t* d_values, bool planes, twin::scatter_op op, bool done,
-                               const decode_layout& L, const device_facts& f, workspace& ws, cudaStream_t stream) {
+status scatter_encoded_planned(twin::view<W> dst, std::uint64_t first, std::uint64_t count,
+                               codec::location_id id, const std::uint8_t* d_locations,
+                               std::uint64_t location_bytes, const std::uint8_t* d_values,
+                               bool planes, twin::scatter_op op, bool done, const decode_layout& L,
+                               const device_facts& f, workspace& ws, cudaStream_t stream) {
   const auto numel = static_cast<std::uint64_t>(dst.size());
   const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
   if (done) {
     // A run, or a single record: the prechecks validated the whole range.
-    scatter_bytes_kernel<W><<<grid_for(count, 1, t, f), t.block_threads, 0, stream>>>(dst, nullptr, first, d_values,
-                                                                                     count, planes, op);
+    scatter_bytes_kernel<W><<<grid_for(count, 1, t, f), t.block_threads, 0, stream>>>(
+        dst, nullptr, first, d_values, count, planes, op);
     return check_launch("scatter_bytes_kernel");
   }
   auto* idx = reinterpret_cast<std::uint64_t*>(ws.data() + L.idx_at);
-  DCR_TRY(run_decode(id, coded_of(id, d_locations, location_bytes, count), first, numel, count, idx, L, f, ws, stream));
-  scatter_bytes_kernel<W><<<grid_for(count, 1, t, f), t.block_threads, 0, stream>>>(dst, idx, 0, d_values, count,
-                                                                                   planes, op);
+  DCR_TRY(run_decode(id, coded_of(id, d_locations, location_bytes, count), first, numel, count, idx,
+                     L, f, ws, stream));
+  scatter_bytes_kernel<W><<<grid_for(count, 1, t, f), t.block_threads, 0, stream>>>(
+      dst, idx, 0, d_values, count, planes, op);
   return check_launch("scatter_bytes_kernel");
 }
 
@@ -376,25 +415,29 @@ status scatter_encoded_planned(twin::view<W> dst, std::uint64_t first, std::uint
 /// scatter launch (the decode's checks synchronise); call
 /// `synchronize(stream)` before reading `dst`.
 template <twin::word W>
-status scatter_encoded(twin::view<W> dst, std::uint64_t first, std::uint64_t count, codec::location_id id,
-                       const std::uint8_t* d_locations, std::uint64_t location_bytes, const std::uint8_t* d_values,
+status scatter_encoded(twin::view<W> dst, std::uint64_t first, std::uint64_t count,
+                       codec::location_id id, const std::uint8_t* d_locations,
+                       std::uint64_t location_bytes, const std::uint8_t* d_values,
                        std::uint64_t value_bytes, bool planes, twin::scatter_op op, workspace& ws,
                        cudaStream_t stream = 0) {
   DCR_TRY(twin::check_encoded_args(dst, d_values, value_bytes, count));
   if (count == 0) {
-    if (location_bytes != 0) return codec::detail::length_error(codec::to_string(id), location_bytes, 0);
+    if (location_bytes != 0)
+      return codec::detail::length_error(codec::to_string(id), location_bytes, 0);
     return status::success();
   }
   bool done = false;
-  DCR_TRY(twin::precheck_locations(id, location_bytes, first, static_cast<std::uint64_t>(dst.size()), count, done));
-  DCR_RETURN_ERROR_IF(location_bytes > 0 && d_locations == nullptr, invalid_argument, "scatter_encoded: null locations");
+  DCR_TRY(twin::precheck_locations(id, location_bytes, first,
+                                   static_cast<std::uint64_t>(dst.size()), count, done));
+  DCR_RETURN_ERROR_IF(location_bytes > 0 && d_locations == nullptr, invalid_argument,
+                      "scatter_encoded: null locations");
   detail::device_facts f;
   DCR_TRY(detail::prepare(dst.data, d_locations, d_values, f));
   detail::decode_layout L;
   DCR_TRY(detail::plan_encoded(id, location_bytes, count, 0, L, stream));
   DCR_TRY(ws.reserve(L.total));
-  return detail::scatter_encoded_planned(dst, first, count, id, d_locations, location_bytes, d_values, planes, op,
-                                         done, L, f, ws, stream);
+  return detail::scatter_encoded_planned(dst, first, count, id, d_locations, location_bytes,
+                                         d_values, planes, op, done, L, f, ws, stream);
 }
 
 } // namespace dcr::gpu

@@ -30,19 +30,22 @@ namespace dcr::gpu {
 /// Upload row `i`'s sections of `body` (host memory) into `ws` and scatter
 /// them onto device view `dst`; synchronises `stream`.
 template <twin::word W>
-status scatter_row(twin::view<W> dst, std::span<const std::byte> body, const codec::payload_header& h,
-                   const codec::item_row& row, std::size_t i, workspace& ws, cudaStream_t stream = 0) {
+status scatter_row(twin::view<W> dst, std::span<const std::byte> body,
+                   const codec::payload_header& h, const codec::item_row& row, std::size_t i,
+                   workspace& ws, cudaStream_t stream = 0) {
   std::span<const std::uint8_t> loc, val;
   DCR_TRY(twin::row_sections<W>(body, h, row, static_cast<std::uint64_t>(dst.size()), loc, val));
   const auto fail_row = [&](const status& s) { return twin::row_error(s, h, row, i); };
   DCR_TRY(fail_row(twin::check_encoded_args(dst, val.data(), val.size(), row.count)));
   if (row.count == 0) {
-    if (!loc.empty()) return fail_row(codec::detail::length_error(codec::to_string(row.location), loc.size(), 0));
+    if (!loc.empty())
+      return fail_row(codec::detail::length_error(codec::to_string(row.location), loc.size(), 0));
     return status::success();
   }
   bool done = false;
-  DCR_TRY(fail_row(twin::precheck_locations(row.location, loc.size(), row.first,
-                                              static_cast<std::uint64_t>(dst.size()), row.count, done)));
+  DCR_TRY(
+      fail_row(twin::precheck_locations(row.location, loc.size(), row.first,
+                                        static_cast<std::uint64_t>(dst.size()), row.count, done)));
   detail::device_facts f;
   DCR_TRY(detail::prepare(dst.data, nullptr, nullptr, f));
   // Workspace: [0, +loc) location bytes, [.., +val) value bytes, then the decode.
@@ -58,9 +61,9 @@ status scatter_row(twin::view<W> dst, std::span<const std::byte> body, const cod
                   "cudaMemcpyAsync(row locations)"));
   DCR_TRY(check(cudaMemcpyAsync(d_val, val.data(), val.size(), cudaMemcpyHostToDevice, stream),
                 "cudaMemcpyAsync(row values)"));
-  DCR_TRY(fail_row(detail::scatter_encoded_planned(dst, row.first, row.count, row.location, d_loc, loc.size(), d_val,
-                                                   twin::row_planes(row), twin::op_of(row.encoding), done, L, f,
-                                                   ws, stream)));
+  DCR_TRY(fail_row(detail::scatter_encoded_planned(
+      dst, row.first, row.count, row.location, d_loc, loc.size(), d_val, twin::row_planes(row),
+      twin::op_of(row.encoding), done, L, f, ws, stream)));
   return synchronize(stream);
 }
 

@@ -24,8 +24,8 @@ namespace dcr::gpu {
 /// `errc::device` status for a failed CUDA call, naming the call and the error.
 inline status check(cudaError_t e, std::string_view what) {
   if (e == cudaSuccess) return status::success();
-  return fail(errc::device, std::string(what) + ": " + cudaGetErrorName(e) + " (" +
-                                cudaGetErrorString(e) + ")");
+  return fail(errc::device,
+              std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
 /// Clear a non-sticky error left by earlier unrelated calls, so that the
@@ -100,7 +100,8 @@ public:
       size_ = 0;
     }
     void* p = nullptr;
-    DCR_TRY(check(cudaMalloc(&p, bytes), "cudaMalloc(workspace of " + std::to_string(bytes) + " bytes)"));
+    DCR_TRY(check(cudaMalloc(&p, bytes),
+                  "cudaMalloc(workspace of " + std::to_string(bytes) + " bytes)"));
     data_ = static_cast<std::byte*>(p);
     size_ = bytes;
     return status::success();
@@ -134,10 +135,14 @@ constexpr tuning select_tuning(kernel_kind kind, int cc_major) noexcept {
   // sm_90 has more bandwidth per SM, so more bytes in flight per SM.
   const int per_sm = cc_major >= 9 ? 16 : 8;
   switch (kind) {
-  case kernel_kind::scatter: return {256, per_sm};
-  case kernel_kind::check: return {256, per_sm};
-  case kernel_kind::copy_vector: return {256, per_sm};
-  case kernel_kind::copy_scalar: return {256, per_sm};
+  case kernel_kind::scatter:
+    return {256, per_sm};
+  case kernel_kind::check:
+    return {256, per_sm};
+  case kernel_kind::copy_vector:
+    return {256, per_sm};
+  case kernel_kind::copy_scalar:
+    return {256, per_sm};
   }
   return {};
 }
@@ -173,7 +178,8 @@ constexpr unsigned grid_for(std::uint64_t work, std::uint64_t per_thread, const 
                             const device_facts& f) noexcept {
   const std::uint64_t per_block = static_cast<std::uint64_t>(t.block_threads) * per_thread;
   const std::uint64_t need = (work + per_block - 1) / per_block;
-  const std::uint64_t cap = static_cast<std::uint64_t>(f.sms) * static_cast<std::uint64_t>(t.blocks_per_sm);
+  const std::uint64_t cap =
+      static_cast<std::uint64_t>(f.sms) * static_cast<std::uint64_t>(t.blocks_per_sm);
   return static_cast<unsigned>(std::max<std::uint64_t>(1, std::min(need, cap)));
 }
 

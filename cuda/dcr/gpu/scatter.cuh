@@ -16,8 +16,8 @@
 /// kernels with 64-bit indexing. Every location is checked on the device
 /// before the first write, so a bad list leaves the destination unchanged.
 
-#include <cuda_runtime.h>
 #include <cub/device/device_scan.cuh>
+#include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
@@ -69,7 +69,9 @@ struct gap_term {
 
 /// Wrapping 64-bit sum (a wrap is caught afterwards as "not increasing").
 struct add_u64 {
-  __host__ __device__ std::uint64_t operator()(std::uint64_t a, std::uint64_t b) const { return a + b; }
+  __host__ __device__ std::uint64_t operator()(std::uint64_t a, std::uint64_t b) const {
+    return a + b;
+  }
 };
 
 /// Checks shared by every scatter entry before any CUDA call beyond the
@@ -88,7 +90,8 @@ inline status check_device_locations(const std::uint64_t* loc, std::uint64_t n, 
   auto* key = reinterpret_cast<unsigned long long*>(ws.data());
   DCR_TRY(check(cudaMemsetAsync(key, 0xFF, sizeof *key, stream), "cudaMemsetAsync(check flag)"));
   const tuning t = select_tuning(kernel_kind::check, f.cc_major);
-  check_locations_kernel<unsigned long long><<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(loc, n, size, key);
+  check_locations_kernel<unsigned long long>
+      <<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(loc, n, size, key);
   DCR_TRY(check_launch("check_locations_kernel"));
   unsigned long long host_key = 0;
   DCR_TRY(check(cudaMemcpyAsync(&host_key, key, sizeof host_key, cudaMemcpyDeviceToHost, stream),
@@ -105,7 +108,8 @@ status launch_scatter(const twin::view<W>& dst, const std::uint64_t* loc, std::u
                       cudaStream_t stream) {
   if (n == 0) return status::success();
   const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
-  scatter_kernel<W><<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(dst, loc, start, values, n, op);
+  scatter_kernel<W>
+      <<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(dst, loc, start, values, n, op);
   return check_launch("scatter_kernel");
 }
 
@@ -119,12 +123,14 @@ template <twin::word W>
 status scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
                std::uint64_t count, twin::scatter_op op, workspace& ws, cudaStream_t stream = 0) {
   DCR_TRY(detail::check_scatter_args(dst, d_values, count));
-  DCR_RETURN_ERROR_IF(count > 0 && d_locations == nullptr, invalid_argument, "scatter: null locations");
+  DCR_RETURN_ERROR_IF(count > 0 && d_locations == nullptr, invalid_argument,
+                      "scatter: null locations");
   detail::device_facts f;
   DCR_TRY(detail::prepare(dst.data, d_locations, d_values, f));
   if (count == 0) return status::success();
   DCR_TRY(ws.reserve(256));
-  DCR_TRY(detail::check_device_locations(d_locations, count, static_cast<std::uint64_t>(dst.size()), f, ws, stream));
+  DCR_TRY(detail::check_device_locations(d_locations, count, static_cast<std::uint64_t>(dst.size()),
+                                         f, ws, stream));
   return detail::launch_scatter(dst, d_locations, 0, d_values, count, op, f, stream);
 }
 
@@ -170,11 +176,13 @@ inline status decode_gaps(std::uint64_t first, unsigned width, const std::uint8_
   auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
                                             detail::gap_term{first, d_gaps, width});
   std::size_t temp = 0;
-  DCR_TRY(check(cub::DeviceScan::InclusiveScan(nullptr, temp, in, d_out, detail::add_u64{}, count, stream),
-                "cub::DeviceScan::InclusiveScan(size)"));
+  DCR_TRY(check(
+      cub::DeviceScan::InclusiveScan(nullptr, temp, in, d_out, detail::add_u64{}, count, stream),
+      "cub::DeviceScan::InclusiveScan(size)"));
   DCR_TRY(ws.reserve(align256(temp) + 256));
   // Bytes [0, 256) of the workspace stay free for the check flag.
-  DCR_TRY(check(cub::DeviceScan::InclusiveScan(ws.data() + 256, temp, in, d_out, detail::add_u64{}, count, stream),
+  DCR_TRY(check(cub::DeviceScan::InclusiveScan(ws.data() + 256, temp, in, d_out, detail::add_u64{},
+                                               count, stream),
                 "cub::DeviceScan::InclusiveScan"));
   return status::success();
 }
@@ -183,9 +191,10 @@ inline status decode_gaps(std::uint64_t first, unsigned width, const std::uint8_
 /// and `count - 1` gap words of `width` bytes at `d_gaps` (`gap_bytes`
 /// long); values at `d_values`. Decoded locations live in `ws`.
 template <twin::word W>
-status scatter_gaps(twin::view<W> dst, std::uint64_t first, unsigned width, const std::uint8_t* d_gaps,
-                    std::uint64_t gap_bytes, const W* d_values, std::uint64_t count,
-                    twin::scatter_op op, workspace& ws, cudaStream_t stream = 0) {
+status scatter_gaps(twin::view<W> dst, std::uint64_t first, unsigned width,
+                    const std::uint8_t* d_gaps, std::uint64_t gap_bytes, const W* d_values,
+                    std::uint64_t count, twin::scatter_op op, workspace& ws,
+                    cudaStream_t stream = 0) {
   DCR_TRY(detail::check_scatter_args(dst, d_values, count));
   DCR_TRY(twin::check_gap_buffer(width, gap_bytes, count));
   DCR_RETURN_ERROR_IF(count > 1 && d_gaps == nullptr, invalid_argument, "scatter_gaps: null gaps");
@@ -196,15 +205,18 @@ status scatter_gaps(twin::view<W> dst, std::uint64_t first, unsigned width, cons
   auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
                                             detail::gap_term{first, d_gaps, width});
   std::size_t temp = 0;
-  DCR_TRY(check(cub::DeviceScan::InclusiveScan(nullptr, temp, in, static_cast<std::uint64_t*>(nullptr),
-                                               detail::add_u64{}, count, stream),
-                "cub::DeviceScan::InclusiveScan(size)"));
+  DCR_TRY(
+      check(cub::DeviceScan::InclusiveScan(nullptr, temp, in, static_cast<std::uint64_t*>(nullptr),
+                                           detail::add_u64{}, count, stream),
+            "cub::DeviceScan::InclusiveScan(size)"));
   const std::size_t loc_at = 256 + align256(temp);
   DCR_TRY(ws.reserve(loc_at + count * sizeof(std::uint64_t)));
   auto* loc = reinterpret_cast<std::uint64_t*>(ws.data() + loc_at);
-  DCR_TRY(check(cub::DeviceScan::InclusiveScan(ws.data() + 256, temp, in, loc, detail::add_u64{}, count, stream),
+  DCR_TRY(check(cub::DeviceScan::InclusiveScan(ws.data() + 256, temp, in, loc, detail::add_u64{},
+                                               count, stream),
                 "cub::DeviceScan::InclusiveScan"));
-  DCR_TRY(detail::check_device_locations(loc, count, static_cast<std::uint64_t>(dst.size()), f, ws, stream));
+  DCR_TRY(detail::check_device_locations(loc, count, static_cast<std::uint64_t>(dst.size()), f, ws,
+                                         stream));
   return detail::launch_scatter(dst, loc, 0, d_values, count, op, f, stream);
 }
 

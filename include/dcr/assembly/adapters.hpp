@@ -15,11 +15,11 @@
 /// dominate the refit.
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
-#include <mutex>
-#include <cstring>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -62,10 +62,12 @@ private:
 class training_round {
 public:
   /// Owners whose baselines start at `committed`.
-  training_round(std::shared_ptr<const source_plan> plan, const source_view& committed, builder_options opt = {})
+  training_round(std::shared_ptr<const source_plan> plan, const source_view& committed,
+                 builder_options opt = {})
       : plan_(std::move(plan)), opt_(opt) {
     for (std::uint32_t r = 0; r < plan_->world; ++r) owners_.emplace_back(plan_, r, committed);
-    for (std::uint32_t r = 0; r < plan_->world; ++r) baseline_digest_.push_back(shard_digest(r, committed));
+    for (std::uint32_t r = 0; r < plan_->world; ++r)
+      baseline_digest_.push_back(shard_digest(r, committed));
     set_candidate(committed);
   }
 
@@ -79,7 +81,8 @@ public:
       for (auto s : o.flagged_inputs(candidate_)) flags.push_back(s);
     req_ = make_required(*plan_, flags);
     candidate_digest_.clear();
-    for (std::uint32_t r = 0; r < plan_->world; ++r) candidate_digest_.push_back(shard_digest(r, candidate_));
+    for (std::uint32_t r = 0; r < plan_->world; ++r)
+      candidate_digest_.push_back(shard_digest(r, candidate_));
   }
 
   const source_plan& plan() const noexcept { return *plan_; }
@@ -110,7 +113,8 @@ public:
         t_->owners_[r_].build_buckets(t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
           for (auto& it : b.items) records += it.indices.size();
           std::vector<std::byte> bytes;
-          auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence}, b.items, opt.encoding, bytes);
+          auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence}, b.items,
+                                         opt.encoding, bytes);
           if (s) s = emit(std::move(bytes));
           if (!s) throw stop_build{std::move(s)};
         });
@@ -175,7 +179,8 @@ static_assert(owner_role<training_round::member>);
 /// Attempt fencing, deduplication and staging are the receiver's own; the
 /// adapter asks it for what the protocol requires: every byte validated at
 /// `stage`, and only `begin_attempt` starting an attempt.
-template <class R> class receiver_role_adapter {
+template <class R>
+class receiver_role_adapter {
 public:
   /// Optional post-apply check run by `finish` (e.g. `verify` against a reference).
   using check = std::function<status(R&)>;
@@ -186,7 +191,9 @@ public:
   }
   std::string receiver_id() const { return id_; }
   void begin_attempt(std::uint64_t a) { r_->begin_attempt(a); }
-  status stage(std::span<const std::byte> bytes) { return r_->stage(bytes, {.decode_now = true, .exact_attempt = true}); }
+  status stage(std::span<const std::byte> bytes) {
+    return r_->stage(bytes, {.decode_now = true, .exact_attempt = true});
+  }
   status apply_staged() { return r_->apply_staged(); }
   status finish() { return check_ ? check_(*r_) : status::success(); }
   digest128 state_digest() const { return r_->state_digest(); }

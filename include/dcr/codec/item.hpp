@@ -22,8 +22,10 @@ enum class value_encoding : std::uint8_t {
 
 constexpr std::string_view to_string(value_encoding e) noexcept {
   switch (e) {
-  case value_encoding::xor_mask: return "xor";
-  case value_encoding::overwrite: return "overwrite";
+  case value_encoding::xor_mask:
+    return "xor";
+  case value_encoding::overwrite:
+    return "overwrite";
   }
   return "unknown";
 }

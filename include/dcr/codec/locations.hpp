@@ -44,16 +44,26 @@ enum class location_id : std::uint8_t {
 /// Short stable name, e.g. "gap_u16".
 constexpr std::string_view to_string(location_id id) noexcept {
   switch (id) {
-  case location_id::run: return "run";
-  case location_id::gap_u8: return "gap_u8";
-  case location_id::gap_u16: return "gap_u16";
-  case location_id::gap_u32: return "gap_u32";
-  case location_id::gap_u64: return "gap_u64";
-  case location_id::planes_u16: return "planes_u16";
-  case location_id::planes_u32: return "planes_u32";
-  case location_id::planes_u64: return "planes_u64";
-  case location_id::varint: return "varint";
-  case location_id::escape_u8: return "escape_u8";
+  case location_id::run:
+    return "run";
+  case location_id::gap_u8:
+    return "gap_u8";
+  case location_id::gap_u16:
+    return "gap_u16";
+  case location_id::gap_u32:
+    return "gap_u32";
+  case location_id::gap_u64:
+    return "gap_u64";
+  case location_id::planes_u16:
+    return "planes_u16";
+  case location_id::planes_u32:
+    return "planes_u32";
+  case location_id::planes_u64:
+    return "planes_u64";
+  case location_id::varint:
+    return "varint";
+  case location_id::escape_u8:
+    return "escape_u8";
   }
   return "unknown";
 }
@@ -97,12 +107,13 @@ inline std::uint64_t max_gap(std::span<const std::uint64_t> idx) noexcept {
 
 /// Message for a decode that produced indices outside [0, numel) or
 /// wrapped: names the first offending position.
-inline status range_error(std::span<const std::uint64_t> out, std::uint64_t numel, bool wrapped_any) {
+inline status range_error(std::span<const std::uint64_t> out, std::uint64_t numel,
+                          bool wrapped_any) {
   for (std::size_t k = 0; k < out.size(); ++k) {
     if (k > 0 && out[k] <= out[k - 1])
-      return fail(errc::index_out_of_range,
-                  "location " + std::to_string(k) + " overflows 64 bits after index " +
-                      std::to_string(out[k - 1]));
+      return fail(errc::index_out_of_range, "location " + std::to_string(k) +
+                                                " overflows 64 bits after index " +
+                                                std::to_string(out[k - 1]));
     if (out[k] >= numel)
       return fail(errc::index_out_of_range, "location " + std::to_string(k) + ": index " +
                                                 std::to_string(out[k]) + " >= numel " +
@@ -118,7 +129,8 @@ inline status empty_output() {
 
 /// Prefix-sum gaps into indices; branch-light (wrap and range checked once).
 template <class Gap>
-inline status finish(std::span<std::uint64_t> out, std::uint64_t first, std::uint64_t numel, Gap&& gap) {
+inline status finish(std::span<std::uint64_t> out, std::uint64_t first, std::uint64_t numel,
+                     Gap&& gap) {
   if (out.empty()) return empty_output();
   out[0] = first;
   std::uint64_t prev = first;
@@ -187,7 +199,8 @@ struct run {
 static_assert(location_coding<run>);
 
 /// Gaps as little-endian words of `W` (u8/u16/u32/u64).
-template <class W> struct gap_words {
+template <class W>
+struct gap_words {
   static constexpr location_id id = sizeof(W) == 1   ? location_id::gap_u8
                                     : sizeof(W) == 2 ? location_id::gap_u16
                                     : sizeof(W) == 4 ? location_id::gap_u32
@@ -211,8 +224,9 @@ template <class W> struct gap_words {
     if (in.size() / sizeof(W) != gaps || in.size() % sizeof(W) != 0)
       return detail::length_error(name, in.size(), gaps * sizeof(W));
     const std::byte* p = in.data();
-    return detail::finish(out, first, numel,
-                          [p](std::size_t k) { return std::uint64_t{load_le<W>(p + k * sizeof(W))}; });
+    return detail::finish(out, first, numel, [p](std::size_t k) {
+      return std::uint64_t{load_le<W>(p + k * sizeof(W))};
+    });
   }
 };
 using gap_u8 = gap_words<std::uint8_t>;
@@ -225,7 +239,8 @@ static_assert(location_coding<gap_u8> && location_coding<gap_u16> && location_co
 /// Gap words of `W` split into byte planes: the most significant byte of
 /// every gap, then the next, down to the least significant. High planes of
 /// small gaps are nearly all zero, which zstd removes almost for free.
-template <class W> struct gap_planes {
+template <class W>
+struct gap_planes {
   static_assert(sizeof(W) > 1);
   static constexpr location_id id = sizeof(W) == 2   ? location_id::planes_u16
                                     : sizeof(W) == 4 ? location_id::planes_u32
@@ -262,7 +277,8 @@ template <class W> struct gap_planes {
 using planes_u16 = gap_planes<std::uint16_t>;
 using planes_u32 = gap_planes<std::uint32_t>;
 using planes_u64 = gap_planes<std::uint64_t>;
-static_assert(location_coding<planes_u16> && location_coding<planes_u32> && location_coding<planes_u64>);
+static_assert(location_coding<planes_u16> && location_coding<planes_u32> &&
+              location_coding<planes_u64>);
 
 /// Gaps as minimal unsigned LEB128 (7 bits per byte, high bit = more).
 struct varint_gaps {
@@ -292,7 +308,8 @@ struct varint_gaps {
     }
     if (pos != in.size()) return detail::length_error(name, in.size(), pos);
     DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "first index " + std::to_string(first) + " >= numel " + std::to_string(numel));
+                        "first index " + std::to_string(first) + " >= numel " +
+                            std::to_string(numel));
     return status::success();
   }
 };
@@ -320,7 +337,8 @@ struct escape_u8 {
                        std::span<std::uint64_t> out) {
     if (out.empty()) return detail::empty_output();
     DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "first index " + std::to_string(first) + " >= numel " + std::to_string(numel));
+                        "first index " + std::to_string(first) + " >= numel " +
+                            std::to_string(numel));
     std::size_t pos = 0, k = 1;
     out[0] = first;
     std::uint64_t prev = first;
@@ -369,18 +387,29 @@ struct escape_u8 {
 static_assert(location_coding<escape_u8>);
 
 /// Call `f(Coding{})` with the policy for a runtime id. Precondition: known id.
-template <class F> decltype(auto) visit_location(location_id id, F&& f) {
+template <class F>
+decltype(auto) visit_location(location_id id, F&& f) {
   switch (id) {
-  case location_id::run: return f(run{});
-  case location_id::gap_u8: return f(gap_u8{});
-  case location_id::gap_u16: return f(gap_u16{});
-  case location_id::gap_u32: return f(gap_u32{});
-  case location_id::gap_u64: return f(gap_u64{});
-  case location_id::planes_u16: return f(planes_u16{});
-  case location_id::planes_u32: return f(planes_u32{});
-  case location_id::planes_u64: return f(planes_u64{});
-  case location_id::varint: return f(varint_gaps{});
-  case location_id::escape_u8: return f(escape_u8{});
+  case location_id::run:
+    return f(run{});
+  case location_id::gap_u8:
+    return f(gap_u8{});
+  case location_id::gap_u16:
+    return f(gap_u16{});
+  case location_id::gap_u32:
+    return f(gap_u32{});
+  case location_id::gap_u64:
+    return f(gap_u64{});
+  case location_id::planes_u16:
+    return f(planes_u16{});
+  case location_id::planes_u32:
+    return f(planes_u32{});
+  case location_id::planes_u64:
+    return f(planes_u64{});
+  case location_id::varint:
+    return f(varint_gaps{});
+  case location_id::escape_u8:
+    return f(escape_u8{});
   }
   DCR_UNREACHABLE();
   return f(run{});
@@ -397,16 +426,21 @@ enum class location_scheme : std::uint8_t {
 
 constexpr std::string_view to_string(location_scheme s) noexcept {
   switch (s) {
-  case location_scheme::gaps: return "gaps";
-  case location_scheme::planes: return "planes";
-  case location_scheme::varint: return "varint";
-  case location_scheme::escape_u8: return "escape_u8";
+  case location_scheme::gaps:
+    return "gaps";
+  case location_scheme::planes:
+    return "planes";
+  case location_scheme::varint:
+    return "varint";
+  case location_scheme::escape_u8:
+    return "escape_u8";
   }
   return "unknown";
 }
 
 /// The coding the encoder uses for strictly increasing `idx` under `scheme`.
-inline location_id choose_location(std::span<const std::uint64_t> idx, location_scheme scheme) noexcept {
+inline location_id choose_location(std::span<const std::uint64_t> idx,
+                                   location_scheme scheme) noexcept {
   if (run::can_encode(idx)) return location_id::run;
   if (scheme == location_scheme::varint) return location_id::varint;
   if (scheme == location_scheme::escape_u8) return location_id::escape_u8;
@@ -419,7 +453,8 @@ inline location_id choose_location(std::span<const std::uint64_t> idx, location_
 }
 
 /// Append the coding `id` of `idx` to `out`. Precondition: the policy can encode `idx`.
-inline void encode_locations(location_id id, std::span<const std::uint64_t> idx, std::vector<std::byte>& out) {
+inline void encode_locations(location_id id, std::span<const std::uint64_t> idx,
+                             std::vector<std::byte>& out) {
   visit_location(id, [&](auto c) { decltype(c)::encode(idx, out); });
 }
 

@@ -19,10 +19,12 @@ inline status decompress_body(std::span<const std::byte> bytes, const payload_he
                               std::vector<std::byte>& body) {
   const auto frame = compressed_body(bytes);
   if (auto s = zstd_check_frame(frame, h.raw_length); !s)
-    return fail(s.code, "body (payload byte " + std::to_string(payload_header_size) + "): " + s.message);
+    return fail(s.code,
+                "body (payload byte " + std::to_string(payload_header_size) + "): " + s.message);
   body.resize(h.raw_length);
   if (auto s = zstd_decompress(frame, body); !s)
-    return fail(s.code, "body (payload byte " + std::to_string(payload_header_size) + "): " + s.message);
+    return fail(s.code,
+                "body (payload byte " + std::to_string(payload_header_size) + "): " + s.message);
   return status::success();
 }
 
@@ -50,7 +52,8 @@ inline status decode_payload(std::span<const std::byte> bytes, decoded_payload& 
   out.id = pi.header.id;
   out.items.clear();
   out.items.resize(pi.rows.size());
-  for (std::size_t i = 0; i < pi.rows.size(); ++i) DCR_TRY(decode_row(pi.body, pi.header, pi.rows[i], i, out.items[i]));
+  for (std::size_t i = 0; i < pi.rows.size(); ++i)
+    DCR_TRY(decode_row(pi.body, pi.header, pi.rows[i], i, out.items[i]));
   return status::success();
 }
 
@@ -67,7 +70,7 @@ inline status decode_payload(std::span<const std::byte> bytes, decoded_payload& 
 /// `L` is the location policy (every coding by default; a static pipeline
 /// names the codings it decodes).
 template <location_policy L = by_scheme, class Keep>
-  requires std::predicate<Keep&, const item_row&>
+requires std::predicate<Keep&, const item_row&>
 inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payload& out, Keep&& keep,
                                 const decode_limits& limits = {}) {
   payload_info pi;

@@ -29,8 +29,9 @@ namespace codec {
 /// the location policy `locate` (`opt.locations` is not read). Fails on an
 /// invalid item or option.
 template <location_policy L>
-inline status encode_payload_with(const payload_id& id, std::span<const item> items, const encode_options& opt,
-                                  const L& locate, std::vector<std::byte>& out) {
+inline status encode_payload_with(const payload_id& id, std::span<const item> items,
+                                  const encode_options& opt, const L& locate,
+                                  std::vector<std::byte>& out) {
   DCR_RETURN_ERROR_IF(items.size() > 0xFFFFFFFFu, length_overflow, "more than 2^32-1 items");
   std::vector<std::byte> table, locs, vals;
   std::size_t value_bytes = 0;

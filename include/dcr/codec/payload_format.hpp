@@ -105,7 +105,8 @@ struct writer {
   void u16(std::uint16_t v) { word(v); }
   void u32(std::uint32_t v) { word(v); }
   void u64(std::uint64_t v) { word(v); }
-  template <class W> void word(W v) {
+  template <class W>
+  void word(W v) {
     std::byte b[sizeof(W)];
     store_le(b, v);
     put(b, sizeof(W));
@@ -122,8 +123,16 @@ struct reader {
   std::size_t pos = 0;
   bool has(std::size_t n) const noexcept { return in.size() - pos >= n; }
   std::uint8_t u8() noexcept { return static_cast<std::uint8_t>(in[pos++]); }
-  std::uint16_t u16() noexcept { auto v = load_le<std::uint16_t>(in.data() + pos); pos += 2; return v; }
-  std::uint64_t u64() noexcept { auto v = load_le<std::uint64_t>(in.data() + pos); pos += 8; return v; }
+  std::uint16_t u16() noexcept {
+    auto v = load_le<std::uint16_t>(in.data() + pos);
+    pos += 2;
+    return v;
+  }
+  std::uint64_t u64() noexcept {
+    auto v = load_le<std::uint64_t>(in.data() + pos);
+    pos += 8;
+    return v;
+  }
 };
 
 /// Product of dims, or false on overflow.
@@ -144,9 +153,11 @@ inline std::string item_where(std::size_t i, const std::string& name) {
 inline status validate_item(const item& it, std::size_t i = 0) {
   const auto where = [&] { return detail::item_where(i, it.tensor.name); };
   DCR_RETURN_ERROR_IF(!info(it.tensor.dtype), bad_dtype,
-                      where() + ": unknown dtype id " + std::to_string(static_cast<int>(it.tensor.dtype)));
+                      where() + ": unknown dtype id " +
+                          std::to_string(static_cast<int>(it.tensor.dtype)));
   DCR_RETURN_ERROR_IF(!is_known_encoding(static_cast<std::uint8_t>(it.encoding)), bad_encoding,
-                      where() + ": unknown value encoding " + std::to_string(static_cast<int>(it.encoding)));
+                      where() + ": unknown value encoding " +
+                          std::to_string(static_cast<int>(it.encoding)));
   DCR_RETURN_ERROR_IF(it.tensor.name.size() > 0xFFFF, length_overflow,
                       where() + ": name longer than 65535 bytes");
   DCR_RETURN_ERROR_IF(it.tensor.shape.size() > max_rank, shape_mismatch,
@@ -156,10 +167,10 @@ inline status validate_item(const item& it, std::size_t i = 0) {
   DCR_RETURN_ERROR_IF(!detail::checked_numel(it.tensor.shape, numel), length_overflow,
                       where() + ": element count overflows 64 bits");
   const std::size_t w = width_of(it.tensor.dtype);
-  DCR_RETURN_ERROR_IF(it.values.size() / w != it.indices.size() || it.values.size() % w != 0,
-                      invalid_argument,
-                      where() + ": " + std::to_string(it.values.size()) + " value bytes for " +
-                          std::to_string(it.indices.size()) + " indices of width " + std::to_string(w));
+  DCR_RETURN_ERROR_IF(
+      it.values.size() / w != it.indices.size() || it.values.size() % w != 0, invalid_argument,
+      where() + ": " + std::to_string(it.values.size()) + " value bytes for " +
+          std::to_string(it.indices.size()) + " indices of width " + std::to_string(w));
   const auto& idx = it.indices;
   bool increasing = true;
   for (std::size_t k = 1; k < idx.size(); ++k) increasing &= idx[k] > idx[k - 1];
@@ -167,9 +178,11 @@ inline status validate_item(const item& it, std::size_t i = 0) {
     for (std::size_t k = 1; k < idx.size(); ++k)
       DCR_RETURN_ERROR_IF(idx[k] <= idx[k - 1], not_increasing,
                           where() + ": index " + std::to_string(k) + " (" + std::to_string(idx[k]) +
-                              ") <= index " + std::to_string(k - 1) + " (" + std::to_string(idx[k - 1]) + ")");
+                              ") <= index " + std::to_string(k - 1) + " (" +
+                              std::to_string(idx[k - 1]) + ")");
   DCR_RETURN_ERROR_IF(!idx.empty() && idx.back() >= numel, index_out_of_range,
-                      where() + ": index " + std::to_string(idx.back()) + " >= numel " + std::to_string(numel));
+                      where() + ": index " + std::to_string(idx.back()) + " >= numel " +
+                          std::to_string(numel));
   return status::success();
 }
 
@@ -177,9 +190,10 @@ inline status validate_item(const item& it, std::size_t i = 0) {
 /// applies): dtype and shape equal `meta`'s, then every `item` invariant.
 inline status validate_item(const item& it, const tensor_meta& meta) {
   DCR_RETURN_ERROR_IF(it.tensor.dtype != meta.dtype, bad_dtype,
-                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + ", canonical " +
-                          std::string(name_of(meta.dtype)));
-  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch, "item for " + meta.name + ": shape differs");
+                      "item for " + meta.name + ": dtype " + std::string(name_of(it.tensor.dtype)) +
+                          ", canonical " + std::string(name_of(meta.dtype)));
+  DCR_RETURN_ERROR_IF(it.tensor.shape != meta.shape, shape_mismatch,
+                      "item for " + meta.name + ": shape differs");
   return validate_item(it);
 }
 
@@ -196,8 +210,8 @@ inline status parse_header(std::span<const std::byte> bytes, payload_header& h,
                       "payload byte 0: magic is not \"DCRP\"");
   h.version = load_le<std::uint16_t>(p + 4);
   DCR_RETURN_ERROR_IF(h.version != payload_version, unsupported_version,
-                      "payload byte 4: format version " + std::to_string(h.version) + ", this build reads " +
-                          std::to_string(payload_version));
+                      "payload byte 4: format version " + std::to_string(h.version) +
+                          ", this build reads " + std::to_string(payload_version));
   const std::uint16_t hsize = load_le<std::uint16_t>(p + 6);
   DCR_RETURN_ERROR_IF(hsize != payload_header_size, unsupported_version,
                       "payload byte 6: header size " + std::to_string(hsize) + " is not " +
@@ -238,7 +252,8 @@ inline status parse_header(std::span<const std::byte> bytes, payload_header& h,
                       "payload byte 72: body of " + std::to_string(h.compressed_length) +
                           " bytes, only " + std::to_string(avail) + " follow the header");
   DCR_RETURN_ERROR_IF(h.compressed_length < avail, trailing_bytes,
-                      std::to_string(avail - h.compressed_length) + " bytes after the body (payload byte " +
+                      std::to_string(avail - h.compressed_length) +
+                          " bytes after the body (payload byte " +
                           std::to_string(payload_header_size + h.compressed_length) + ")");
   DCR_RETURN_ERROR_IF(h.raw_length / zstd_max_expansion > h.compressed_length, length_overflow,
                       "payload byte 64: raw body length " + std::to_string(h.raw_length) +
@@ -258,8 +273,8 @@ inline status read_payload_header(std::span<const std::byte> bytes, payload_head
   DCR_TRY(parse_header(bytes, h, limits));
   const digest128 d = digest(compressed_body(bytes));
   DCR_RETURN_ERROR_IF(d != h.digest, digest_mismatch,
-                      "payload byte 80: header digest " + to_hex(h.digest) + " != BLAKE2b-128 of body " +
-                          to_hex(d));
+                      "payload byte 80: header digest " + to_hex(h.digest) +
+                          " != BLAKE2b-128 of body " + to_hex(d));
   return status::success();
 }
 
@@ -280,15 +295,15 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
     };
     DCR_RETURN_ERROR_IF(!r.has(2), truncated, at(r.pos) + ": table ends in the name length");
     const std::uint16_t name_len = r.u16();
-    DCR_RETURN_ERROR_IF(!r.has(name_len + 5u), truncated, at(r.pos) + ": table ends in the name or ids");
+    DCR_RETURN_ERROR_IF(!r.has(name_len + 5u), truncated,
+                        at(r.pos) + ": table ends in the name or ids");
     row.tensor.name.assign(reinterpret_cast<const char*>(body.data() + r.pos), name_len);
     r.pos += name_len;
-    const auto where = [&](std::size_t off) {
-      return at(off) + " '" + row.tensor.name + "'";
-    };
+    const auto where = [&](std::size_t off) { return at(off) + " '" + row.tensor.name + "'"; };
     const std::size_t ids = r.pos;
     const std::uint8_t dt = r.u8(), enc = r.u8(), loc = r.u8(), filt = r.u8(), rank = r.u8();
-    DCR_RETURN_ERROR_IF(!is_known_dtype(dt), bad_dtype, where(ids) + ": unknown dtype id " + std::to_string(dt));
+    DCR_RETURN_ERROR_IF(!is_known_dtype(dt), bad_dtype,
+                        where(ids) + ": unknown dtype id " + std::to_string(dt));
     DCR_RETURN_ERROR_IF(!is_known_encoding(enc), bad_encoding,
                         where(ids + 1) + ": unknown value encoding " + std::to_string(enc));
     DCR_RETURN_ERROR_IF(!is_known_location(loc), bad_location,
@@ -296,12 +311,14 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
     DCR_RETURN_ERROR_IF(!is_known_filter(filt), bad_encoding,
                         where(ids + 3) + ": unknown value filter " + std::to_string(filt));
     DCR_RETURN_ERROR_IF(rank > max_rank, shape_mismatch,
-                        where(ids + 4) + ": rank " + std::to_string(rank) + " > " + std::to_string(max_rank));
+                        where(ids + 4) + ": rank " + std::to_string(rank) + " > " +
+                            std::to_string(max_rank));
     row.tensor.dtype = static_cast<dtype_id>(dt);
     row.encoding = static_cast<value_encoding>(enc);
     row.location = static_cast<location_id>(loc);
     row.filter = static_cast<value_filter>(filt);
-    DCR_RETURN_ERROR_IF(!r.has(8u * rank + 48u), truncated, where(r.pos) + ": table ends in the shape or counts");
+    DCR_RETURN_ERROR_IF(!r.has(8u * rank + 48u), truncated,
+                        where(r.pos) + ": table ends in the shape or counts");
     const std::size_t shape_at = r.pos;
     row.tensor.shape.resize(rank);
     for (auto& d : row.tensor.shape) d = r.u64();
@@ -316,30 +333,34 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
     row.value_offset = r.u64();
     row.value_length = r.u64();
     DCR_RETURN_ERROR_IF(row.count > numel, index_out_of_range,
-                        where(count_at) + ": count " + std::to_string(row.count) + " > numel " + std::to_string(numel));
+                        where(count_at) + ": count " + std::to_string(row.count) + " > numel " +
+                            std::to_string(numel));
     if (row.count == 0) {
-      DCR_RETURN_ERROR_IF(row.location != location_id::run || row.first != 0 || row.filter != value_filter::none,
-                          bad_location, where(ids + 2) + ": an empty item must be run, first 0, filter none");
+      DCR_RETURN_ERROR_IF(
+          row.location != location_id::run || row.first != 0 || row.filter != value_filter::none,
+          bad_location, where(ids + 2) + ": an empty item must be run, first 0, filter none");
     } else {
       DCR_RETURN_ERROR_IF(row.first >= numel, index_out_of_range,
                           where(count_at + 8) + ": first index " + std::to_string(row.first) +
                               " >= numel " + std::to_string(numel));
     }
     const std::uint64_t width = width_of(row.tensor.dtype);
-    DCR_RETURN_ERROR_IF(row.value_length / width != row.count || row.value_length % width != 0,
-                        length_overflow,
-                        where(count_at + 40) + ": value length " + std::to_string(row.value_length) +
-                            " != count " + std::to_string(row.count) + " x width " + std::to_string(width));
+    DCR_RETURN_ERROR_IF(
+        row.value_length / width != row.count || row.value_length % width != 0, length_overflow,
+        where(count_at + 40) + ": value length " + std::to_string(row.value_length) + " != count " +
+            std::to_string(row.count) + " x width " + std::to_string(width));
     DCR_RETURN_ERROR_IF(row.location_offset != loc_pos, offset_out_of_range,
-                        where(count_at + 16) + ": location offset " + std::to_string(row.location_offset) +
-                            " != " + std::to_string(loc_pos) + " (sections tile the buffer in item order)");
+                        where(count_at + 16) + ": location offset " +
+                            std::to_string(row.location_offset) + " != " + std::to_string(loc_pos) +
+                            " (sections tile the buffer in item order)");
     DCR_RETURN_ERROR_IF(row.location_length > h.location_length - loc_pos, offset_out_of_range,
-                        where(count_at + 24) + ": location range [" + std::to_string(loc_pos) + ", +" +
-                            std::to_string(row.location_length) + ") exceeds the " +
+                        where(count_at + 24) + ": location range [" + std::to_string(loc_pos) +
+                            ", +" + std::to_string(row.location_length) + ") exceeds the " +
                             std::to_string(h.location_length) + "-byte location buffer");
     DCR_RETURN_ERROR_IF(row.value_offset != val_pos, offset_out_of_range,
-                        where(count_at + 32) + ": value offset " + std::to_string(row.value_offset) +
-                            " != " + std::to_string(val_pos) + " (sections tile the buffer in item order)");
+                        where(count_at + 32) + ": value offset " +
+                            std::to_string(row.value_offset) + " != " + std::to_string(val_pos) +
+                            " (sections tile the buffer in item order)");
     DCR_RETURN_ERROR_IF(row.value_length > h.value_length - val_pos, offset_out_of_range,
                         where(count_at + 40) + ": value range [" + std::to_string(val_pos) + ", +" +
                             std::to_string(row.value_length) + ") exceeds the " +
@@ -349,11 +370,12 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
     rows.push_back(std::move(row));
   }
   DCR_RETURN_ERROR_IF(r.pos != h.table_length, trailing_bytes,
-                      "item table: " + std::to_string(h.table_length - r.pos) + " bytes after the last row (body byte " +
-                          std::to_string(r.pos) + ")");
+                      "item table: " + std::to_string(h.table_length - r.pos) +
+                          " bytes after the last row (body byte " + std::to_string(r.pos) + ")");
   DCR_RETURN_ERROR_IF(loc_pos != h.location_length, trailing_bytes,
                       "location buffer: " + std::to_string(h.location_length - loc_pos) +
-                          " bytes no item uses (body byte " + std::to_string(h.table_length + loc_pos) + ")");
+                          " bytes no item uses (body byte " +
+                          std::to_string(h.table_length + loc_pos) + ")");
   DCR_RETURN_ERROR_IF(val_pos != h.value_length, trailing_bytes,
                       "value buffer: " + std::to_string(h.value_length - val_pos) +
                           " bytes no item uses (body byte " +
@@ -364,12 +386,15 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
 /// Decode and check the locations of row `i` (of a parsed table) into
 /// `out`, which holds `row.count > 0` entries, with location policy `L`.
 template <location_policy L = by_scheme>
-inline status decode_row_locations(std::span<const std::byte> body, const payload_header& h, const item_row& row,
-                                   std::size_t i, std::span<std::uint64_t> out) {
+inline status decode_row_locations(std::span<const std::byte> body, const payload_header& h,
+                                   const item_row& row, std::size_t i,
+                                   std::span<std::uint64_t> out) {
   std::uint64_t numel;
   detail::checked_numel(row.tensor.shape, numel);
   const std::uint64_t loc_at = h.table_length + row.location_offset;
-  if (auto s = L::decode(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out); !s)
+  if (auto s =
+          L::decode(row.location, body.subspan(loc_at, row.location_length), row.first, numel, out);
+      !s)
     return fail(s.code, "item " + std::to_string(i) + " '" + row.tensor.name + "' (" +
                             std::string(to_string(row.location)) + " locations at body bytes [" +
                             std::to_string(loc_at) + ", +" + std::to_string(row.location_length) +
@@ -380,8 +405,8 @@ inline status decode_row_locations(std::span<const std::byte> body, const payloa
 /// Expand one row into an item (locations decoded and checked by policy `L`,
 /// values unfiltered).
 template <location_policy L = by_scheme>
-inline status decode_row(std::span<const std::byte> body, const payload_header& h, const item_row& row,
-                         std::size_t i, item& out) {
+inline status decode_row(std::span<const std::byte> body, const payload_header& h,
+                         const item_row& row, std::size_t i, item& out) {
   out.tensor = row.tensor;
   out.encoding = row.encoding;
   out.indices.assign(row.count, 0);
@@ -389,7 +414,8 @@ inline status decode_row(std::span<const std::byte> body, const payload_header& 
   if (row.count == 0) return status::success();
   DCR_TRY(decode_row_locations<L>(body, h, row, i, out.indices));
   const std::uint64_t val_at = h.table_length + h.location_length + row.value_offset;
-  remove_filter(row.filter, body.subspan(val_at, row.value_length), width_of(row.tensor.dtype), out.values);
+  remove_filter(row.filter, body.subspan(val_at, row.value_length), width_of(row.tensor.dtype),
+                out.values);
   return status::success();
 }
 

@@ -33,16 +33,28 @@ concept delta_encoding = requires(std::uint16_t w) {
 /// value = old ^ new; applying XORs it in (needs the resident word to be `old`).
 struct xor_mask {
   static constexpr value_encoding id = value_encoding::xor_mask;
-  template <class W> static constexpr DCR_HOST_DEVICE W make(W old_w, W new_w) noexcept { return old_w ^ new_w; }
-  template <class W> static constexpr DCR_HOST_DEVICE W apply(W resident, W v) noexcept { return resident ^ v; }
+  template <class W>
+  static constexpr DCR_HOST_DEVICE W make(W old_w, W new_w) noexcept {
+    return old_w ^ new_w;
+  }
+  template <class W>
+  static constexpr DCR_HOST_DEVICE W apply(W resident, W v) noexcept {
+    return resident ^ v;
+  }
 };
 static_assert(delta_encoding<xor_mask>);
 
 /// value = new; applying writes it, whatever was resident.
 struct overwrite {
   static constexpr value_encoding id = value_encoding::overwrite;
-  template <class W> static constexpr DCR_HOST_DEVICE W make(W, W new_w) noexcept { return new_w; }
-  template <class W> static constexpr DCR_HOST_DEVICE W apply(W, W v) noexcept { return v; }
+  template <class W>
+  static constexpr DCR_HOST_DEVICE W make(W, W new_w) noexcept {
+    return new_w;
+  }
+  template <class W>
+  static constexpr DCR_HOST_DEVICE W apply(W, W v) noexcept {
+    return v;
+  }
 };
 static_assert(delta_encoding<overwrite>);
 
@@ -57,8 +69,10 @@ enum class value_filter : std::uint8_t {
 
 constexpr std::string_view to_string(value_filter f) noexcept {
   switch (f) {
-  case value_filter::none: return "none";
-  case value_filter::byte_planes: return "byte_planes";
+  case value_filter::none:
+    return "none";
+  case value_filter::byte_planes:
+    return "byte_planes";
   }
   return "unknown";
 }

@@ -34,7 +34,6 @@ inline ZSTD_DCtx* thread_dctx() {
 }
 } // namespace detail
 
-
 /// Compress `in` into one zstd frame at `level`, replacing `out`.
 inline status zstd_compress(std::span<const std::byte> in, int level, std::vector<std::byte>& out) {
   DCR_RETURN_ERROR_IF(level < ZSTD_minCLevel() || level > ZSTD_maxCLevel(), invalid_argument,
@@ -45,7 +44,8 @@ inline status zstd_compress(std::span<const std::byte> in, int level, std::vecto
   DCR_RETURN_ERROR_IF(c == nullptr, compression, "ZSTD_createCCtx failed");
   ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
   auto check = [](std::size_t r, const char* what) -> status {
-    if (ZSTD_isError(r)) return fail(errc::compression, std::string(what) + ": " + ZSTD_getErrorName(r));
+    if (ZSTD_isError(r))
+      return fail(errc::compression, std::string(what) + ": " + ZSTD_getErrorName(r));
     return status::success();
   };
   DCR_TRY(check(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level), "set level"));
@@ -64,7 +64,8 @@ inline status zstd_compress(std::span<const std::byte> in, int level, std::vecto
 inline status zstd_check_frame(std::span<const std::byte> in, std::uint64_t size) {
   const std::size_t frame = ZSTD_findFrameCompressedSize(in.data(), in.size());
   DCR_RETURN_ERROR_IF(ZSTD_isError(frame), compression,
-                      std::string("body is not a complete zstd frame: ") + ZSTD_getErrorName(frame));
+                      std::string("body is not a complete zstd frame: ") +
+                          ZSTD_getErrorName(frame));
   DCR_RETURN_ERROR_IF(frame != in.size(), trailing_bytes,
                       "zstd frame ends at body byte " + std::to_string(frame) + " of " +
                           std::to_string(in.size()));
@@ -99,7 +100,8 @@ inline std::vector<std::byte> zstd_compress_or_throw(std::span<const std::byte> 
   throw_if_failed(zstd_compress(in, level, out));
   return out;
 }
-inline std::vector<std::byte> zstd_decompress_or_throw(std::span<const std::byte> in, std::size_t size) {
+inline std::vector<std::byte> zstd_decompress_or_throw(std::span<const std::byte> in,
+                                                       std::size_t size) {
   std::vector<std::byte> out(size);
   throw_if_failed(zstd_decompress(in, out));
   return out;

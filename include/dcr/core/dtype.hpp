@@ -32,23 +32,27 @@ struct f8e5m2 {};
 /// Per-dtype facts. `word` is the unsigned integer holding one stored value;
 /// `placeholder` is the canonical quiet NaN used as the default overwrite
 /// placeholder (it survives elementwise casts and scales).
-template <class D> struct dtype_traits;
+template <class D>
+struct dtype_traits;
 
-template <> struct dtype_traits<bf16> {
+template <>
+struct dtype_traits<bf16> {
   using word = std::uint16_t;
   static constexpr dtype_id id = dtype_id::bf16;
   static constexpr std::string_view safetensors_name = "BF16";
   static constexpr word placeholder = 0x7FC0;
   static constexpr word exponent_mask = 0x7F80, mantissa_mask = 0x007F;
 };
-template <> struct dtype_traits<f16> {
+template <>
+struct dtype_traits<f16> {
   using word = std::uint16_t;
   static constexpr dtype_id id = dtype_id::f16;
   static constexpr std::string_view safetensors_name = "F16";
   static constexpr word placeholder = 0x7E00;
   static constexpr word exponent_mask = 0x7C00, mantissa_mask = 0x03FF;
 };
-template <> struct dtype_traits<f32> {
+template <>
+struct dtype_traits<f32> {
   using word = std::uint32_t;
   static constexpr dtype_id id = dtype_id::f32;
   static constexpr std::string_view safetensors_name = "F32";
@@ -56,14 +60,16 @@ template <> struct dtype_traits<f32> {
   static constexpr word exponent_mask = 0x7F800000u, mantissa_mask = 0x007FFFFFu;
 };
 /// E4M3 "fn": no infinities; only S.1111.111 is NaN.
-template <> struct dtype_traits<f8e4m3fn> {
+template <>
+struct dtype_traits<f8e4m3fn> {
   using word = std::uint8_t;
   static constexpr dtype_id id = dtype_id::f8e4m3fn;
   static constexpr std::string_view safetensors_name = "F8_E4M3";
   static constexpr word placeholder = 0x7F;
   static constexpr word exponent_mask = 0x78, mantissa_mask = 0x07;
 };
-template <> struct dtype_traits<f8e5m2> {
+template <>
+struct dtype_traits<f8e5m2> {
   using word = std::uint8_t;
   static constexpr dtype_id id = dtype_id::f8e5m2;
   static constexpr std::string_view safetensors_name = "F8_E5M2";
@@ -77,15 +83,19 @@ concept storage_dtype = requires {
   typename dtype_traits<D>::word;
   { dtype_traits<D>::id } -> std::convertible_to<dtype_id>;
   { dtype_traits<D>::placeholder } -> std::convertible_to<typename dtype_traits<D>::word>;
-} && std::is_unsigned_v<typename dtype_traits<D>::word>;
+}
+&&std::is_unsigned_v<typename dtype_traits<D>::word>;
 
-static_assert(storage_dtype<bf16> && storage_dtype<f16> && storage_dtype<f32> && storage_dtype<f8e4m3fn> && storage_dtype<f8e5m2>);
+static_assert(storage_dtype<bf16> && storage_dtype<f16> && storage_dtype<f32> &&
+              storage_dtype<f8e4m3fn> && storage_dtype<f8e5m2>);
 
 /// Word type of dtype `D`.
-template <storage_dtype D> using word_t = typename dtype_traits<D>::word;
+template <storage_dtype D>
+using word_t = typename dtype_traits<D>::word;
 
 /// True when `w` is a NaN pattern of dtype `D` (any sign, any payload).
-template <storage_dtype D> constexpr DCR_HOST_DEVICE bool is_nan_word(word_t<D> w) noexcept {
+template <storage_dtype D>
+constexpr DCR_HOST_DEVICE bool is_nan_word(word_t<D> w) noexcept {
   using T = dtype_traits<D>;
   if constexpr (std::is_same_v<D, f8e4m3fn>) {
     return (w & 0x7F) == 0x7F;
@@ -133,32 +143,43 @@ constexpr std::size_t width_of(dtype_id id) noexcept {
 /// Short name, e.g. "bf16".
 constexpr std::string_view name_of(dtype_id id) noexcept {
   switch (id) {
-  case dtype_id::bf16: return "bf16";
-  case dtype_id::f16: return "f16";
-  case dtype_id::f32: return "f32";
-  case dtype_id::f8e4m3fn: return "f8e4m3fn";
-  case dtype_id::f8e5m2: return "f8e5m2";
+  case dtype_id::bf16:
+    return "bf16";
+  case dtype_id::f16:
+    return "f16";
+  case dtype_id::f32:
+    return "f32";
+  case dtype_id::f8e4m3fn:
+    return "f8e4m3fn";
+  case dtype_id::f8e5m2:
+    return "f8e5m2";
   }
   return "unknown";
 }
 
 /// Dtype id from a safetensors dtype string ("BF16", "F32", ...).
 constexpr std::optional<dtype_id> from_safetensors_name(std::string_view s) noexcept {
-  for (auto id : {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn,
-                  dtype_id::f8e5m2})
+  for (auto id :
+       {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2})
     if (info(id)->safetensors_name == s) return id;
   return std::nullopt;
 }
 
 /// Call `f(tag{})` with the dtype tag for a runtime id; returns what `f` returns.
 /// Precondition: `id` is known (check with `info`).
-template <class F> constexpr decltype(auto) visit_dtype(dtype_id id, F&& f) {
+template <class F>
+constexpr decltype(auto) visit_dtype(dtype_id id, F&& f) {
   switch (id) {
-  case dtype_id::bf16: return f(bf16{});
-  case dtype_id::f16: return f(f16{});
-  case dtype_id::f32: return f(f32{});
-  case dtype_id::f8e4m3fn: return f(f8e4m3fn{});
-  case dtype_id::f8e5m2: return f(f8e5m2{});
+  case dtype_id::bf16:
+    return f(bf16{});
+  case dtype_id::f16:
+    return f(f16{});
+  case dtype_id::f32:
+    return f(f32{});
+  case dtype_id::f8e4m3fn:
+    return f(f8e4m3fn{});
+  case dtype_id::f8e5m2:
+    return f(f8e5m2{});
   }
   DCR_UNREACHABLE();
   return f(bf16{});

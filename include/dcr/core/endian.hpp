@@ -22,13 +22,13 @@ namespace dcr {
 
 /// Byte-like element types a buffer may be viewed as.
 template <class B>
-concept byte_like = std::is_same_v<std::remove_cv_t<B>, std::byte> ||
-                    std::is_same_v<std::remove_cv_t<B>, unsigned char> ||
-                    std::is_same_v<std::remove_cv_t<B>, char>;
+concept byte_like =
+    std::is_same_v<std::remove_cv_t<B>, std::byte> || std::is_same_v < std::remove_cv_t<B>,
+unsigned char > || std::is_same_v<std::remove_cv_t<B>, char>;
 
 /// The `sizeof(W)` bytes at `p` read as a little-endian unsigned word.
 template <class W, byte_like B>
-  requires std::is_unsigned_v<W>
+requires std::is_unsigned_v<W>
 constexpr DCR_HOST_DEVICE W load_le(const B* p) noexcept {
 #if !defined(__CUDA_ARCH__)
   if (!std::is_constant_evaluated() && std::endian::native == std::endian::little) {
@@ -45,7 +45,7 @@ constexpr DCR_HOST_DEVICE W load_le(const B* p) noexcept {
 
 /// Writes `w` to the `sizeof(W)` bytes at `p`, little-endian.
 template <class W, byte_like B>
-  requires std::is_unsigned_v<W>
+requires std::is_unsigned_v<W>
 constexpr DCR_HOST_DEVICE void store_le(B* p, W w) noexcept {
 #if !defined(__CUDA_ARCH__)
   if (!std::is_constant_evaluated() && std::endian::native == std::endian::little) {
@@ -54,7 +54,8 @@ constexpr DCR_HOST_DEVICE void store_le(B* p, W w) noexcept {
   }
 #endif
   for (unsigned i = 0; i < sizeof(W); ++i)
-    p[i] = static_cast<B>(static_cast<unsigned char>((static_cast<std::uint64_t>(w) >> (8 * i)) & 0xFF));
+    p[i] = static_cast<B>(
+        static_cast<unsigned char>((static_cast<std::uint64_t>(w) >> (8 * i)) & 0xFF));
 }
 
 /// The `width` (1..8) bytes at `p` as a little-endian word, for widths known
@@ -62,7 +63,8 @@ constexpr DCR_HOST_DEVICE void store_le(B* p, W w) noexcept {
 template <byte_like B>
 constexpr DCR_HOST_DEVICE std::uint64_t load_le_width(const B* p, unsigned width) noexcept {
   std::uint64_t v = 0;
-  for (unsigned i = 0; i < width; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (unsigned i = 0; i < width; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 

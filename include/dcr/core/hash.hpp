@@ -35,7 +35,9 @@ public:
     if (blake2b_init(&state_, 16) != 0) throw error(errc::invalid_argument, "blake2b_init failed");
   }
   blake2b_128& update(std::span<const std::byte> bytes) {
-    if (!bytes.empty() && blake2b_update(&state_, reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()) != 0)
+    if (!bytes.empty() &&
+        blake2b_update(&state_, reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                       bytes.size()) != 0)
       throw error(errc::invalid_argument, "blake2b_update failed");
     return *this;
   }
@@ -51,7 +53,9 @@ private:
 };
 
 /// BLAKE2b-128 of a byte span.
-inline digest128 digest(std::span<const std::byte> bytes) { return blake2b_128{}.update(bytes).final(); }
+inline digest128 digest(std::span<const std::byte> bytes) {
+  return blake2b_128{}.update(bytes).final();
+}
 
 /// Lower-case hex of any bytes (digests here, SHA-256 hashes and signatures
 /// in SigV4): two characters per byte.
@@ -65,7 +69,9 @@ inline std::string to_hex(std::span<const unsigned char> bytes) {
   return s;
 }
 /// Lower-case hex of a digest (32 characters).
-inline std::string to_hex(const digest128& d) { return to_hex(std::span<const unsigned char>(d.data(), d.size())); }
+inline std::string to_hex(const digest128& d) {
+  return to_hex(std::span<const unsigned char>(d.data(), d.size()));
+}
 
 /// Parse what `to_hex` writes (exactly 32 lower-case hex characters).
 inline bool parse_hex_digest(std::string_view s, digest128& d) {
@@ -93,13 +99,15 @@ inline std::string seal_text(std::string body) {
 
 /// Check the seal of a `seal_text` text and set `body` to what it covers.
 /// `what` names the format in messages ("manifest: missing digest line").
-inline status open_sealed_text(std::string_view text, std::string_view what, std::string_view& body) {
+inline status open_sealed_text(std::string_view text, std::string_view what,
+                               std::string_view& body) {
   const auto dpos = text.rfind("digest ");
-  DCR_RETURN_ERROR_IF(dpos == std::string_view::npos || (dpos > 0 && text[dpos - 1] != '\n'), bad_format,
-                      std::string(what) + ": missing digest line");
+  DCR_RETURN_ERROR_IF(dpos == std::string_view::npos || (dpos > 0 && text[dpos - 1] != '\n'),
+                      bad_format, std::string(what) + ": missing digest line");
   digest128 want{};
   const auto line = text.substr(dpos + 7);
-  DCR_RETURN_ERROR_IF(line.size() != 33 || line.back() != '\n' || !parse_hex_digest(line.substr(0, 32), want),
+  DCR_RETURN_ERROR_IF(line.size() != 33 || line.back() != '\n' ||
+                          !parse_hex_digest(line.substr(0, 32), want),
                       bad_format, std::string(what) + ": malformed digest line");
   body = text.substr(0, dpos);
   DCR_RETURN_ERROR_IF(digest(std::as_bytes(std::span(body))) != want, digest_mismatch,

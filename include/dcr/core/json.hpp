@@ -96,10 +96,13 @@ private:
   static constexpr int max_depth = 64;
 
   status bad(const std::string& why) const {
-    return fail(errc::bad_format, std::string(what_) + ": invalid JSON: " + why + " at byte " + std::to_string(pos_));
+    return fail(errc::bad_format,
+                std::string(what_) + ": invalid JSON: " + why + " at byte " + std::to_string(pos_));
   }
   void ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
+      ++pos_;
   }
   bool eat(char c) {
     ws();
@@ -121,9 +124,10 @@ private:
       v.type = json_value::kind::string;
       return string(v.text);
     }
-    for (auto [lit, t, b] : {std::tuple{std::string_view("true"), json_value::kind::boolean, true},
-                             std::tuple{std::string_view("false"), json_value::kind::boolean, false},
-                             std::tuple{std::string_view("null"), json_value::kind::null, false}})
+    for (auto [lit, t, b] :
+         {std::tuple{std::string_view("true"), json_value::kind::boolean, true},
+          std::tuple{std::string_view("false"), json_value::kind::boolean, false},
+          std::tuple{std::string_view("null"), json_value::kind::null, false}})
       if (s_.substr(pos_, lit.size()) == lit) {
         pos_ += lit.size();
         v.type = t;
@@ -171,8 +175,10 @@ private:
       return pos_ - b;
     };
     if (s_[pos_] == '-') ++pos_;
-    if (pos_ < s_.size() && s_[pos_] == '0') ++pos_;
-    else if (digits() == 0) return bad("expected digits");
+    if (pos_ < s_.size() && s_[pos_] == '0')
+      ++pos_;
+    else if (digits() == 0)
+      return bad("expected digits");
     if (pos_ < s_.size() && s_[pos_] == '.') {
       ++pos_;
       if (digits() == 0) return bad("expected digits after '.'");
@@ -201,14 +207,30 @@ private:
       }
       if (pos_ >= s_.size()) break;
       switch (s_[pos_++]) {
-      case '"': out += '"'; break;
-      case '\\': out += '\\'; break;
-      case '/': out += '/'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'n': out += '\n'; break;
-      case 'r': out += '\r'; break;
-      case 't': out += '\t'; break;
+      case '"':
+        out += '"';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '/':
+        out += '/';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
       case 'u': {
         std::uint32_t cp = 0;
         DCR_TRY(hex4(cp));
@@ -225,7 +247,8 @@ private:
         utf8(cp, out);
         break;
       }
-      default: return bad("bad escape");
+      default:
+        return bad("bad escape");
       }
     }
     return bad("unterminated string");
@@ -237,10 +260,14 @@ private:
     for (int i = 0; i < 4; ++i) {
       const char h = s_[pos_++];
       v <<= 4;
-      if (h >= '0' && h <= '9') v |= static_cast<std::uint32_t>(h - '0');
-      else if (h >= 'a' && h <= 'f') v |= static_cast<std::uint32_t>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') v |= static_cast<std::uint32_t>(h - 'A' + 10);
-      else return bad("bad hex digit");
+      if (h >= '0' && h <= '9')
+        v |= static_cast<std::uint32_t>(h - '0');
+      else if (h >= 'a' && h <= 'f')
+        v |= static_cast<std::uint32_t>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F')
+        v |= static_cast<std::uint32_t>(h - 'A' + 10);
+      else
+        return bad("bad hex digit");
     }
     return status::success();
   }

@@ -135,8 +135,8 @@ struct strided_layout {
   strided_layout slice(std::size_t dim, std::int64_t start, std::int64_t count,
                        std::int64_t& base) const {
     if (dim >= rank || start < 0 || count < 0 || start + count > extents[dim])
-      throw error(errc::invalid_argument, "slice out of range: dim " + std::to_string(dim) +
-                                              " [" + std::to_string(start) + ", +" +
+      throw error(errc::invalid_argument, "slice out of range: dim " + std::to_string(dim) + " [" +
+                                              std::to_string(start) + ", +" +
                                               std::to_string(count) + ")");
     strided_layout l = *this;
     l.extents[dim] = count;
@@ -160,12 +160,14 @@ struct strided_layout {
 };
 
 /// Typed strided view over words (or any trivially copyable element).
-template <class T> struct strided_view {
+template <class T>
+struct strided_view {
   T* data = nullptr;
   strided_layout layout;
 
   constexpr std::int64_t size() const noexcept { return layout.size(); }
-  template <class... I> constexpr T& operator()(I... idx) const noexcept {
+  template <class... I>
+  constexpr T& operator()(I... idx) const noexcept {
     const std::int64_t c[] = {static_cast<std::int64_t>(idx)...};
     return data[layout.offset(c)];
   }
@@ -176,7 +178,9 @@ template <class T> struct strided_view {
     auto l = layout.slice(dim, start, count, base);
     return {data + base, l};
   }
-  strided_view transposed(std::size_t a, std::size_t b) const { return {data, layout.transposed(a, b)}; }
+  strided_view transposed(std::size_t a, std::size_t b) const {
+    return {data, layout.transposed(a, b)};
+  }
 };
 
 /// Untyped view: bytes, a runtime dtype and a layout in elements. What native
@@ -194,9 +198,12 @@ struct tensor_view {
     auto l = layout.slice(dim, start, count, base);
     return {data + base * static_cast<std::int64_t>(width()), dtype, l};
   }
-  tensor_view transposed(std::size_t a, std::size_t b) const { return {data, dtype, layout.transposed(a, b)}; }
+  tensor_view transposed(std::size_t a, std::size_t b) const {
+    return {data, dtype, layout.transposed(a, b)};
+  }
   /// Typed view; throws when `D` is not this view's dtype.
-  template <storage_dtype D> strided_view<word_t<D>> as() const {
+  template <storage_dtype D>
+  strided_view<word_t<D>> as() const {
     if (dtype_traits<D>::id != dtype)
       throw error(errc::bad_dtype, "view is " + std::string(name_of(dtype)) + ", not " +
                                        std::string(name_of(dtype_traits<D>::id)));
@@ -218,8 +225,10 @@ struct host_tensor {
   host_tensor() = default;
   explicit host_tensor(tensor_meta m) : meta(std::move(m)), bytes(meta.nbytes()) {}
   tensor_view view() { return {bytes.data(), meta.dtype, strided_layout::row_major(meta.shape)}; }
-  template <storage_dtype D> std::span<word_t<D>> words() {
-    if (dtype_traits<D>::id != meta.dtype) throw error(errc::bad_dtype, meta.name + ": dtype mismatch");
+  template <storage_dtype D>
+  std::span<word_t<D>> words() {
+    if (dtype_traits<D>::id != meta.dtype)
+      throw error(errc::bad_dtype, meta.name + ": dtype mismatch");
     return {reinterpret_cast<word_t<D>*>(bytes.data()), bytes.size() / sizeof(word_t<D>)};
   }
 };

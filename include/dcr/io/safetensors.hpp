@@ -125,7 +125,8 @@ public:
     ::close(fd);
     out.base_ = static_cast<std::byte*>(p);
     out.size_ = size;
-    status s = parse_safetensors_header({out.base_, static_cast<std::size_t>(size)}, size, out.index_);
+    status s =
+        parse_safetensors_header({out.base_, static_cast<std::size_t>(size)}, size, out.index_);
     if (!s.ok()) {
       s.message = path + ": " + s.message;
       out = safetensors_file{};

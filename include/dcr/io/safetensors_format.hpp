@@ -54,18 +54,20 @@ struct safetensors_index {
 namespace detail {
 
 /// A JSON array of non-negative integers (shape, data_offsets).
-inline status uint_array(const json_value& v, const std::string& where, std::vector<std::uint64_t>& out) {
+inline status uint_array(const json_value& v, const std::string& where,
+                         std::vector<std::uint64_t>& out) {
   DCR_RETURN_ERROR_IF(!v.is_array(), bad_format, where + ": expected an array of integers");
   out.clear();
   for (auto& x : v.items) {
     std::uint64_t u = 0;
     if (x.type != json_value::kind::number || !x.as_u64(u)) {
-      const bool negative = x.type == json_value::kind::number && !x.text.empty() && x.text[0] == '-' &&
-                            x.text.find_first_of(".eE") == std::string::npos;
-      return fail(errc::bad_format, where + ": " +
-                                        (negative ? std::string("a non-negative integer is required, got ")
-                                                  : std::string("expected an integer, got ")) +
-                                        (x.type == json_value::kind::number ? x.text : std::string("a non-number")));
+      const bool negative = x.type == json_value::kind::number && !x.text.empty() &&
+                            x.text[0] == '-' && x.text.find_first_of(".eE") == std::string::npos;
+      return fail(errc::bad_format,
+                  where + ": " +
+                      (negative ? std::string("a non-negative integer is required, got ")
+                                : std::string("expected an integer, got ")) +
+                      (x.type == json_value::kind::number ? x.text : std::string("a non-number")));
     }
     out.push_back(u);
   }
@@ -74,7 +76,9 @@ inline status uint_array(const json_value& v, const std::string& where, std::vec
 
 /// Parse one tensor entry object.
 inline status parse_entry(const json_value& v, const std::string& name, safetensors_entry& e) {
-  auto bad = [&](const std::string& why) { return fail(errc::bad_format, "safetensors tensor " + name + ": " + why); };
+  auto bad = [&](const std::string& why) {
+    return fail(errc::bad_format, "safetensors tensor " + name + ": " + why);
+  };
   if (!v.is_object()) return bad("entry is not an object");
   e.meta.name = name;
   const json_value* dtype = v.get("dtype");
@@ -91,7 +95,8 @@ inline status parse_entry(const json_value& v, const std::string& name, safetens
   if (o.size() != 2) return bad("data_offsets must hold two integers");
   e.begin = o[0];
   e.end = o[1];
-  if (e.meta.shape.size() > max_rank) return bad("rank " + std::to_string(e.meta.shape.size()) + " too large");
+  if (e.meta.shape.size() > max_rank)
+    return bad("rank " + std::to_string(e.meta.shape.size()) + " too large");
   return status::success();
 }
 
@@ -102,14 +107,16 @@ inline status parse_entry(const json_value& v, const std::string& name, safetens
 inline status parse_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size,
                                        safetensors_index& out) {
   out = {};
-  DCR_RETURN_ERROR_IF(head.size() < 8 || file_size < 8, bad_format, "safetensors: shorter than the 8-byte header length");
+  DCR_RETURN_ERROR_IF(head.size() < 8 || file_size < 8, bad_format,
+                      "safetensors: shorter than the 8-byte header length");
   const std::uint64_t n = load_le<std::uint64_t>(head.data());
   DCR_RETURN_ERROR_IF(n > safetensors_max_header, bad_format,
                       "safetensors: header length " + std::to_string(n) + " exceeds the limit");
   DCR_RETURN_ERROR_IF(n > file_size - 8 || n > head.size() - 8, bad_format,
                       "safetensors: header length " + std::to_string(n) + " exceeds the file");
   DCR_RETURN_ERROR_IF(n == 0, bad_format, "safetensors: empty header");
-  std::string_view text(reinterpret_cast<const char*>(head.data() + 8), static_cast<std::size_t>(n));
+  std::string_view text(reinterpret_cast<const char*>(head.data() + 8),
+                        static_cast<std::size_t>(n));
   DCR_RETURN_ERROR_IF(text[0] != '{', bad_format, "safetensors: header does not start with '{'");
   out.data_offset = 8 + n;
   const std::uint64_t data_size = file_size - out.data_offset;
@@ -127,7 +134,8 @@ inline status parse_safetensors_header(std::span<const std::byte> head, std::uin
     if (key == "__metadata__") {
       DCR_RETURN_ERROR_IF(have_meta, bad_format, "safetensors: __metadata__ given twice");
       have_meta = true;
-      DCR_RETURN_ERROR_IF(!value.is_object(), bad_format, "safetensors: __metadata__ is not an object");
+      DCR_RETURN_ERROR_IF(!value.is_object(), bad_format,
+                          "safetensors: __metadata__ is not an object");
       for (auto& [k, v] : value.members) {
         DCR_RETURN_ERROR_IF(!v.is_string(), bad_format,
                             "safetensors: __metadata__ value is not a string (key '" + k + "')");
@@ -150,15 +158,19 @@ inline status parse_safetensors_header(std::span<const std::byte> head, std::uin
       numel *= d;
     }
     const auto w = width_of(e.meta.dtype);
-    DCR_RETURN_ERROR_IF(numel > UINT64_MAX / w, bad_format, "safetensors tensor " + e.meta.name + ": shape overflows");
+    DCR_RETURN_ERROR_IF(numel > UINT64_MAX / w, bad_format,
+                        "safetensors tensor " + e.meta.name + ": shape overflows");
     DCR_RETURN_ERROR_IF(e.begin > e.end, bad_format,
-                        "safetensors tensor " + e.meta.name + ": data_offsets end before they begin");
+                        "safetensors tensor " + e.meta.name +
+                            ": data_offsets end before they begin");
     DCR_RETURN_ERROR_IF(e.end > data_size, bad_format,
-                        "safetensors tensor " + e.meta.name + ": data_offsets end " + std::to_string(e.end) +
-                            " beyond the data section of " + std::to_string(data_size) + " bytes");
+                        "safetensors tensor " + e.meta.name + ": data_offsets end " +
+                            std::to_string(e.end) + " beyond the data section of " +
+                            std::to_string(data_size) + " bytes");
     DCR_RETURN_ERROR_IF(e.end - e.begin != numel * w, bad_format,
-                        "safetensors tensor " + e.meta.name + ": shape needs " + std::to_string(numel * w) +
-                            " bytes, data_offsets give " + std::to_string(e.end - e.begin));
+                        "safetensors tensor " + e.meta.name + ": shape needs " +
+                            std::to_string(numel * w) + " bytes, data_offsets give " +
+                            std::to_string(e.end - e.begin));
   }
   std::vector<std::size_t> order(out.entries.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -172,16 +184,17 @@ inline status parse_safetensors_header(std::span<const std::byte> head, std::uin
   for (auto i : order) {
     auto& e = out.entries[i];
     DCR_RETURN_ERROR_IF(e.begin < at, bad_format,
-                        "safetensors tensors " + (prev ? prev->meta.name : std::string("?")) + " and " + e.meta.name +
-                            " overlap");
+                        "safetensors tensors " + (prev ? prev->meta.name : std::string("?")) +
+                            " and " + e.meta.name + " overlap");
     DCR_RETURN_ERROR_IF(e.begin > at, bad_format,
-                        "safetensors tensor " + e.meta.name + ": hole of " + std::to_string(e.begin - at) +
-                            " bytes before it");
+                        "safetensors tensor " + e.meta.name + ": hole of " +
+                            std::to_string(e.begin - at) + " bytes before it");
     at = e.end;
     prev = &e;
   }
   DCR_RETURN_ERROR_IF(at != data_size, bad_format,
-                      "safetensors: " + std::to_string(data_size - at) + " bytes after the last tensor");
+                      "safetensors: " + std::to_string(data_size - at) +
+                          " bytes after the last tensor");
   return status::success();
 }
 
@@ -189,10 +202,12 @@ inline status parse_safetensors_header(std::span<const std::byte> head, std::uin
 /// header is padded with spaces to a multiple of 8 bytes, as the reference
 /// writer does, so data starts 8-aligned. Throws `invalid_argument` for a
 /// duplicate name or a view that is not row-major contiguous.
-inline std::vector<std::byte> encode_safetensors(std::span<const tensor_meta> metas,
-                                                 std::span<const std::span<const std::byte>> data,
-                                                 const std::map<std::string, std::string>& metadata = {}) {
-  if (metas.size() != data.size()) throw error(errc::invalid_argument, "encode_safetensors: metas/data size differ");
+inline std::vector<std::byte>
+encode_safetensors(std::span<const tensor_meta> metas,
+                   std::span<const std::span<const std::byte>> data,
+                   const std::map<std::string, std::string>& metadata = {}) {
+  if (metas.size() != data.size())
+    throw error(errc::invalid_argument, "encode_safetensors: metas/data size differ");
   std::string h = "{";
   bool first = true;
   if (!metadata.empty()) {
@@ -212,24 +227,30 @@ inline std::vector<std::byte> encode_safetensors(std::span<const tensor_meta> me
   std::unordered_map<std::string, int> names;
   for (std::size_t i = 0; i < metas.size(); ++i) {
     auto& m = metas[i];
-    if (!names.emplace(m.name, 0).second) throw error(errc::invalid_argument, "encode_safetensors: duplicate " + m.name);
-    if (m.name == "__metadata__") throw error(errc::invalid_argument, "encode_safetensors: reserved name");
+    if (!names.emplace(m.name, 0).second)
+      throw error(errc::invalid_argument, "encode_safetensors: duplicate " + m.name);
+    if (m.name == "__metadata__")
+      throw error(errc::invalid_argument, "encode_safetensors: reserved name");
     if (data[i].size() != m.nbytes())
-      throw error(errc::invalid_argument, "encode_safetensors: " + m.name + " has " + std::to_string(data[i].size()) +
+      throw error(errc::invalid_argument, "encode_safetensors: " + m.name + " has " +
+                                              std::to_string(data[i].size()) +
                                               " bytes, shape needs " + std::to_string(m.nbytes()));
     if (!first) h += ',';
     first = false;
     json_escape(m.name, h);
     h += ":{\"dtype\":\"" + std::string(info(m.dtype)->safetensors_name) + "\",\"shape\":[";
-    for (std::size_t d = 0; d < m.shape.size(); ++d) h += (d ? "," : "") + std::to_string(m.shape[d]);
-    h += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + m.nbytes()) + "]}";
+    for (std::size_t d = 0; d < m.shape.size(); ++d)
+      h += (d ? "," : "") + std::to_string(m.shape[d]);
+    h += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + m.nbytes()) +
+         "]}";
     off += m.nbytes();
   }
   h += '}';
   while ((8 + h.size()) % 8 != 0) h += ' ';
   std::vector<std::byte> out(8 + h.size() + off);
   const std::uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
   std::memcpy(out.data() + 8, h.data(), h.size());
   std::size_t at = 8 + h.size();
   for (auto& d : data) {

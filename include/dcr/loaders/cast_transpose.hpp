@@ -30,29 +30,37 @@ namespace dcr::loaders {
 class cast_transpose_loader {
 public:
   explicit cast_transpose_loader(model_config cfg) : c_(std::move(cfg)) {
-    if (c_.dtype != dtype_id::bf16) throw error(errc::invalid_argument, "cast_transpose_loader: BF16 models only");
+    if (c_.dtype != dtype_id::bf16)
+      throw error(errc::invalid_argument, "cast_transpose_loader: BF16 models only");
   }
 
   void declare(parameter_store& s, std::span<const tensor_meta> canonical) const {
     const auto d = c_.head_dim, h = c_.hidden;
     for (auto& m : canonical) {
       const auto& n = m.name;
-      if (is_cast(n)) s.add(n, m.shape, dtype_id::f32);
-      else if (ends_with(n, "self_attn.q_proj.weight")) s.add(fused(n), {h, (c_.heads + 2 * c_.kv_heads) * d}, m.dtype);
-      else if (ends_with(n, "self_attn.k_proj.weight") || ends_with(n, "self_attn.v_proj.weight")) continue;
-      else if (is_transposed(n)) s.add(n + ".t", {m.shape[1], m.shape[0]}, m.dtype);
-      else s.add(n, m.shape, m.dtype);
+      if (is_cast(n))
+        s.add(n, m.shape, dtype_id::f32);
+      else if (ends_with(n, "self_attn.q_proj.weight"))
+        s.add(fused(n), {h, (c_.heads + 2 * c_.kv_heads) * d}, m.dtype);
+      else if (ends_with(n, "self_attn.k_proj.weight") || ends_with(n, "self_attn.v_proj.weight"))
+        continue;
+      else if (is_transposed(n))
+        s.add(n + ".t", {m.shape[1], m.shape[0]}, m.dtype);
+      else
+        s.add(n, m.shape, m.dtype);
     }
   }
 
-  load_report load(std::string_view name_sv, const tensor_view& src, parameter_store& s, copy_sink& sink) {
+  load_report load(std::string_view name_sv, const tensor_view& src, parameter_store& s,
+                   copy_sink& sink) {
     const std::string name(name_sv);
     if (is_cast(name)) {
       sink.copy(s.view(name), widen_bf16_to_f32(src, tmp_));
       return {{name}};
     }
     const auto d = static_cast<std::int64_t>(c_.head_dim);
-    const auto nq = static_cast<std::int64_t>(c_.heads) * d, nkv = static_cast<std::int64_t>(c_.kv_heads) * d;
+    const auto nq = static_cast<std::int64_t>(c_.heads) * d,
+               nkv = static_cast<std::int64_t>(c_.kv_heads) * d;
     auto qkv = [&](std::int64_t start, std::int64_t count) {
       const auto p = fused(name);
       sink.copy(s.view(p).transposed(0, 1).slice(0, start, count), src);

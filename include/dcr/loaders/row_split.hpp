@@ -29,8 +29,8 @@ public:
   row_split_loader(std::uint64_t parts, std::uint64_t rank, std::span<const tensor_meta> metas)
       : parts_(parts), rank_(rank) {
     if (parts == 0 || rank >= parts)
-      throw error(errc::invalid_argument,
-                  "row_split_loader: rank " + std::to_string(rank) + " of " + std::to_string(parts) + " ranks");
+      throw error(errc::invalid_argument, "row_split_loader: rank " + std::to_string(rank) +
+                                              " of " + std::to_string(parts) + " ranks");
     for (auto& m : metas)
       if (!m.shape.empty() && m.shape[0] >= parts && m.shape[0] % parts == 0) split_.insert(m.name);
   }
@@ -46,7 +46,8 @@ public:
     }
   }
 
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) const {
+  load_report load(std::string_view name, const tensor_view& src, parameter_store& s,
+                   copy_sink& sink) const {
     const std::string n(name);
     if (!s.index_of(n)) return {};
     if (splits(n)) {

@@ -18,8 +18,10 @@ namespace dcr::loaders {
 /// View of `v` at index `i` of dimension `dim`, with that dimension removed.
 inline tensor_view select(const tensor_view& v, std::size_t dim, std::int64_t i) {
   if (dim >= v.layout.rank || i < 0 || i >= v.layout.extents[dim])
-    throw error(errc::invalid_argument, "select out of range: dim " + std::to_string(dim) + " index " + std::to_string(i));
-  tensor_view out{v.data + i * v.layout.strides[dim] * static_cast<std::int64_t>(v.width()), v.dtype, {}};
+    throw error(errc::invalid_argument,
+                "select out of range: dim " + std::to_string(dim) + " index " + std::to_string(i));
+  tensor_view out{
+      v.data + i * v.layout.strides[dim] * static_cast<std::int64_t>(v.width()), v.dtype, {}};
   for (std::size_t d = 0, k = 0; d < v.layout.rank; ++d) {
     if (d == dim) continue;
     out.layout.extents[k] = v.layout.extents[d];
@@ -33,7 +35,8 @@ inline tensor_view select(const tensor_view& v, std::size_t dim, std::int64_t i)
 /// Elementwise BF16 -> FP32 widening of `src` into `tmp` (resized; row-major
 /// of src's extents). Exact for every pattern, NaN payloads included.
 inline tensor_view widen_bf16_to_f32(const tensor_view& src, std::vector<std::uint32_t>& tmp) {
-  if (src.dtype != dtype_id::bf16) throw error(errc::bad_dtype, "widen_bf16_to_f32 on a non-bf16 view");
+  if (src.dtype != dtype_id::bf16)
+    throw error(errc::bad_dtype, "widen_bf16_to_f32 on a non-bf16 view");
   tmp.resize(static_cast<std::size_t>(src.size()));
   strided_layout out = src.layout;
   std::int64_t s = 1;
@@ -43,8 +46,9 @@ inline tensor_view widen_bf16_to_f32(const tensor_view& src, std::vector<std::ui
   }
   const auto* S = reinterpret_cast<const std::uint16_t*>(src.data);
   auto* D = tmp.data();
-  for_each_offset_pair(out, src.layout,
-                       [&](std::int64_t d, std::int64_t si) { D[d] = static_cast<std::uint32_t>(S[si]) << 16; });
+  for_each_offset_pair(out, src.layout, [&](std::int64_t d, std::int64_t si) {
+    D[d] = static_cast<std::uint32_t>(S[si]) << 16;
+  });
   return {reinterpret_cast<std::byte*>(tmp.data()), dtype_id::f32, out};
 }
 

@@ -67,7 +67,8 @@ enum class expert_placement {
 inline constexpr std::uint64_t vllm_vocab_padding = 64;
 
 /// `pad_vocab_size`: the vocabulary rounded up to a multiple of `pad_to`.
-constexpr std::uint64_t pad_vocab_size(std::uint64_t vocab, std::uint64_t pad_to = vllm_vocab_padding) noexcept {
+constexpr std::uint64_t pad_vocab_size(std::uint64_t vocab,
+                                       std::uint64_t pad_to = vllm_vocab_padding) noexcept {
   return (vocab + pad_to - 1) / pad_to * pad_to;
 }
 
@@ -105,12 +106,14 @@ struct vllm_layout {
   static vllm_layout of_rank(const vllm_parallel_config& p, std::uint64_t rank) {
     const auto t = p.tensor_parallel_size, pp = p.pipeline_parallel_size;
     if (t == 0 || pp == 0 || p.data_parallel_size == 0 || rank >= p.world_size())
-      throw error(errc::invalid_argument, "vllm_layout: rank " + std::to_string(rank) + " outside a world of " +
+      throw error(errc::invalid_argument, "vllm_layout: rank " + std::to_string(rank) +
+                                              " outside a world of " +
                                               std::to_string(p.world_size()));
     return {p, rank / (t * pp), rank / t % pp, rank % t};
   }
   std::uint64_t rank() const noexcept {
-    return (dp_rank * parallel.pipeline_parallel_size + pp_rank) * parallel.tensor_parallel_size + tp_rank;
+    return (dp_rank * parallel.pipeline_parallel_size + pp_rank) * parallel.tensor_parallel_size +
+           tp_rank;
   }
 };
 
@@ -157,9 +160,12 @@ inline fused_moe_parallel fused_moe_parallel_config(const vllm_layout& l) {
 inline expert_placement determine_expert_placement_strategy(const vllm_parallel_config& p,
                                                             const fused_moe_parallel& m,
                                                             std::uint64_t num_expert_group) {
-  if (p.expert_placement_strategy != expert_placement::round_robin) return p.expert_placement_strategy;
-  if (num_expert_group <= 1 || p.num_redundant_experts != 0 || p.enable_eplb) return expert_placement::linear;
-  if (m.use_all2all_kernels && p.all2all_backend != "deepep_low_latency" && p.all2all_backend != "nixl_ep")
+  if (p.expert_placement_strategy != expert_placement::round_robin)
+    return p.expert_placement_strategy;
+  if (num_expert_group <= 1 || p.num_redundant_experts != 0 || p.enable_eplb)
+    return expert_placement::linear;
+  if (m.use_all2all_kernels && p.all2all_backend != "deepep_low_latency" &&
+      p.all2all_backend != "nixl_ep")
     return expert_placement::linear;
   return expert_placement::round_robin;
 }
@@ -178,7 +184,8 @@ inline std::vector<std::int64_t> determine_expert_map(std::uint64_t ep_size, std
   const auto base = experts / ep_size, rem = experts % ep_size;
   const auto local = base + (ep_rank < rem ? 1 : 0);
   for (std::uint64_t i = 0; i < local; ++i) {
-    const auto g = s == expert_placement::linear ? ep_rank * base + std::min(ep_rank, rem) + i : ep_rank + i * ep_size;
+    const auto g = s == expert_placement::linear ? ep_rank * base + std::min(ep_rank, rem) + i
+                                                 : ep_rank + i * ep_size;
     map[g] = static_cast<std::int64_t>(i);
   }
   return map;
@@ -190,9 +197,12 @@ inline std::vector<std::int64_t> determine_expert_map(std::uint64_t ep_size, std
 /// layers go one each to stages pp-2, pp-3, ... (the last stage, which holds
 /// the output layer, gets none). Throws `invalid_argument` for a malformed
 /// partition.
-inline std::pair<std::uint64_t, std::uint64_t> get_pp_indices(std::uint64_t layers, std::uint64_t pp_rank,
-                                                              std::uint64_t pp_size, std::string_view partition = {}) {
-  if (pp_size == 0 || pp_rank >= pp_size) throw error(errc::invalid_argument, "get_pp_indices: pp_rank >= pp_size");
+inline std::pair<std::uint64_t, std::uint64_t> get_pp_indices(std::uint64_t layers,
+                                                              std::uint64_t pp_rank,
+                                                              std::uint64_t pp_size,
+                                                              std::string_view partition = {}) {
+  if (pp_size == 0 || pp_rank >= pp_size)
+    throw error(errc::invalid_argument, "get_pp_indices: pp_rank >= pp_size");
   std::vector<std::uint64_t> parts;
   if (!partition.empty()) {
     const std::string text(partition);
@@ -203,18 +213,22 @@ inline std::pair<std::uint64_t, std::uint64_t> get_pp_indices(std::uint64_t laye
       auto item = text.substr(pos, comma - pos); // Python's int() accepts surrounding blanks
       item.erase(0, item.find_first_not_of(" \t"));
       item.erase(item.find_last_not_of(" \t") + 1);
-      if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 9)
-        throw error(errc::invalid_argument, "VLLM_PP_LAYER_PARTITION: invalid partition string: " + text);
+      if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
+          item.size() > 9)
+        throw error(errc::invalid_argument,
+                    "VLLM_PP_LAYER_PARTITION: invalid partition string: " + text);
       parts.push_back(std::stoull(item));
       sum += parts.back();
       pos = comma + 1;
     }
     if (parts.size() != pp_size)
-      throw error(errc::invalid_argument, "VLLM_PP_LAYER_PARTITION: " + std::to_string(parts.size()) +
-                                              " stages given for pipeline_parallel_size " + std::to_string(pp_size));
+      throw error(errc::invalid_argument,
+                  "VLLM_PP_LAYER_PARTITION: " + std::to_string(parts.size()) +
+                      " stages given for pipeline_parallel_size " + std::to_string(pp_size));
     if (sum != layers)
       throw error(errc::invalid_argument, "VLLM_PP_LAYER_PARTITION: " + std::to_string(sum) +
-                                              " layers given for num_hidden_layers " + std::to_string(layers));
+                                              " layers given for num_hidden_layers " +
+                                              std::to_string(layers));
   } else {
     parts.assign(pp_size, layers / pp_size);
     for (std::uint64_t i = 2; i < layers % pp_size + 2; ++i) ++parts[pp_size - i];
@@ -238,11 +252,14 @@ public:
     need(t > 0 && l_.tp_rank < t, "tp_rank must be < tensor_parallel_size");
     need(p.pipeline_parallel_size > 0 && l_.pp_rank < p.pipeline_parallel_size,
          "pp_rank must be < pipeline_parallel_size");
-    need(p.data_parallel_size > 0 && l_.dp_rank < p.data_parallel_size, "dp_rank must be < data_parallel_size");
-    need(c_.kv_heads > 0 && c_.heads % t == 0, "num_attention_heads not divisible by tensor_parallel_size");
+    need(p.data_parallel_size > 0 && l_.dp_rank < p.data_parallel_size,
+         "dp_rank must be < data_parallel_size");
+    need(c_.kv_heads > 0 && c_.heads % t == 0,
+         "num_attention_heads not divisible by tensor_parallel_size");
     need(t >= c_.kv_heads ? t % c_.kv_heads == 0 : c_.kv_heads % t == 0,
          "num_key_value_heads and tensor_parallel_size do not divide");
-    need(!c_.has_dense_layer() || c_.ffn % t == 0, "intermediate_size not divisible by tensor_parallel_size");
+    need(!c_.has_dense_layer() || c_.ffn % t == 0,
+         "intermediate_size not divisible by tensor_parallel_size");
     padded_vocab_ = pad_vocab_size(c_.vocab);
     need(padded_vocab_ % t == 0, "padded vocabulary " + std::to_string(padded_vocab_) +
                                      " not divisible by tensor_parallel_size");
@@ -251,8 +268,9 @@ public:
     kv_head0_ = t >= c_.kv_heads ? l_.tp_rank / (t / c_.kv_heads) : l_.tp_rank * nkv_l_;
     moe_ = fused_moe_parallel_config(l_);
     if (c_.is_moe()) {
-      need(c_.moe_ffn % moe_.tp_size == 0, "moe_intermediate_size not divisible by the MoE tensor-parallel size " +
-                                               std::to_string(moe_.tp_size));
+      need(c_.moe_ffn % moe_.tp_size == 0,
+           "moe_intermediate_size not divisible by the MoE tensor-parallel size " +
+               std::to_string(moe_.tp_size));
       need(c_.experts >= moe_.ep_size, "fewer experts than expert-parallel ranks");
       placement_ = determine_expert_placement_strategy(p, moe_, c_.expert_groups);
       expert_map_ = determine_expert_map(moe_.ep_size, moe_.ep_rank, c_.experts, placement_);
@@ -279,7 +297,9 @@ public:
   /// Vocabulary rows after `pad_vocab_size` (all ranks together).
   std::uint64_t padded_vocab() const noexcept { return padded_vocab_; }
   /// Layers [first, end) of this rank's pipeline stage.
-  std::pair<std::uint64_t, std::uint64_t> layers() const noexcept { return {first_layer_, end_layer_}; }
+  std::pair<std::uint64_t, std::uint64_t> layers() const noexcept {
+    return {first_layer_, end_layer_};
+  }
   /// Local index of global expert `g` on this rank, if it is held here.
   std::optional<std::uint64_t> local_expert(std::uint64_t g) const noexcept {
     if (g >= expert_map_.size() || expert_map_[g] < 0) return std::nullopt;
@@ -295,7 +315,8 @@ public:
     for (std::uint64_t i = first_layer_; i < end_layer_; ++i) {
       s.add(layer_name(i, "input_layernorm.weight"), {h}, dt);
       s.add(layer_name(i, "self_attn.qkv_proj.weight"), {(nq_l_ + 2 * nkv_l_) * d, h}, dt);
-      if (c_.attention_bias) s.add(layer_name(i, "self_attn.qkv_proj.bias"), {(nq_l_ + 2 * nkv_l_) * d}, dt);
+      if (c_.attention_bias)
+        s.add(layer_name(i, "self_attn.qkv_proj.bias"), {(nq_l_ + 2 * nkv_l_) * d}, dt);
       s.add(layer_name(i, "self_attn.o_proj.weight"), {h, c_.heads * d / t}, dt);
       if (c_.qk_norm) {
         s.add(layer_name(i, "self_attn.q_norm.weight"), {d}, dt);
@@ -316,7 +337,8 @@ public:
     if (has_lm_head_ && !c_.tied_embeddings) s.add("lm_head.weight", {vrows, h}, dt);
   }
 
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s, copy_sink& sink) const {
+  load_report load(std::string_view name, const tensor_view& src, parameter_store& s,
+                   copy_sink& sink) const {
     auto it = routes_.find(std::string(name));
     if (it == routes_.end()) return {}; // vLLM would not know the weight: prewarm rejects it
     const route& r = it->second;
@@ -328,8 +350,11 @@ public:
       return load_report{{p}};
     };
     switch (r.what) {
-    case kind::absent: sink.skip(name); return {};
-    case kind::replicated: return whole(r.param);
+    case kind::absent:
+      sink.skip(name);
+      return {};
+    case kind::replicated:
+      return whole(r.param);
     case kind::vocab: {
       const auto per = static_cast<std::int64_t>(padded_vocab_) / t, lo = rk * per;
       const auto valid = std::clamp<std::int64_t>(static_cast<std::int64_t>(c_.vocab) - lo, 0, per);
@@ -343,12 +368,16 @@ public:
     case kind::q:
     case kind::k:
     case kind::v: {
-      const auto nq = static_cast<std::int64_t>(nq_l_) * d, nkv = static_cast<std::int64_t>(nkv_l_) * d;
+      const auto nq = static_cast<std::int64_t>(nq_l_) * d,
+                 nkv = static_cast<std::int64_t>(nkv_l_) * d;
       const auto kv0 = static_cast<std::int64_t>(kv_head0_) * d;
       auto dst = s.view(r.param);
-      if (r.what == kind::q) sink.copy(dst.slice(0, 0, nq), src.slice(0, rk * nq, nq));
-      else if (r.what == kind::k) sink.copy(dst.slice(0, nq, nkv), src.slice(0, kv0, nkv));
-      else sink.copy(dst.slice(0, nq + nkv, nkv), src.slice(0, kv0, nkv));
+      if (r.what == kind::q)
+        sink.copy(dst.slice(0, 0, nq), src.slice(0, rk * nq, nq));
+      else if (r.what == kind::k)
+        sink.copy(dst.slice(0, nq, nkv), src.slice(0, kv0, nkv));
+      else
+        sink.copy(dst.slice(0, nq + nkv, nkv), src.slice(0, kv0, nkv));
       return {{r.param}};
     }
     case kind::gate:
@@ -373,8 +402,10 @@ public:
       const auto mt = static_cast<std::int64_t>(moe_.tp_rank);
       const auto i = static_cast<std::int64_t>(c_.moe_ffn / moe_.tp_size);
       auto e = select(s.view(r.param), 0, static_cast<std::int64_t>(*local));
-      if (r.what == kind::expert_down) sink.copy(e, src.slice(1, mt * i, i));
-      else sink.copy(e.slice(0, r.what == kind::expert_gate ? 0 : i, i), src.slice(0, mt * i, i));
+      if (r.what == kind::expert_down)
+        sink.copy(e, src.slice(1, mt * i, i));
+      else
+        sink.copy(e.slice(0, r.what == kind::expert_gate ? 0 : i, i), src.slice(0, mt * i, i));
       return {{r.param}};
     }
     }
@@ -382,7 +413,20 @@ public:
   }
 
 private:
-  enum class kind { absent, replicated, vocab, q, k, v, gate, up, row_parallel, expert_gate, expert_up, expert_down };
+  enum class kind {
+    absent,
+    replicated,
+    vocab,
+    q,
+    k,
+    v,
+    gate,
+    up,
+    row_parallel,
+    expert_gate,
+    expert_up,
+    expert_down
+  };
   struct route {
     kind what;
     std::string param;
@@ -397,7 +441,8 @@ private:
     // Every canonical tensor gets a route; those this rank does not hold are
     // skipped explicitly, as vLLM's `is_pp_missing_parameter` skips them.
     for (auto& m : canonical_tensors(c_)) add(m.name, kind::absent, {});
-    auto set = [&](const std::string& canonical, kind k, std::string param, std::uint64_t expert = 0) {
+    auto set = [&](const std::string& canonical, kind k, std::string param,
+                   std::uint64_t expert = 0) {
       routes_[canonical] = route{k, std::move(param), expert};
     };
     if (has_embed_) set("model.embed_tokens.weight", kind::vocab, "model.embed_tokens.weight");
@@ -406,7 +451,8 @@ private:
     for (std::uint64_t i = first_layer_; i < end_layer_; ++i) {
       auto L = [&](const char* s) { return layer_name(i, s); };
       set(L("input_layernorm.weight"), kind::replicated, L("input_layernorm.weight"));
-      set(L("post_attention_layernorm.weight"), kind::replicated, L("post_attention_layernorm.weight"));
+      set(L("post_attention_layernorm.weight"), kind::replicated,
+          L("post_attention_layernorm.weight"));
       set(L("self_attn.q_proj.weight"), kind::q, L("self_attn.qkv_proj.weight"));
       set(L("self_attn.k_proj.weight"), kind::k, L("self_attn.qkv_proj.weight"));
       set(L("self_attn.v_proj.weight"), kind::v, L("self_attn.qkv_proj.weight"));
@@ -423,9 +469,11 @@ private:
       if (c_.is_moe_layer(i)) {
         set(L("mlp.gate.weight"), kind::replicated, L("mlp.gate.weight"));
         for (std::uint64_t e = 0; e < c_.experts; ++e) {
-          set(expert_name(i, e, "gate_proj.weight"), kind::expert_gate, L("mlp.experts.w13_weight"), e);
+          set(expert_name(i, e, "gate_proj.weight"), kind::expert_gate, L("mlp.experts.w13_weight"),
+              e);
           set(expert_name(i, e, "up_proj.weight"), kind::expert_up, L("mlp.experts.w13_weight"), e);
-          set(expert_name(i, e, "down_proj.weight"), kind::expert_down, L("mlp.experts.w2_weight"), e);
+          set(expert_name(i, e, "down_proj.weight"), kind::expert_down, L("mlp.experts.w2_weight"),
+              e);
         }
       } else {
         set(L("mlp.gate_proj.weight"), kind::gate, L("mlp.gate_up_proj.weight"));
@@ -449,7 +497,8 @@ private:
 static_assert(native_loader<vllm_style_loader>);
 
 /// Loaders for every rank of a deployment, in rank order (DP-major, then PP, then TP).
-inline std::vector<vllm_style_loader> vllm_style_loaders(const model_config& c, const vllm_parallel_config& p) {
+inline std::vector<vllm_style_loader> vllm_style_loaders(const model_config& c,
+                                                         const vllm_parallel_config& p) {
   std::vector<vllm_style_loader> v;
   v.reserve(p.world_size());
   for (std::uint64_t r = 0; r < p.world_size(); ++r) v.emplace_back(c, vllm_layout::of_rank(p, r));

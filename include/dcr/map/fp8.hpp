@@ -23,7 +23,8 @@ inline std::uint8_t f32_to_e4m3_rne(float x) noexcept {
   if (a > e4m3_max) a = e4m3_max;
   if (a < 0.015625f) { // below 2^-6: subnormal steps of 2^-9 (scaling by 512 is exact)
     const float q = std::nearbyint(a * 512.0f);
-    return static_cast<std::uint8_t>(sign | static_cast<std::uint8_t>(q)); // q == 8 is the smallest normal
+    return static_cast<std::uint8_t>(sign |
+                                     static_cast<std::uint8_t>(q)); // q == 8 is the smallest normal
   }
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(a);
   int e = static_cast<int>((bits >> 23) & 0xFF) - 127;
@@ -63,7 +64,9 @@ concept fp8_block_quantizer = requires(const Q& q, float amax, float x) {
 struct per_block_cast_to_fp8 {
   static constexpr float amax_floor = 1e-4f;
   float scale_inv(float amax) const noexcept { return std::max(amax, amax_floor) / e4m3_max; }
-  float scaled(float x, float amax) const noexcept { return x * (e4m3_max / std::max(amax, amax_floor)); }
+  float scaled(float x, float amax) const noexcept {
+    return x * (e4m3_max / std::max(amax, amax_floor));
+  }
 };
 static_assert(fp8_block_quantizer<per_block_cast_to_fp8>);
 

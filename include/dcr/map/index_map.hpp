@@ -84,10 +84,13 @@ public:
     std::uint64_t next = 0;
     for (auto& p : pieces_) {
       if (p.local_row < next || p.local_row + p.rows > rows_ || p.rows == 0)
-        throw error(errc::invalid_argument, "piecewise_map: pieces unsorted, overlapping, empty or out of range");
+        throw error(errc::invalid_argument,
+                    "piecewise_map: pieces unsorted, overlapping, empty or out of range");
       if (p.canonical_col + cols_ > p.canonical_cols)
-        throw error(errc::invalid_argument, "piecewise_map: piece columns exceed canonical columns");
-      if (p.tensor == nowhere) throw error(errc::invalid_argument, "piecewise_map: piece without tensor");
+        throw error(errc::invalid_argument,
+                    "piecewise_map: piece columns exceed canonical columns");
+      if (p.tensor == nowhere)
+        throw error(errc::invalid_argument, "piecewise_map: piece without tensor");
       next = p.local_row + p.rows;
     }
     unique_ = compute_unique();
@@ -107,22 +110,26 @@ public:
 
   destination operator()(std::uint64_t j) const noexcept {
     const std::uint64_t i = j / cols_, c = j % cols_;
-    auto it = std::upper_bound(pieces_.begin(), pieces_.end(), i,
-                               [](std::uint64_t row, const map_piece& p) { return row < p.local_row; });
+    auto it =
+        std::upper_bound(pieces_.begin(), pieces_.end(), i,
+                         [](std::uint64_t row, const map_piece& p) { return row < p.local_row; });
     if (it == pieces_.begin()) return {};
     const auto& p = *--it;
     if (i >= p.local_row + p.rows) return {};
-    return {p.tensor, (p.canonical_row + (i - p.local_row)) * p.canonical_cols + p.canonical_col + c};
+    return {p.tensor,
+            (p.canonical_row + (i - p.local_row)) * p.canonical_cols + p.canonical_col + c};
   }
 
   /// Calls `out(canonical_run)` for the mapped parts of `[start, start+count)`,
   /// merging adjacent runs that continue each other.
-  template <class Out> void map_run(std::uint64_t start, std::uint64_t count, Out&& out) const {
+  template <class Out>
+  void map_run(std::uint64_t start, std::uint64_t count, Out&& out) const {
     const std::uint64_t end = start + count;
     canonical_run cur{};
     auto emit = [&](std::uint64_t ls, std::uint64_t n, std::uint32_t t, std::uint64_t cs) {
       if (n == 0) return;
-      if (cur.count && cur.tensor == t && cur.local_start + cur.count == ls && cur.canonical_start + cur.count == cs) {
+      if (cur.count && cur.tensor == t && cur.local_start + cur.count == ls &&
+          cur.canonical_start + cur.count == cs) {
         cur.count += n;
         return;
       }
@@ -140,7 +147,8 @@ public:
       for (std::uint64_t a = lo; a < hi;) {
         const std::uint64_t i = a / cols_, c = a % cols_;
         const std::uint64_t b = std::min(hi, (i + 1) * cols_);
-        emit(a, b - a, p.tensor, (p.canonical_row + (i - p.local_row)) * p.canonical_cols + p.canonical_col + c);
+        emit(a, b - a, p.tensor,
+             (p.canonical_row + (i - p.local_row)) * p.canonical_cols + p.canonical_col + c);
         a = b;
       }
     }
@@ -150,7 +158,8 @@ public:
   /// Projects strictly increasing local indices: calls `out(tensor, canonical,
   /// position)` for each mapped index, where `position` is its place in `local`.
   /// Unmapped (padding) indices are skipped. The hot path of direct projection.
-  template <class Out> void project(std::span<const std::uint64_t> local, Out&& out) const {
+  template <class Out>
+  void project(std::span<const std::uint64_t> local, Out&& out) const {
     std::size_t pi = 0;
     const std::size_t np = pieces_.size();
     for (std::size_t n = 0; n < local.size(); ++n) {
@@ -160,7 +169,10 @@ public:
       if (pi == np) break;
       const auto& p = pieces_[pi];
       if (i < p.local_row) continue;
-      out(p.tensor, (p.canonical_row + (i - p.local_row)) * p.canonical_cols + p.canonical_col + (j - i * cols_), n);
+      out(p.tensor,
+          (p.canonical_row + (i - p.local_row)) * p.canonical_cols + p.canonical_col +
+              (j - i * cols_),
+          n);
     }
   }
 
@@ -169,7 +181,8 @@ public:
   bool is_monotone() const noexcept {
     for (std::size_t a = 0; a < pieces_.size(); ++a)
       for (std::size_t b = a + 1; b < pieces_.size(); ++b)
-        if (pieces_[a].tensor == pieces_[b].tensor && pieces_[b].canonical_row < pieces_[a].canonical_row + pieces_[a].rows)
+        if (pieces_[a].tensor == pieces_[b].tensor &&
+            pieces_[b].canonical_row < pieces_[a].canonical_row + pieces_[a].rows)
           return false;
     return true;
   }
@@ -182,7 +195,8 @@ public:
     std::vector<map_piece> all;
     std::uint64_t off = 0;
     for (auto& m : parts) {
-      if (m.cols_ != parts[0].cols_) throw error(errc::invalid_argument, "concat_rows: column counts differ");
+      if (m.cols_ != parts[0].cols_)
+        throw error(errc::invalid_argument, "concat_rows: column counts differ");
       for (auto p : m.pieces_) {
         p.local_row += off;
         all.push_back(p);
@@ -196,7 +210,8 @@ public:
   piecewise_map retargeted(std::span<const std::uint32_t> ids) const {
     piecewise_map m = *this;
     for (auto& p : m.pieces_) {
-      if (p.tensor >= ids.size()) throw error(errc::invalid_argument, "retargeted: tensor slot out of range");
+      if (p.tensor >= ids.size())
+        throw error(errc::invalid_argument, "retargeted: tensor slot out of range");
       p.tensor = ids[p.tensor];
     }
     return m;
@@ -212,8 +227,10 @@ private:
       for (std::size_t b = a + 1; b < pieces_.size(); ++b) {
         const auto &x = pieces_[a], &y = pieces_[b];
         if (x.tensor != y.tensor) continue;
-        const bool rows_overlap = x.canonical_row < y.canonical_row + y.rows && y.canonical_row < x.canonical_row + x.rows;
-        const bool cols_overlap = x.canonical_col < y.canonical_col + cols_ && y.canonical_col < x.canonical_col + cols_;
+        const bool rows_overlap = x.canonical_row < y.canonical_row + y.rows &&
+                                  y.canonical_row < x.canonical_row + x.rows;
+        const bool cols_overlap =
+            x.canonical_col < y.canonical_col + cols_ && y.canonical_col < x.canonical_col + cols_;
         if (x.canonical_cols != y.canonical_cols || (rows_overlap && cols_overlap)) return false;
       }
     return true;
@@ -237,7 +254,10 @@ class mapping_class_base {
 public:
   std::uint64_t domain_size() const noexcept { return pm_.domain_size(); }
   bool is_unique() const noexcept { return pm_.is_unique(); }
-  template <class Out> void map_run(std::uint64_t s, std::uint64_t n, Out&& out) const { pm_.map_run(s, n, out); }
+  template <class Out>
+  void map_run(std::uint64_t s, std::uint64_t n, Out&& out) const {
+    pm_.map_run(s, n, out);
+  }
   /// The runtime form.
   const piecewise_map& pieces() const noexcept { return pm_; }
 
@@ -248,7 +268,8 @@ protected:
 /// Replicated tensor (norms, router): identity onto `tensor` of `rows x cols`.
 class replicated_map : public mapping_class_base {
 public:
-  replicated_map(std::uint32_t tensor, std::uint64_t rows, std::uint64_t cols) : t_(tensor), n_(rows * cols) {
+  replicated_map(std::uint32_t tensor, std::uint64_t rows, std::uint64_t cols)
+      : t_(tensor), n_(rows * cols) {
     pm_ = piecewise_map(rows, cols, {{0, rows, tensor, 0, 0, cols}});
   }
   destination operator()(std::uint64_t j) const noexcept { return {t_, j}; }
@@ -300,8 +321,11 @@ private:
 /// `[r N/t, (r+1) N/t)` of an `N x K` tensor; local (i, j) -> (r N/t + i, j).
 class column_parallel_map : public mapping_class_base {
 public:
-  column_parallel_map(std::uint32_t tensor, std::uint64_t n, std::uint64_t k, std::uint64_t t, std::uint64_t r)
-      : t_(tensor), base_((detail::require(t > 0 && r < t && n % t == 0, "column_parallel_map: N % t != 0 or r >= t"), r * (n / t) * k)) {
+  column_parallel_map(std::uint32_t tensor, std::uint64_t n, std::uint64_t k, std::uint64_t t,
+                      std::uint64_t r)
+      : t_(tensor), base_((detail::require(t > 0 && r < t && n % t == 0,
+                                           "column_parallel_map: N % t != 0 or r >= t"),
+                           r * (n / t) * k)) {
     pm_ = piecewise_map(n / t, k, {{0, n / t, tensor, r * (n / t), 0, k}});
   }
   destination operator()(std::uint64_t j) const noexcept { return {t_, base_ + j}; }
@@ -316,11 +340,17 @@ static_assert(index_map<column_parallel_map>);
 /// local (i, j) -> (i, r K/t + j).
 class row_parallel_map : public mapping_class_base {
 public:
-  row_parallel_map(std::uint32_t tensor, std::uint64_t n, std::uint64_t k, std::uint64_t t, std::uint64_t r)
-      : t_(tensor), k_(k), kl_((detail::require(t > 0 && r < t && k % t == 0, "row_parallel_map: K % t != 0 or r >= t"), k / t)), r_(r) {
+  row_parallel_map(std::uint32_t tensor, std::uint64_t n, std::uint64_t k, std::uint64_t t,
+                   std::uint64_t r)
+      : t_(tensor), k_(k), kl_((detail::require(t > 0 && r < t && k % t == 0,
+                                                "row_parallel_map: K % t != 0 or r >= t"),
+                                k / t)),
+        r_(r) {
     pm_ = piecewise_map(n, kl_, {{0, n, tensor, 0, r * kl_, k}});
   }
-  destination operator()(std::uint64_t j) const noexcept { return {t_, (j / kl_) * k_ + r_ * kl_ + j % kl_}; }
+  destination operator()(std::uint64_t j) const noexcept {
+    return {t_, (j / kl_) * k_ + r_ * kl_ + j % kl_};
+  }
 
 private:
   std::uint32_t t_;
@@ -340,8 +370,8 @@ inline std::uint64_t padded_vocab(std::uint64_t vocab, std::uint64_t t, std::uin
 /// when that is `< vocab`, else nowhere (padding is not canonical).
 class vocab_padded_map : public mapping_class_base {
 public:
-  vocab_padded_map(std::uint32_t tensor, std::uint64_t vocab, std::uint64_t hidden, std::uint64_t t, std::uint64_t r,
-                   std::uint64_t block)
+  vocab_padded_map(std::uint32_t tensor, std::uint64_t vocab, std::uint64_t hidden, std::uint64_t t,
+                   std::uint64_t r, std::uint64_t block)
       : t_(tensor), vocab_(vocab), hidden_(hidden) {
     detail::require(t > 0 && r < t && hidden > 0, "vocab_padded_map: r >= t or hidden == 0");
     rows_ = padded_vocab(vocab, t, block) / t;
@@ -372,10 +402,12 @@ static_assert(index_map<vocab_padded_map>);
 /// F = ng (p+2) d: whole groups when ng mod t = 0, raw row slices otherwise.
 class fused_qkv_map : public mapping_class_base {
 public:
-  fused_qkv_map(std::uint32_t q, std::uint32_t k, std::uint32_t v, std::uint64_t nh, std::uint64_t ng, std::uint64_t d,
-                std::uint64_t cols, std::uint64_t t, std::uint64_t r)
+  fused_qkv_map(std::uint32_t q, std::uint32_t k, std::uint32_t v, std::uint64_t nh,
+                std::uint64_t ng, std::uint64_t d, std::uint64_t cols, std::uint64_t t,
+                std::uint64_t r)
       : q_(q), k_(k), v_(v), p_(0), d_(d), cols_(cols) {
-    detail::require(ng > 0 && d > 0 && cols > 0 && nh % ng == 0, "fused_qkv_map: heads % groups != 0");
+    detail::require(ng > 0 && d > 0 && cols > 0 && nh % ng == 0,
+                    "fused_qkv_map: heads % groups != 0");
     p_ = nh / ng;
     const std::uint64_t f = ng * (p_ + 2) * d;
     detail::require(t > 0 && r < t && f % t == 0, "fused_qkv_map: fused rows not divisible by t");
@@ -413,11 +445,14 @@ static_assert(index_map<fused_qkv_map>);
 /// the concatenation over r of [G_r; U_r], not [G; U].
 class gated_fc1_map : public mapping_class_base {
 public:
-  gated_fc1_map(std::uint32_t gate, std::uint32_t up, std::uint64_t ffn, std::uint64_t hidden, std::uint64_t t,
-                std::uint64_t r)
-      : g_(gate), u_(up), il_((detail::require(t > 0 && r < t && ffn % t == 0, "gated_fc1_map: ffn % t != 0"), ffn / t)),
+  gated_fc1_map(std::uint32_t gate, std::uint32_t up, std::uint64_t ffn, std::uint64_t hidden,
+                std::uint64_t t, std::uint64_t r)
+      : g_(gate), u_(up),
+        il_((detail::require(t > 0 && r < t && ffn % t == 0, "gated_fc1_map: ffn % t != 0"),
+             ffn / t)),
         h_(hidden), r_(r) {
-    pm_ = piecewise_map(2 * il_, hidden, {{0, il_, gate, r * il_, 0, hidden}, {il_, il_, up, r * il_, 0, hidden}});
+    pm_ = piecewise_map(2 * il_, hidden,
+                        {{0, il_, gate, r * il_, 0, hidden}, {il_, il_, up, r * il_, 0, hidden}});
   }
   destination operator()(std::uint64_t j) const noexcept {
     const std::uint64_t row = j / h_, c = j % h_;
@@ -433,14 +468,16 @@ static_assert(index_map<gated_fc1_map>);
 
 /// Global expert index of local expert `local` on EP rank `ep_rank` of `ep`
 /// with `experts` routed experts: `local + ep_rank * experts / ep`.
-constexpr std::uint64_t global_expert(std::uint64_t local, std::uint64_t ep_rank, std::uint64_t experts,
-                                      std::uint64_t ep) noexcept {
+constexpr std::uint64_t global_expert(std::uint64_t local, std::uint64_t ep_rank,
+                                      std::uint64_t experts, std::uint64_t ep) noexcept {
   return local + ep_rank * (experts / ep);
 }
 
 /// Layers `[s L/P, (s+1) L/P)` held by pipeline stage `s` of `P`.
-inline std::pair<std::uint64_t, std::uint64_t> pp_stage_layers(std::uint64_t layers, std::uint64_t pp, std::uint64_t s) {
-  detail::require(pp > 0 && s < pp && layers % pp == 0, "pp_stage_layers: layers % pp != 0 or s >= pp");
+inline std::pair<std::uint64_t, std::uint64_t> pp_stage_layers(std::uint64_t layers,
+                                                               std::uint64_t pp, std::uint64_t s) {
+  detail::require(pp > 0 && s < pp && layers % pp == 0,
+                  "pp_stage_layers: layers % pp != 0 or s >= pp");
   return {s * (layers / pp), (s + 1) * (layers / pp)};
 }
 

@@ -45,9 +45,11 @@ struct residual_rule {
 };
 
 /// Runs `r` on `in`: allocates outputs, checks the input count, converts.
-inline status run_rule(const residual_rule& r, std::span<const residual_input> in, std::vector<host_tensor>& out) {
+inline status run_rule(const residual_rule& r, std::span<const residual_input> in,
+                       std::vector<host_tensor>& out) {
   DCR_RETURN_ERROR_IF(in.size() != r.inputs, invalid_argument,
-                      r.name + ": expected " + std::to_string(r.inputs) + " inputs, got " + std::to_string(in.size()));
+                      r.name + ": expected " + std::to_string(r.inputs) + " inputs, got " +
+                          std::to_string(in.size()));
   out.clear();
   for (auto& m : r.outputs) out.emplace_back(m);
   return r.convert(in, out);
@@ -62,7 +64,8 @@ public:
   /// `slot`. Elements already written must hold the same bits.
   status add_run(std::uint32_t slot, std::uint64_t start, const std::byte* src, std::uint64_t count,
                  std::string_view part) {
-    DCR_RETURN_ERROR_IF(slot >= out_.size(), invalid_argument, std::string(part) + ": output slot out of range");
+    DCR_RETURN_ERROR_IF(slot >= out_.size(), invalid_argument,
+                        std::string(part) + ": output slot out of range");
     auto& t = out_[slot];
     const std::uint64_t w = width_of(t.meta.dtype), n = t.meta.numel();
     DCR_RETURN_ERROR_IF(start > n || count > n - start, index_out_of_range,
@@ -78,16 +81,19 @@ public:
       auto it = iv.upper_bound(start);
       if (it != iv.begin() && std::prev(it)->second > start) --it;
       std::uint64_t lo = start, hi = end;
-      for (auto j = it; j != iv.end() && j->first < end; ++j) { // compare every overlap before writing
+      for (auto j = it; j != iv.end() && j->first < end;
+           ++j) { // compare every overlap before writing
         const std::uint64_t a = std::max(j->first, start), b = std::min(j->second, end);
         if (a < b && std::memcmp(t.bytes.data() + a * w, src + (a - start) * w, (b - a) * w) != 0) {
           std::uint64_t k = a;
           while (std::memcmp(t.bytes.data() + k * w, src + (k - start) * w, w) == 0) ++k;
-          return fail(errc::parts_disagree, std::string(part) + ": disagrees with an earlier part of " + t.meta.name +
-                                                " at flat index " + std::to_string(k));
+          return fail(errc::parts_disagree,
+                      std::string(part) + ": disagrees with an earlier part of " + t.meta.name +
+                          " at flat index " + std::to_string(k));
         }
       }
-      if (it != iv.begin() && std::prev(it)->second == start) --it; // merge with an adjacent left neighbour
+      if (it != iv.begin() && std::prev(it)->second == start)
+        --it; // merge with an adjacent left neighbour
       while (it != iv.end() && it->first <= hi) {
         lo = std::min(lo, it->first);
         hi = std::max(hi, it->second);
@@ -103,17 +109,20 @@ public:
   status add(const piecewise_map& m, const residual_input& in, std::string_view part) {
     const std::uint64_t dom = m.domain_size();
     for (auto& p : m.pieces()) {
-      DCR_RETURN_ERROR_IF(p.tensor >= out_.size(), invalid_argument, std::string(part) + ": map slot out of range");
+      DCR_RETURN_ERROR_IF(p.tensor >= out_.size(), invalid_argument,
+                          std::string(part) + ": map slot out of range");
       DCR_RETURN_ERROR_IF(out_[p.tensor].meta.dtype != in.dtype, bad_dtype,
                           std::string(part) + ": dtype differs from " + out_[p.tensor].meta.name);
     }
     const std::uint64_t w = width_of(in.dtype);
     DCR_RETURN_ERROR_IF(in.bytes.size() != dom * w, shape_mismatch,
-                        std::string(part) + ": " + std::to_string(in.bytes.size()) + " bytes, map expects " +
-                            std::to_string(dom * w));
+                        std::string(part) + ": " + std::to_string(in.bytes.size()) +
+                            " bytes, map expects " + std::to_string(dom * w));
     status st;
     m.map_run(0, dom, [&](const canonical_run& r) {
-      if (st.ok()) st = add_run(r.tensor, r.canonical_start, in.bytes.data() + r.local_start * w, r.count, part);
+      if (st.ok())
+        st = add_run(r.tensor, r.canonical_start, in.bytes.data() + r.local_start * w, r.count,
+                     part);
     });
     return st;
   }
@@ -126,8 +135,9 @@ public:
       if (n == 0) continue;
       const std::uint64_t first_gap = iv.empty() || iv.begin()->first != 0 ? 0 : iv.begin()->second;
       if (first_gap < n)
-        return fail(errc::coverage, out_[s].meta.name + ": parts leave flat index " + std::to_string(first_gap) +
-                                        " (of " + std::to_string(n) + ") uncovered");
+        return fail(errc::coverage, out_[s].meta.name + ": parts leave flat index " +
+                                        std::to_string(first_gap) + " (of " + std::to_string(n) +
+                                        ") uncovered");
     }
     return status::success();
   }
@@ -141,28 +151,56 @@ namespace detail {
 inline status assemble_all(const std::string& name, std::span<const piecewise_map> maps,
                            std::span<const residual_input> in, std::span<host_tensor> out) {
   part_assembler a(out);
-  for (std::size_t i = 0; i < maps.size(); ++i) DCR_TRY(a.add(maps[i], in[i], name + " input " + std::to_string(i)));
+  for (std::size_t i = 0; i < maps.size(); ++i)
+    DCR_TRY(a.add(maps[i], in[i], name + " input " + std::to_string(i)));
   return a.finish();
 }
 
 /// Stored word of dtype `d` at element `k` widened to f32 (bf16, f16, f32).
 inline float load_f32(dtype_id d, const std::byte* p, std::uint64_t k) noexcept {
   switch (d) {
-  case dtype_id::bf16: { std::uint16_t w; std::memcpy(&w, p + 2 * k, 2); return bf16_to_f32(w); }
-  case dtype_id::f16: { std::uint16_t w; std::memcpy(&w, p + 2 * k, 2); return f16_to_f32(w); }
-  case dtype_id::f32: { float f; std::memcpy(&f, p + 4 * k, 4); return f; }
-  case dtype_id::f8e4m3fn: return e4m3_to_f32(static_cast<std::uint8_t>(p[k]));
-  default: return std::nanf("");
+  case dtype_id::bf16: {
+    std::uint16_t w;
+    std::memcpy(&w, p + 2 * k, 2);
+    return bf16_to_f32(w);
+  }
+  case dtype_id::f16: {
+    std::uint16_t w;
+    std::memcpy(&w, p + 2 * k, 2);
+    return f16_to_f32(w);
+  }
+  case dtype_id::f32: {
+    float f;
+    std::memcpy(&f, p + 4 * k, 4);
+    return f;
+  }
+  case dtype_id::f8e4m3fn:
+    return e4m3_to_f32(static_cast<std::uint8_t>(p[k]));
+  default:
+    return std::nanf("");
   }
 }
 /// Casts `x` to dtype `d` (RNE) and stores it at element `k`.
 inline void store_cast(dtype_id d, std::byte* p, std::uint64_t k, float x) noexcept {
   switch (d) {
-  case dtype_id::bf16: { const std::uint16_t w = f32_to_bf16_rne(x); std::memcpy(p + 2 * k, &w, 2); break; }
-  case dtype_id::f16: { const std::uint16_t w = f32_to_f16_rne(x); std::memcpy(p + 2 * k, &w, 2); break; }
-  case dtype_id::f32: std::memcpy(p + 4 * k, &x, 4); break;
-  case dtype_id::f8e4m3fn: p[k] = static_cast<std::byte>(f32_to_e4m3_rne(x)); break;
-  default: break;
+  case dtype_id::bf16: {
+    const std::uint16_t w = f32_to_bf16_rne(x);
+    std::memcpy(p + 2 * k, &w, 2);
+    break;
+  }
+  case dtype_id::f16: {
+    const std::uint16_t w = f32_to_f16_rne(x);
+    std::memcpy(p + 2 * k, &w, 2);
+    break;
+  }
+  case dtype_id::f32:
+    std::memcpy(p + 4 * k, &x, 4);
+    break;
+  case dtype_id::f8e4m3fn:
+    p[k] = static_cast<std::byte>(f32_to_e4m3_rne(x));
+    break;
+  default:
+    break;
   }
 }
 inline bool castable(dtype_id d) {
@@ -173,9 +211,11 @@ inline bool castable(dtype_id d) {
 /// Identity assembly: input `i` is placed through `maps[i]` (slots index
 /// `outputs`). Used for fused layouts left to residual conversion and for
 /// full conversion (assemble whole canonical tensors, then diff).
-inline residual_rule gather_rule(std::string name, std::vector<tensor_meta> outputs, std::vector<piecewise_map> maps) {
+inline residual_rule gather_rule(std::string name, std::vector<tensor_meta> outputs,
+                                 std::vector<piecewise_map> maps) {
   residual_rule r{std::move(name), std::move(outputs), maps.size(), {}};
-  r.convert = [maps = std::move(maps), nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+  r.convert = [maps = std::move(maps), nm = r.name](std::span<const residual_input> in,
+                                                    std::span<host_tensor> out) {
     return detail::assemble_all(nm, maps, in, out);
   };
   return r;
@@ -183,10 +223,13 @@ inline residual_rule gather_rule(std::string name, std::vector<tensor_meta> outp
 
 /// Tied outputs: one source placed through `maps` into `a`, and the same bits
 /// under a second canonical name `b` (same shape and dtype).
-inline residual_rule tied_rule(std::string name, tensor_meta a, tensor_meta b, std::vector<piecewise_map> maps) {
-  if (a.shape != b.shape || a.dtype != b.dtype) throw error(errc::shape_mismatch, name + ": tied outputs differ in shape or dtype");
+inline residual_rule tied_rule(std::string name, tensor_meta a, tensor_meta b,
+                               std::vector<piecewise_map> maps) {
+  if (a.shape != b.shape || a.dtype != b.dtype)
+    throw error(errc::shape_mismatch, name + ": tied outputs differ in shape or dtype");
   residual_rule r{std::move(name), {std::move(a), std::move(b)}, maps.size(), {}};
-  r.convert = [maps = std::move(maps), nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+  r.convert = [maps = std::move(maps), nm = r.name](std::span<const residual_input> in,
+                                                    std::span<host_tensor> out) {
     DCR_TRY(detail::assemble_all(nm, maps, in, out.first(1)));
     out[1].bytes = out[0].bytes;
     return status::success();
@@ -204,8 +247,10 @@ inline residual_rule stack_rule(std::string name, tensor_meta output, std::size_
     const std::uint64_t each = out[0].meta.numel() / n, w = width_of(out[0].meta.dtype);
     for (std::size_t i = 0; i < n; ++i) {
       const std::string part = nm + " input " + std::to_string(i);
-      DCR_RETURN_ERROR_IF(in[i].dtype != out[0].meta.dtype, bad_dtype, part + ": dtype differs from output");
-      DCR_RETURN_ERROR_IF(in[i].bytes.size() != each * w, shape_mismatch, part + ": wrong size for a stack slice");
+      DCR_RETURN_ERROR_IF(in[i].dtype != out[0].meta.dtype, bad_dtype,
+                          part + ": dtype differs from output");
+      DCR_RETURN_ERROR_IF(in[i].bytes.size() != each * w, shape_mismatch,
+                          part + ": wrong size for a stack slice");
       DCR_TRY(a.add_run(0, i * each, in[i].bytes.data(), each, part));
     }
     return a.finish();
@@ -222,10 +267,11 @@ inline residual_rule scale_cast_rule(std::string name, tensor_meta output, dtype
   if (!detail::castable(source_dtype) || !detail::castable(output.dtype))
     throw error(errc::bad_dtype, name + ": unsupported dtype for scale_cast");
   residual_rule r{std::move(name), {std::move(output)}, maps.size() + 1, {}};
-  r.convert = [maps = std::move(maps), source_dtype, nm = r.name](std::span<const residual_input> in,
-                                                                  std::span<host_tensor> out) {
-    DCR_RETURN_ERROR_IF(!detail::castable(in[0].dtype) || in[0].bytes.size() != width_of(in[0].dtype), shape_mismatch,
-                        nm + ": scale must be one bf16/f16/f32 element");
+  r.convert = [maps = std::move(maps), source_dtype,
+               nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+    DCR_RETURN_ERROR_IF(!detail::castable(in[0].dtype) ||
+                            in[0].bytes.size() != width_of(in[0].dtype),
+                        shape_mismatch, nm + ": scale must be one bf16/f16/f32 element");
     const float lambda = detail::load_f32(in[0].dtype, in[0].bytes.data(), 0);
     tensor_meta xm = out[0].meta;
     xm.dtype = source_dtype;
@@ -233,7 +279,8 @@ inline residual_rule scale_cast_rule(std::string name, tensor_meta output, dtype
     DCR_TRY(detail::assemble_all(nm, maps, in.subspan(1), std::span<host_tensor>(&x, 1)));
     const std::uint64_t n = xm.numel();
     for (std::uint64_t k = 0; k < n; ++k)
-      detail::store_cast(out[0].meta.dtype, out[0].bytes.data(), k, lambda * detail::load_f32(source_dtype, x.bytes.data(), k));
+      detail::store_cast(out[0].meta.dtype, out[0].bytes.data(), k,
+                         lambda * detail::load_f32(source_dtype, x.bytes.data(), k));
     return status::success();
   };
   return r;
@@ -250,10 +297,12 @@ inline std::string scale_inv_name(const std::string& weight) { return weight + "
 /// amax/448 stored). Parts of x (dtype `source_dtype`) are placed through
 /// `maps`. One changed element can rescale its whole tile.
 template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
-residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, std::uint64_t rows, std::uint64_t cols,
-                                   dtype_id source_dtype, std::vector<piecewise_map> maps, std::uint64_t block = 128,
+residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, std::uint64_t rows,
+                                   std::uint64_t cols, dtype_id source_dtype,
+                                   std::vector<piecewise_map> maps, std::uint64_t block = 128,
                                    Quantizer quantizer = {}) {
-  if (!detail::castable(source_dtype) || block == 0) throw error(errc::invalid_argument, name + ": bad dtype or block");
+  if (!detail::castable(source_dtype) || block == 0)
+    throw error(errc::invalid_argument, name + ": bad dtype or block");
   const std::uint64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
   std::vector<tensor_meta> outs{{weight_name, {rows, cols}, dtype_id::f8e4m3fn},
                                 {scale_inv_name(weight_name), {br, bc}, dtype_id::f32}};
@@ -268,15 +317,18 @@ residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, st
     const auto* xb = x.bytes.data();
     for (std::uint64_t bi = 0; bi < br; ++bi)
       for (std::uint64_t bj = 0; bj < bc; ++bj) {
-        const std::uint64_t r0 = bi * block, r1 = std::min(rows, r0 + block), c0 = bj * block, c1 = std::min(cols, c0 + block);
+        const std::uint64_t r0 = bi * block, r1 = std::min(rows, r0 + block), c0 = bj * block,
+                            c1 = std::min(cols, c0 + block);
         float amax = 0;
         for (std::uint64_t i = r0; i < r1; ++i)
-          for (std::uint64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(detail::load_f32(source_dtype, xb, i * cols + j)));
+          for (std::uint64_t j = c0; j < c1; ++j)
+            amax = std::max(amax, std::fabs(detail::load_f32(source_dtype, xb, i * cols + j)));
         const float sinv = quantizer.scale_inv(amax);
         std::memcpy(s + 4 * (bi * bc + bj), &sinv, 4);
         for (std::uint64_t i = r0; i < r1; ++i)
           for (std::uint64_t j = c0; j < c1; ++j)
-            q[i * cols + j] = static_cast<std::byte>(f32_to_e4m3_rne(quantizer.scaled(detail::load_f32(source_dtype, xb, i * cols + j), amax)));
+            q[i * cols + j] = static_cast<std::byte>(f32_to_e4m3_rne(
+                quantizer.scaled(detail::load_f32(source_dtype, xb, i * cols + j), amax)));
       }
     return status::success();
   };
@@ -284,8 +336,9 @@ residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, st
 }
 
 /// A user-defined rule: `fn` fills `outputs` from `inputs` declared inputs.
-inline residual_rule custom_rule(std::string name, std::vector<tensor_meta> outputs, std::size_t inputs,
-                                 std::function<status(std::span<const residual_input>, std::span<host_tensor>)> fn) {
+inline residual_rule
+custom_rule(std::string name, std::vector<tensor_meta> outputs, std::size_t inputs,
+            std::function<status(std::span<const residual_input>, std::span<host_tensor>)> fn) {
   return residual_rule{std::move(name), std::move(outputs), inputs, std::move(fn)};
 }
 

@@ -16,22 +16,22 @@ namespace dcr {
 /// A MoE model may mix dense layers in (Qwen3-MoE's `decoder_sparse_step` and
 /// `mlp_only_layers`); its dense layers use the `ffn` intermediate size.
 struct model_config {
-  std::string family = "llama";   ///< "llama", "qwen2", "qwen3" or "qwen3_moe"
+  std::string family = "llama"; ///< "llama", "qwen2", "qwen3" or "qwen3_moe"
   std::uint64_t hidden = 256;
   std::uint64_t layers = 2;
-  std::uint64_t heads = 8;        ///< query heads (nh)
-  std::uint64_t kv_heads = 2;     ///< key/value heads = query groups (ng)
-  std::uint64_t head_dim = 32;    ///< d
-  std::uint64_t ffn = 512;        ///< dense MLP intermediate size
-  std::uint64_t experts = 0;      ///< routed experts (0: dense MLP)
-  std::uint64_t moe_ffn = 0;      ///< per-expert intermediate size
+  std::uint64_t heads = 8;     ///< query heads (nh)
+  std::uint64_t kv_heads = 2;  ///< key/value heads = query groups (ng)
+  std::uint64_t head_dim = 32; ///< d
+  std::uint64_t ffn = 512;     ///< dense MLP intermediate size
+  std::uint64_t experts = 0;   ///< routed experts (0: dense MLP)
+  std::uint64_t moe_ffn = 0;   ///< per-expert intermediate size
   std::uint64_t vocab = 1000;
-  bool tied_embeddings = false;   ///< lm_head shares embed_tokens (no lm_head tensor)
-  bool qk_norm = false;           ///< Qwen3 per-head q_norm / k_norm
-  bool attention_bias = false;    ///< q/k/v biases (Qwen2-style)
-  std::uint64_t decoder_sparse_step = 1;     ///< layer i is MoE when (i + 1) % step == 0 ...
+  bool tied_embeddings = false;               ///< lm_head shares embed_tokens (no lm_head tensor)
+  bool qk_norm = false;                       ///< Qwen3 per-head q_norm / k_norm
+  bool attention_bias = false;                ///< q/k/v biases (Qwen2-style)
+  std::uint64_t decoder_sparse_step = 1;      ///< layer i is MoE when (i + 1) % step == 0 ...
   std::vector<std::uint64_t> mlp_only_layers; ///< ... and i is not listed here
-  std::uint64_t expert_groups = 0;            ///< grouped top-k groups (0: none; Qwen3-MoE has none)
+  std::uint64_t expert_groups = 0; ///< grouped top-k groups (0: none; Qwen3-MoE has none)
   dtype_id dtype = dtype_id::bf16;
 
   bool is_moe() const noexcept { return experts > 0; }
@@ -58,7 +58,8 @@ inline std::string layer_name(std::uint64_t layer, const std::string& suffix) {
 }
 
 /// Name of a per-expert tensor, e.g. expert_name(3, 7, "gate_proj.weight").
-inline std::string expert_name(std::uint64_t layer, std::uint64_t expert, const std::string& suffix) {
+inline std::string expert_name(std::uint64_t layer, std::uint64_t expert,
+                               const std::string& suffix) {
   return layer_name(layer, "mlp.experts." + std::to_string(expert) + "." + suffix);
 }
 

@@ -19,8 +19,8 @@
 #include <string_view>
 
 #include "dcr/core/error.hpp"
-#include "dcr/model/config.hpp"
 #include "dcr/core/json.hpp"
+#include "dcr/model/config.hpp"
 
 namespace dcr {
 
@@ -85,22 +85,28 @@ inline model_config model_config_from_hf_json(std::string_view json) {
     hf_fields::bad(errc::invalid_argument, "model_type",
                    "= \"" + type + "\" is not supported (llama, qwen2, qwen3, qwen3_moe)");
   if (const auto* a = f.find("architectures")) {
-    static constexpr std::string_view known[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                                 "Qwen3MoeForCausalLM"};
+    static constexpr std::string_view known[] = {"LlamaForCausalLM", "Qwen2ForCausalLM",
+                                                 "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"};
     if (!a->is_array()) hf_fields::bad(errc::bad_format, "architectures", "must be an array");
     for (auto& x : a->items) {
       bool ok = false;
       for (auto k : known) ok = ok || (x.is_string() && x.text == k);
-      if (!ok) hf_fields::bad(errc::invalid_argument, "architectures", "lists \"" + x.text + "\", which is not supported");
+      if (!ok)
+        hf_fields::bad(errc::invalid_argument, "architectures",
+                       "lists \"" + x.text + "\", which is not supported");
     }
   }
   if (f.find("quantization_config"))
-    hf_fields::bad(errc::invalid_argument, "quantization_config", "is present: quantised checkpoints are not supported");
+    hf_fields::bad(errc::invalid_argument, "quantization_config",
+                   "is present: quantised checkpoints are not supported");
   if (const auto act = f.text_or("hidden_act", "silu"); act != "silu")
-    hf_fields::bad(errc::invalid_argument, "hidden_act", "= \"" + act + "\" is not supported (silu)");
-  if (f.flag_or("mlp_bias", false)) hf_fields::bad(errc::invalid_argument, "mlp_bias", "= true is not supported");
+    hf_fields::bad(errc::invalid_argument, "hidden_act",
+                   "= \"" + act + "\" is not supported (silu)");
+  if (f.flag_or("mlp_bias", false))
+    hf_fields::bad(errc::invalid_argument, "mlp_bias", "= true is not supported");
   if (f.u64_or("shared_expert_intermediate_size", 0) != 0)
-    hf_fields::bad(errc::invalid_argument, "shared_expert_intermediate_size", "> 0 (shared experts) is not supported");
+    hf_fields::bad(errc::invalid_argument, "shared_expert_intermediate_size",
+                   "> 0 (shared experts) is not supported");
 
   model_config c;
   c.family = type;
@@ -112,10 +118,12 @@ inline model_config model_config_from_hf_json(std::string_view json) {
   if (c.layers == 0) hf_fields::bad(errc::invalid_argument, "num_hidden_layers", "must be > 0");
   if (c.heads == 0) hf_fields::bad(errc::invalid_argument, "num_attention_heads", "must be > 0");
   if (c.kv_heads == 0 || c.heads % c.kv_heads != 0)
-    hf_fields::bad(errc::invalid_argument, "num_key_value_heads", "must divide num_attention_heads");
+    hf_fields::bad(errc::invalid_argument, "num_key_value_heads",
+                   "must divide num_attention_heads");
   // head_dim defaults to hidden / heads in LlamaConfig, Qwen2Config and Qwen3Config.
   if (!f.find("head_dim") && c.hidden % c.heads != 0)
-    hf_fields::bad(errc::invalid_argument, "head_dim", "is absent and hidden_size % num_attention_heads != 0");
+    hf_fields::bad(errc::invalid_argument, "head_dim",
+                   "is absent and hidden_size % num_attention_heads != 0");
   c.head_dim = f.u64_or("head_dim", c.hidden / c.heads);
   if (c.head_dim == 0) hf_fields::bad(errc::invalid_argument, "head_dim", "must be > 0");
   c.ffn = f.u64("intermediate_size");
@@ -130,27 +138,38 @@ inline model_config model_config_from_hf_json(std::string_view json) {
     c.experts = f.u64("num_experts");
     c.moe_ffn = c.experts ? f.u64("moe_intermediate_size") : 0;
     c.decoder_sparse_step = f.u64_or("decoder_sparse_step", 1);
-    if (c.decoder_sparse_step == 0) hf_fields::bad(errc::invalid_argument, "decoder_sparse_step", "must be >= 1");
+    if (c.decoder_sparse_step == 0)
+      hf_fields::bad(errc::invalid_argument, "decoder_sparse_step", "must be >= 1");
     if (const auto* m = f.find("mlp_only_layers")) {
-      if (!m->is_array()) hf_fields::bad(errc::bad_format, "mlp_only_layers", "must be an array of layer indices");
+      if (!m->is_array())
+        hf_fields::bad(errc::bad_format, "mlp_only_layers", "must be an array of layer indices");
       for (auto& x : m->items) {
         std::uint64_t l = 0;
         if (x.type != json_value::kind::number || !x.as_u64(l) || l >= c.layers)
-          hf_fields::bad(errc::invalid_argument, "mlp_only_layers", "holds '" + x.text + "', not a layer index");
+          hf_fields::bad(errc::invalid_argument, "mlp_only_layers",
+                         "holds '" + x.text + "', not a layer index");
         c.mlp_only_layers.push_back(l);
       }
     }
-    if (c.experts && c.moe_ffn == 0) hf_fields::bad(errc::invalid_argument, "moe_intermediate_size", "must be > 0");
+    if (c.experts && c.moe_ffn == 0)
+      hf_fields::bad(errc::invalid_argument, "moe_intermediate_size", "must be > 0");
   } else {
     for (auto* k : {"num_experts", "num_local_experts", "n_routed_experts"})
-      if (f.u64_or(k, 0) != 0) hf_fields::bad(errc::invalid_argument, k, "> 0 on a dense model_type \"" + type + "\"");
+      if (f.u64_or(k, 0) != 0)
+        hf_fields::bad(errc::invalid_argument, k, "> 0 on a dense model_type \"" + type + "\"");
   }
-  if (c.has_dense_layer() && c.ffn == 0) hf_fields::bad(errc::invalid_argument, "intermediate_size", "must be > 0");
+  if (c.has_dense_layer() && c.ffn == 0)
+    hf_fields::bad(errc::invalid_argument, "intermediate_size", "must be > 0");
   const auto dt = f.text_or("torch_dtype", f.text_or("dtype", "bfloat16"));
-  if (dt == "bfloat16") c.dtype = dtype_id::bf16;
-  else if (dt == "float16") c.dtype = dtype_id::f16;
-  else if (dt == "float32") c.dtype = dtype_id::f32;
-  else hf_fields::bad(errc::invalid_argument, "torch_dtype", "= \"" + dt + "\" is not supported (bfloat16, float16, float32)");
+  if (dt == "bfloat16")
+    c.dtype = dtype_id::bf16;
+  else if (dt == "float16")
+    c.dtype = dtype_id::f16;
+  else if (dt == "float32")
+    c.dtype = dtype_id::f32;
+  else
+    hf_fields::bad(errc::invalid_argument, "torch_dtype",
+                   "= \"" + dt + "\" is not supported (bfloat16, float16, float32)");
   return c;
 }
 

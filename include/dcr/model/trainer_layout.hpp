@@ -33,15 +33,17 @@ struct trainer_layout {
   std::optional<std::uint64_t> first_stage_layers, last_stage_layers;
 
   /// Degrees in Megatron's order of mention (tp, pp, ep, etp, dp), then the vocabulary padding.
-  constexpr trainer_layout(std::uint64_t tp_ = 1, std::uint64_t pp_ = 1, std::uint64_t ep_ = 1, std::uint64_t etp_ = 1,
-                           std::uint64_t dp_ = 1, std::uint64_t vocab_block_ = 0) noexcept
+  constexpr trainer_layout(std::uint64_t tp_ = 1, std::uint64_t pp_ = 1, std::uint64_t ep_ = 1,
+                           std::uint64_t etp_ = 1, std::uint64_t dp_ = 1,
+                           std::uint64_t vocab_block_ = 0) noexcept
       : tp(tp_), pp(pp_), ep(ep_), etp(etp_), dp(dp_), vocab_block(vocab_block_) {}
 
   std::uint64_t ranks_per_stage() const noexcept { return tp * dp; }
   std::uint64_t world() const noexcept { return pp * tp * dp; }
   /// Expert-data-parallel degree: replicas of each expert shard per stage.
   std::uint64_t edp() const noexcept { return (ep * etp) != 0 ? tp * dp / (ep * etp) : 0; }
-  std::uint64_t rank(std::uint64_t stage, std::uint64_t dp_rank, std::uint64_t tp_rank) const noexcept {
+  std::uint64_t rank(std::uint64_t stage, std::uint64_t dp_rank,
+                     std::uint64_t tp_rank) const noexcept {
     return stage * ranks_per_stage() + dp_rank * tp + tp_rank;
   }
   friend bool operator==(const trainer_layout&, const trainer_layout&) = default;
@@ -49,7 +51,8 @@ struct trainer_layout {
 
 namespace detail {
 /// Layers of every stage; on a layout that does not split them, `why` says why.
-inline std::vector<std::uint64_t> megatron_stage_sizes(std::uint64_t layers, const trainer_layout& l, std::string& why) {
+inline std::vector<std::uint64_t> megatron_stage_sizes(std::uint64_t layers,
+                                                       const trainer_layout& l, std::string& why) {
   std::vector<std::uint64_t> v(l.pp, 0);
   auto refuse = [&](const char* reason) {
     why = reason;
@@ -84,8 +87,8 @@ inline std::vector<std::uint64_t> megatron_stage_sizes(std::uint64_t layers, con
 /// `get_transformer_layer_offset` and `get_num_layers_to_build`, without
 /// virtual pipeline stages). Throws `invalid_argument` for a layout that
 /// does not split the layers.
-inline std::pair<std::uint64_t, std::uint64_t> megatron_stage_layers(const model_config& c, const trainer_layout& l,
-                                                                     std::uint64_t s) {
+inline std::pair<std::uint64_t, std::uint64_t>
+megatron_stage_layers(const model_config& c, const trainer_layout& l, std::uint64_t s) {
   std::string why;
   auto v = detail::megatron_stage_sizes(c.layers, l, why);
   if (!why.empty()) throw error(errc::invalid_argument, "trainer_layout: " + why);
@@ -98,7 +101,9 @@ inline std::pair<std::uint64_t, std::uint64_t> megatron_stage_layers(const model
 /// Checks that `l` can shard `c` (every split divides evenly); names the
 /// first violated condition.
 inline status validate(const model_config& c, const trainer_layout& l) {
-  auto bad = [](const std::string& m) { return fail(errc::invalid_argument, "trainer_layout: " + m); };
+  auto bad = [](const std::string& m) {
+    return fail(errc::invalid_argument, "trainer_layout: " + m);
+  };
   if (!l.tp || !l.pp || !l.ep || !l.etp || !l.dp) return bad("degrees must be >= 1");
   std::string why;
   (void)detail::megatron_stage_sizes(c.layers, l, why);
@@ -108,7 +113,8 @@ inline status validate(const model_config& c, const trainer_layout& l) {
   if (fused % l.tp) return bad("fused QKV rows % tp != 0");
   if ((c.heads * c.head_dim) % l.tp) return bad("heads * head_dim % tp != 0");
   if (l.vocab_block == 0 && c.vocab % l.tp)
-    return bad("vocab % tp != 0 without vocabulary padding (set vocab_block, Megatron's make_vocab_size_divisible_by)");
+    return bad("vocab % tp != 0 without vocabulary padding (set vocab_block, Megatron's "
+               "make_vocab_size_divisible_by)");
   if (c.has_dense_layer() && c.ffn % l.tp) return bad("ffn % tp != 0");
   if (c.is_moe()) {
     if (c.experts % l.ep) return bad("experts % ep != 0");

@@ -14,13 +14,15 @@ namespace dcr::net {
 
 /// Encode bytes (a `std::string` used as a byte buffer) to padded base64.
 inline std::string base64_encode(std::string_view bytes) {
-  static constexpr char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  static constexpr char alphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
   out.reserve((bytes.size() + 2) / 3 * 4);
   std::size_t i = 0;
   for (; i + 3 <= bytes.size(); i += 3) {
     const std::uint32_t v = static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])) << 16 |
-                            static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8 |
+                            static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i + 1]))
+                                << 8 |
                             static_cast<unsigned char>(bytes[i + 2]);
     out += alphabet[v >> 18];
     out += alphabet[(v >> 12) & 63];
@@ -41,9 +43,11 @@ inline std::string base64_encode(std::string_view bytes) {
 /// Decode padded base64. Strict: length a multiple of 4, padding only at the
 /// end, unused bits zero (so every byte string has exactly one encoding);
 /// `errc::bad_format` naming `what` and the offset otherwise.
-inline status base64_decode(std::string_view text, std::string& out, std::string_view what = "base64") {
+inline status base64_decode(std::string_view text, std::string& out,
+                            std::string_view what = "base64") {
   auto bad = [&](std::size_t at, const char* why) {
-    return fail(errc::bad_format, std::string(what) + ": " + why + " at character " + std::to_string(at));
+    return fail(errc::bad_format,
+                std::string(what) + ": " + why + " at character " + std::to_string(at));
   };
   auto sextet = [](char c) -> int {
     if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -71,7 +75,8 @@ inline status base64_decode(std::string_view text, std::string& out, std::string
       }
       v = v << 6 | static_cast<std::uint32_t>(s);
     }
-    if ((pad == 1 && (v & 0xFF)) || (pad == 2 && (v & 0xFFFF))) return bad(i, "nonzero unused bits");
+    if ((pad == 1 && (v & 0xFF)) || (pad == 2 && (v & 0xFFFF)))
+      return bad(i, "nonzero unused bits");
     r += static_cast<char>(v >> 16);
     if (pad < 2) r += static_cast<char>((v >> 8) & 0xFF);
     if (pad < 1) r += static_cast<char>(v & 0xFF);

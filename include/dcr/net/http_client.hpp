@@ -156,7 +156,8 @@ struct tls_options {
 
 /// Limits and timeouts of a client.
 struct http_options {
-  std::chrono::milliseconds connect_timeout{2000}; ///< per endpoint and connection, TLS handshake included
+  std::chrono::milliseconds connect_timeout{
+      2000}; ///< per endpoint and connection, TLS handshake included
   std::chrono::milliseconds request_timeout{10000}; ///< write of the request + read of the response
   std::size_t max_body = std::size_t{64} << 20;     ///< larger response bodies: length_overflow
   std::string user_agent = "dcr";

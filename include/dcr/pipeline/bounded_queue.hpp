@@ -22,11 +22,13 @@ enum class queue_wait { ok, closed, timeout };
 /// Bounded blocking queue. Laws: items come out in push order; `push` blocks
 /// while `size() == capacity()`; after `close()`, `push` returns false without
 /// blocking and `pop` drains what is left, then returns `nullopt`.
-template <class T> class bounded_queue {
+template <class T>
+class bounded_queue {
 public:
   /// `capacity >= 1`; throws `dcr::error(invalid_argument)` otherwise.
   explicit bounded_queue(std::size_t capacity) : capacity_(capacity) {
-    if (capacity == 0) throw error(errc::invalid_argument, "bounded_queue capacity must be at least 1");
+    if (capacity == 0)
+      throw error(errc::invalid_argument, "bounded_queue capacity must be at least 1");
   }
 
   /// Blocks while full; false if the queue is (or becomes) closed.
@@ -67,7 +69,8 @@ public:
   /// `pop` that gives up at `deadline` (`timeout`); `closed` once closed and drained.
   queue_wait pop_until(T& out, std::chrono::steady_clock::time_point deadline) {
     std::unique_lock l(m_);
-    if (!not_empty_.wait_until(l, deadline, [&] { return closed_ || !q_.empty(); })) return queue_wait::timeout;
+    if (!not_empty_.wait_until(l, deadline, [&] { return closed_ || !q_.empty(); }))
+      return queue_wait::timeout;
     if (q_.empty()) return queue_wait::closed;
     out = std::move(q_.front());
     q_.pop_front();

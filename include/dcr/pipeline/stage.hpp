@@ -38,35 +38,50 @@
 namespace dcr::pipeline {
 
 /// One stage: `fn(In) -> Out`, with `capacity` items queued in front of it.
-template <class F> struct stage {
+template <class F>
+struct stage {
   F fn;
   std::size_t capacity = 2;
 };
-template <class F> stage(F) -> stage<F>;
-template <class F> stage(F, std::size_t) -> stage<F>;
+template <class F>
+stage(F) -> stage<F>;
+template <class F>
+stage(F, std::size_t) -> stage<F>;
 
 /// A fixed sequence of stages.
-template <class... Stages> struct chain {
+template <class... Stages>
+struct chain {
   std::tuple<Stages...> stages;
 };
 
-template <class A, class B> constexpr chain<stage<A>, stage<B>> operator|(stage<A> a, stage<B> b) {
+template <class A, class B>
+constexpr chain<stage<A>, stage<B>> operator|(stage<A> a, stage<B> b) {
   return {{std::move(a), std::move(b)}};
 }
-template <class... S, class B> constexpr chain<S..., stage<B>> operator|(chain<S...> c, stage<B> b) {
+template <class... S, class B>
+constexpr chain<S..., stage<B>> operator|(chain<S...> c, stage<B> b) {
   return {std::tuple_cat(std::move(c.stages), std::tuple<stage<B>>{std::move(b)})};
 }
-template <class F> constexpr chain<stage<F>> as_chain(stage<F> s) { return {{std::move(s)}}; }
-template <class... S> constexpr chain<S...> as_chain(chain<S...> c) { return c; }
+template <class F>
+constexpr chain<stage<F>> as_chain(stage<F> s) {
+  return {{std::move(s)}};
+}
+template <class... S>
+constexpr chain<S...> as_chain(chain<S...> c) {
+  return c;
+}
 
 namespace detail {
 
-template <class In, class... S> struct types;
-template <class In> struct types<In> {
+template <class In, class... S>
+struct types;
+template <class In>
+struct types<In> {
   using queues = std::tuple<>;
   using out = In;
 };
-template <class In, class F, class... S> struct types<In, stage<F>, S...> {
+template <class In, class F, class... S>
+struct types<In, stage<F>, S...> {
   using mid = std::invoke_result_t<F&, In>;
   static_assert(!std::is_void_v<mid>, "a stage must return a value; use the sink to consume");
   using queues = decltype(std::tuple_cat(std::declval<std::tuple<bounded_queue<In>*>>(),
@@ -98,8 +113,10 @@ constexpr std::size_t capacity_of(const chain<S...>& c, std::size_t sink) {
 } // namespace detail
 
 /// Output type of chain `C` for input type `In`.
-template <class In, class C> struct chain_output;
-template <class In, class... S> struct chain_output<In, chain<S...>> {
+template <class In, class C>
+struct chain_output;
+template <class In, class... S>
+struct chain_output<In, chain<S...>> {
   using type = typename detail::types<In, S...>::out;
 };
 
@@ -120,8 +137,11 @@ void run(chain<S...> c, Source&& source, Sink&& sink, std::size_t sink_capacity 
   auto storage = [&]<std::size_t... I>(std::index_sequence<I...>) {
     return std::tuple{std::make_unique<std::remove_pointer_t<std::tuple_element_t<I, qtuple>>>(
         detail::capacity_of<I>(c, sink_capacity))...};
-  }(std::make_index_sequence<n + 1>{});
-  std::apply([&](auto&... q) { (fail_state.closers.push_back([p = q.get()] { p->close(); }), ...); }, storage);
+  }
+  (std::make_index_sequence<n + 1>{});
+  std::apply(
+      [&](auto&... q) { (fail_state.closers.push_back([p = q.get()] { p->close(); }), ...); },
+      storage);
 
   std::array<std::thread, n> threads; // fixed count: no reallocation
   auto launch = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
@@ -141,7 +161,8 @@ void run(chain<S...> c, Source&& source, Sink&& sink, std::size_t sink_capacity 
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (launch(std::integral_constant<std::size_t, I>{}), ...);
-  }(std::make_index_sequence<n>{});
+  }
+  (std::make_index_sequence<n>{});
 
   std::thread producer([&] {
     auto& q0 = *std::get<0>(storage);
@@ -184,7 +205,8 @@ status run_status(chain<S...> c, Source&& source, Sink&& sink, std::size_t sink_
 }
 
 /// Run a single stage (convenience).
-template <class In, class F, class Source, class Sink> void run(stage<F> s, Source&& source, Sink&& sink) {
+template <class In, class F, class Source, class Sink>
+void run(stage<F> s, Source&& source, Sink&& sink) {
   run<In>(as_chain(std::move(s)), std::forward<Source>(source), std::forward<Sink>(sink));
 }
 

@@ -62,11 +62,11 @@ struct receiver_ack {
 /// The commit record K^v: which policy version is published, bound to the
 /// source baseline it was built from and the attempt that produced it.
 struct commit_record {
-  std::uint64_t version = 0;         ///< committed policy version v
-  digest128 source_baseline{};       ///< digest of the owners' baseline B^v
-  std::uint64_t attempt = 0;         ///< attempt id τ that committed v (0: initial)
+  std::uint64_t version = 0;           ///< committed policy version v
+  digest128 source_baseline{};         ///< digest of the owners' baseline B^v
+  std::uint64_t attempt = 0;           ///< attempt id τ that committed v (0: initial)
   std::vector<receiver_ack> receivers; ///< every required receiver's target digest
-  std::uint64_t time_unix_ns = 0;    ///< wall time of the commit
+  std::uint64_t time_unix_ns = 0;      ///< wall time of the commit
   /// Identity of this commit history: 32 random hex digits drawn by the
   /// first commit (K^0) and carried by every later one. Attempt objects are
   /// named under it and their manifests carry it, so objects written under
@@ -133,7 +133,8 @@ inline status check_prepare(const stored_record& cur, std::uint64_t epoch) {
                       "prepare by coordinator epoch " + std::to_string(epoch) +
                           ", active epoch is " + std::to_string(cur.epoch));
   DCR_RETURN_ERROR_IF(cur.attempt >= max_counter, length_overflow,
-                      "attempt ids exhausted (last handed out: " + std::to_string(cur.attempt) + ")");
+                      "attempt ids exhausted (last handed out: " + std::to_string(cur.attempt) +
+                          ")");
   return status::success();
 }
 
@@ -146,11 +147,12 @@ inline status check_take_over(const stored_record& cur) {
 /// What no correct writer produces: checked by `parse_commit_record` and before every write.
 inline status check_record(const stored_record& r) {
   auto bad = [](std::string what) { return fail(errc::bad_format, "commit record: " + what); };
-  if (r.revision > max_counter || r.epoch > max_counter || r.attempt > max_counter || r.record.version > max_counter)
+  if (r.revision > max_counter || r.epoch > max_counter || r.attempt > max_counter ||
+      r.record.version > max_counter)
     return bad("a counter at 2^64-1 (no correct writer reaches it; the next step would overflow)");
   if (r.record.attempt > r.attempt)
-    return bad("committed attempt " + std::to_string(r.record.attempt) + " was never handed out (last: " +
-               std::to_string(r.attempt) + ")");
+    return bad("committed attempt " + std::to_string(r.record.attempt) +
+               " was never handed out (last: " + std::to_string(r.attempt) + ")");
   if (r.revision == 0) {
     if (!r.record.incarnation.empty() || r.record.version != 0 || !r.record.receivers.empty())
       return bad("a never-committed store (revision 0) holds a record");
@@ -173,7 +175,8 @@ inline status check_record(const stored_record& r) {
 inline std::string serialize_commit_record(const stored_record& s) {
   std::ostringstream o;
   o << "dcr-commit 2\n"
-    << "incarnation " << (s.record.incarnation.empty() ? std::string("none") : s.record.incarnation) << "\n"
+    << "incarnation " << (s.record.incarnation.empty() ? std::string("none") : s.record.incarnation)
+    << "\n"
     << "revision " << s.revision << "\n"
     << "epoch " << s.epoch << "\n"
     << "attempt " << s.attempt << "\n"
@@ -182,7 +185,8 @@ inline std::string serialize_commit_record(const stored_record& s) {
     << "committed_attempt " << s.record.attempt << "\n"
     << "time_unix_ns " << s.record.time_unix_ns << "\n"
     << "receivers " << s.record.receivers.size() << "\n";
-  for (auto& r : s.record.receivers) o << "receiver " << to_hex(r.state) << " " << r.receiver << "\n";
+  for (auto& r : s.record.receivers)
+    o << "receiver " << to_hex(r.state) << " " << r.receiver << "\n";
   return seal_text(o.str());
 }
 
@@ -196,16 +200,19 @@ inline status parse_commit_record(std::string_view text, stored_record& out) {
   auto next = [&](std::string_view key) -> std::optional<std::string> {
     if (!std::getline(in, line)) return std::nullopt;
     ++lineno;
-    if (line.size() <= key.size() + 1 || line.compare(0, key.size(), key) != 0 || line[key.size()] != ' ')
+    if (line.size() <= key.size() + 1 || line.compare(0, key.size(), key) != 0 ||
+        line[key.size()] != ' ')
       return std::nullopt;
     return line.substr(key.size() + 1);
   };
   auto bad = [&](std::string_view what) {
-    return fail(errc::bad_format, "commit record line " + std::to_string(lineno + 1) + ": expected " + std::string(what));
+    return fail(errc::bad_format, "commit record line " + std::to_string(lineno + 1) +
+                                      ": expected " + std::string(what));
   };
   auto number = [&](std::string_view key, std::uint64_t& v) -> bool {
     auto s = next(key);
-    if (!s || s->empty() || s->size() > 20 || !std::all_of(s->begin(), s->end(), [](char c) { return c >= '0' && c <= '9'; }))
+    if (!s || s->empty() || s->size() > 20 ||
+        !std::all_of(s->begin(), s->end(), [](char c) { return c >= '0' && c <= '9'; }))
       return false;
     errno = 0;
     char* end = nullptr;
@@ -216,10 +223,12 @@ inline status parse_commit_record(std::string_view text, stored_record& out) {
   {
     auto m = next("dcr-commit");
     if (m && *m == "1")
-      return fail(errc::unsupported_version,
-                  "commit record: 'dcr-commit 1' (written before incarnations; its attempt objects are not "
-                  "bound to it): finish or abandon that deployment with the dcr that wrote it");
-    if (!m || *m != "2") return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 2' record");
+      return fail(
+          errc::unsupported_version,
+          "commit record: 'dcr-commit 1' (written before incarnations; its attempt objects are not "
+          "bound to it): finish or abandon that deployment with the dcr that wrote it");
+    if (!m || *m != "2")
+      return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 2' record");
   }
   {
     auto s = next("incarnation");
@@ -241,12 +250,14 @@ inline status parse_commit_record(std::string_view text, stored_record& out) {
   for (std::uint64_t i = 0; i < n; ++i) {
     auto s = next("receiver");
     receiver_ack a;
-    if (!s || s->size() < 34 || (*s)[32] != ' ' || !parse_hex_digest(std::string_view(*s).substr(0, 32), a.state))
+    if (!s || s->size() < 34 || (*s)[32] != ' ' ||
+        !parse_hex_digest(std::string_view(*s).substr(0, 32), a.state))
       return bad("receiver <digest> <id>");
     a.receiver = s->substr(33);
     r.record.receivers.push_back(std::move(a));
   }
-  if (std::getline(in, line)) return fail(errc::trailing_bytes, "commit record: unexpected line after receivers");
+  if (std::getline(in, line))
+    return fail(errc::trailing_bytes, "commit record: unexpected line after receivers");
   DCR_TRY(detail::check_record(r));
   out = std::move(r);
   return status::success();
@@ -272,8 +283,8 @@ public:
     attempt = ++s_.attempt;
     return status::success();
   }
-  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
-                         const commit_record& next) {
+  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt,
+                         std::uint64_t expected_revision, const commit_record& next) {
     std::lock_guard g(m_);
     DCR_TRY(detail::check_cas(s_, epoch, attempt, expected_revision));
     stored_record n = s_;
@@ -325,8 +336,8 @@ public:
       return status::success();
     });
   }
-  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
-                         const commit_record& next) {
+  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt,
+                         std::uint64_t expected_revision, const commit_record& next) {
     return update([&](stored_record& s) {
       DCR_TRY(detail::check_cas(s, epoch, attempt, expected_revision));
       s.record = next;
@@ -342,7 +353,8 @@ private:
       fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       DCR_RETURN_ERROR_IF(fd < 0, io, "open " + p.string() + ": " + std::strerror(errno));
       while (::flock(fd, LOCK_EX) != 0) {
-        DCR_RETURN_ERROR_IF(errno != EINTR, io, "flock " + p.string() + ": " + std::strerror(errno));
+        DCR_RETURN_ERROR_IF(errno != EINTR, io,
+                            "flock " + p.string() + ": " + std::strerror(errno));
       }
       return status::success();
     }
@@ -415,7 +427,8 @@ private:
     return status::success();
   }
 
-  template <class F> status update(F&& change) {
+  template <class F>
+  status update(F&& change) {
     lock l;
     DCR_TRY(l.acquire(dir_ / "commit.lock"));
     stored_record s;

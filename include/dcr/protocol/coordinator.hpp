@@ -47,9 +47,9 @@ namespace dcr::protocol {
 /// Points where a test makes the coordinator die (it stops acting; what it
 /// started is left exactly as it is at that point).
 enum class crash_point {
-  after_prepare,        ///< τ handed out, nothing streamed
-  after_first_ack,      ///< some receivers applied everything and acknowledged
-  after_commit,         ///< K^{v+1} written, owners' baselines not yet updated
+  after_prepare,   ///< τ handed out, nothing streamed
+  after_first_ack, ///< some receivers applied everything and acknowledged
+  after_commit,    ///< K^{v+1} written, owners' baselines not yet updated
 };
 
 /// Timings and sizes of one attempt (seconds are wall-clock maxima over the
@@ -71,10 +71,10 @@ struct attempt_report {
 struct transition_report {
   status result;
   std::uint64_t committed_version = 0;
-  bool rolled_forward = false;  ///< found K^{v+1} committed, only finished the baselines
+  bool rolled_forward = false; ///< found K^{v+1} committed, only finished the baselines
   std::vector<attempt_report> attempts;
-  double restore_seconds = 0;   ///< dense restores of restarted receivers
-  double commit_seconds = 0;    ///< CAS + baseline update + GC
+  double restore_seconds = 0; ///< dense restores of restarted receivers
+  double commit_seconds = 0;  ///< CAS + baseline update + GC
   double wall_seconds = 0;
   std::size_t collected_objects = 0;
 };
@@ -82,8 +82,8 @@ struct transition_report {
 /// Knobs of a coordinator (runtime values; what changes code paths is a template parameter).
 struct coordinator_options {
   rl_mode mode = rl_mode::synchronous;
-  std::size_t upload_queue = 2;  ///< payloads built ahead of upload, per owner
-  std::size_t apply_queue = 8;   ///< fetched payloads waiting for apply, per receiver
+  std::size_t upload_queue = 2; ///< payloads built ahead of upload, per owner
+  std::size_t apply_queue = 8;  ///< fetched payloads waiting for apply, per receiver
   int max_attempts = 4;
   std::chrono::milliseconds attempt_deadline{120000};
   bool collect_garbage = true;
@@ -93,21 +93,25 @@ struct coordinator_options {
 
 /// Drives owners and receiver endpoints over an object store or another
 /// attempt transport (e.g. a relay tree), committing in a commit store.
-template <owner_role Owner, receiver_role Receiver, transport::attempt_medium Store, commit_store Commits>
+template <owner_role Owner, receiver_role Receiver, transport::attempt_medium Store,
+          commit_store Commits>
 class coordinator {
 public:
   using endpoint = receiver_endpoint<Receiver>;
 
-  coordinator(Commits& commits, Store& store, std::vector<Owner*> owners, std::vector<endpoint*> receivers,
-              coordinator_options opt = {})
-      : commits_(&commits), store_(&store), owners_(std::move(owners)), receivers_(std::move(receivers)),
-        opt_(std::move(opt)) {
+  coordinator(Commits& commits, Store& store, std::vector<Owner*> owners,
+              std::vector<endpoint*> receivers, coordinator_options opt = {})
+      : commits_(&commits), store_(&store), owners_(std::move(owners)),
+        receivers_(std::move(receivers)), opt_(std::move(opt)) {
     // A transport sized for another receiver set (a relay tree's reader
     // slots) would make readers wait for receivers that never come.
-    if constexpr (requires { { store.receiver_count() } -> std::convertible_to<std::size_t>; })
+    if constexpr (requires {
+                    { store.receiver_count() } -> std::convertible_to<std::size_t>;
+                  })
       if (store.receiver_count() != receivers_.size())
-        throw error(errc::invalid_argument, "coordinator: transport serves " + std::to_string(store.receiver_count()) +
-                                                " receivers, " + std::to_string(receivers_.size()) + " given");
+        throw error(errc::invalid_argument,
+                    "coordinator: transport serves " + std::to_string(store.receiver_count()) +
+                        " receivers, " + std::to_string(receivers_.size()) + " given");
   }
 
   /// Become the active coordinator; fences every older one.
@@ -136,8 +140,10 @@ public:
       names.insert(names.end(), more.begin(), more.end());
       DCR_RETURN_ERROR_IF(!names.empty(), foreign_incarnation,
                           "the commit store holds no record, but the object store holds " +
-                              std::to_string(names.size()) + " attempt object(s) of an earlier commit history (e.g. '" +
-                              names.front() + "'): restore the commit record that wrote them, or remove the " +
+                              std::to_string(names.size()) +
+                              " attempt object(s) of an earlier commit history (e.g. '" +
+                              names.front() +
+                              "'): restore the commit record that wrote them, or remove the " +
                               "objects under 'incarnation/' and 'attempt/' to start a new history");
     }
     std::uint64_t tau = 0;
@@ -169,7 +175,9 @@ public:
 
 private:
   using clock = std::chrono::steady_clock;
-  static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+  static double seconds_since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  }
 
   status check_alive() const {
     DCR_RETURN_ERROR_IF(dead_, aborted, "coordinator is dead (crash injected)");
@@ -197,14 +205,16 @@ private:
     DCR_TRY(commits_->load(cur));
     DCR_RETURN_ERROR_IF(cur.revision == 0, not_found, "no commit record: bootstrap first");
     DCR_RETURN_ERROR_IF(cur.record.version >= max_counter, length_overflow,
-                        "committed version " + std::to_string(cur.record.version) + " has no successor");
+                        "committed version " + std::to_string(cur.record.version) +
+                            " has no successor");
     const std::string& inc = cur.record.incarnation;
     const auto base = baseline_digest(), cand = candidate_digest();
     if (cur.record.source_baseline != base) {
       // A coordinator died after committing and before the baseline update:
       // roll forward, as the record already publishes the candidate.
-      DCR_RETURN_ERROR_IF(cur.record.source_baseline != cand, verification,
-                          "owners' baseline matches neither the committed record nor their candidate");
+      DCR_RETURN_ERROR_IF(
+          cur.record.source_baseline != cand, verification,
+          "owners' baseline matches neither the committed record nor their candidate");
       const auto tc = clock::now();
       for (auto* o : owners_) o->commit_baseline();
       finish_transition(inc, cur.record.attempt, rep);
@@ -214,7 +224,8 @@ private:
       return status::success();
     }
     // Any attempt prepared since the last commit may have left partial writes.
-    refit_mode mode = cur.attempt == cur.record.attempt ? refit_mode::mixed : refit_mode::overwrite_all;
+    refit_mode mode =
+        cur.attempt == cur.record.attempt ? refit_mode::mixed : refit_mode::overwrite_all;
     std::map<std::string, digest128> committed;
     for (auto& a : cur.record.receivers) committed[a.receiver] = a.state;
     status last = fail(errc::aborted, "no attempt ran");
@@ -229,7 +240,8 @@ private:
       }
       std::uint64_t tau = 0;
       DCR_TRY(commits_->prepare(epoch_, tau));
-      if (crash_at(crash_point::after_prepare)) return fail(errc::aborted, "coordinator died after prepare");
+      if (crash_at(crash_point::after_prepare))
+        return fail(errc::aborted, "coordinator died after prepare");
       attempt_report ar;
       ar.attempt = tau;
       ar.mode = mode;
@@ -251,16 +263,17 @@ private:
       const auto tc = clock::now();
       commit_record next{cur.record.version + 1, cand, tau, std::move(acks), unix_time_ns(), inc};
       DCR_TRY(commits_->compare_and_set(epoch_, tau, cur.revision, next));
-      if (crash_at(crash_point::after_commit)) return fail(errc::aborted, "coordinator died after commit");
+      if (crash_at(crash_point::after_commit))
+        return fail(errc::aborted, "coordinator died after commit");
       for (auto* o : owners_) o->commit_baseline();
       finish_transition(inc, tau, rep);
       rep.commit_seconds = seconds_since(tc);
       rep.committed_version = next.version;
       return status::success();
     }
-    return fail(last.code, "transition to version " + std::to_string(cur.record.version + 1) + " failed after " +
-                               std::to_string(opt_.max_attempts) + " attempts (operator intervention required); last: " +
-                               last.message);
+    return fail(last.code, "transition to version " + std::to_string(cur.record.version + 1) +
+                               " failed after " + std::to_string(opt_.max_attempts) +
+                               " attempts (operator intervention required); last: " + last.message);
   }
 
   /// After failed attempt τ: a receiver that staged a payload its owner's
@@ -271,7 +284,8 @@ private:
   /// dropped and restored densely at the next membership step. Payloads of
   /// owners that never published a manifest are this attempt's own partial
   /// writes, which the retry repairs in place.
-  template <class Scoped> void distrust_unlisted(Scoped& medium, std::uint64_t tau) {
+  template <class Scoped>
+  void distrust_unlisted(Scoped& medium, std::uint64_t tau) {
     transport::listed_payloads listed;
     const bool known = transport::read_listed(medium, tau, listed).ok();
     std::set<std::uint32_t> ours;
@@ -308,18 +322,19 @@ private:
   /// incarnation scope, or the attempt transport); returns only after every
   /// thread it started has ended.
   template <class Medium>
-  status run_attempt(Medium& medium, std::uint64_t tau, std::uint64_t target, refit_mode mode, attempt_report& ar,
-                     std::vector<receiver_ack>& acks) {
+  status run_attempt(Medium& medium, std::uint64_t tau, std::uint64_t target, refit_mode mode,
+                     attempt_report& ar, std::vector<receiver_ack>& acks) {
     const auto t0 = clock::now();
     if constexpr (transport::object_store<Medium>) {
       // A fresh τ has no objects. Some there means attempt ids were handed
       // out again (a commit record rolled back by hand): never read them.
       std::vector<std::string> there;
       DCR_TRY(medium.list(transport::attempt_prefix(tau), there));
-      DCR_RETURN_ERROR_IF(!there.empty(), stale_attempt,
-                          "attempt " + std::to_string(tau) + " already has " + std::to_string(there.size()) +
-                              " object(s) (e.g. '" + there.front() +
-                              "'): attempt ids were reused, was the commit record replaced by an older one?");
+      DCR_RETURN_ERROR_IF(
+          !there.empty(), stale_attempt,
+          "attempt " + std::to_string(tau) + " already has " + std::to_string(there.size()) +
+              " object(s) (e.g. '" + there.front() +
+              "'): attempt ids were reused, was the commit record replaced by an older one?");
     }
     const auto deadline = t0 + opt_.attempt_deadline;
     std::atomic<bool> stop{false};
@@ -360,11 +375,13 @@ private:
             pipeline::chain<>{},
             [&](auto&& emit) {
               built = o->build({tau, target, mode}, [&](std::vector<std::byte>&& p) -> status {
-                DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(tau) + " stopped");
+                DCR_RETURN_ERROR_IF(stop.load(), aborted,
+                                    "attempt " + std::to_string(tau) + " stopped");
                 const auto tq = clock::now();
                 const bool ok = emit(std::move(p));
                 blocked += seconds_since(tq);
-                DCR_RETURN_ERROR_IF(!ok, aborted, "upload of attempt " + std::to_string(tau) + " failed");
+                DCR_RETURN_ERROR_IF(!ok, aborted,
+                                    "upload of attempt " + std::to_string(tau) + " failed");
                 return status::success();
               });
               construct[k] = seconds_since(tb) - blocked;
@@ -407,8 +424,8 @@ private:
             [&](auto&& emit) {
               s = reader.run(
                   [&](std::string_view name, std::span<const std::byte> b) -> status {
-                    DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}), aborted,
-                                        "receiver " + e->id() + ": apply failed");
+                    DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}),
+                                        aborted, "receiver " + e->id() + ": apply failed");
                     return status::success();
                   },
                   stop, deadline);
@@ -436,10 +453,11 @@ private:
           const auto listed = reader.listed();
           const auto staged = e->staged_digests(tau);
           if (listed != staged) {
-            record(fail(errc::verification, "receiver " + e->id() + " staged " + std::to_string(staged.size()) +
-                                                " payload(s) of attempt " + std::to_string(tau) +
-                                                " that differ from the " + std::to_string(listed.size()) +
-                                                " the manifests list"));
+            record(fail(errc::verification,
+                        "receiver " + e->id() + " staged " + std::to_string(staged.size()) +
+                            " payload(s) of attempt " + std::to_string(tau) +
+                            " that differ from the " + std::to_string(listed.size()) +
+                            " the manifests list"));
             return;
           }
         }

@@ -32,7 +32,8 @@ struct endpoint_counters {
   double apply_seconds = 0, restore_seconds = 0;
 };
 
-template <receiver_role Receiver> class receiver_endpoint {
+template <receiver_role Receiver>
+class receiver_endpoint {
 public:
   /// Creates a receiver at the committed version (dense refit from the committed state).
   using factory = std::function<std::unique_ptr<Receiver>()>;
@@ -81,12 +82,14 @@ public:
     DCR_RETURN_ERROR_IF(!fresh, aborted, "receiver " + id_ + ": factory returned nothing");
     if (restore_) DCR_TRY(restore_(*fresh));
     if (expected && fresh->state_digest() != *expected)
-      return fail(errc::verification, "receiver " + id_ + ": dense restore does not match the committed digest");
+      return fail(errc::verification,
+                  "receiver " + id_ + ": dense restore does not match the committed digest");
     DCR_RETURN_ERROR_IF(fresh->receiver_id() != id_, invalid_argument,
                         "endpoint " + id_ + ": factory made receiver " + fresh->receiver_id());
     r_ = std::move(fresh);
     ++c_.restores;
-    c_.restore_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c_.restore_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return status::success();
   }
 
@@ -104,7 +107,8 @@ public:
   /// Deliver one payload of attempt τ (object `name`). Stale or duplicate
   /// payloads are ignored (counted, success). With `apply_now` the payload is
   /// applied at once (synchronous RL), else only staged (asynchronous RL).
-  status deliver(std::uint64_t attempt, std::string_view name, std::span<const std::byte> bytes, bool apply_now) {
+  status deliver(std::uint64_t attempt, std::string_view name, std::span<const std::byte> bytes,
+                 bool apply_now) {
     std::lock_guard l(m_);
     if (attempt != attempt_) {
       ++c_.stale;
@@ -136,25 +140,29 @@ public:
       return fail(errc::aborted, "receiver " + id_ + " killed mid-refit");
     }
     if (apply_now) s = apply_locked();
-    c_.apply_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c_.apply_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return s;
   }
 
   /// Apply everything staged for attempt τ (asynchronous RL, after the gate closed).
   status apply(std::uint64_t attempt) {
     std::lock_guard l(m_);
-    DCR_RETURN_ERROR_IF(attempt != attempt_, stale_attempt, "apply of replaced attempt " + std::to_string(attempt));
+    DCR_RETURN_ERROR_IF(attempt != attempt_, stale_attempt,
+                        "apply of replaced attempt " + std::to_string(attempt));
     DCR_RETURN_ERROR_IF(!r_, aborted, "receiver " + id_ + " is down");
     const auto t0 = std::chrono::steady_clock::now();
     auto s = apply_locked();
-    c_.apply_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c_.apply_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return s;
   }
 
   /// Flush, sync and check; then the ACK digest of the target state.
   status finish(std::uint64_t attempt, digest128& ack) {
     std::lock_guard l(m_);
-    DCR_RETURN_ERROR_IF(attempt != attempt_, stale_attempt, "finish of replaced attempt " + std::to_string(attempt));
+    DCR_RETURN_ERROR_IF(attempt != attempt_, stale_attempt,
+                        "finish of replaced attempt " + std::to_string(attempt));
     DCR_RETURN_ERROR_IF(!r_, aborted, "receiver " + id_ + " is down");
     DCR_TRY(r_->finish());
     ack = r_->state_digest();
@@ -185,7 +193,8 @@ public:
   request_gate* gate() const noexcept { return gate_; }
 
   /// Run `f(receiver)` under the endpoint lock (verification, serving).
-  template <class F> decltype(auto) with_receiver(F&& f) {
+  template <class F>
+  decltype(auto) with_receiver(F&& f) {
     std::lock_guard l(m_);
     if (!r_) throw error(errc::aborted, "receiver " + id_ + " is down");
     return f(*r_);

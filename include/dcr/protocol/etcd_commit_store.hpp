@@ -104,8 +104,8 @@ public:
   status load(stored_record& out);
   status take_over(std::uint64_t& epoch);
   status prepare(std::uint64_t epoch, std::uint64_t& attempt);
-  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt, std::uint64_t expected_revision,
-                         const commit_record& next);
+  status compare_and_set(std::uint64_t epoch, std::uint64_t attempt,
+                         std::uint64_t expected_revision, const commit_record& next);
 
 private:
   struct impl;

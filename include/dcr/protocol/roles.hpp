@@ -45,7 +45,8 @@ using payload_sink = std::function<status(std::vector<std::byte>&&)>;
 ///  - `baseline_digest()` / `candidate_digest()`: deterministic digests of the
 ///    two states; equal states give equal digests.
 template <class O>
-concept owner_role = requires(O& o, const O& co, const build_request& rq, const payload_sink& emit) {
+concept owner_role = requires(O& o, const O& co, const build_request& rq,
+                              const payload_sink& emit) {
   { co.owner_id() } -> std::convertible_to<std::uint32_t>;
   { o.build(rq, emit) } -> std::same_as<status>;
   { o.commit_baseline() } -> std::same_as<void>;

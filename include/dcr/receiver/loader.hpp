@@ -58,9 +58,10 @@ struct load_report {
 /// never on its values; each stored value depends only on the canonical value
 /// at the same coordinate (elementwise, deterministic transforms).
 template <class L>
-concept native_loader = requires(L& l, parameter_store& store, std::span<const tensor_meta> canonical,
-                                 std::string_view name, const tensor_view& src, copy_sink& sink) {
-  { l.declare(store, canonical) };
+concept native_loader = requires(L& l, parameter_store& store,
+                                 std::span<const tensor_meta> canonical, std::string_view name,
+                                 const tensor_view& src, copy_sink& sink) {
+  {l.declare(store, canonical)};
   { l.load(name, src, store, sink) } -> std::same_as<load_report>;
 };
 

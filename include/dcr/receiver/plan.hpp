@@ -42,8 +42,9 @@ struct planned_copy {
 
   /// Same destination, layouts and aliasing (what must repeat at every apply).
   bool same_path(const planned_copy& o) const noexcept {
-    return param == o.param && dst_offset == o.dst_offset && dst_layout == o.dst_layout && dtype == o.dtype &&
-           alias == o.alias && src_layout == o.src_layout && (!alias || src_offset == o.src_offset);
+    return param == o.param && dst_offset == o.dst_offset && dst_layout == o.dst_layout &&
+           dtype == o.dtype && alias == o.alias && src_layout == o.src_layout &&
+           (!alias || src_offset == o.src_offset);
   }
 };
 
@@ -76,14 +77,16 @@ struct copy_plan {
 
 /// Classify one `copy(dst, src)` made while the loader ran over `input`.
 /// Returns "" and fills `out`, or says which condition the copy breaks.
-inline std::string classify_copy(const parameter_store& store, const tensor_view& input, const tensor_view& dst,
-                                 const tensor_view& src, planned_copy& out) {
+inline std::string classify_copy(const parameter_store& store, const tensor_view& input,
+                                 const tensor_view& dst, const tensor_view& src,
+                                 planned_copy& out) {
   if (!info(dst.dtype) || !info(src.dtype)) return "copy with an unknown dtype";
   if (dst.dtype != src.dtype)
-    return "copy changes dtype " + std::string(name_of(src.dtype)) + " -> " + std::string(name_of(dst.dtype)) +
-           " (cast into a temporary first)";
+    return "copy changes dtype " + std::string(name_of(src.dtype)) + " -> " +
+           std::string(name_of(dst.dtype)) + " (cast into a temporary first)";
   if (!same_extents(dst.layout, src.layout))
-    return "copy extents differ: dst " + extents_string(dst.layout) + ", src " + extents_string(src.layout);
+    return "copy extents differ: dst " + extents_string(dst.layout) + ", src " +
+           extents_string(src.layout);
   if (!dst.layout.is_unique()) return "destination view writes some element twice (not unique)";
   const auto w = static_cast<std::int64_t>(dst.width());
   auto [dlo, dhi] = dst.byte_range();
@@ -91,9 +94,10 @@ inline std::string classify_copy(const parameter_store& store, const tensor_view
   if (!p) return "destination is not inside one parameter of rank storage";
   const auto& par = store[*p];
   if (par.meta.dtype != dst.dtype)
-    return "destination view is " + std::string(name_of(dst.dtype)) + " but parameter " + par.meta.name + " is " +
-           std::string(name_of(par.meta.dtype));
-  if ((dlo - par.bytes.data()) % w != 0) return "destination not aligned to an element of " + par.meta.name;
+    return "destination view is " + std::string(name_of(dst.dtype)) + " but parameter " +
+           par.meta.name + " is " + std::string(name_of(par.meta.dtype));
+  if ((dlo - par.bytes.data()) % w != 0)
+    return "destination not aligned to an element of " + par.meta.name;
   auto [slo, shi] = src.byte_range();
   if (store.locate(slo, shi) || (src.size() > 0 && store.locate(slo, slo + 1)))
     return "source lies in rank storage (copies between parameters are not supported)";
@@ -104,7 +108,8 @@ inline std::string classify_copy(const parameter_store& store, const tensor_view
   out.dtype = dst.dtype;
   out.src_layout = src.layout;
   const std::byte* ilo = input.data;
-  const std::byte* ihi = input.data + static_cast<std::int64_t>(input.layout.required_span_size()) * static_cast<std::int64_t>(input.width());
+  const std::byte* ihi = input.data + static_cast<std::int64_t>(input.layout.required_span_size()) *
+                                          static_cast<std::int64_t>(input.width());
   const bool inside = src.size() > 0 && slo >= ilo && shi <= ihi;
   if (inside && src.dtype == input.dtype && (slo - ilo) % w == 0) {
     out.alias = true;
@@ -150,7 +155,8 @@ private:
 namespace detail {
 
 /// Sorted unique parameter indices of reported names; "" or an error.
-inline std::string resolve_report(const parameter_store& store, const load_report& r, std::vector<std::size_t>& out) {
+inline std::string resolve_report(const parameter_store& store, const load_report& r,
+                                  std::vector<std::size_t>& out) {
   out.clear();
   for (auto& n : r.loaded) {
     auto i = store.index_of(n);
@@ -183,7 +189,8 @@ inline std::vector<digest128> param_digests(const parameter_store& s) {
 /// element. Marks `self_overlap`; overlaps between different tensors are an
 /// error (items apply in any order, so such writes could not match a dense
 /// refit unless they always agree, which no receiver can check).
-inline std::string analyse_overlaps(const parameter_store& store, std::vector<tensor_plan>& tensors) {
+inline std::string analyse_overlaps(const parameter_store& store,
+                                    std::vector<tensor_plan>& tensors) {
   struct span_rec {
     std::size_t param;
     std::int64_t lo, hi; // elements
@@ -196,12 +203,14 @@ inline std::string analyse_overlaps(const parameter_store& store, std::vector<te
       const auto n = c.dst_layout.required_span_size();
       if (n > 0) spans.push_back({c.param, c.dst_offset, c.dst_offset + n, t, k});
     }
-  std::sort(spans.begin(), spans.end(),
-            [](const span_rec& a, const span_rec& b) { return a.param != b.param ? a.param < b.param : a.lo < b.lo; });
+  std::sort(spans.begin(), spans.end(), [](const span_rec& a, const span_rec& b) {
+    return a.param != b.param ? a.param < b.param : a.lo < b.lo;
+  });
   for (std::size_t i = 0; i < spans.size();) {
     std::size_t j = i + 1;
     std::int64_t hi = spans[i].hi;
-    while (j < spans.size() && spans[j].param == spans[i].param && spans[j].lo < hi) hi = std::max(hi, spans[j++].hi);
+    while (j < spans.size() && spans[j].param == spans[i].param && spans[j].lo < hi)
+      hi = std::max(hi, spans[j++].hi);
     if (j - i > 1) {
       // Element-level check of this group: owner = tensor*2^20 + copy + 1.
       const std::int64_t lo = spans[i].lo;
@@ -212,11 +221,14 @@ inline std::string analyse_overlaps(const parameter_store& store, std::vector<te
         for_each_offset_pair(c.dst_layout, c.dst_layout, [&](std::int64_t d, std::int64_t) {
           auto& o = owner[static_cast<std::size_t>(c.dst_offset + d - lo)];
           const auto t = static_cast<std::int64_t>(spans[g].tensor);
-          if (o < 0) o = t;
-          else if (o == t) tensors[spans[g].tensor].self_overlap = true;
+          if (o < 0)
+            o = t;
+          else if (o == t)
+            tensors[spans[g].tensor].self_overlap = true;
           else if (err.empty())
-            err = "tensors " + tensors[static_cast<std::size_t>(o)].meta.name + " and " + tensors[spans[g].tensor].meta.name +
-                  " both write element " + std::to_string(c.dst_offset + d) + " of parameter " +
+            err = "tensors " + tensors[static_cast<std::size_t>(o)].meta.name + " and " +
+                  tensors[spans[g].tensor].meta.name + " both write element " +
+                  std::to_string(c.dst_offset + d) + " of parameter " +
                   store[spans[g].param].meta.name;
         });
         if (!err.empty()) return err;
@@ -237,8 +249,10 @@ template <native_loader L>
 copy_plan prewarm(L& loader, parameter_store& store, std::span<const tensor_meta> canonical) {
   copy_plan plan;
   for (auto& m : canonical) {
-    if (!info(m.dtype)) throw error(errc::bad_dtype, "canonical tensor " + m.name + ": unknown dtype");
-    if (m.shape.size() > max_rank) throw error(errc::invalid_argument, "canonical tensor " + m.name + ": rank too large");
+    if (!info(m.dtype))
+      throw error(errc::bad_dtype, "canonical tensor " + m.name + ": unknown dtype");
+    if (m.shape.size() > max_rank)
+      throw error(errc::invalid_argument, "canonical tensor " + m.name + ": rank too large");
     if (!plan.index.emplace(m.name, plan.tensors.size()).second)
       throw error(errc::invalid_argument, "canonical tensor listed twice: " + m.name);
     plan.tensors.push_back({});
@@ -259,21 +273,28 @@ copy_plan prewarm(L& loader, parameter_store& store, std::span<const tensor_meta
     if (!sink.error_text().empty()) reject(tp.meta.name, sink.error_text());
     tp.copies = std::move(sink.copies());
     tp.skipped = sink.skipped();
-    if (tp.copies.empty() && !tp.skipped) reject(tp.meta.name, "loader made no copy and declared no skip");
-    if (!tp.copies.empty() && tp.skipped) reject(tp.meta.name, "loader both copied and skipped the tensor");
-    if (auto why = detail::resolve_report(store, rep, tp.reported); !why.empty()) reject(tp.meta.name, why);
+    if (tp.copies.empty() && !tp.skipped)
+      reject(tp.meta.name, "loader made no copy and declared no skip");
+    if (!tp.copies.empty() && tp.skipped)
+      reject(tp.meta.name, "loader both copied and skipped the tensor");
+    if (auto why = detail::resolve_report(store, rep, tp.reported); !why.empty())
+      reject(tp.meta.name, why);
     if (tp.reported != detail::written_params(tp.copies))
-      reject(tp.meta.name, "parameters reported as loaded differ from the parameters its copies wrote");
+      reject(tp.meta.name,
+             "parameters reported as loaded differ from the parameters its copies wrote");
     tp.direct = !tp.copies.empty();
     for (auto& c : tp.copies) tp.direct = tp.direct && c.mapped;
   }
   const auto after = detail::param_digests(store);
   for (std::size_t i = 0; i < store.size(); ++i)
     if (before[i] != after[i])
-      throw error(errc::unsupported_loader, "parameter " + store[i].meta.name + " was written outside the copy sink");
+      throw error(errc::unsupported_loader,
+                  "parameter " + store[i].meta.name + " was written outside the copy sink");
   for (std::size_t i = 0; i < scratch_words.size(); ++i)
-    if (scratch_words[i] != 0) throw error(errc::unsupported_loader, "loader wrote into its input tensor");
-  if (auto why = detail::analyse_overlaps(store, plan.tensors); !why.empty()) throw error(errc::unsupported_loader, why);
+    if (scratch_words[i] != 0)
+      throw error(errc::unsupported_loader, "loader wrote into its input tensor");
+  if (auto why = detail::analyse_overlaps(store, plan.tensors); !why.empty())
+    throw error(errc::unsupported_loader, why);
   for (auto& tp : plan.tensors) tp.xor_allowed = tp.direct && !tp.self_overlap;
   return plan;
 }

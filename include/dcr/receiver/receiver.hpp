@@ -23,10 +23,10 @@
 #include <exception>
 #include <optional>
 #include <set>
-#include <tuple>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -36,9 +36,9 @@
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
 #include "dcr/core/tensor.hpp"
+#include "dcr/pipeline/dispatch.hpp"
 #include "dcr/receiver/loader.hpp"
 #include "dcr/receiver/plan.hpp"
-#include "dcr/pipeline/dispatch.hpp"
 #include "dcr/receiver/sinks.hpp"
 #include "dcr/receiver/stages.hpp"
 #include "dcr/receiver/storage.hpp"
@@ -68,7 +68,8 @@ struct stage_policy {
 /// would revert it. A failed apply fails the attempt; its remaining payloads
 /// are refused (`errc::aborted`) until a newer attempt begins (typically an
 /// all-overwrite retry, which repairs any partial state).
-template <native_loader L> class receiver {
+template <native_loader L>
+class receiver {
 public:
   /// Prewarm. Throws `dcr::error(unsupported_loader)` when a loader path
   /// cannot satisfy the loader conditions.
@@ -100,7 +101,8 @@ public:
   /// Load full canonical tensors from `src` through the loader. Throws
   /// `not_found`, `bad_dtype` or `shape_mismatch` for a missing or different
   /// tensor and `loader_condition` when the loader leaves its planned path.
-  template <canonical_source S> void dense_refit(const S& src) {
+  template <canonical_source S>
+  void dense_refit(const S& src) {
     for (auto& tp : plan_.tensors) {
       tensor_view v = source_view(src, tp.meta);
       dense_sink sink(store_, tp, v);
@@ -153,7 +155,8 @@ public:
   /// Post-apply check: stored bits equal what a dense refit of `expected`
   /// stores, at every `stride`-th element of each copy (1 = all). Returns
   /// `errc::verification` naming the first differing element.
-  template <canonical_source S> status verify(const S& expected, std::uint64_t stride = 1) {
+  template <canonical_source S>
+  status verify(const S& expected, std::uint64_t stride = 1) {
     for (auto& tp : plan_.tensors) {
       if (tp.skipped) continue;
       tensor_view v;
@@ -195,18 +198,20 @@ public:
   status stage(std::span<const std::byte> payload, const stage_policy& policy = {}) {
     payload_id id;
     DCR_TRY(read_payload_id(payload, id));
-    DCR_RETURN_ERROR_IF((started_ && id.attempt < attempt_) || (policy.exact_attempt && id.attempt != attempt_),
+    DCR_RETURN_ERROR_IF((started_ && id.attempt < attempt_) ||
+                            (policy.exact_attempt && id.attempt != attempt_),
                         stale_attempt,
-                        "payload of attempt " + std::to_string(id.attempt) + " (owner " + std::to_string(id.owner) +
-                            ", sequence " + std::to_string(id.sequence) + "), current attempt " +
-                            std::to_string(attempt_));
+                        "payload of attempt " + std::to_string(id.attempt) + " (owner " +
+                            std::to_string(id.owner) + ", sequence " + std::to_string(id.sequence) +
+                            "), current attempt " + std::to_string(attempt_));
     begin_attempt(id.attempt);
     DCR_RETURN_ERROR_IF(!failure_.ok(), aborted,
                         "attempt " + std::to_string(attempt_) + " failed: " + failure_.message);
     const std::pair key{id.owner, id.sequence};
     DCR_RETURN_ERROR_IF(seen_.count(key), duplicate,
-                        "payload (attempt " + std::to_string(id.attempt) + ", owner " + std::to_string(id.owner) +
-                            ", sequence " + std::to_string(id.sequence) + ") seen before");
+                        "payload (attempt " + std::to_string(id.attempt) + ", owner " +
+                            std::to_string(id.owner) + ", sequence " + std::to_string(id.sequence) +
+                            ") seen before");
     staged_payload p{id, {}, {}};
     if (policy.decode_now) {
       DCR_TRY(decode(payload, p.items.emplace()));
@@ -226,19 +231,21 @@ public:
   /// every staged payload of the current attempt in staging order. The first
   /// failure fails the attempt.
   status apply_staged() {
-    DCR_RETURN_ERROR_IF(!failure_.ok(), aborted, "attempt " + std::to_string(attempt_) + " failed: " + failure_.message);
+    DCR_RETURN_ERROR_IF(!failure_.ok(), aborted,
+                        "attempt " + std::to_string(attempt_) + " failed: " + failure_.message);
     auto staged = std::move(staged_);
     staged_.clear();
     for (auto& p : staged) {
       status s = status::success();
       if (!p.items) {
         s = decode(p.bytes, p.items.emplace());
-        if (s.ok() && !(p.items->id == p.id)) s = fail(errc::bad_format, "decoded payload id differs from its header");
+        if (s.ok() && !(p.items->id == p.id))
+          s = fail(errc::bad_format, "decoded payload id differs from its header");
       }
       if (s.ok()) s = apply_items(p.items->items);
       if (!s.ok()) {
-        s.message = "payload (owner " + std::to_string(p.id.owner) + ", sequence " + std::to_string(p.id.sequence) +
-                    "): " + s.message;
+        s.message = "payload (owner " + std::to_string(p.id.owner) + ", sequence " +
+                    std::to_string(p.id.sequence) + "): " + s.message;
         failure_ = s;
         return s;
       }
@@ -277,12 +284,15 @@ public:
 private:
   std::byte* scratch() noexcept { return reinterpret_cast<std::byte*>(scratch_.data()); }
 
-  template <canonical_source S> static tensor_view source_view(const S& src, const tensor_meta& m) {
+  template <canonical_source S>
+  static tensor_view source_view(const S& src, const tensor_meta& m) {
     auto v = src.find(m.name);
     if (!v) throw error(errc::not_found, "source has no tensor " + m.name);
-    if (v->dtype != m.dtype) throw error(errc::bad_dtype, "source tensor " + m.name + " has another dtype");
+    if (v->dtype != m.dtype)
+      throw error(errc::bad_dtype, "source tensor " + m.name + " has another dtype");
     if (!(v->layout == strided_layout::row_major(m.shape)))
-      throw error(errc::shape_mismatch, "source tensor " + m.name + " is not row-major of the canonical shape");
+      throw error(errc::shape_mismatch,
+                  "source tensor " + m.name + " is not row-major of the canonical shape");
     return *v;
   }
 
@@ -355,7 +365,8 @@ private:
   }
 
   /// Run the loader on one tensor; a loader that throws fails the apply.
-  template <class Sink> status run(const tensor_plan& tp, const tensor_view& input, Sink& sink) {
+  template <class Sink>
+  status run(const tensor_plan& tp, const tensor_view& input, Sink& sink) {
     load_report rep;
     try {
       rep = loader_.load(tp.meta.name, input, store_, sink);
@@ -381,7 +392,8 @@ private:
   bool started_ = false;
   std::uint64_t attempt_ = 0;
   std::vector<staged_payload> staged_;
-  std::set<std::pair<std::uint32_t, std::uint32_t>> seen_; ///< (owner, sequence) of the current attempt
+  std::set<std::pair<std::uint32_t, std::uint32_t>>
+      seen_; ///< (owner, sequence) of the current attempt
   status failure_;
   std::uint64_t applied_payloads_ = 0;
 };

@@ -36,23 +36,33 @@
 namespace dcr {
 
 /// Call `f(W{})` with the unsigned word type of a width in bytes.
-template <class F> decltype(auto) visit_word(std::size_t width, F&& f) {
+template <class F>
+decltype(auto) visit_word(std::size_t width, F&& f) {
   switch (width) {
-  case 1: return f(std::uint8_t{});
-  case 2: return f(std::uint16_t{});
-  case 4: return f(std::uint32_t{});
-  default: return f(std::uint64_t{});
+  case 1:
+    return f(std::uint8_t{});
+  case 2:
+    return f(std::uint16_t{});
+  case 4:
+    return f(std::uint32_t{});
+  default:
+    return f(std::uint64_t{});
   }
 }
 
 /// True when word `w` of runtime dtype `d` is a NaN.
 inline bool is_nan_bits(dtype_id d, std::uint64_t w) noexcept {
   switch (d) {
-  case dtype_id::bf16: return is_nan_word<bf16>(static_cast<std::uint16_t>(w));
-  case dtype_id::f16: return is_nan_word<f16>(static_cast<std::uint16_t>(w));
-  case dtype_id::f32: return is_nan_word<f32>(static_cast<std::uint32_t>(w));
-  case dtype_id::f8e4m3fn: return is_nan_word<f8e4m3fn>(static_cast<std::uint8_t>(w));
-  case dtype_id::f8e5m2: return is_nan_word<f8e5m2>(static_cast<std::uint8_t>(w));
+  case dtype_id::bf16:
+    return is_nan_word<bf16>(static_cast<std::uint16_t>(w));
+  case dtype_id::f16:
+    return is_nan_word<f16>(static_cast<std::uint16_t>(w));
+  case dtype_id::f32:
+    return is_nan_word<f32>(static_cast<std::uint32_t>(w));
+  case dtype_id::f8e4m3fn:
+    return is_nan_word<f8e4m3fn>(static_cast<std::uint8_t>(w));
+  case dtype_id::f8e5m2:
+    return is_nan_word<f8e5m2>(static_cast<std::uint8_t>(w));
   }
   return false;
 }
@@ -65,8 +75,10 @@ public:
       : store_(store), plan_(plan), input_(input) {}
 
   void skip(std::string_view canonical) override {
-    if (canonical != plan_.meta.name) violate("skip names " + std::string(canonical));
-    else if (!plan_.skipped) violate("skip of a tensor the plan copies");
+    if (canonical != plan_.meta.name)
+      violate("skip names " + std::string(canonical));
+    else if (!plan_.skipped)
+      violate("skip of a tensor the plan copies");
     skipped_ = true;
   }
 
@@ -74,13 +86,17 @@ public:
   status finish(const load_report& rep) {
     if (error_.empty()) {
       if (n_ != plan_.copies.size())
-        error_ = "loader made " + std::to_string(n_) + " copies, plan has " + std::to_string(plan_.copies.size());
-      else if (skipped_ != plan_.skipped) error_ = "loader did not repeat its skip";
+        error_ = "loader made " + std::to_string(n_) + " copies, plan has " +
+                 std::to_string(plan_.copies.size());
+      else if (skipped_ != plan_.skipped)
+        error_ = "loader did not repeat its skip";
       else {
         std::vector<std::size_t> r;
         auto why = detail::resolve_report(store_, rep, r);
-        if (!why.empty()) error_ = why;
-        else if (r != plan_.reported) error_ = "parameters reported as loaded differ from the plan";
+        if (!why.empty())
+          error_ = why;
+        else if (r != plan_.reported)
+          error_ = "parameters reported as loaded differ from the plan";
       }
     }
     if (error_.empty()) return status::success();
@@ -116,12 +132,14 @@ protected:
 
   /// Write word `w` at element `e` of parameter `p`; for tensors whose copies
   /// overlap, a second write of the same element must carry the same bits.
-  template <class W> void put(W* base, std::size_t p, std::int64_t e, W w) {
+  template <class W>
+  void put(W* base, std::size_t p, std::int64_t e, W w) {
     if (plan_.self_overlap) {
       const auto key = (static_cast<std::uint64_t>(p) << 44) | static_cast<std::uint64_t>(e);
       auto [it, fresh] = written_.emplace(key, w);
       if (!fresh && it->second != w) {
-        violate("overlapping writes disagree at element " + std::to_string(e) + " of " + store_[p].meta.name);
+        violate("overlapping writes disagree at element " + std::to_string(e) + " of " +
+                store_[p].meta.name);
         return;
       }
     }
@@ -152,14 +170,16 @@ public:
       using W = decltype(word);
       auto* D = reinterpret_cast<W*>(param_data(c->param));
       auto* S = reinterpret_cast<const W*>(src.data);
-      for_each_offset_pair(dst.layout, src.layout,
-                           [&](std::int64_t d, std::int64_t s) { put(D, c->param, c->dst_offset + d, S[s]); });
+      for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t d, std::int64_t s) {
+        put(D, c->param, c->dst_offset + d, S[s]);
+      });
     });
   }
 };
 
 /// Range of sorted `active` indices inside a mapped copy's source span.
-inline std::span<const std::uint64_t> active_in(std::span<const std::uint64_t> active, const planned_copy& c) {
+inline std::span<const std::uint64_t> active_in(std::span<const std::uint64_t> active,
+                                                const planned_copy& c) {
   const auto lo = static_cast<std::uint64_t>(c.inverse.src_base);
   const auto hi = lo + static_cast<std::uint64_t>(c.inverse.span);
   auto b = std::lower_bound(active.begin(), active.end(), lo);
@@ -177,17 +197,19 @@ struct active_entries {
 };
 
 /// Visit (value index, destination element) of every active entry a mapped copy reaches.
-template <class F> void for_each_active(const active_entries& a, const planned_copy& c, F&& f) {
+template <class F>
+void for_each_active(const active_entries& a, const planned_copy& c, F&& f) {
   auto sub = active_in(a.indices, c);
   const auto first = static_cast<std::size_t>(sub.data() - a.indices.data());
-  c.inverse.for_each_sorted(sub.data(), sub.size(), [&](std::size_t j, std::int64_t e) { f(first + j, e); });
+  c.inverse.for_each_sorted(sub.data(), sub.size(),
+                            [&](std::size_t j, std::int64_t e) { f(first + j, e); });
 }
 
 /// How the overwrite sink finds the active positions of unmapped copies.
 enum class overwrite_pass {
   placeholder, ///< active = source word is not NaN (scratch filled with the NaN placeholder)
-  capture,     ///< first of two runs (scratch filled with zeros): remember source words, write nothing
-  compare,     ///< second run (NaN fill): active = source word equals the captured word
+  capture, ///< first of two runs (scratch filled with zeros): remember source words, write nothing
+  compare, ///< second run (NaN fill): active = source word equals the captured word
 };
 
 /// The apply stage's sink: each mapped copy updates storage at the
@@ -262,7 +284,8 @@ private:
         cap.resize(static_cast<std::size_t>(src.size()) * sizeof(U));
         auto* C = reinterpret_cast<U*>(cap.data());
         std::size_t j = 0;
-        for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t, std::int64_t s) { C[j++] = S[s]; });
+        for_each_offset_pair(dst.layout, src.layout,
+                             [&](std::int64_t, std::int64_t s) { C[j++] = S[s]; });
         break;
       }
       case overwrite_pass::compare: {
@@ -299,7 +322,8 @@ using overwrite_sink = delta_sink<codec::overwrite, W>;
 /// (1 = full comparison). Writes nothing.
 class compare_sink final : public checked_sink {
 public:
-  compare_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input, std::uint64_t stride)
+  compare_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
+               std::uint64_t stride)
       : checked_sink(store, plan, input), stride_(stride == 0 ? 1 : stride) {}
   void copy(const tensor_view& dst, const tensor_view& src) override {
     const planned_copy* c = next(dst, src);
@@ -313,8 +337,9 @@ public:
         if (j++ % stride_ != 0 || !mismatch_.empty()) return;
         const auto e = c->dst_offset + d;
         if (D[e] != S[s])
-          mismatch_ = "parameter " + store_[c->param].meta.name + " element " + std::to_string(e) + " (tensor " +
-                      plan_.meta.name + "): stored bits differ from the expected target";
+          mismatch_ = "parameter " + store_[c->param].meta.name + " element " + std::to_string(e) +
+                      " (tensor " + plan_.meta.name +
+                      "): stored bits differ from the expected target";
       });
     });
   }

@@ -42,7 +42,8 @@ public:
 
   /// Add a zeroed parameter; throws `invalid_argument` on a duplicate name or unknown dtype.
   tensor_view add(std::string name, std::vector<std::uint64_t> shape, dtype_id dtype) {
-    if (by_name_.count(name)) throw error(errc::invalid_argument, "parameter declared twice: " + name);
+    if (by_name_.count(name))
+      throw error(errc::invalid_argument, "parameter declared twice: " + name);
     if (!info(dtype)) throw error(errc::bad_dtype, "parameter " + name + ": unknown dtype");
     auto p = std::make_unique<parameter>();
     p->meta = {std::move(name), std::move(shape), dtype};
@@ -113,7 +114,8 @@ private:
 
 /// Where two stores first differ ("" when equal): parameter, byte offset.
 inline std::string first_difference(const parameter_store& a, const parameter_store& b) {
-  if (a.size() != b.size()) return "parameter count " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  if (a.size() != b.size())
+    return "parameter count " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (a[i].meta != b[i].meta) return "parameter " + a[i].meta.name + ": meta differs";
     const auto& x = a[i].bytes;

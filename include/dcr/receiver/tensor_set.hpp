@@ -26,8 +26,10 @@ public:
   /// Add (or replace) a tensor.
   host_tensor& add(host_tensor t) {
     auto [it, fresh] = index_.emplace(t.meta.name, tensors_.size());
-    if (fresh) tensors_.push_back(std::move(t));
-    else tensors_[it->second] = std::move(t);
+    if (fresh)
+      tensors_.push_back(std::move(t));
+    else
+      tensors_[it->second] = std::move(t);
     return tensors_[it->second];
   }
   /// Read-only view by name (the `canonical_source` interface).

@@ -6,11 +6,11 @@
 /// the copy's source view, then forward to the destination offset.
 
 #include <algorithm>
-#include <utility>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "dcr/core/config.hpp"
 #include "dcr/core/tensor.hpp"
@@ -33,8 +33,8 @@ struct view_inverse {
   /// is `o - src_base + dst_base` on `[src_base, src_base + span)`.
   bool shift_only = false;
 
-  static view_inverse make(const strided_layout& src, std::int64_t src_base_, const strided_layout& dst,
-                           std::int64_t dst_base_) {
+  static view_inverse make(const strided_layout& src, std::int64_t src_base_,
+                           const strided_layout& dst, std::int64_t dst_base_) {
     view_inverse v;
     v.src_base = src_base_;
     v.dst_base = dst_base_;
@@ -80,10 +80,12 @@ struct view_inverse {
   /// stride is 1 (row or column blocks of a row-major tensor, any
   /// destination layout) take a division only when the walk enters a new
   /// row; other views fall back to `map`.
-  template <class F> void for_each_sorted(const std::uint64_t* idx, std::size_t count, F&& f) const {
+  template <class F>
+  void for_each_sorted(const std::uint64_t* idx, std::size_t count, F&& f) const {
     if (shift_only) { // whole rows on both sides: every offset inside the span maps
       const std::int64_t shift = dst_base - src_base;
-      const auto lo = static_cast<std::uint64_t>(src_base), hi = static_cast<std::uint64_t>(src_base + span);
+      const auto lo = static_cast<std::uint64_t>(src_base),
+                 hi = static_cast<std::uint64_t>(src_base + span);
       std::size_t j = 0;
       while (j < count && idx[j] < lo) ++j;
       std::size_t end = count;
@@ -172,13 +174,22 @@ inline void strided_copy(const tensor_view& dst, const tensor_view& src) {
     using W = decltype(word);
     auto* D = reinterpret_cast<W*>(dst.data);
     auto* S = reinterpret_cast<const W*>(src.data);
-    for_each_offset_pair(dst.layout, src.layout, [&](std::int64_t d, std::int64_t s) { D[d] = S[s]; });
+    for_each_offset_pair(dst.layout, src.layout,
+                         [&](std::int64_t d, std::int64_t s) { D[d] = S[s]; });
   };
   switch (w) {
-  case 1: typed(std::uint8_t{}); break;
-  case 2: typed(std::uint16_t{}); break;
-  case 4: typed(std::uint32_t{}); break;
-  default: typed(std::uint64_t{}); break;
+  case 1:
+    typed(std::uint8_t{});
+    break;
+  case 2:
+    typed(std::uint16_t{});
+    break;
+  case 4:
+    typed(std::uint32_t{});
+    break;
+  default:
+    typed(std::uint64_t{});
+    break;
   }
 }
 

@@ -98,11 +98,13 @@ public:
   /// Baseline at the committed source state `committed` (reads the shards
   /// this owner owns and the inputs of its residual tasks).
   owner(std::shared_ptr<const source_plan> plan, std::uint32_t id, const source_view& committed)
-      : plan_(std::move(plan)), id_(id), shards_(plan_->owned_shards(id)), tasks_(plan_->owned_tasks(id)) {
+      : plan_(std::move(plan)), id_(id), shards_(plan_->owned_shards(id)),
+        tasks_(plan_->owned_tasks(id)) {
     for (auto s : shards_) trackers_.emplace_back(copy_of(committed, s));
     residual_.resize(tasks_.size());
     for (std::size_t i = 0; i < tasks_.size(); ++i)
-      throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule, task_inputs(*plan_, tasks_[i], committed), residual_[i]));
+      throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
+                               task_inputs(*plan_, tasks_[i], committed), residual_[i]));
   }
 
   std::uint32_t id() const noexcept { return id_; }
@@ -128,7 +130,8 @@ public:
   /// l while l+1 is built). Does not touch the baseline. Throws `dcr::error`
   /// (e.g. `errc::coverage`, `errc::parts_disagree` from a residual task).
   template <class Sink>
-  void build_buckets(const source_view& candidate, const required_set& req, const builder_options& opt, Sink&& sink) const {
+  void build_buckets(const source_view& candidate, const required_set& req,
+                     const builder_options& opt, Sink&& sink) const {
     build_with(dispatched{}, candidate, req, opt, sink);
   }
   /// As above, through the statically composed pipeline `P` only (a
@@ -154,7 +157,8 @@ public:
   /// Payloads of one attempt: bucket `l` becomes the payload with id
   /// `{base_id.attempt, base_id.source_version, this owner, l}`.
   std::vector<std::vector<std::byte>> build(const source_view& candidate, const required_set& req,
-                                            const payload_id& base_id, const builder_options& opt = {}) const {
+                                            const payload_id& base_id,
+                                            const builder_options& opt = {}) const {
     std::vector<std::vector<std::byte>> out;
     build_buckets(candidate, req, opt, [&](delta_bucket&& b) {
       payload_id id = base_id;
@@ -187,9 +191,11 @@ public:
   /// residual baselines of required tasks take their converted candidate.
   void commit_baseline(const source_view& candidate, const required_set& req) {
     std::vector<std::vector<host_tensor>> next(tasks_.size());
-    for (std::size_t i = 0; i < tasks_.size(); ++i) // convert first: a failure leaves the baseline untouched
+    for (std::size_t i = 0; i < tasks_.size();
+         ++i) // convert first: a failure leaves the baseline untouched
       if (req.contains(tasks_[i]))
-        throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule, task_inputs(*plan_, tasks_[i], candidate), next[i]));
+        throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
+                                 task_inputs(*plan_, tasks_[i], candidate), next[i]));
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       auto c = view_of(candidate, shards_[i]);
       std::memcpy(trackers_[i].data(), c.data(), c.size());
@@ -214,8 +220,8 @@ private:
   };
   struct state {
     const builder_options& opt;
-    std::vector<builder> chunk;    // records of the open chunk
-    std::vector<item> bucket;      // items of the open bucket
+    std::vector<builder> chunk; // records of the open chunk
+    std::vector<item> bucket;   // items of the open bucket
     std::unordered_map<std::uint64_t, std::size_t> bucket_slot;
     std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
     std::uint32_t sequence = 0;
@@ -228,11 +234,14 @@ private:
   };
 
   std::span<const std::byte> view_of(const source_view& v, std::uint32_t s) const {
-    if (s >= v.shards.size()) throw error(errc::not_found, "source view lacks shard " + plan_->shards[s].key);
+    if (s >= v.shards.size())
+      throw error(errc::not_found, "source view lacks shard " + plan_->shards[s].key);
     auto b = v.shards[s];
-    if (b.empty() && plan_->shards[s].nbytes() != 0) throw error(errc::not_found, "source view lacks shard " + plan_->shards[s].key);
+    if (b.empty() && plan_->shards[s].nbytes() != 0)
+      throw error(errc::not_found, "source view lacks shard " + plan_->shards[s].key);
     if (b.size() != plan_->shards[s].nbytes())
-      throw error(errc::shape_mismatch, plan_->shards[s].key + ": " + std::to_string(b.size()) + " bytes, plan says " +
+      throw error(errc::shape_mismatch, plan_->shards[s].key + ": " + std::to_string(b.size()) +
+                                            " bytes, plan says " +
                                             std::to_string(plan_->shards[s].nbytes()));
     return b;
   }
@@ -240,7 +249,8 @@ private:
     auto b = view_of(v, s);
     return {b.begin(), b.end()};
   }
-  template <class W> static std::span<const W> as_words(std::span<const std::byte> b) noexcept {
+  template <class W>
+  static std::span<const W> as_words(std::span<const std::byte> b) noexcept {
     return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
   }
 
@@ -379,19 +389,24 @@ private:
     m.indices.reserve(dst.indices.size() + src.indices.size());
     m.values.reserve(dst.values.size() + src.values.size());
     std::size_t a = 0, b = 0;
-    auto take = [&](const std::vector<std::uint64_t>& ii, const std::vector<std::byte>& vv, std::size_t& k) {
+    auto take = [&](const std::vector<std::uint64_t>& ii, const std::vector<std::byte>& vv,
+                    std::size_t& k) {
       m.indices.push_back(ii[k]);
-      m.values.insert(m.values.end(), vv.begin() + static_cast<std::ptrdiff_t>(k * w), vv.begin() + static_cast<std::ptrdiff_t>((k + 1) * w));
+      m.values.insert(m.values.end(), vv.begin() + static_cast<std::ptrdiff_t>(k * w),
+                      vv.begin() + static_cast<std::ptrdiff_t>((k + 1) * w));
       ++k;
     };
     while (a < dst.indices.size() || b < src.indices.size()) {
-      if (b == src.indices.size() || (a < dst.indices.size() && dst.indices[a] < src.indices[b])) take(dst.indices, dst.values, a);
-      else take(src.indices, src.values, b);
+      if (b == src.indices.size() || (a < dst.indices.size() && dst.indices[a] < src.indices[b]))
+        take(dst.indices, dst.values, a);
+      else
+        take(src.indices, src.values, b);
     }
     dst = std::move(m);
   }
 
-  template <class Sink> void close_chunk(state& st, Sink& sink) const {
+  template <class Sink>
+  void close_chunk(state& st, Sink& sink) const {
     bool emitted = false;
     for (auto& b : st.chunk) {
       if (b.indices.empty()) continue;
@@ -401,8 +416,10 @@ private:
       visit_dtype(meta.dtype, [&](auto tag) { stages::sort_records<word_t<decltype(tag)>>(b); });
       const std::uint64_t key = (std::uint64_t{b.tensor} << 8) | static_cast<std::uint8_t>(b.enc);
       auto [pos, fresh] = st.bucket_slot.try_emplace(key, st.bucket.size());
-      if (fresh) st.bucket.push_back(item{meta, b.enc, std::move(b.indices), std::move(b.values)});
-      else merge_into(st.bucket[pos->second], b, w);
+      if (fresh)
+        st.bucket.push_back(item{meta, b.enc, std::move(b.indices), std::move(b.values)});
+      else
+        merge_into(st.bucket[pos->second], b, w);
     }
     st.chunk.clear();
     if (emitted) st.bucket_bytes += st.chunk_bytes;
@@ -410,7 +427,8 @@ private:
     if (emitted && st.bucket_bytes >= st.opt.bucket_bytes) flush(st, sink);
   }
 
-  template <class Sink> void flush(state& st, Sink& sink) const {
+  template <class Sink>
+  void flush(state& st, Sink& sink) const {
     if (st.bucket.empty()) return;
     delta_bucket b{id_, st.sequence++, std::move(st.bucket), st.bucket_bytes};
     st.bucket.clear();
@@ -430,7 +448,8 @@ private:
 /// trainer runs one `owner` per rank and all-gathers the flags).
 class training_side {
 public:
-  training_side(std::shared_ptr<const source_plan> plan, const source_view& committed) : plan_(std::move(plan)) {
+  training_side(std::shared_ptr<const source_plan> plan, const source_view& committed)
+      : plan_(std::move(plan)) {
     for (std::uint32_t r = 0; r < plan_->world; ++r) owners_.emplace_back(plan_, r, committed);
   }
   const source_plan& plan() const noexcept { return *plan_; }
@@ -444,14 +463,17 @@ public:
     return make_required(*plan_, flags);
   }
   /// Every owner's buckets (owner-major).
-  std::vector<delta_bucket> build_items(const source_view& candidate, const builder_options& opt = {}) const {
+  std::vector<delta_bucket> build_items(const source_view& candidate,
+                                        const builder_options& opt = {}) const {
     const auto req = required(candidate);
     std::vector<delta_bucket> out;
-    for (auto& o : owners_) o.build_buckets(candidate, req, opt, [&](delta_bucket&& b) { out.push_back(std::move(b)); });
+    for (auto& o : owners_)
+      o.build_buckets(candidate, req, opt, [&](delta_bucket&& b) { out.push_back(std::move(b)); });
     return out;
   }
   /// Every owner's payloads, indexed by owner id.
-  std::vector<std::vector<std::vector<std::byte>>> build(const source_view& candidate, const payload_id& base_id,
+  std::vector<std::vector<std::vector<std::byte>>> build(const source_view& candidate,
+                                                         const payload_id& base_id,
                                                          const builder_options& opt = {}) const {
     const auto req = required(candidate);
     std::vector<std::vector<std::vector<std::byte>>> out;

@@ -44,7 +44,7 @@ namespace dcr {
 /// A stored-word type change detection compares: u8, u16, u32 or u64.
 template <class W>
 concept detect_word = std::same_as<W, std::uint8_t> || std::same_as<W, std::uint16_t> ||
-                      std::same_as<W, std::uint32_t> || std::same_as<W, std::uint64_t>;
+    std::same_as<W, std::uint32_t> || std::same_as<W, std::uint64_t>;
 
 /// A maximal run of changed indices: `start`, `start + 1`, ..., `start + count - 1`.
 struct index_run {
@@ -58,28 +58,34 @@ inline constexpr std::size_t change_block_words = 64;
 
 namespace detail {
 
-template <class W> inline std::uint64_t change_mask_scalar(const W* a, const W* b, std::size_t n) noexcept {
+template <class W>
+inline std::uint64_t change_mask_scalar(const W* a, const W* b, std::size_t n) noexcept {
   std::uint64_t m = 0;
   for (std::size_t i = 0; i < n; ++i) m |= static_cast<std::uint64_t>(a[i] != b[i]) << i;
   return m;
 }
 
 #if defined(__SSE2__)
-inline __m128i load16(const void* p) noexcept { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline __m128i load16(const void* p) noexcept {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
 
 /// 16-bit mask of equal lanes for 16 bytes of W-words, widened to one bit per word.
-template <class W> inline std::uint64_t equal_mask_64(const W* a, const W* b) noexcept {
+template <class W>
+inline std::uint64_t equal_mask_64(const W* a, const W* b) noexcept {
   std::uint64_t eq = 0;
   if constexpr (sizeof(W) == 1) {
     for (int g = 0; g < 4; ++g) {
       const __m128i e = _mm_cmpeq_epi8(load16(a + 16 * g), load16(b + 16 * g));
-      eq |= static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(e))) << (16 * g);
+      eq |= static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(e)))
+            << (16 * g);
     }
   } else if constexpr (sizeof(W) == 2) {
     for (int g = 0; g < 4; ++g) {
       const __m128i e0 = _mm_cmpeq_epi16(load16(a + 16 * g), load16(b + 16 * g));
       const __m128i e1 = _mm_cmpeq_epi16(load16(a + 16 * g + 8), load16(b + 16 * g + 8));
-      eq |= static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_packs_epi16(e0, e1))))
+      eq |= static_cast<std::uint64_t>(
+                static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_packs_epi16(e0, e1))))
             << (16 * g);
     }
   } else if constexpr (sizeof(W) == 4) {
@@ -91,7 +97,8 @@ template <class W> inline std::uint64_t equal_mask_64(const W* a, const W* b) no
       const __m128i e2 = _mm_cmpeq_epi32(load16(pa + 8), load16(pb + 8));
       const __m128i e3 = _mm_cmpeq_epi32(load16(pa + 12), load16(pb + 12));
       const __m128i p = _mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e3));
-      eq |= static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(p))) << (16 * g);
+      eq |= static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm_movemask_epi8(p)))
+            << (16 * g);
     }
   } else {
     // No 64-bit compare in SSE2: a word is equal when both 32-bit halves are.
@@ -131,9 +138,12 @@ enum class detect_isa : std::uint8_t {
 /// Short name of an instruction set ("portable", "avx2", "avx512").
 constexpr std::string_view to_string(detect_isa isa) noexcept {
   switch (isa) {
-  case detect_isa::portable: return "portable";
-  case detect_isa::avx512: return "avx512";
-  case detect_isa::avx2: return "avx2";
+  case detect_isa::portable:
+    return "portable";
+  case detect_isa::avx512:
+    return "avx512";
+  case detect_isa::avx2:
+    return "avx2";
   }
   return "unknown";
 }
@@ -145,7 +155,8 @@ inline void prefetch_block(const void* p, std::size_t bytes) noexcept {
   // Integer arithmetic: the address may lie past the end of the span, which
   // prefetch tolerates but pointer arithmetic would not.
   const auto at = reinterpret_cast<std::uintptr_t>(p) + detect_prefetch_bytes;
-  for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const void*>(at + off), 0, 2);
+  for (std::size_t off = 0; off < bytes; off += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(at + off), 0, 2);
 #else
   (void)p;
   (void)bytes;
@@ -168,17 +179,22 @@ void scan_blocks_portable(const W* a, const W* b, std::size_t blocks, std::uint6
 #define DCR_DETECT_HAVE_X86_DISPATCH 1
 /// Change mask of one 64-word block with AVX-512BW compare-to-mask.
 template <class W>
-__attribute__((target("avx512f,avx512bw"))) inline std::uint64_t change_mask_avx512(const W* a, const W* b) noexcept {
+__attribute__((target("avx512f,avx512bw"))) inline std::uint64_t
+change_mask_avx512(const W* a, const W* b) noexcept {
   constexpr int per_vec = 64 / static_cast<int>(sizeof(W)); // words per 512-bit vector
   std::uint64_t m = 0;
   for (int v = 0; v < static_cast<int>(change_block_words) / per_vec; ++v) {
     const __m512i x = _mm512_loadu_si512(a + v * per_vec);
     const __m512i y = _mm512_loadu_si512(b + v * per_vec);
     std::uint64_t part;
-    if constexpr (sizeof(W) == 1) part = _mm512_cmpneq_epi8_mask(x, y);
-    else if constexpr (sizeof(W) == 2) part = _mm512_cmpneq_epi16_mask(x, y);
-    else if constexpr (sizeof(W) == 4) part = _mm512_cmpneq_epi32_mask(x, y);
-    else part = _mm512_cmpneq_epi64_mask(x, y);
+    if constexpr (sizeof(W) == 1)
+      part = _mm512_cmpneq_epi8_mask(x, y);
+    else if constexpr (sizeof(W) == 2)
+      part = _mm512_cmpneq_epi16_mask(x, y);
+    else if constexpr (sizeof(W) == 4)
+      part = _mm512_cmpneq_epi32_mask(x, y);
+    else
+      part = _mm512_cmpneq_epi64_mask(x, y);
     m |= part << (v * per_vec);
   }
   return m;
@@ -214,21 +230,27 @@ scan_blocks_avx2(const W* a, const W* b, std::size_t blocks, std::uint64_t first
       }
     } else if constexpr (sizeof(W) == 2) {
       for (int v = 0; v < 2; ++v) {
-        const __m256i e0 = _mm256_cmpeq_epi16(_mm256_loadu_si256(va + 2 * v), _mm256_loadu_si256(vb + 2 * v));
-        const __m256i e1 = _mm256_cmpeq_epi16(_mm256_loadu_si256(va + 2 * v + 1), _mm256_loadu_si256(vb + 2 * v + 1));
+        const __m256i e0 =
+            _mm256_cmpeq_epi16(_mm256_loadu_si256(va + 2 * v), _mm256_loadu_si256(vb + 2 * v));
+        const __m256i e1 = _mm256_cmpeq_epi16(_mm256_loadu_si256(va + 2 * v + 1),
+                                              _mm256_loadu_si256(vb + 2 * v + 1));
         // packs works per 128-bit lane; the permute restores word order.
         const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi16(e0, e1), 0xD8);
         eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(p))} << (32 * v);
       }
     } else if constexpr (sizeof(W) == 4) {
       for (int v = 0; v < 8; ++v) {
-        const __m256i e = _mm256_cmpeq_epi32(_mm256_loadu_si256(va + v), _mm256_loadu_si256(vb + v));
-        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(e)))} << (8 * v);
+        const __m256i e =
+            _mm256_cmpeq_epi32(_mm256_loadu_si256(va + v), _mm256_loadu_si256(vb + v));
+        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(e)))}
+              << (8 * v);
       }
     } else {
       for (int v = 0; v < 16; ++v) {
-        const __m256i e = _mm256_cmpeq_epi64(_mm256_loadu_si256(va + v), _mm256_loadu_si256(vb + v));
-        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_pd(_mm256_castsi256_pd(e)))} << (4 * v);
+        const __m256i e =
+            _mm256_cmpeq_epi64(_mm256_loadu_si256(va + v), _mm256_loadu_si256(vb + v));
+        eq |= std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_pd(_mm256_castsi256_pd(e)))}
+              << (4 * v);
       }
     }
     f(first + k * change_block_words, ~eq);
@@ -236,11 +258,13 @@ scan_blocks_avx2(const W* a, const W* b, std::size_t blocks, std::uint64_t first
 }
 
 inline bool cpu_has_bit_ops() noexcept {
-  return __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+  return __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") &&
+         __builtin_cpu_supports("bmi2");
 }
 inline bool cpu_has_avx512bw() noexcept {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && cpu_has_bit_ops();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         cpu_has_bit_ops();
 }
 inline bool cpu_has_avx512vbmi2() noexcept {
   __builtin_cpu_init();
@@ -259,7 +283,8 @@ inline bool detect_isa_available(detect_isa isa) noexcept {
 #if defined(DCR_DETECT_HAVE_X86_DISPATCH)
   static const bool avx512 = detail::cpu_has_avx512bw();
   static const bool avx2 = detail::cpu_has_avx2();
-  return isa == detect_isa::portable || (isa == detect_isa::avx512 && avx512) || (isa == detect_isa::avx2 && avx2);
+  return isa == detect_isa::portable || (isa == detect_isa::avx512 && avx512) ||
+         (isa == detect_isa::avx2 && avx2);
 #else
   return isa == detect_isa::portable;
 #endif
@@ -318,8 +343,9 @@ inline detect_extract default_detect_extract(detect_isa isa) noexcept {
     const char* env = std::getenv("DCR_DETECT_EXTRACT");
     return env != nullptr && std::string_view(env) == "compress";
   }();
-  return want_compress && detect_extract_available(detect_extract::compress, isa) ? detect_extract::compress
-                                                                                  : detect_extract::scalar;
+  return want_compress && detect_extract_available(detect_extract::compress, isa)
+             ? detect_extract::compress
+             : detect_extract::scalar;
 }
 
 namespace detail {
@@ -334,9 +360,12 @@ template <class W, class F>
 void scan(const W* a, const W* b, std::size_t n, std::uint64_t base, F& f, detect_isa isa) {
   const std::size_t blocks = n / change_block_words;
 #if defined(DCR_DETECT_HAVE_X86_DISPATCH)
-  if (isa == detect_isa::avx512) scan_blocks_avx512(a, b, blocks, base, f);
-  else if (isa == detect_isa::avx2) scan_blocks_avx2(a, b, blocks, base, f);
-  else scan_blocks_portable(a, b, blocks, base, f);
+  if (isa == detect_isa::avx512)
+    scan_blocks_avx512(a, b, blocks, base, f);
+  else if (isa == detect_isa::avx2)
+    scan_blocks_avx2(a, b, blocks, base, f);
+  else
+    scan_blocks_portable(a, b, blocks, base, f);
 #else
   (void)isa;
   scan_blocks_portable(a, b, blocks, base, f);
@@ -352,7 +381,9 @@ void scan(const W* a, const W* b, std::size_t n, std::uint64_t base, F& f, detec
 template <detect_word W>
 void change_masks(const W* old_words, const W* new_words, std::size_t blocks, std::uint64_t* masks,
                   detect_isa isa = active_detect_isa()) {
-  auto store = [masks](std::uint64_t first, std::uint64_t m) { masks[first / change_block_words] = m; };
+  auto store = [masks](std::uint64_t first, std::uint64_t m) {
+    masks[first / change_block_words] = m;
+  };
   detail::scan(old_words, new_words, blocks * change_block_words, 0, store, isa);
 }
 
@@ -426,10 +457,11 @@ alignas(64) inline constexpr std::uint8_t lane_numbers[64] = {
 /// form that stores to memory is microcoded and slow on some CPUs.
 template <class W>
 __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt,bmi,bmi2,lzcnt"))) void
-scan_extract_compress(const W* a, const W* b, std::size_t blocks, std::uint64_t first, index_buffer& ib) {
+scan_extract_compress(const W* a, const W* b, std::size_t blocks, std::uint64_t first,
+                      index_buffer& ib) {
   const __m512i lanes = _mm512_load_si512(lane_numbers);
-  for (std::size_t blk = 0; blk < blocks; ++blk, a += change_block_words, b += change_block_words,
-                   first += change_block_words) {
+  for (std::size_t blk = 0; blk < blocks;
+       ++blk, a += change_block_words, b += change_block_words, first += change_block_words) {
     prefetch_block(a, sizeof(W) * change_block_words);
     prefetch_block(b, sizeof(W) * change_block_words);
     const std::uint64_t m = change_mask_avx512(a, b);
@@ -439,7 +471,8 @@ scan_extract_compress(const W* a, const W* b, std::size_t blocks, std::uint64_t 
     const __m128i lo = _mm512_maskz_extracti32x4_epi32(0xF, pos, 0); // (the cast warns in GCC 12)
     std::uint64_t* p = ib.buf + ib.k;
     _mm512_storeu_si512(p, _mm512_add_epi64(at, _mm512_maskz_cvtepu8_epi64(0xFF, lo)));
-    _mm512_storeu_si512(p + 8, _mm512_add_epi64(at, _mm512_maskz_cvtepu8_epi64(0xFF, _mm_srli_si128(lo, 8))));
+    _mm512_storeu_si512(
+        p + 8, _mm512_add_epi64(at, _mm512_maskz_cvtepu8_epi64(0xFF, _mm_srli_si128(lo, 8))));
     const auto cnt = static_cast<std::size_t>(std::popcount(m));
     if (cnt > 16) {
       alignas(64) std::uint8_t sel[64];
@@ -463,8 +496,9 @@ void detect_changes(std::span<const W> old_words, std::span<const W> new_words, 
                     std::vector<std::uint64_t>& out, detect_isa isa, detect_extract extract) {
   detail::check_same_size(old_words.size(), new_words.size(), "detect_changes");
   if (!detect_extract_available(extract, isa))
-    throw error(errc::invalid_argument, "detect_changes: scan " + std::string(to_string(isa)) + " with " +
-                                            std::string(to_string(extract)) + " extraction is not available on this CPU");
+    throw error(errc::invalid_argument, "detect_changes: scan " + std::string(to_string(isa)) +
+                                            " with " + std::string(to_string(extract)) +
+                                            " extraction is not available on this CPU");
   detail::index_buffer ib(out);
   auto visit = [&ib](std::uint64_t first, std::uint64_t m) {
     ib.reserve_block();
@@ -472,7 +506,8 @@ void detect_changes(std::span<const W> old_words, std::span<const W> new_words, 
   };
 #if defined(DCR_DETECT_HAVE_X86_DISPATCH)
   if (extract == detect_extract::compress) {
-    const std::size_t n = old_words.size(), blocks = n / change_block_words, i = blocks * change_block_words;
+    const std::size_t n = old_words.size(), blocks = n / change_block_words,
+                      i = blocks * change_block_words;
     detail::scan_extract_compress(old_words.data(), new_words.data(), blocks, base, ib);
     if (i < n) visit(base + i, change_mask(old_words.data() + i, new_words.data() + i, n - i));
     ib.flush();
@@ -521,7 +556,8 @@ void detect_runs(std::span<const W> old_words, std::span<const W> new_words, std
     // the block; runs pair up in order.
     std::uint64_t starts = m & ~(m << 1);
     std::uint64_t ends = m & ~(m >> 1);
-    if ((m & 1u) && k != 0 && buf[k - 1].start + buf[k - 1].count == first) { // continues across blocks
+    if ((m & 1u) && k != 0 &&
+        buf[k - 1].start + buf[k - 1].count == first) { // continues across blocks
       buf[k - 1].count += static_cast<std::uint64_t>(std::countr_zero(ends)) + 1;
       starts &= starts - 1;
       ends &= ends - 1;
@@ -546,28 +582,31 @@ void detect_runs(std::span<const W> old_words, std::span<const W> new_words, std
     }
     k += cnt;
   };
-  detail::scan(old_words.data(), new_words.data(), old_words.size(), base, visit, active_detect_isa());
+  detail::scan(old_words.data(), new_words.data(), old_words.size(), base, visit,
+               active_detect_isa());
   out.insert(out.end(), buf, buf + k);
 }
 
 /// Convenience overloads for contiguous ranges (vectors, arrays, mutable spans).
 template <std::ranges::contiguous_range R>
-  requires detect_word<std::remove_cv_t<std::ranges::range_value_t<R>>>
+requires detect_word<std::remove_cv_t<std::ranges::range_value_t<R>>>
 void detect_changes(const R& old_words, const R& new_words, std::uint64_t base,
                     std::vector<std::uint64_t>& out) {
   using W = std::remove_cv_t<std::ranges::range_value_t<R>>;
   detect_changes<W>(std::span<const W>(std::ranges::data(old_words), std::ranges::size(old_words)),
-                    std::span<const W>(std::ranges::data(new_words), std::ranges::size(new_words)), base,
-                    out);
+                    std::span<const W>(std::ranges::data(new_words), std::ranges::size(new_words)),
+                    base, out);
 }
 
 /// \copydoc detect_runs
 template <std::ranges::contiguous_range R>
-  requires detect_word<std::remove_cv_t<std::ranges::range_value_t<R>>>
-void detect_runs(const R& old_words, const R& new_words, std::uint64_t base, std::vector<index_run>& out) {
+requires detect_word<std::remove_cv_t<std::ranges::range_value_t<R>>>
+void detect_runs(const R& old_words, const R& new_words, std::uint64_t base,
+                 std::vector<index_run>& out) {
   using W = std::remove_cv_t<std::ranges::range_value_t<R>>;
   detect_runs<W>(std::span<const W>(std::ranges::data(old_words), std::ranges::size(old_words)),
-                 std::span<const W>(std::ranges::data(new_words), std::ranges::size(new_words)), base, out);
+                 std::span<const W>(std::ranges::data(new_words), std::ranges::size(new_words)),
+                 base, out);
 }
 
 } // namespace dcr

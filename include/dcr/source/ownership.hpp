@@ -18,7 +18,8 @@ namespace dcr {
 
 /// Owner among `replicas` (rank ids, in a fixed order) of the shard named `key`.
 inline std::uint32_t owner_of(std::string_view key, std::span<const std::uint32_t> replicas) {
-  if (replicas.empty()) throw error(errc::invalid_argument, "owner_of: no replicas for " + std::string(key));
+  if (replicas.empty())
+    throw error(errc::invalid_argument, "owner_of: no replicas for " + std::string(key));
   return replicas[name_hash(key) % replicas.size()];
 }
 

@@ -22,8 +22,10 @@ namespace dcr {
 
 /// Row-split-over-TP, replicated-over-DP plan of `metas` (see file comment).
 /// `dcr::error(invalid_argument)` for tp or dp of 0.
-inline source_plan row_split_plan(std::span<const tensor_meta> metas, std::uint32_t tp = 2, std::uint32_t dp = 2) {
-  if (tp == 0 || dp == 0) throw error(errc::invalid_argument, "row_split_plan: tp and dp must be positive");
+inline source_plan row_split_plan(std::span<const tensor_meta> metas, std::uint32_t tp = 2,
+                                  std::uint32_t dp = 2) {
+  if (tp == 0 || dp == 0)
+    throw error(errc::invalid_argument, "row_split_plan: tp and dp must be positive");
   source_plan p(tp * dp);
   for (auto& m : metas) p.add_canonical(m);
   std::vector<std::uint32_t> all(tp * dp);
@@ -35,11 +37,13 @@ inline source_plan row_split_plan(std::span<const tensor_meta> metas, std::uint3
       for (std::uint32_t r = 0; r < tp; ++r) {
         std::vector<std::uint32_t> replicas;
         for (std::uint32_t d = 0; d < dp; ++d) replicas.push_back(d * tp + r);
-        p.add_shard(m.name + "@tp" + std::to_string(r) + "/" + std::to_string(tp), m.name, {rows / tp, cols}, m.dtype,
-                    std::move(replicas), column_parallel_map(i, rows, cols, tp, r).pieces());
+        p.add_shard(m.name + "@tp" + std::to_string(r) + "/" + std::to_string(tp), m.name,
+                    {rows / tp, cols}, m.dtype, std::move(replicas),
+                    column_parallel_map(i, rows, cols, tp, r).pieces());
       }
     } else {
-      p.add_shard(m.name, m.name, {rows, cols}, m.dtype, all, replicated_map(i, rows, cols).pieces());
+      p.add_shard(m.name, m.name, {rows, cols}, m.dtype, all,
+                  replicated_map(i, rows, cols).pieces());
     }
   }
   p.finalize();

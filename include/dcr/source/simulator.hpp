@@ -87,7 +87,9 @@ public:
   }
 
 private:
-  static constexpr std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
+  static constexpr std::uint64_t rotl(std::uint64_t x, int k) noexcept {
+    return (x << k) | (x >> (64 - k));
+  }
   std::uint64_t s_[4]{};
 };
 
@@ -125,20 +127,29 @@ private:
 
 /// A floating dtype the simulator can round to: bf16, f16 or f32.
 template <class D>
-concept simulated_dtype = std::same_as<D, dcr::bf16> || std::same_as<D, dcr::f16> || std::same_as<D, dcr::f32>;
+concept simulated_dtype =
+    std::same_as<D, dcr::bf16> || std::same_as<D, dcr::f16> || std::same_as<D, dcr::f32>;
 
 /// FP32 → stored word of D, round to nearest even (identity for f32).
-template <simulated_dtype D> constexpr word_t<D> to_word(float x) noexcept {
-  if constexpr (std::is_same_v<D, dcr::bf16>) return f32_to_bf16_rne(x);
-  else if constexpr (std::is_same_v<D, dcr::f16>) return f32_to_f16_rne(x);
-  else return f32_bits(x);
+template <simulated_dtype D>
+constexpr word_t<D> to_word(float x) noexcept {
+  if constexpr (std::is_same_v<D, dcr::bf16>)
+    return f32_to_bf16_rne(x);
+  else if constexpr (std::is_same_v<D, dcr::f16>)
+    return f32_to_f16_rne(x);
+  else
+    return f32_bits(x);
 }
 
 /// Stored word of D → FP32, exact.
-template <simulated_dtype D> constexpr float to_f32(word_t<D> w) noexcept {
-  if constexpr (std::is_same_v<D, dcr::bf16>) return bf16_to_f32(w);
-  else if constexpr (std::is_same_v<D, dcr::f16>) return f16_to_f32(w);
-  else return f32_from_bits(w);
+template <simulated_dtype D>
+constexpr float to_f32(word_t<D> w) noexcept {
+  if constexpr (std::is_same_v<D, dcr::bf16>)
+    return bf16_to_f32(w);
+  else if constexpr (std::is_same_v<D, dcr::f16>)
+    return f16_to_f32(w);
+  else
+    return f32_from_bits(w);
 }
 
 /// `n` words of dtype D holding RNE(float(stddev · z)), z ~ N(0, 1) from `seed`.
@@ -173,14 +184,15 @@ struct adamw_options {
 /// w *= 1 - lr·wd; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;
 /// w -= (lr / (1-β1^t)) · m / (sqrt(v) / sqrt(1-β2^t) + eps); stored = RNE(w).
 /// β^t is a running product in double, rounded once to FP32 per step.
-template <simulated_dtype D> class basic_adamw_trainer {
+template <simulated_dtype D>
+class basic_adamw_trainer {
 public:
   using word = word_t<D>;
 
   /// Master weights start as the exact FP32 values of `initial`.
   basic_adamw_trainer(std::span<const word> initial, std::uint64_t seed, adamw_options opt = {})
-      : opt_(opt), grads_(seed), master_(initial.size()), m_(initial.size(), 0.0f), v_(initial.size(), 0.0f),
-        stored_(initial.begin(), initial.end()) {
+      : opt_(opt), grads_(seed), master_(initial.size()), m_(initial.size(), 0.0f),
+        v_(initial.size(), 0.0f), stored_(initial.begin(), initial.end()) {
     for (std::size_t i = 0; i < initial.size(); ++i) master_[i] = to_f32<D>(initial[i]);
   }
 
@@ -211,9 +223,7 @@ public:
   /// Stored words after the last step (the bits a checkpoint would hold).
   std::span<const word> words() const noexcept { return stored_; }
   /// BF16 stored words (BF16 trainers only).
-  std::span<const std::uint16_t> bf16() const noexcept
-    requires std::same_as<D, dcr::bf16>
-  {
+  std::span<const std::uint16_t> bf16() const noexcept requires std::same_as<D, dcr::bf16> {
     return stored_;
   }
   /// FP32 master weights.
@@ -248,10 +258,12 @@ template <simulated_dtype D>
 std::size_t stress_update_words(std::span<word_t<D>> words, double fraction, double rel_amplitude,
                                 std::uint64_t seed) {
   if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw error(errc::invalid_argument, "stress_update: fraction " + std::to_string(fraction) + " is outside [0, 1]");
-  if (!(rel_amplitude >= 0.0 && std::isfinite(rel_amplitude)))
     throw error(errc::invalid_argument,
-                "stress_update: rel_amplitude " + std::to_string(rel_amplitude) + " is not a finite value >= 0");
+                "stress_update: fraction " + std::to_string(fraction) + " is outside [0, 1]");
+  if (!(rel_amplitude >= 0.0 && std::isfinite(rel_amplitude)))
+    throw error(errc::invalid_argument, "stress_update: rel_amplitude " +
+                                            std::to_string(rel_amplitude) +
+                                            " is not a finite value >= 0");
   const std::size_t n = words.size();
   const auto k = static_cast<std::size_t>(std::llround(fraction * static_cast<double>(n)));
   normal_source g(seed);
@@ -276,8 +288,8 @@ std::size_t stress_update_words(std::span<word_t<D>> words, double fraction, dou
 }
 
 /// BF16 stress update of the shared contract (see `stress_update_words`).
-inline std::size_t stress_update(std::span<std::uint16_t> words, double fraction, double rel_amplitude,
-                                 std::uint64_t seed) {
+inline std::size_t stress_update(std::span<std::uint16_t> words, double fraction,
+                                 double rel_amplitude, std::uint64_t seed) {
   return stress_update_words<dcr::bf16>(words, fraction, rel_amplitude, seed);
 }
 

@@ -50,9 +50,10 @@ struct source_state {
 /// Shard `s` of `p` from canonical tensors (indexed by plan tensor id), by the
 /// inverse of its affine map: `shard[j] = canonical[map(j)]`; unmapped
 /// (padding) elements are filled with the byte `padding`. Shards without a map
-/// (inputs such as scales that no canonical tensor holds) are left unchanged. Throws `errc::shape_mismatch` when a
-/// canonical tensor has the wrong size.
-inline void shard_from_canonical(const source_plan& p, std::uint32_t s, std::span<const host_tensor> canonical,
+/// (inputs such as scales that no canonical tensor holds) are left unchanged. Throws
+/// `errc::shape_mismatch` when a canonical tensor has the wrong size.
+inline void shard_from_canonical(const source_plan& p, std::uint32_t s,
+                                 std::span<const host_tensor> canonical,
                                  std::vector<std::byte>& out, std::byte padding = std::byte{0}) {
   const auto& sh = p.shards[s];
   out.resize(sh.nbytes());
@@ -62,22 +63,28 @@ inline void shard_from_canonical(const source_plan& p, std::uint32_t s, std::spa
   sh.map->map_run(0, sh.map->domain_size(), [&](const canonical_run& r) {
     const auto& t = canonical[r.tensor];
     if (t.bytes.size() != p.canonical[r.tensor].nbytes())
-      throw error(errc::shape_mismatch, "source_from_canonical: " + p.canonical[r.tensor].name + " has the wrong size");
-    std::memcpy(out.data() + r.local_start * w, t.bytes.data() + r.canonical_start * w, r.count * w);
+      throw error(errc::shape_mismatch,
+                  "source_from_canonical: " + p.canonical[r.tensor].name + " has the wrong size");
+    std::memcpy(out.data() + r.local_start * w, t.bytes.data() + r.canonical_start * w,
+                r.count * w);
   });
 }
 
 /// Every shard of `p` from canonical tensors (see `shard_from_canonical`);
 /// residual-input shards without a map are taken from `residual_inputs` when
 /// given (by shard id), else zero.
-inline source_state source_from_canonical(const source_plan& p, std::span<const host_tensor> canonical,
+inline source_state source_from_canonical(const source_plan& p,
+                                          std::span<const host_tensor> canonical,
                                           const source_state* residual_inputs = nullptr,
                                           std::byte padding = std::byte{0}) {
-  if (canonical.size() != p.canonical.size()) throw error(errc::shape_mismatch, "source_from_canonical: tensor count differs from plan");
+  if (canonical.size() != p.canonical.size())
+    throw error(errc::shape_mismatch, "source_from_canonical: tensor count differs from plan");
   source_state st = source_state::zeros(p);
   for (std::uint32_t s = 0; s < p.shards.size(); ++s) {
-    if (!p.shards[s].map && residual_inputs) st.shards[s] = residual_inputs->shards.at(s);
-    else shard_from_canonical(p, s, canonical, st.shards[s], padding);
+    if (!p.shards[s].map && residual_inputs)
+      st.shards[s] = residual_inputs->shards.at(s);
+    else
+      shard_from_canonical(p, s, canonical, st.shards[s], padding);
   }
   return st;
 }
@@ -104,7 +111,8 @@ inline source_view rank_view(const source_plan& p, const source_view& all, std::
 }
 
 /// Inputs of residual task `t` from a view.
-inline std::vector<residual_input> task_inputs(const source_plan& p, std::uint32_t t, const source_view& v) {
+inline std::vector<residual_input> task_inputs(const source_plan& p, std::uint32_t t,
+                                               const source_view& v) {
   std::vector<residual_input> in;
   for (auto s : p.tasks[t].inputs) in.push_back({v.shards.at(s), p.shards[s].dtype});
   return in;
@@ -113,7 +121,8 @@ inline std::vector<residual_input> task_inputs(const source_plan& p, std::uint32
 /// Full conversion: canonical tensors of a source state (affine shards placed
 /// through their maps, residual tasks converted). Checks coverage and overlap
 /// agreement of every canonical tensor (`errc::coverage`, `errc::parts_disagree`).
-inline status export_canonical(const source_plan& p, const source_view& v, std::vector<host_tensor>& out) {
+inline status export_canonical(const source_plan& p, const source_view& v,
+                               std::vector<host_tensor>& out) {
   out.clear();
   for (auto& m : p.canonical) out.emplace_back(m);
   std::vector<host_tensor> produced;
@@ -122,7 +131,8 @@ inline status export_canonical(const source_plan& p, const source_view& v, std::
     DCR_TRY(run_rule(p.tasks[t].rule, task_inputs(p, t, v), produced));
     for (std::size_t k = 0; k < produced.size(); ++k) {
       const auto id = p.tasks[t].outputs[k];
-      DCR_RETURN_ERROR_IF(by_task[id], parts_disagree, p.canonical[id].name + ": produced by two residual tasks");
+      DCR_RETURN_ERROR_IF(by_task[id], parts_disagree,
+                          p.canonical[id].name + ": produced by two residual tasks");
       by_task[id] = 1;
       out[id].bytes = std::move(produced[k].bytes);
     }
@@ -140,7 +150,9 @@ inline status export_canonical(const source_plan& p, const source_view& v, std::
     const auto& sh = p.shards[s];
     if (!sh.affine()) continue;
     for (auto& pc : sh.map->pieces())
-      DCR_RETURN_ERROR_IF(slot[pc.tensor] == nowhere, parts_disagree, sh.key + ": writes " + p.canonical[pc.tensor].name + ", which a residual task produces");
+      DCR_RETURN_ERROR_IF(slot[pc.tensor] == nowhere, parts_disagree,
+                          sh.key + ": writes " + p.canonical[pc.tensor].name +
+                              ", which a residual task produces");
     DCR_TRY(a.add(sh.map->retargeted(slot), {v.shards.at(s), sh.dtype}, sh.key));
   }
   DCR_TRY(a.finish());

@@ -54,10 +54,13 @@ inline std::string pad(std::uint64_t v, int width) {
 } // namespace detail
 
 /// "attempt/<τ>/": every object of attempt τ lies under this prefix.
-inline std::string attempt_prefix(std::uint64_t attempt) { return "attempt/" + detail::pad(attempt, 20) + "/"; }
+inline std::string attempt_prefix(std::uint64_t attempt) {
+  return "attempt/" + detail::pad(attempt, 20) + "/";
+}
 /// Object name of payload `seq` of `owner` in attempt τ.
 inline std::string payload_name(std::uint64_t attempt, std::uint32_t owner, std::uint32_t seq) {
-  return attempt_prefix(attempt) + "payload/o" + detail::pad(owner, 10) + "-s" + detail::pad(seq, 10);
+  return attempt_prefix(attempt) + "payload/o" + detail::pad(owner, 10) + "-s" +
+         detail::pad(seq, 10);
 }
 /// Object name of `owner`'s manifest in attempt τ.
 inline std::string manifest_name(std::uint64_t attempt, std::uint32_t owner) {
@@ -68,12 +71,14 @@ inline std::string manifest_name(std::uint64_t attempt, std::uint32_t owner) {
 /// is stored as `incarnation/<id>/<name>`, and `list` shows only (and strips)
 /// that prefix. Attempt writers and readers over it carry the id in their
 /// manifests and refuse a manifest of another incarnation.
-template <object_store Store> class incarnation_scope {
+template <object_store Store>
+class incarnation_scope {
 public:
   /// `id`: 32 lower-case hex digits; throws `dcr::error(invalid_argument)` otherwise.
   incarnation_scope(Store& store, std::string id) : store_(&store), id_(std::move(id)) {
     if (!valid_incarnation(id_))
-      throw error(errc::invalid_argument, "incarnation_scope: '" + id_ + "' is not 32 lower-case hex digits");
+      throw error(errc::invalid_argument,
+                  "incarnation_scope: '" + id_ + "' is not 32 lower-case hex digits");
     prefix_ = "incarnation/" + id_ + "/";
   }
   const std::string& incarnation() const noexcept { return id_; }
@@ -98,11 +103,10 @@ public:
     DCR_TRY(validate_object_name(name));
     return store_->remove(prefix_ + std::string(name));
   }
-  std::chrono::microseconds list_poll_max() const
-    requires requires(const Store& s) { s.list_poll_max(); }
-  {
-    return std::chrono::microseconds(store_->list_poll_max());
+  std::chrono::microseconds list_poll_max() const requires requires(const Store& s) {
+    s.list_poll_max();
   }
+  { return std::chrono::microseconds(store_->list_poll_max()); }
 
 private:
   Store* store_;
@@ -110,8 +114,11 @@ private:
 };
 
 /// The incarnation attempt objects on `store` are bound to ("" when unscoped).
-template <class Store> std::string incarnation_of(const Store& store) {
-  if constexpr (requires { { store.incarnation() } -> std::convertible_to<std::string>; })
+template <class Store>
+std::string incarnation_of(const Store& store) {
+  if constexpr (requires {
+                  { store.incarnation() } -> std::convertible_to<std::string>;
+                })
     return store.incarnation();
   else
     return {};
@@ -137,9 +144,9 @@ struct manifest {
 /// Text form (see file comment).
 inline std::string serialize_manifest(const manifest& m) {
   std::ostringstream o;
-  o << "dcr-manifest 2\nincarnation " << (m.incarnation.empty() ? std::string("none") : m.incarnation)
-    << "\nattempt " << m.attempt << "\nowner " << m.owner << "\npayloads "
-    << m.payloads.size() << "\n";
+  o << "dcr-manifest 2\nincarnation "
+    << (m.incarnation.empty() ? std::string("none") : m.incarnation) << "\nattempt " << m.attempt
+    << "\nowner " << m.owner << "\npayloads " << m.payloads.size() << "\n";
   for (auto& e : m.payloads) o << e.name << " " << e.bytes << " " << to_hex(e.digest) << "\n";
   return seal_text(o.str());
 }
@@ -157,12 +164,14 @@ inline status parse_manifest(std::string_view text, manifest& out) {
   DCR_RETURN_ERROR_IF(!in || magic != "dcr-manifest", bad_format, "manifest: malformed header");
   DCR_RETURN_ERROR_IF(ver != "2", unsupported_version, "manifest: version " + ver);
   in >> k0 >> inc >> k1 >> m.attempt >> k2 >> owner >> k3 >> n;
-  DCR_RETURN_ERROR_IF(!in || k0 != "incarnation" || k1 != "attempt" || k2 != "owner" || k3 != "payloads",
+  DCR_RETURN_ERROR_IF(!in || k0 != "incarnation" || k1 != "attempt" || k2 != "owner" ||
+                          k3 != "payloads",
                       bad_format, "manifest: malformed header");
   DCR_RETURN_ERROR_IF(inc != "none" && !valid_incarnation(inc), bad_format,
                       "manifest: incarnation '" + inc + "' is not 32 lower-case hex digits");
   if (inc != "none") m.incarnation = inc;
-  DCR_RETURN_ERROR_IF(owner > 0xFFFFFFFFu || n > (1u << 24), bad_format, "manifest: owner or count out of range");
+  DCR_RETURN_ERROR_IF(owner > 0xFFFFFFFFu || n > (1u << 24), bad_format,
+                      "manifest: owner or count out of range");
   m.owner = static_cast<std::uint32_t>(owner);
   std::set<std::string> names;
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -174,7 +183,8 @@ inline status parse_manifest(std::string_view text, manifest& out) {
     DCR_TRY(validate_object_name(e.name));
     DCR_RETURN_ERROR_IF(e.name.rfind(attempt_prefix(m.attempt), 0) != 0, bad_format,
                         "manifest: entry '" + e.name + "' is outside its attempt prefix");
-    DCR_RETURN_ERROR_IF(!names.insert(e.name).second, bad_format, "manifest: entry '" + e.name + "' listed twice");
+    DCR_RETURN_ERROR_IF(!names.insert(e.name).second, bad_format,
+                        "manifest: entry '" + e.name + "' listed twice");
     m.payloads.push_back(std::move(e));
   }
   std::string rest;
@@ -184,7 +194,8 @@ inline status parse_manifest(std::string_view text, manifest& out) {
 }
 
 /// Owner side of one attempt: uploads payloads once each, then the manifest.
-template <object_store Store> class attempt_writer {
+template <object_store Store>
+class attempt_writer {
 public:
   attempt_writer(Store& store, std::uint64_t attempt, std::uint32_t owner)
       : store_(&store), m_{incarnation_of(store), attempt, owner, {}} {}
@@ -218,9 +229,12 @@ struct poll_policy {
 /// The poll policy for `store`: its own `list_poll_max()` bound where it has
 /// one (a LIST request to S3 is billed and rate-limited per prefix, a
 /// directory listing is cheap), 5 ms otherwise.
-template <class Store> poll_policy default_poll_policy(const Store& store) {
+template <class Store>
+poll_policy default_poll_policy(const Store& store) {
   poll_policy p;
-  if constexpr (requires { { store.list_poll_max() } -> std::convertible_to<std::chrono::microseconds>; })
+  if constexpr (requires {
+                  { store.list_poll_max() } -> std::convertible_to<std::chrono::microseconds>;
+                })
     p.max = std::max(p.min, std::chrono::microseconds(store.list_poll_max()));
   return p;
 }
@@ -228,14 +242,17 @@ template <class Store> poll_policy default_poll_policy(const Store& store) {
 /// Receiver side of one attempt: fetches payloads as they are published (so
 /// application overlaps upload) and completes once every required owner's
 /// manifest is present and every listed payload was delivered exactly once.
-template <object_store Store> class attempt_reader {
+template <object_store Store>
+class attempt_reader {
 public:
   attempt_reader(Store& store, std::uint64_t attempt, std::vector<std::uint32_t> owners)
       : attempt_reader(store, attempt, std::move(owners), default_poll_policy(store)) {}
-  attempt_reader(Store& store, std::uint64_t attempt, std::vector<std::uint32_t> owners, poll_policy poll)
+  attempt_reader(Store& store, std::uint64_t attempt, std::vector<std::uint32_t> owners,
+                 poll_policy poll)
       : store_(&store), attempt_(attempt), owners_(owners.begin(), owners.end()), poll_(poll) {
     if (poll_.min.count() <= 0 || poll_.max < poll_.min)
-      throw error(errc::invalid_argument, "attempt_reader: poll interval bounds must satisfy 0 < min <= max");
+      throw error(errc::invalid_argument,
+                  "attempt_reader: poll interval bounds must satisfy 0 < min <= max");
   }
 
   /// Listings made so far (each is one `list` call on the store).
@@ -248,7 +265,8 @@ public:
   /// missing (`not_found`) or differs from its manifest entry
   /// (`digest_mismatch`) fails the read.
   template <class Deliver>
-  status run(Deliver&& deliver, const std::atomic<bool>& stop, std::chrono::steady_clock::time_point deadline) {
+  status run(Deliver&& deliver, const std::atomic<bool>& stop,
+             std::chrono::steady_clock::time_point deadline) {
     const auto prefix = attempt_prefix(attempt_);
     std::vector<std::string> names;
     std::vector<std::byte> bytes;
@@ -268,7 +286,8 @@ public:
         } else if (n.compare(prefix.size(), 9, "manifest/") == 0 && !manifests_.count(n)) {
           DCR_TRY(fetch(n, bytes));
           manifest m;
-          DCR_TRY(parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
+          DCR_TRY(parse_manifest(
+              std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
           DCR_TRY(check_manifest(n, m));
           manifests_.emplace(n, std::move(m));
           progress = true;
@@ -278,15 +297,19 @@ public:
       for (auto o : owners_) all = all && manifests_.count(manifest_name(attempt_, o));
       if (all) return finish(deliver, bytes);
       if (std::chrono::steady_clock::now() > deadline)
-        return fail(errc::aborted, "attempt " + std::to_string(attempt_) + ": deadline passed with " +
+        return fail(errc::aborted, "attempt " + std::to_string(attempt_) +
+                                       ": deadline passed with " +
                                        std::to_string(manifests_.size()) + " of " +
                                        std::to_string(owners_.size()) + " manifests");
-      if (progress) sleep = poll_.min;
-      else sleep = std::min(sleep * 2, poll_.max);
+      if (progress)
+        sleep = poll_.min;
+      else
+        sleep = std::min(sleep * 2, poll_.max);
       // Never sleep past the deadline: the caller is told promptly.
       std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-          sleep, std::max<std::chrono::steady_clock::duration>(deadline - std::chrono::steady_clock::now(),
-                                                               std::chrono::steady_clock::duration::zero())));
+          sleep, std::max<std::chrono::steady_clock::duration>(
+                     deadline - std::chrono::steady_clock::now(),
+                     std::chrono::steady_clock::duration::zero())));
     }
   }
 
@@ -304,28 +327,34 @@ public:
   }
 
 private:
-  status fetch(const std::string& name, std::vector<std::byte>& out) { return store_->get(name, out); }
+  status fetch(const std::string& name, std::vector<std::byte>& out) {
+    return store_->get(name, out);
+  }
 
   /// A manifest must be this attempt's, of this incarnation, of a required
   /// owner, under that owner's name, and list only that owner's payload names.
   status check_manifest(const std::string& name, const manifest& m) const {
     const auto here = incarnation_of(*store_);
     DCR_RETURN_ERROR_IF(m.incarnation != here, foreign_incarnation,
-                        name + ": manifest of incarnation '" + (m.incarnation.empty() ? "none" : m.incarnation) +
+                        name + ": manifest of incarnation '" +
+                            (m.incarnation.empty() ? "none" : m.incarnation) +
                             "', this commit history is '" + (here.empty() ? "none" : here) + "'");
     DCR_RETURN_ERROR_IF(m.attempt != attempt_, stale_attempt,
                         name + ": manifest of attempt " + std::to_string(m.attempt));
-    DCR_RETURN_ERROR_IF(name != manifest_name(attempt_, m.owner) || !owners_.count(m.owner), verification,
-                        name + ": manifest of owner " + std::to_string(m.owner) +
-                            (owners_.count(m.owner) ? " under another owner's name" : ", not a required owner"));
+    DCR_RETURN_ERROR_IF(
+        name != manifest_name(attempt_, m.owner) || !owners_.count(m.owner), verification,
+        name + ": manifest of owner " + std::to_string(m.owner) +
+            (owners_.count(m.owner) ? " under another owner's name" : ", not a required owner"));
     const auto own = attempt_prefix(attempt_) + "payload/o" + detail::pad(m.owner, 10) + "-s";
     for (auto& e : m.payloads)
       DCR_RETURN_ERROR_IF(e.name.rfind(own, 0) != 0, verification,
-                          name + ": lists '" + e.name + "', not a payload name of owner " + std::to_string(m.owner));
+                          name + ": lists '" + e.name + "', not a payload name of owner " +
+                              std::to_string(m.owner));
     return status::success();
   }
 
-  template <class Deliver> status finish(Deliver& deliver, std::vector<std::byte>& bytes) {
+  template <class Deliver>
+  status finish(Deliver& deliver, std::vector<std::byte>& bytes) {
     std::size_t listed = 0;
     for (auto& [mname, m] : manifests_) {
       for (auto& e : m.payloads) {
@@ -350,8 +379,9 @@ private:
           for (auto& e : m.payloads) found = found || e.name == name;
         DCR_RETURN_ERROR_IF(!found, verification,
                             name + ": payload object under attempt " + std::to_string(attempt_) +
-                                " that no manifest lists (delivered " + std::to_string(delivered_.size()) +
-                                ", listed " + std::to_string(listed) + ")");
+                                " that no manifest lists (delivered " +
+                                std::to_string(delivered_.size()) + ", listed " +
+                                std::to_string(listed) + ")");
       }
     return status::success();
   }
@@ -374,7 +404,8 @@ struct listed_payloads {
   std::map<std::string, digest128> entries;
   std::set<std::uint32_t> owners;
 };
-template <object_store Store> status read_listed(Store& store, std::uint64_t attempt, listed_payloads& out) {
+template <object_store Store>
+status read_listed(Store& store, std::uint64_t attempt, listed_payloads& out) {
   out = {};
   std::vector<std::string> names;
   DCR_TRY(store.list(attempt_prefix(attempt) + "manifest/", names));
@@ -382,8 +413,11 @@ template <object_store Store> status read_listed(Store& store, std::uint64_t att
   for (auto& n : names) {
     if (!store.get(n, bytes)) continue;
     manifest m;
-    if (!parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m)) continue;
-    if (m.incarnation != incarnation_of(store) || m.attempt != attempt || n != manifest_name(attempt, m.owner))
+    if (!parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                        m))
+      continue;
+    if (m.incarnation != incarnation_of(store) || m.attempt != attempt ||
+        n != manifest_name(attempt, m.owner))
       continue;
     out.owners.insert(m.owner);
     for (auto& e : m.payloads) out.entries.emplace(e.name, e.digest);
@@ -394,7 +428,8 @@ template <object_store Store> status read_listed(Store& store, std::uint64_t att
 /// The owner named by a payload name of attempt τ, if it is one.
 inline std::optional<std::uint32_t> payload_owner(std::string_view name, std::uint64_t attempt) {
   const auto p = attempt_prefix(attempt) + "payload/o";
-  if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0) return std::nullopt;
+  if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0)
+    return std::nullopt;
   std::uint64_t v = 0;
   for (std::size_t i = p.size(); i < p.size() + 10; ++i) {
     if (name[i] < '0' || name[i] > '9') return std::nullopt;
@@ -417,7 +452,8 @@ inline std::uint64_t attempt_of(std::string_view name) {
 
 /// Remove every object of every attempt `<= up_to` (after the commit of
 /// attempt `up_to`, no receiver needs them: new receivers restore densely).
-template <object_store Store> status collect_attempts(Store& store, std::uint64_t up_to, std::size_t* removed = nullptr) {
+template <object_store Store>
+status collect_attempts(Store& store, std::uint64_t up_to, std::size_t* removed = nullptr) {
   std::vector<std::string> names;
   DCR_TRY(store.list("attempt/", names));
   std::size_t n = 0;

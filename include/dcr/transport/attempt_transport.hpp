@@ -39,37 +39,48 @@ using payload_delivery = std::function<status(std::string_view, std::span<const 
 ///    the deadline end it with `errc::aborted`;
 ///  - `collect(τ, removed)` releases what attempts `<= τ` hold (may do nothing).
 template <class T>
-concept attempt_transport =
-    requires(T& t, std::uint64_t attempt, std::uint32_t owner, std::size_t receiver,
-             std::vector<std::uint32_t> owners, std::span<const std::byte> bytes, const payload_delivery& deliver,
-             const std::atomic<bool>& stop, std::chrono::steady_clock::time_point deadline, std::size_t* removed) {
-      { t.open_writer(attempt, owner).put_payload(bytes) } -> std::same_as<status>;
-      { t.open_writer(attempt, owner).finish() } -> std::same_as<status>;
-      { t.open_reader(attempt, receiver, owners).run(deliver, stop, deadline) } -> std::same_as<status>;
-      { t.collect(attempt, removed) } -> std::same_as<status>;
-    };
+concept attempt_transport = requires(T& t, std::uint64_t attempt, std::uint32_t owner,
+                                     std::size_t receiver, std::vector<std::uint32_t> owners,
+                                     std::span<const std::byte> bytes,
+                                     const payload_delivery& deliver, const std::atomic<bool>& stop,
+                                     std::chrono::steady_clock::time_point deadline,
+                                     std::size_t* removed) {
+  { t.open_writer(attempt, owner).put_payload(bytes) } -> std::same_as<status>;
+  { t.open_writer(attempt, owner).finish() } -> std::same_as<status>;
+  { t.open_reader(attempt, receiver, owners).run(deliver, stop, deadline) } -> std::same_as<status>;
+  { t.collect(attempt, removed) } -> std::same_as<status>;
+};
 
 /// What a coordinator can run over: an object store or an attempt transport.
 template <class T>
 concept attempt_medium = object_store<T> || attempt_transport<T>;
 
 /// Owner-side writer of attempt τ over either kind of medium.
-template <attempt_medium M> auto open_writer(M& m, std::uint64_t attempt, std::uint32_t owner) {
-  if constexpr (attempt_transport<M>) return m.open_writer(attempt, owner);
-  else return attempt_writer<M>(m, attempt, owner);
+template <attempt_medium M>
+auto open_writer(M& m, std::uint64_t attempt, std::uint32_t owner) {
+  if constexpr (attempt_transport<M>)
+    return m.open_writer(attempt, owner);
+  else
+    return attempt_writer<M>(m, attempt, owner);
 }
 
 /// Reader of attempt τ for receiver index `receiver` (an object store ignores the index).
 template <attempt_medium M>
-auto open_reader(M& m, std::uint64_t attempt, std::size_t receiver, std::vector<std::uint32_t> owners) {
-  if constexpr (attempt_transport<M>) return m.open_reader(attempt, receiver, std::move(owners));
-  else return attempt_reader<M>(m, attempt, std::move(owners));
+auto open_reader(M& m, std::uint64_t attempt, std::size_t receiver,
+                 std::vector<std::uint32_t> owners) {
+  if constexpr (attempt_transport<M>)
+    return m.open_reader(attempt, receiver, std::move(owners));
+  else
+    return attempt_reader<M>(m, attempt, std::move(owners));
 }
 
 /// Release what attempts `<= up_to` left behind.
-template <attempt_medium M> status collect(M& m, std::uint64_t up_to, std::size_t* removed = nullptr) {
-  if constexpr (attempt_transport<M>) return m.collect(up_to, removed);
-  else return collect_attempts(m, up_to, removed);
+template <attempt_medium M>
+status collect(M& m, std::uint64_t up_to, std::size_t* removed = nullptr) {
+  if constexpr (attempt_transport<M>)
+    return m.collect(up_to, removed);
+  else
+    return collect_attempts(m, up_to, removed);
 }
 
 } // namespace dcr::transport

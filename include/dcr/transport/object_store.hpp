@@ -13,8 +13,8 @@
 /// Names are validated by `validate_object_name` in every backend.
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <concepts>
 #include <cstddef>
 #include <cstring>
@@ -59,9 +59,11 @@ inline status validate_object_name(std::string_view name) {
   for (std::size_t i = 0; i <= name.size(); ++i) {
     if (i == name.size() || name[i] == '/') {
       DCR_RETURN_ERROR_IF(i == seg_start, invalid_argument,
-                          "object name '" + std::string(name) + "' has an empty segment at byte " + std::to_string(i));
+                          "object name '" + std::string(name) + "' has an empty segment at byte " +
+                              std::to_string(i));
       DCR_RETURN_ERROR_IF(name[seg_start] == '.', invalid_argument,
-                          "object name '" + std::string(name) + "' has a segment starting with '.'");
+                          "object name '" + std::string(name) +
+                              "' has a segment starting with '.'");
       seg_start = i + 1;
       continue;
     }
@@ -69,8 +71,8 @@ inline status validate_object_name(std::string_view name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '.' || c == '_' || c == '-';
     DCR_RETURN_ERROR_IF(!ok, invalid_argument,
-                        "object name '" + std::string(name) + "' has a byte outside [A-Za-z0-9._-/] at " +
-                            std::to_string(i));
+                        "object name '" + std::string(name) +
+                            "' has a byte outside [A-Za-z0-9._-/] at " + std::to_string(i));
   }
   return status::success();
 }
@@ -144,9 +146,9 @@ public:
     std::error_code ec;
     std::filesystem::create_directories(dst.parent_path(), ec);
     DCR_RETURN_ERROR_IF(ec, io, "create " + dst.parent_path().string() + ": " + ec.message());
-    const auto tmp = dst.parent_path() / (".tmp." + std::to_string(::getpid()) + "." +
-                                          std::to_string(counter_.fetch_add(1)) + "." +
-                                          dst.filename().string());
+    const auto tmp =
+        dst.parent_path() / (".tmp." + std::to_string(::getpid()) + "." +
+                             std::to_string(counter_.fetch_add(1)) + "." + dst.filename().string());
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     DCR_RETURN_ERROR_IF(fd < 0, io, "open " + tmp.string() + ": " + std::strerror(errno));
     auto fail_io = [&](const char* what) {
@@ -184,7 +186,8 @@ public:
     const auto p = root_ / std::string(name);
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      DCR_RETURN_ERROR_IF(errno == ENOENT || errno == ENOTDIR, not_found, "no object '" + std::string(name) + "'");
+      DCR_RETURN_ERROR_IF(errno == ENOENT || errno == ENOTDIR, not_found,
+                          "no object '" + std::string(name) + "'");
       return fail(errc::io, "open " + p.string() + ": " + std::strerror(errno));
     }
     out.clear();
@@ -209,7 +212,8 @@ public:
     names.clear();
     // Walk only the deepest directory the prefix names completely.
     const auto slash = prefix.rfind('/');
-    const std::string dir_part = slash == std::string_view::npos ? "" : std::string(prefix.substr(0, slash));
+    const std::string dir_part =
+        slash == std::string_view::npos ? "" : std::string(prefix.substr(0, slash));
     const auto start = dir_part.empty() ? root_ : root_ / dir_part;
     std::error_code ec;
     if (!std::filesystem::is_directory(start, ec)) return status::success();
@@ -235,12 +239,14 @@ public:
     DCR_TRY(validate_object_name(name));
     const auto p = root_ / std::string(name);
     if (::unlink(p.c_str()) != 0) {
-      DCR_RETURN_ERROR_IF(errno == ENOENT || errno == ENOTDIR, not_found, "no object '" + std::string(name) + "'");
+      DCR_RETURN_ERROR_IF(errno == ENOENT || errno == ENOTDIR, not_found,
+                          "no object '" + std::string(name) + "'");
       return fail(errc::io, "unlink " + p.string() + ": " + std::strerror(errno));
     }
     // Drop now-empty parent directories up to the root (best effort).
     std::error_code ec;
-    for (auto d = p.parent_path(); d != root_ && d.string().size() > root_.string().size(); d = d.parent_path())
+    for (auto d = p.parent_path(); d != root_ && d.string().size() > root_.string().size();
+         d = d.parent_path())
       if (!std::filesystem::remove(d, ec)) break;
     return status::success();
   }

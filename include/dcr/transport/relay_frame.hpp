@@ -31,8 +31,9 @@ enum class frame_kind : std::uint16_t {
   owner_done = 2,  ///< `owner` finished the attempt with `sequence` payloads
   payload_ack = 3, ///< the payload (attempt, owner, sequence) is queued at the rollout node
   done_ack = 4,    ///< the owner_done (attempt, owner) is queued at the rollout node
-  reject = 5,      ///< the frame (attempt, owner, sequence) was refused: its attempt is replaced or failed
-  abort = 6,       ///< parent to child: the attempt failed upstream; `sequence` is the `errc`
+  reject =
+      5, ///< the frame (attempt, owner, sequence) was refused: its attempt is replaced or failed
+  abort = 6, ///< parent to child: the attempt failed upstream; `sequence` is the `errc`
 };
 
 /// "DCRF" read as a little-endian u32.
@@ -58,7 +59,6 @@ struct frame {
   std::vector<std::byte> body;
 };
 
-
 /// The 32 header bytes of `h`.
 inline std::array<std::byte, frame_header_size> encode_frame_header(const frame_header& h) {
   std::array<std::byte, frame_header_size> b{};
@@ -76,15 +76,18 @@ inline std::array<std::byte, frame_header_size> encode_frame_header(const frame_
 /// (`unsupported_version`), kind and attempt (`bad_format`), body length
 /// against the kind (`bad_format`: control frames have none, a payload has
 /// some) and against `max_body` (`length_overflow`).
-inline status decode_frame_header(std::span<const std::byte> b, std::uint64_t max_body, frame_header& out) {
+inline status decode_frame_header(std::span<const std::byte> b, std::uint64_t max_body,
+                                  frame_header& out) {
   DCR_RETURN_ERROR_IF(b.size() < frame_header_size, truncated,
                       "relay frame: " + std::to_string(b.size()) + " bytes, header needs 32");
   DCR_RETURN_ERROR_IF(load_le<std::uint32_t>(b.data()) != frame_magic, bad_magic,
                       "relay frame: bad magic at byte 0");
   const auto ver = load_le<std::uint16_t>(b.data() + 4);
-  DCR_RETURN_ERROR_IF(ver != frame_version, unsupported_version, "relay frame: version " + std::to_string(ver));
+  DCR_RETURN_ERROR_IF(ver != frame_version, unsupported_version,
+                      "relay frame: version " + std::to_string(ver));
   const auto kind = load_le<std::uint16_t>(b.data() + 6);
-  DCR_RETURN_ERROR_IF(kind < 1 || kind > 6, bad_format, "relay frame: unknown kind " + std::to_string(kind));
+  DCR_RETURN_ERROR_IF(kind < 1 || kind > 6, bad_format,
+                      "relay frame: unknown kind " + std::to_string(kind));
   frame_header h;
   h.kind = static_cast<frame_kind>(kind);
   h.attempt = load_le<std::uint64_t>(b.data() + 8);
@@ -93,13 +96,14 @@ inline status decode_frame_header(std::span<const std::byte> b, std::uint64_t ma
   h.length = load_le<std::uint64_t>(b.data() + 24);
   DCR_RETURN_ERROR_IF(h.attempt == 0, bad_format, "relay frame: attempt 0 (attempts start at 1)");
   DCR_RETURN_ERROR_IF(h.length > max_body, length_overflow,
-                      "relay frame: body of " + std::to_string(h.length) + " bytes exceeds the cap of " +
-                          std::to_string(max_body));
+                      "relay frame: body of " + std::to_string(h.length) +
+                          " bytes exceeds the cap of " + std::to_string(max_body));
   if (h.kind == frame_kind::payload)
     DCR_RETURN_ERROR_IF(h.length == 0, bad_format, "relay frame: payload with an empty body");
   else
     DCR_RETURN_ERROR_IF(h.length != 0, bad_format,
-                        "relay frame: control frame (kind " + std::to_string(kind) + ") with a body");
+                        "relay frame: control frame (kind " + std::to_string(kind) +
+                            ") with a body");
   out = h;
   return status::success();
 }
@@ -120,7 +124,8 @@ inline status decode_frame(std::span<const std::byte> b, std::uint64_t max_body,
   DCR_TRY(decode_frame_header(b, max_body, h));
   const auto rest = b.size() - frame_header_size;
   DCR_RETURN_ERROR_IF(rest < h.length, truncated,
-                      "relay frame: body has " + std::to_string(rest) + " of " + std::to_string(h.length) + " bytes");
+                      "relay frame: body has " + std::to_string(rest) + " of " +
+                          std::to_string(h.length) + " bytes");
   DCR_RETURN_ERROR_IF(rest > h.length, trailing_bytes,
                       "relay frame: " + std::to_string(rest - h.length) + " bytes after the body");
   out.header = h;
@@ -138,7 +143,8 @@ inline status decode_frame(std::span<const std::byte> b, std::uint64_t max_body,
 class frame_conn {
 public:
   virtual ~frame_conn() = default;
-  virtual status write(const frame_header& h, std::span<const std::byte> body, std::chrono::milliseconds timeout) = 0;
+  virtual status write(const frame_header& h, std::span<const std::byte> body,
+                       std::chrono::milliseconds timeout) = 0;
   virtual status read(frame& out) = 0;
   virtual void close() = 0;
 };

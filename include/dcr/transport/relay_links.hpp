@@ -46,22 +46,28 @@ class inproc_conn final : public frame_conn {
 public:
   using queue = pipeline::bounded_queue<std::vector<std::byte>>;
   /// Both ends of a new pipe.
-  static std::pair<std::shared_ptr<inproc_conn>, std::shared_ptr<inproc_conn>> pipe(std::size_t frames,
-                                                                                    std::uint64_t max_body) {
+  static std::pair<std::shared_ptr<inproc_conn>, std::shared_ptr<inproc_conn>>
+  pipe(std::size_t frames, std::uint64_t max_body) {
     auto a = std::make_shared<queue>(std::max<std::size_t>(frames, 1));
     auto b = std::make_shared<queue>(std::max<std::size_t>(frames, 1));
-    return {std::make_shared<inproc_conn>(a, b, max_body), std::make_shared<inproc_conn>(b, a, max_body)};
+    return {std::make_shared<inproc_conn>(a, b, max_body),
+            std::make_shared<inproc_conn>(b, a, max_body)};
   }
   inproc_conn(std::shared_ptr<queue> out, std::shared_ptr<queue> in, std::uint64_t max_body)
       : out_(std::move(out)), in_(std::move(in)), max_(max_body) {}
 
-  status write(const frame_header& h, std::span<const std::byte> body, std::chrono::milliseconds timeout) override {
+  status write(const frame_header& h, std::span<const std::byte> body,
+               std::chrono::milliseconds timeout) override {
     switch (out_->push_until(encode_frame(h, body), detail::after(timeout))) {
-    case pipeline::queue_wait::ok: return status::success();
-    case pipeline::queue_wait::closed: return fail(errc::unavailable, "relay link closed");
-    case pipeline::queue_wait::timeout: break;
+    case pipeline::queue_wait::ok:
+      return status::success();
+    case pipeline::queue_wait::closed:
+      return fail(errc::unavailable, "relay link closed");
+    case pipeline::queue_wait::timeout:
+      break;
     }
-    return fail(errc::unavailable, "relay link: peer took no frame for " + std::to_string(timeout.count()) + " ms");
+    return fail(errc::unavailable,
+                "relay link: peer took no frame for " + std::to_string(timeout.count()) + " ms");
   }
   status read(frame& out) override {
     auto b = in_->pop();
@@ -86,7 +92,8 @@ private:
 /// Links between the nodes of one process.
 class inproc_network final : public relay_network {
 public:
-  explicit inproc_network(std::size_t pipe_frames = 2, std::uint64_t max_body = default_max_frame_body)
+  explicit inproc_network(std::size_t pipe_frames = 2,
+                          std::uint64_t max_body = default_max_frame_body)
       : frames_(pipe_frames), max_(max_body) {}
   status listen(std::uint32_t nodes, acceptor accept) override {
     std::lock_guard l(m_);
@@ -98,7 +105,8 @@ public:
     acceptor a;
     {
       std::lock_guard l(m_);
-      DCR_RETURN_ERROR_IF(!accept_ || node >= nodes_, unavailable, "relay node " + std::to_string(node) + " unreachable");
+      DCR_RETURN_ERROR_IF(!accept_ || node >= nodes_, unavailable,
+                          "relay node " + std::to_string(node) + " unreachable");
       a = accept_;
     }
     auto [mine, theirs] = inproc_conn::pipe(frames_, max_);

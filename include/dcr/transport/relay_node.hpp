@@ -41,10 +41,10 @@ struct relay_options {
   /// Receivers in all (at most nodes · receivers_per_node); must be the
   /// coordinator's receiver count: a node waits for every local reader.
   std::uint32_t receivers = 1;
-  std::size_t staging = 8;              ///< frames queued at a node before the upstream blocks
-  std::size_t local_queue = 8;          ///< frames waiting for each local reader
-  std::size_t window = 4;               ///< unacknowledged frames a sender may have in flight
-  std::size_t pipe_frames = 2;          ///< in-process pipe capacity per direction
+  std::size_t staging = 8;     ///< frames queued at a node before the upstream blocks
+  std::size_t local_queue = 8; ///< frames waiting for each local reader
+  std::size_t window = 4;      ///< unacknowledged frames a sender may have in flight
+  std::size_t pipe_frames = 2; ///< in-process pipe capacity per direction
   std::uint64_t max_frame_body = default_max_frame_body;
   std::chrono::milliseconds io_timeout{10000}; ///< longest wait for a write or an ACK
   /// Test hook: owners send every payload frame twice.
@@ -67,9 +67,10 @@ struct relay_counters {
 /// the root), a staging queue, a forwarder to children and local readers.
 class relay_node {
 public:
-  relay_node(std::uint32_t index, const relay_topology& topo, const relay_options& opt, relay_network* net,
-             std::uint32_t local_slots)
-      : index_(index), opt_(opt), net_(net), slots_(local_slots), staging_(std::max<std::size_t>(opt.staging, 1)) {
+  relay_node(std::uint32_t index, const relay_topology& topo, const relay_options& opt,
+             relay_network* net, std::uint32_t local_slots)
+      : index_(index), opt_(opt), net_(net), slots_(local_slots),
+        staging_(std::max<std::size_t>(opt.staging, 1)) {
     for (auto c : topo.children(index)) {
       children_.push_back(std::make_unique<downlink>());
       children_.back()->node = c;
@@ -110,13 +111,14 @@ public:
               const payload_delivery& deliver, const std::atomic<bool>& stop,
               std::chrono::steady_clock::time_point deadline) {
     DCR_RETURN_ERROR_IF(slot >= slots_, invalid_argument,
-                        "relay node " + std::to_string(index_) + " has no local receiver slot " + std::to_string(slot));
+                        "relay node " + std::to_string(index_) + " has no local receiver slot " +
+                            std::to_string(slot));
     std::shared_ptr<attempt_state> st;
     {
       std::lock_guard l(m_);
       DCR_RETURN_ERROR_IF(attempt < cur_->id, stale_attempt,
-                          "relay node " + std::to_string(index_) + ": attempt " + std::to_string(attempt) +
-                              " replaced by " + std::to_string(cur_->id));
+                          "relay node " + std::to_string(index_) + ": attempt " +
+                              std::to_string(attempt) + " replaced by " + std::to_string(cur_->id));
       if (attempt > cur_->id) begin_locked(attempt);
       st = cur_;
     }
@@ -126,7 +128,8 @@ public:
       ~closer() { q.close(); } // the forwarder never blocks on a reader that left
     } guard{q};
     std::map<std::uint32_t, std::uint32_t> delivered, done;
-    const auto where = "relay node " + std::to_string(index_) + ", attempt " + std::to_string(attempt);
+    const auto where =
+        "relay node " + std::to_string(index_) + ", attempt " + std::to_string(attempt);
     for (;;) {
       DCR_RETURN_ERROR_IF(stop.load(), aborted, where + ": stopped");
       // Complete wins over a failure noticed later: everything was delivered.
@@ -138,15 +141,18 @@ public:
       if (complete) return status::success();
       {
         std::lock_guard l(m_);
-        DCR_RETURN_ERROR_IF(cur_ != st, stale_attempt, where + ": replaced by attempt " + std::to_string(cur_->id));
+        DCR_RETURN_ERROR_IF(cur_ != st, stale_attempt,
+                            where + ": replaced by attempt " + std::to_string(cur_->id));
         if (!st->failed) return st->failed;
       }
       const auto now = std::chrono::steady_clock::now();
       if (now > deadline)
-        return fail(errc::aborted, where + ": deadline passed with " + std::to_string(done.size()) + " of " +
-                                       std::to_string(owners.size()) + " owners done");
+        return fail(errc::aborted, where + ": deadline passed with " + std::to_string(done.size()) +
+                                       " of " + std::to_string(owners.size()) + " owners done");
       std::shared_ptr<const frame> f;
-      if (q.pop_until(f, std::min(deadline, now + std::chrono::milliseconds(20))) != pipeline::queue_wait::ok) continue;
+      if (q.pop_until(f, std::min(deadline, now + std::chrono::milliseconds(20))) !=
+          pipeline::queue_wait::ok)
+        continue;
       const auto& h = f->header;
       if (h.kind == frame_kind::owner_done) {
         done[h.owner] = h.sequence;
@@ -220,8 +226,9 @@ private:
     std::size_t unacked = 0;
     bool dead = false;   ///< the ACK reader saw the link end
     bool retire = false; ///< closed by a failure or shutdown; replace before use
-    std::uint64_t broken_for = 0; ///< newest attempt in which the link failed (not reopened within it)
-    std::uint64_t used_for = 0;   ///< attempt of the last frame sent
+    std::uint64_t broken_for =
+        0; ///< newest attempt in which the link failed (not reopened within it)
+    std::uint64_t used_for = 0; ///< attempt of the last frame sent
     std::atomic<std::uint64_t> drop_after{0};
   };
 
@@ -229,7 +236,9 @@ private:
     for (auto& q : cur_->local) q->close();
     auto st = std::make_shared<attempt_state>();
     st->id = attempt;
-    for (std::uint32_t s = 0; s < slots_; ++s) st->local.push_back(std::make_shared<local_queue>(std::max<std::size_t>(opt_.local_queue, 1)));
+    for (std::uint32_t s = 0; s < slots_; ++s)
+      st->local.push_back(
+          std::make_shared<local_queue>(std::max<std::size_t>(opt_.local_queue, 1)));
     cur_ = std::move(st);
   }
 
@@ -276,8 +285,9 @@ private:
       const auto have = cur_->count[h.owner];
       if (have != h.sequence) {
         fail_locked(fail(errc::not_found, "relay node " + std::to_string(index_) + ": owner " +
-                                              std::to_string(h.owner) + " declared " + std::to_string(h.sequence) +
-                                              " payloads in attempt " + std::to_string(h.attempt) + ", " +
+                                              std::to_string(h.owner) + " declared " +
+                                              std::to_string(h.sequence) + " payloads in attempt " +
+                                              std::to_string(h.attempt) + ", " +
                                               std::to_string(have) + " arrived"));
         return reply::reject;
       }
@@ -288,8 +298,8 @@ private:
   }
 
   void intake_loop(frame_conn& conn) {
-    std::uint64_t attempt = 0;              // attempt this connection carried last
-    std::set<std::uint32_t> pending;        // its owners that started and did not finish
+    std::uint64_t attempt = 0;       // attempt this connection carried last
+    std::set<std::uint32_t> pending; // its owners that started and did not finish
     for (;;) {
       frame f;
       if (!conn.read(f)) break;
@@ -298,7 +308,8 @@ private:
         on_abort(h);
         continue;
       }
-      if (h.kind != frame_kind::payload && h.kind != frame_kind::owner_done) break; // protocol violation
+      if (h.kind != frame_kind::payload && h.kind != frame_kind::owner_done)
+        break; // protocol violation
       if (h.kind == frame_kind::payload) {
         payload_id pid;
         if (!read_payload_id(f.body, pid) || pid.attempt != h.attempt || pid.owner != h.owner ||
@@ -316,23 +327,27 @@ private:
       bool queue_it = false;
       const auto r = admit(f, queue_it);
       if (h.attempt == attempt) {
-        if (h.kind == frame_kind::payload) pending.insert(h.owner);
-        else pending.erase(h.owner);
+        if (h.kind == frame_kind::payload)
+          pending.insert(h.owner);
+        else
+          pending.erase(h.owner);
       }
       if (queue_it && !staging_.push(std::make_shared<const frame>(std::move(f)))) break;
       frame_header a = h;
       a.length = 0;
-      a.kind = r == reply::reject ? frame_kind::reject
-               : h.kind == frame_kind::payload ? frame_kind::payload_ack : frame_kind::done_ack;
+      a.kind = r == reply::reject              ? frame_kind::reject
+               : h.kind == frame_kind::payload ? frame_kind::payload_ack
+                                               : frame_kind::done_ack;
       if (!conn.write(a, {}, opt_.io_timeout)) break;
     }
     conn.close();
     if (pending.empty()) return;
     std::lock_guard l(m_);
     if (cur_->id == attempt)
-      fail_locked(fail(errc::unavailable, "relay node " + std::to_string(index_) + ": upstream link lost in attempt " +
-                                              std::to_string(attempt) + " with " + std::to_string(pending.size()) +
-                                              " owner(s) unfinished"));
+      fail_locked(fail(errc::unavailable,
+                       "relay node " + std::to_string(index_) + ": upstream link lost in attempt " +
+                           std::to_string(attempt) + " with " + std::to_string(pending.size()) +
+                           " owner(s) unfinished"));
   }
 
   void on_abort(const frame_header& h) {
@@ -340,9 +355,11 @@ private:
     if (h.attempt < cur_->id) return;
     if (h.attempt > cur_->id) begin_locked(h.attempt);
     auto code = static_cast<errc>(h.sequence);
-    if (h.sequence == 0 || h.sequence > static_cast<std::uint32_t>(errc::unavailable)) code = errc::unavailable;
-    fail_locked(fail(code, "relay node " + std::to_string(index_) + ": attempt " + std::to_string(h.attempt) +
-                               " failed upstream (" + std::string(to_string(code)) + ")"));
+    if (h.sequence == 0 || h.sequence > static_cast<std::uint32_t>(errc::unavailable))
+      code = errc::unavailable;
+    fail_locked(fail(code, "relay node " + std::to_string(index_) + ": attempt " +
+                               std::to_string(h.attempt) + " failed upstream (" +
+                               std::string(to_string(code)) + ")"));
   }
 
   /// Tell every child that attempt τ failed here (best effort: a child that
@@ -391,7 +408,8 @@ private:
       std::vector<std::shared_ptr<local_queue>> local;
       {
         std::lock_guard l(m_);
-        if (f->header.attempt != cur_->id || !cur_->failed) continue; // replaced or failed meanwhile
+        if (f->header.attempt != cur_->id || !cur_->failed)
+          continue; // replaced or failed meanwhile
         local = cur_->local;
       }
       for (auto& d : children_) forward(*d, *f);
@@ -465,8 +483,9 @@ private:
     std::shared_ptr<frame_conn> c;
     {
       std::unique_lock l(d.m);
-      const bool room = d.cv.wait_until(l, detail::after(opt_.io_timeout),
-                                        [&] { return d.dead || d.retire || d.unacked < opt_.window; });
+      const bool room = d.cv.wait_until(l, detail::after(opt_.io_timeout), [&] {
+        return d.dead || d.retire || d.unacked < opt_.window;
+      });
       if (!room || d.dead || d.retire) {
         l.unlock();
         break_link(d, tau);
@@ -493,7 +512,8 @@ private:
       const bool ok = static_cast<bool>(c.read(f));
       std::lock_guard l(d.m);
       const auto k = f.header.kind;
-      if (!ok || (k != frame_kind::payload_ack && k != frame_kind::done_ack && k != frame_kind::reject)) {
+      if (!ok ||
+          (k != frame_kind::payload_ack && k != frame_kind::done_ack && k != frame_kind::reject)) {
         d.dead = true;
         d.cv.notify_all();
         return;
@@ -513,7 +533,7 @@ private:
   pipeline::bounded_queue<frame_ptr> staging_;
   std::vector<std::unique_ptr<downlink>> children_;
   std::atomic<std::uint64_t> abort_for_{0}; ///< newest attempt failed here
-  std::uint64_t abort_sent_ = 0;            ///< newest attempt whose abort went out (forwarder only)
+  std::uint64_t abort_sent_ = 0; ///< newest attempt whose abort went out (forwarder only)
   std::thread forwarder_;
   std::mutex up_m_;
   std::vector<std::unique_ptr<upstream>> ups_;

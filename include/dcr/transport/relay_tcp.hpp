@@ -71,7 +71,8 @@ public:
   tcp_frame_conn& operator=(const tcp_frame_conn&) = delete;
   ~tcp_frame_conn() override { ::close(fd_); }
 
-  status write(const frame_header& h, std::span<const std::byte> body, std::chrono::milliseconds timeout) override {
+  status write(const frame_header& h, std::span<const std::byte> body,
+               std::chrono::milliseconds timeout) override {
     std::lock_guard l(wm_);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     const auto hdr = encode_frame_header(h);
@@ -86,7 +87,8 @@ public:
     out.header = h;
     out.body.resize(h.length);
     // A peer that started a frame finishes it promptly or is dropped.
-    return io(out.body.data(), out.body.size(), false, std::chrono::steady_clock::now() + body_timeout_);
+    return io(out.body.data(), out.body.size(), false,
+              std::chrono::steady_clock::now() + body_timeout_);
   }
   /// `shutdown(2)` is safe while other threads poll the socket and wakes them;
   /// the descriptor itself is closed only by the destructor.
@@ -105,13 +107,17 @@ private:
         n -= static_cast<std::size_t>(k);
         continue;
       }
-      DCR_RETURN_ERROR_IF(k == 0 && !out, unavailable, "relay link: receive: connection closed by the peer");
+      DCR_RETURN_ERROR_IF(k == 0 && !out, unavailable,
+                          "relay link: receive: connection closed by the peer");
       const int e = errno;
       if (k < 0 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
-        return fail(errc::unavailable,
-                    std::string("relay link: ") + (out ? "send: " : "receive: ") + detail::errno_text(e));
-      DCR_RETURN_ERROR_IF(!detail::poll_until(fd_, static_cast<short>(out ? POLLOUT : POLLIN), deadline), unavailable,
-                          std::string("relay link: peer ") + (out ? "took no bytes" : "sent no bytes") + " in time");
+        return fail(errc::unavailable, std::string("relay link: ") +
+                                           (out ? "send: " : "receive: ") + detail::errno_text(e));
+      DCR_RETURN_ERROR_IF(
+          !detail::poll_until(fd_, static_cast<short>(out ? POLLOUT : POLLIN), deadline),
+          unavailable,
+          std::string("relay link: peer ") + (out ? "took no bytes" : "sent no bytes") +
+              " in time");
     }
     return status::success();
   }
@@ -125,9 +131,9 @@ private:
 
 /// Limits of TCP relay links.
 struct tcp_link_options {
-  std::uint64_t max_body = default_max_frame_body;    ///< largest frame body accepted
-  std::chrono::milliseconds connect_timeout{5000};     ///< per dial
-  std::chrono::milliseconds body_timeout{30000};       ///< to finish a started frame
+  std::uint64_t max_body = default_max_frame_body; ///< largest frame body accepted
+  std::chrono::milliseconds connect_timeout{5000}; ///< per dial
+  std::chrono::milliseconds body_timeout{30000};   ///< to finish a started frame
 };
 
 /// Relay links over TCP on 127.0.0.1 (loopback; one acceptor thread per node).
@@ -166,10 +172,12 @@ public:
     DCR_RETURN_ERROR_IF(node >= ports_.size() || stop_, unavailable, who + " unreachable");
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     DCR_RETURN_ERROR_IF(fd < 0, unavailable, who + ": socket: " + detail::errno_text(errno));
-    auto conn = std::make_shared<tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout); // owns fd from here
+    auto conn =
+        std::make_shared<tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout); // owns fd from here
     const sockaddr_in a = loopback(ports_[node]);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-      DCR_RETURN_ERROR_IF(errno != EINPROGRESS, unavailable, who + ": connect: " + detail::errno_text(errno));
+      DCR_RETURN_ERROR_IF(errno != EINPROGRESS, unavailable,
+                          who + ": connect: " + detail::errno_text(errno));
       // A non-blocking connect completes when the socket turns writable;
       // SO_ERROR then tells whether it succeeded.
       const auto deadline = std::chrono::steady_clock::now() + opt_.connect_timeout;
@@ -177,7 +185,8 @@ public:
         pollfd pf{fd, POLLOUT, 0};
         if (::poll(&pf, 1, 0) > 0) break;
         DCR_RETURN_ERROR_IF(stop_ || !detail::poll_until(fd, POLLOUT, deadline), unavailable,
-                            who + ": connect timed out after " + std::to_string(opt_.connect_timeout.count()) + " ms");
+                            who + ": connect timed out after " +
+                                std::to_string(opt_.connect_timeout.count()) + " ms");
       }
       int err = 0;
       socklen_t len = sizeof err;

@@ -20,7 +20,8 @@ class relay_topology {
 public:
   /// `nodes >= 1`, `fanout >= 1`; throws `dcr::error(invalid_argument)` otherwise.
   relay_topology(std::uint32_t nodes, std::uint32_t fanout) : n_(nodes), k_(fanout) {
-    if (nodes == 0 || fanout == 0) throw error(errc::invalid_argument, "relay_topology: nodes and fan-out must be >= 1");
+    if (nodes == 0 || fanout == 0)
+      throw error(errc::invalid_argument, "relay_topology: nodes and fan-out must be >= 1");
   }
   std::uint32_t nodes() const noexcept { return n_; }
   std::uint32_t fanout() const noexcept { return k_; }
@@ -34,7 +35,8 @@ public:
   std::vector<std::uint32_t> children(std::uint32_t i) const {
     check(i);
     std::vector<std::uint32_t> c;
-    for (std::uint64_t j = std::uint64_t{k_} * i + 1; j <= std::uint64_t{k_} * i + k_ && j < n_; ++j)
+    for (std::uint64_t j = std::uint64_t{k_} * i + 1; j <= std::uint64_t{k_} * i + k_ && j < n_;
+         ++j)
       c.push_back(static_cast<std::uint32_t>(j));
     return c;
   }

@@ -50,7 +50,8 @@ namespace dcr::transport {
 /// replaced or failed at the root) is `errc::aborted`.
 class relay_writer {
 public:
-  relay_writer(relay_network& net, const relay_options& opt, std::uint64_t attempt, std::uint32_t owner)
+  relay_writer(relay_network& net, const relay_options& opt, std::uint64_t attempt,
+               std::uint32_t owner)
       : s_(std::make_unique<shared>()) {
     s_->net = &net;
     s_->opt = &opt;
@@ -75,9 +76,9 @@ public:
     payload_id pid;
     DCR_TRY(read_payload_id(bytes, pid));
     DCR_RETURN_ERROR_IF(pid.attempt != s.attempt || pid.owner != s.owner, invalid_argument,
-                        "relay writer of owner " + std::to_string(s.owner) + ", attempt " + std::to_string(s.attempt) +
-                            " got a payload of owner " + std::to_string(pid.owner) + ", attempt " +
-                            std::to_string(pid.attempt));
+                        "relay writer of owner " + std::to_string(s.owner) + ", attempt " +
+                            std::to_string(s.attempt) + " got a payload of owner " +
+                            std::to_string(pid.owner) + ", attempt " + std::to_string(pid.attempt));
     DCR_TRY(s.connect());
     const frame_header h{frame_kind::payload, s.attempt, s.owner, pid.sequence, bytes.size()};
     DCR_TRY(s.send(h, bytes));
@@ -98,9 +99,10 @@ public:
                                        [&] { return !s.err || (s.done_acked && s.unacked == 0); });
       if (!s.err) return s.err;
       DCR_RETURN_ERROR_IF(!got, unavailable,
-                          "owner " + std::to_string(s.owner) + ": no queueing ACK for owner_done of attempt " +
-                              std::to_string(s.attempt) + " within " + std::to_string(s.opt->io_timeout.count()) +
-                              " ms");
+                          "owner " + std::to_string(s.owner) +
+                              ": no queueing ACK for owner_done of attempt " +
+                              std::to_string(s.attempt) + " within " +
+                              std::to_string(s.opt->io_timeout.count()) + " ms");
     }
     s.end();
     return status::success();
@@ -120,7 +122,9 @@ private:
     bool done_acked = false, closing = false;
     status err;
 
-    std::string who() const { return "owner " + std::to_string(owner) + ", attempt " + std::to_string(attempt); }
+    std::string who() const {
+      return "owner " + std::to_string(owner) + ", attempt " + std::to_string(attempt);
+    }
     status connect() {
       if (conn) return status::success();
       auto s = net->dial(0, conn);
@@ -131,11 +135,12 @@ private:
     status send(const frame_header& h, std::span<const std::byte> body) {
       {
         std::unique_lock l(m);
-        const bool room =
-            cv.wait_until(l, detail::after(opt->io_timeout), [&] { return !err || unacked < opt->window; });
+        const bool room = cv.wait_until(l, detail::after(opt->io_timeout),
+                                        [&] { return !err || unacked < opt->window; });
         if (!err) return err;
         DCR_RETURN_ERROR_IF(!room, unavailable,
-                            who() + ": no queueing ACK within " + std::to_string(opt->io_timeout.count()) + " ms");
+                            who() + ": no queueing ACK within " +
+                                std::to_string(opt->io_timeout.count()) + " ms");
         ++unacked;
       }
       auto s = conn->write(h, body, opt->io_timeout);
@@ -159,9 +164,11 @@ private:
         }
         const auto& h = f.header;
         if (h.kind == frame_kind::reject) {
-          if (err) err = fail(errc::aborted, who() + ": rejected by the relay root (attempt replaced or failed)");
-        } else if ((h.kind != frame_kind::payload_ack && h.kind != frame_kind::done_ack) || h.attempt != attempt ||
-                   h.owner != owner || unacked == 0) {
+          if (err)
+            err = fail(errc::aborted,
+                       who() + ": rejected by the relay root (attempt replaced or failed)");
+        } else if ((h.kind != frame_kind::payload_ack && h.kind != frame_kind::done_ack) ||
+                   h.attempt != attempt || h.owner != owner || unacked == 0) {
           if (err) err = fail(errc::bad_format, who() + ": unexpected frame from the relay root");
         } else {
           --unacked;
@@ -188,14 +195,18 @@ private:
 /// the object-store names, so endpoints see the same ids on either transport.
 class relay_reader {
 public:
-  relay_reader(relay_node* node, std::uint32_t slot, std::uint64_t attempt, std::vector<std::uint32_t> owners,
-               status setup = status::success())
-      : node_(node), slot_(slot), attempt_(attempt), owners_(owners.begin(), owners.end()), setup_(std::move(setup)) {}
+  relay_reader(relay_node* node, std::uint32_t slot, std::uint64_t attempt,
+               std::vector<std::uint32_t> owners, status setup = status::success())
+      : node_(node), slot_(slot), attempt_(attempt), owners_(owners.begin(), owners.end()),
+        setup_(std::move(setup)) {}
 
   template <class Deliver>
-  status run(Deliver&& deliver, const std::atomic<bool>& stop, std::chrono::steady_clock::time_point deadline) {
+  status run(Deliver&& deliver, const std::atomic<bool>& stop,
+             std::chrono::steady_clock::time_point deadline) {
     DCR_TRY(setup_);
-    payload_delivery d = [&](std::string_view n, std::span<const std::byte> b) -> status { return deliver(n, b); };
+    payload_delivery d = [&](std::string_view n, std::span<const std::byte> b) -> status {
+      return deliver(n, b);
+    };
     return node_->read(attempt_, slot_, owners_, d, stop, deadline);
   }
 
@@ -216,18 +227,22 @@ public:
       : opt_(std::move(opt)), topo_(opt_.nodes, opt_.fanout), net_(std::move(net)) {
     if (opt_.receivers_per_node == 0 ||
         std::uint64_t{opt_.receivers} > std::uint64_t{opt_.nodes} * opt_.receivers_per_node)
-      throw error(errc::invalid_argument, "relay_tree: " + std::to_string(opt_.receivers) + " receivers do not fit " +
+      throw error(errc::invalid_argument, "relay_tree: " + std::to_string(opt_.receivers) +
+                                              " receivers do not fit " +
                                               std::to_string(opt_.nodes) + " nodes of " +
                                               std::to_string(opt_.receivers_per_node));
     for (std::uint32_t i = 0; i < opt_.nodes; ++i) {
       const std::uint64_t first = std::uint64_t{i} * opt_.receivers_per_node;
       const auto slots = static_cast<std::uint32_t>(
-          first >= opt_.receivers ? 0 : std::min<std::uint64_t>(opt_.receivers_per_node, opt_.receivers - first));
+          first >= opt_.receivers
+              ? 0
+              : std::min<std::uint64_t>(opt_.receivers_per_node, opt_.receivers - first));
       nodes_.push_back(std::make_unique<relay_node>(i, topo_, opt_, net_.get(), slots));
     }
-    throw_if_failed(net_->listen(opt_.nodes, [this](std::uint32_t n, std::shared_ptr<frame_conn> c) {
-      nodes_[n]->accept(std::move(c));
-    }));
+    throw_if_failed(
+        net_->listen(opt_.nodes, [this](std::uint32_t n, std::shared_ptr<frame_conn> c) {
+          nodes_[n]->accept(std::move(c));
+        }));
   }
   relay_tree(const relay_tree&) = delete;
   relay_tree& operator=(const relay_tree&) = delete;
@@ -239,13 +254,16 @@ public:
   relay_writer open_writer(std::uint64_t attempt, std::uint32_t owner) {
     return relay_writer(*net_, opt_, attempt, owner);
   }
-  relay_reader open_reader(std::uint64_t attempt, std::size_t receiver, std::vector<std::uint32_t> owners) {
+  relay_reader open_reader(std::uint64_t attempt, std::size_t receiver,
+                           std::vector<std::uint32_t> owners) {
     if (receiver >= opt_.receivers)
       return relay_reader(nodes_[0].get(), 0, attempt, std::move(owners),
-                          fail(errc::invalid_argument, "relay_tree: receiver " + std::to_string(receiver) + " of " +
+                          fail(errc::invalid_argument, "relay_tree: receiver " +
+                                                           std::to_string(receiver) + " of " +
                                                            std::to_string(opt_.receivers)));
     return relay_reader(nodes_[receiver / opt_.receivers_per_node].get(),
-                        static_cast<std::uint32_t>(receiver % opt_.receivers_per_node), attempt, std::move(owners));
+                        static_cast<std::uint32_t>(receiver % opt_.receivers_per_node), attempt,
+                        std::move(owners));
   }
   /// Nodes hold only the current attempt, which the next one replaces: nothing to remove.
   status collect(std::uint64_t, std::size_t* removed) {

@@ -59,11 +59,11 @@ struct s3_options {
   std::string region = "us-east-1";               ///< signed into every request's scope
   std::string bucket;                             ///< S3 bucket name rules (3-63 of [a-z0-9.-])
   detail::sigv4_credentials credentials;
-  std::uint32_t max_keys = 1000;  ///< ListObjectsV2 page size, 1..1000
-  unsigned max_attempts = 5;      ///< tries per request when the failure is retryable
-  std::chrono::milliseconds backoff{50};      ///< wait before the first retry; doubles each time
+  std::uint32_t max_keys = 1000;         ///< ListObjectsV2 page size, 1..1000
+  unsigned max_attempts = 5;             ///< tries per request when the failure is retryable
+  std::chrono::milliseconds backoff{50}; ///< wait before the first retry; doubles each time
   std::chrono::milliseconds max_backoff{2000};
-  std::size_t max_pool = 16;      ///< idle connections kept for reuse
+  std::size_t max_pool = 16; ///< idle connections kept for reuse
   /// Longest wait between listings of a waiting attempt reader: every
   /// LIST is a billed request, rate-limited per prefix, and each receiver
   /// polls, so the default trades up to 50 ms of latency for 20 LIST/s per
@@ -96,7 +96,8 @@ inline status validate_bucket_name(std::string_view b) {
   DCR_RETURN_ERROR_IF(b.size() < 3 || b.size() > 63, invalid_argument,
                       "bucket name '" + std::string(b) + "' must have 3 to 63 bytes");
   DCR_RETURN_ERROR_IF(!alnum(b.front()) || !alnum(b.back()), invalid_argument,
-                      "bucket name '" + std::string(b) + "' must start and end with a letter or digit");
+                      "bucket name '" + std::string(b) +
+                          "' must start and end with a letter or digit");
   for (char c : b)
     DCR_RETURN_ERROR_IF(!alnum(c) && c != '.' && c != '-', invalid_argument,
                         "bucket name '" + std::string(b) + "' has a byte outside [a-z0-9.-]");

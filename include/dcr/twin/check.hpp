@@ -90,17 +90,19 @@ status check_copy(const view<W>& dst, const view<const W>& src, copy_mode mode,
     DCR_RETURN_ERROR_IF(!mask.shape.same_extents(src.shape), shape_mismatch,
                         "copy mask and source extents differ");
   }
-  DCR_RETURN_ERROR_IF(mode == copy_mode::overwrite_nan && width_of(nan_dtype) != sizeof(W), bad_dtype,
-                      "overwrite_nan: dtype " + std::string(name_of(nan_dtype)) + " does not have " +
-                          std::to_string(sizeof(W)) + "-byte words");
+  DCR_RETURN_ERROR_IF(mode == copy_mode::overwrite_nan && width_of(nan_dtype) != sizeof(W),
+                      bad_dtype,
+                      "overwrite_nan: dtype " + std::string(name_of(nan_dtype)) +
+                          " does not have " + std::to_string(sizeof(W)) + "-byte words");
   return status::success();
 }
 
 /// Status for a failed location check (`code` from `check_location`) at record `k`.
 inline status location_failure(int code, std::uint64_t k, std::uint64_t size) {
   if (code == 1)
-    return fail(errc::index_out_of_range,
-                "record " + std::to_string(k) + ": location outside the view of " + std::to_string(size) + " elements");
+    return fail(errc::index_out_of_range, "record " + std::to_string(k) +
+                                              ": location outside the view of " +
+                                              std::to_string(size) + " elements");
   return fail(errc::not_increasing,
               "record " + std::to_string(k) + ": location not greater than the previous one");
 }

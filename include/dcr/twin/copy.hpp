@@ -82,7 +82,8 @@ status masked_overwrite_nan(view<W> dst, std::type_identity_t<view<const W>> src
 
 /// Write `src` into `dst` at every position where `mask != 0`.
 template <word W>
-status masked_overwrite(view<W> dst, std::type_identity_t<view<const W>> src, view<const std::uint8_t> mask) {
+status masked_overwrite(view<W> dst, std::type_identity_t<view<const W>> src,
+                        view<const std::uint8_t> mask) {
   return copy(dst, src, copy_mode::overwrite_mask, W{0}, mask);
 }
 

@@ -18,15 +18,16 @@
 #include <vector>
 
 #include "dcr/core/error.hpp"
-#include "dcr/twin/element.hpp"
 #include "dcr/source/detect.hpp"
+#include "dcr/twin/element.hpp"
 
 namespace dcr::twin {
 
 /// Append `base + i` to `out` for every `i` with `old_words[i] != new_words[i]`.
 template <word W>
-status detect_changes(std::span<const W> old_words, std::type_identity_t<std::span<const W>> new_words,
-                      std::uint64_t base, std::vector<std::uint64_t>& out) {
+status detect_changes(std::span<const W> old_words,
+                      std::type_identity_t<std::span<const W>> new_words, std::uint64_t base,
+                      std::vector<std::uint64_t>& out) {
   DCR_RETURN_ERROR_IF(old_words.size() != new_words.size(), invalid_argument,
                       "detect_changes: " + std::to_string(old_words.size()) + " old words but " +
                           std::to_string(new_words.size()) + " new words");

@@ -17,8 +17,8 @@
 #include <type_traits>
 
 #include "dcr/core/config.hpp"
-#include "dcr/core/endian.hpp"
 #include "dcr/core/dtype.hpp"
+#include "dcr/core/endian.hpp"
 
 namespace dcr::twin {
 
@@ -153,19 +153,22 @@ constexpr DCR_HOST_DEVICE layout linear(std::int64_t n) noexcept {
 }
 
 /// Words plus a layout; the memory may be host or device memory.
-template <class W> struct view {
+template <class W>
+struct view {
   W* data = nullptr;
   layout shape;
 
   constexpr DCR_HOST_DEVICE std::int64_t size() const noexcept { return shape.size(); }
   /// Element at row-major linear coordinate `k`.
-  constexpr DCR_HOST_DEVICE W& at(std::int64_t k) const noexcept { return data[shape.offset_of_linear(k)]; }
+  constexpr DCR_HOST_DEVICE W& at(std::int64_t k) const noexcept {
+    return data[shape.offset_of_linear(k)];
+  }
 };
 
 /// A stored word of 1, 2, 4 or 8 bytes.
 template <class W>
 concept word = std::is_same_v<W, std::uint8_t> || std::is_same_v<W, std::uint16_t> ||
-               std::is_same_v<W, std::uint32_t> || std::is_same_v<W, std::uint64_t>;
+    std::is_same_v<W, std::uint32_t> || std::is_same_v<W, std::uint64_t>;
 
 /// How a scattered value lands. Numeric values equal `dcr::value_encoding`.
 enum class scatter_op : std::uint8_t {
@@ -180,7 +183,7 @@ enum class copy_mode : std::uint8_t {
   xor_mask = 1,       ///< dst ^= src
   overwrite = 2,      ///< dst = src where src != placeholder
   overwrite_mask = 3, ///< dst = src where mask != 0 (NaN-valued items)
-  overwrite_nan = 4,  ///< dst = src where src is not a NaN of the dtype (any NaN is the placeholder)
+  overwrite_nan = 4, ///< dst = src where src is not a NaN of the dtype (any NaN is the placeholder)
 };
 
 /// NaN test of a dtype as two masks: a word is NaN when all `exponent` bits
@@ -194,23 +197,30 @@ struct nan_rule {
 /// NaN rule of a dtype (an unknown id gives a rule that matches nothing).
 constexpr DCR_HOST_DEVICE nan_rule nan_rule_of(dtype_id id) noexcept {
   switch (id) {
-  case dtype_id::bf16: return {dtype_traits<bf16>::exponent_mask, dtype_traits<bf16>::mantissa_mask};
-  case dtype_id::f16: return {dtype_traits<f16>::exponent_mask, dtype_traits<f16>::mantissa_mask};
-  case dtype_id::f32: return {dtype_traits<f32>::exponent_mask, dtype_traits<f32>::mantissa_mask};
-  case dtype_id::f8e4m3fn: return {0x7F, 0x7F};
-  case dtype_id::f8e5m2: return {dtype_traits<f8e5m2>::exponent_mask, dtype_traits<f8e5m2>::mantissa_mask};
+  case dtype_id::bf16:
+    return {dtype_traits<bf16>::exponent_mask, dtype_traits<bf16>::mantissa_mask};
+  case dtype_id::f16:
+    return {dtype_traits<f16>::exponent_mask, dtype_traits<f16>::mantissa_mask};
+  case dtype_id::f32:
+    return {dtype_traits<f32>::exponent_mask, dtype_traits<f32>::mantissa_mask};
+  case dtype_id::f8e4m3fn:
+    return {0x7F, 0x7F};
+  case dtype_id::f8e5m2:
+    return {dtype_traits<f8e5m2>::exponent_mask, dtype_traits<f8e5m2>::mantissa_mask};
   }
   return {0, 0};
 }
 
 /// True when `w` is NaN under `r`.
-template <class W> constexpr DCR_HOST_DEVICE bool is_nan_by(W w, nan_rule r) noexcept {
+template <class W>
+constexpr DCR_HOST_DEVICE bool is_nan_by(W w, nan_rule r) noexcept {
   const auto v = static_cast<std::uint64_t>(w);
   return r.mantissa != 0 && (v & r.exponent) == r.exponent && (v & r.mantissa) != 0;
 }
 
 /// Result of scattering `value` onto resident word `dst`.
-template <word W> constexpr DCR_HOST_DEVICE W scatter_word(W dst, W value, scatter_op op) noexcept {
+template <word W>
+constexpr DCR_HOST_DEVICE W scatter_word(W dst, W value, scatter_op op) noexcept {
   return op == scatter_op::xor_mask ? static_cast<W>(dst ^ value) : value;
 }
 
@@ -299,7 +309,8 @@ constexpr DCR_HOST_DEVICE bool leb128_malformed(const std::uint8_t* p, std::uint
 
 /// Value of the `len` LEB128 bytes at `p` (only the first 10 are read; a
 /// longer value is malformed anyway).
-constexpr DCR_HOST_DEVICE std::uint64_t leb128_value(const std::uint8_t* p, std::uint64_t len) noexcept {
+constexpr DCR_HOST_DEVICE std::uint64_t leb128_value(const std::uint8_t* p,
+                                                     std::uint64_t len) noexcept {
   std::uint64_t v = 0;
   const std::uint64_t n = len < leb128_max_bytes ? len : leb128_max_bytes;
   for (std::uint64_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[i] & 0x7F) << (7 * i);
@@ -333,7 +344,8 @@ constexpr DCR_HOST_DEVICE std::uint8_t escape_apply(escape_map m, std::uint8_t s
 
 /// `a` then `b` (associative: composition of functions), the scan operator.
 constexpr DCR_HOST_DEVICE escape_map escape_then(escape_map a, escape_map b) noexcept {
-  return static_cast<escape_map>(escape_apply(b, escape_apply(a, 0)) | (escape_apply(b, escape_apply(a, 1)) << 1));
+  return static_cast<escape_map>(escape_apply(b, escape_apply(a, 0)) |
+                                 (escape_apply(b, escape_apply(a, 1)) << 1));
 }
 
 /// True when byte `b`, read in state `state` (ignored by varint), is the last
@@ -372,8 +384,10 @@ constexpr DCR_HOST_DEVICE bool value_present(const coded_gaps& c, std::uint64_t 
 /// arbitrary gap; the check below reports it before the gap can matter.
 constexpr DCR_HOST_DEVICE std::uint64_t coded_gap(const coded_gaps& c, std::uint64_t j) noexcept {
   switch (c.form) {
-  case gap_form::words: return load_gap(c.bytes, c.width, j);
-  case gap_form::planes: return load_plane_word(c.bytes, c.width, c.values, j);
+  case gap_form::words:
+    return load_gap(c.bytes, c.width, j);
+  case gap_form::planes:
+    return load_plane_word(c.bytes, c.width, c.values, j);
   case gap_form::varint:
   case gap_form::escape: {
     if (!value_present(c, j)) return 0;
@@ -404,8 +418,8 @@ enum : unsigned {
 
 /// Failure of location `k` (1 <= k < values + 1) given the decoded indices
 /// `idx` (whose entries up to `k` are the prefix sums of the terms).
-constexpr DCR_HOST_DEVICE unsigned coded_fault(const coded_gaps& c, const std::uint64_t* idx, std::uint64_t k,
-                                               std::uint64_t numel) noexcept {
+constexpr DCR_HOST_DEVICE unsigned coded_fault(const coded_gaps& c, const std::uint64_t* idx,
+                                               std::uint64_t k, std::uint64_t numel) noexcept {
   const std::uint64_t j = k - 1;
   if (is_variable(c.form)) {
     if (!value_present(c, j)) {
@@ -419,7 +433,8 @@ constexpr DCR_HOST_DEVICE unsigned coded_fault(const coded_gaps& c, const std::u
     if (c.form == gap_form::varint) {
       if (leb128_malformed(c.bytes + s, e - s + 1)) return coded_malformed;
     } else if (c.bytes[s] == 0xFF) {
-      if (leb128_malformed(c.bytes + s + 1, e - s) || leb128_value(c.bytes + s + 1, e - s) > ~std::uint64_t{0} - 255)
+      if (leb128_malformed(c.bytes + s + 1, e - s) ||
+          leb128_value(c.bytes + s + 1, e - s) > ~std::uint64_t{0} - 255)
         return coded_malformed;
     }
   }
@@ -436,8 +451,8 @@ constexpr DCR_HOST_DEVICE std::uint64_t fault_key(std::uint64_t k, unsigned reas
 /// (`planes` false) or as byte planes; read bytewise (the value buffer is a
 /// slice of a body and carries no alignment).
 template <word W>
-constexpr DCR_HOST_DEVICE W load_value_word(const std::uint8_t* bytes, std::uint64_t n, std::uint64_t k,
-                                            bool planes) noexcept {
+constexpr DCR_HOST_DEVICE W load_value_word(const std::uint8_t* bytes, std::uint64_t n,
+                                            std::uint64_t k, bool planes) noexcept {
   if (planes) return static_cast<W>(load_plane_word(bytes, sizeof(W), n, k));
   return static_cast<W>(load_gap(bytes, sizeof(W), k));
 }

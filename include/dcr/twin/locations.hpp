@@ -43,16 +43,35 @@ namespace dcr::twin {
 /// Form and word width of a location coding; `run` has neither (false).
 constexpr bool form_of(codec::location_id id, gap_form& form, unsigned& width) noexcept {
   switch (id) {
-  case codec::location_id::run: return false;
-  case codec::location_id::gap_u8: form = gap_form::words, width = 1; return true;
-  case codec::location_id::gap_u16: form = gap_form::words, width = 2; return true;
-  case codec::location_id::gap_u32: form = gap_form::words, width = 4; return true;
-  case codec::location_id::gap_u64: form = gap_form::words, width = 8; return true;
-  case codec::location_id::planes_u16: form = gap_form::planes, width = 2; return true;
-  case codec::location_id::planes_u32: form = gap_form::planes, width = 4; return true;
-  case codec::location_id::planes_u64: form = gap_form::planes, width = 8; return true;
-  case codec::location_id::varint: form = gap_form::varint, width = 1; return true;
-  case codec::location_id::escape_u8: form = gap_form::escape, width = 1; return true;
+  case codec::location_id::run:
+    return false;
+  case codec::location_id::gap_u8:
+    form = gap_form::words, width = 1;
+    return true;
+  case codec::location_id::gap_u16:
+    form = gap_form::words, width = 2;
+    return true;
+  case codec::location_id::gap_u32:
+    form = gap_form::words, width = 4;
+    return true;
+  case codec::location_id::gap_u64:
+    form = gap_form::words, width = 8;
+    return true;
+  case codec::location_id::planes_u16:
+    form = gap_form::planes, width = 2;
+    return true;
+  case codec::location_id::planes_u32:
+    form = gap_form::planes, width = 4;
+    return true;
+  case codec::location_id::planes_u64:
+    form = gap_form::planes, width = 8;
+    return true;
+  case codec::location_id::varint:
+    form = gap_form::varint, width = 1;
+    return true;
+  case codec::location_id::escape_u8:
+    form = gap_form::escape, width = 1;
+    return true;
   }
   return false;
 }
@@ -76,24 +95,28 @@ inline status precheck_locations(codec::location_id id, std::uint64_t size, std:
   if (!form_of(id, form, width)) {
     if (size != 0) return codec::detail::length_error(name, size, 0);
     DCR_RETURN_ERROR_IF(first >= numel || count > numel - first, index_out_of_range,
-                        "run [" + std::to_string(first) + ", +" + std::to_string(count) + ") exceeds numel " +
-                            std::to_string(numel));
+                        "run [" + std::to_string(first) + ", +" + std::to_string(count) +
+                            ") exceeds numel " + std::to_string(numel));
     return status::success();
   }
   const std::uint64_t gaps = count - 1;
   if (!is_variable(form)) {
-    if (size / width != gaps || size % width != 0) return codec::detail::length_error(name, size, gaps * width);
+    if (size / width != gaps || size % width != 0)
+      return codec::detail::length_error(name, size, gaps * width);
     DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "location 0: index " + std::to_string(first) + " >= numel " + std::to_string(numel));
+                        "location 0: index " + std::to_string(first) + " >= numel " +
+                            std::to_string(numel));
   } else if (form == gap_form::escape) {
     DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "first index " + std::to_string(first) + " >= numel " + std::to_string(numel));
+                        "first index " + std::to_string(first) + " >= numel " +
+                            std::to_string(numel));
   }
   if (gaps == 0) {
     // varint checks the byte count before the first index; the others did above.
     if (size != 0) return codec::detail::length_error(name, size, 0);
     DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "first index " + std::to_string(first) + " >= numel " + std::to_string(numel));
+                        "first index " + std::to_string(first) + " >= numel " +
+                            std::to_string(numel));
     return status::success();
   }
   done = false;
@@ -102,12 +125,15 @@ inline status precheck_locations(codec::location_id id, std::uint64_t size, std:
 
 /// Message for a failure of the indices of a fixed-width coding, or of a
 /// fast-path block of escape_u8 (the reference's `range_error`).
-inline status block_range_error(std::uint64_t k, std::uint64_t prev, std::uint64_t cur, std::uint64_t numel) {
+inline status block_range_error(std::uint64_t k, std::uint64_t prev, std::uint64_t cur,
+                                std::uint64_t numel) {
   if (cur <= prev)
-    return fail(errc::index_out_of_range,
-                "location " + std::to_string(k) + " overflows 64 bits after index " + std::to_string(prev));
-  return fail(errc::index_out_of_range, "location " + std::to_string(k) + ": index " + std::to_string(cur) +
-                                            " >= numel " + std::to_string(numel));
+    return fail(errc::index_out_of_range, "location " + std::to_string(k) +
+                                              " overflows 64 bits after index " +
+                                              std::to_string(prev));
+  return fail(errc::index_out_of_range, "location " + std::to_string(k) + ": index " +
+                                            std::to_string(cur) + " >= numel " +
+                                            std::to_string(numel));
 }
 
 /// Status for `key` (a `fault_key`, not `no_failure`), worded as the
@@ -128,14 +154,17 @@ status describe_fault(const coded_gaps& c, std::uint64_t present, std::uint64_t 
   const std::uint64_t k = key >> 2;
   const unsigned reason = static_cast<unsigned>(key & 3u);
   const std::uint64_t j = k - 1;
-  const auto start = [&](std::uint64_t v) -> std::uint64_t { return v == 0 ? 0 : probe.end(v - 1) + 1; };
+  const auto start = [&](std::uint64_t v) -> std::uint64_t {
+    return v == 0 ? 0 : probe.end(v - 1) + 1;
+  };
   if (!is_variable(c.form)) return block_range_error(k, probe.index(k - 1), probe.index(k), numel);
   const std::uint64_t at = start(j);
   if (reason == coded_truncated)
     return fail(errc::bad_location, "escape_u8 locations end before location " + std::to_string(k));
   if (reason == coded_malformed)
-    return fail(errc::bad_location, std::string(c.form == gap_form::varint ? "malformed varint" : "malformed escape") +
-                                        " for location " + std::to_string(k) + " at byte " + std::to_string(at));
+    return fail(errc::bad_location,
+                std::string(c.form == gap_form::varint ? "malformed varint" : "malformed escape") +
+                    " for location " + std::to_string(k) + " at byte " + std::to_string(at));
   if (c.form == gap_form::escape && probe.end(j) == at) {
     // A plain value: inside a block of 8 when its run of plain values
     // (from just after the last escape) holds a whole block around it.
@@ -145,8 +174,9 @@ status describe_fault(const coded_gaps& c, std::uint64_t present, std::uint64_t 
     if (s + 8 <= avail && probe.end(s + 7) - start(s) == 7)
       return block_range_error(k, probe.index(k - 1), probe.index(k), numel);
   }
-  return fail(errc::index_out_of_range, "location " + std::to_string(k) + " (byte " + std::to_string(at) +
-                                            ") leaves [0, " + std::to_string(numel) + ")");
+  return fail(errc::index_out_of_range, "location " + std::to_string(k) + " (byte " +
+                                            std::to_string(at) + ") leaves [0, " +
+                                            std::to_string(numel) + ")");
 }
 
 /// Byte count check after every value decoded (variable-length codings):
@@ -161,8 +191,9 @@ inline status check_coded_length(codec::location_id id, const coded_gaps& c, std
 /// `first`, each `< numel`: the twin of `dcr::gpu::decode_locations`, equal
 /// to `codec::decode_locations` in result, code and message. `out` is
 /// resized to `count`; unspecified on failure.
-inline status decode_locations(codec::location_id id, std::span<const std::uint8_t> bytes, std::uint64_t first,
-                               std::uint64_t numel, std::uint64_t count, std::vector<std::uint64_t>& out) {
+inline status decode_locations(codec::location_id id, std::span<const std::uint8_t> bytes,
+                               std::uint64_t first, std::uint64_t numel, std::uint64_t count,
+                               std::vector<std::uint64_t>& out) {
   bool done = false;
   DCR_TRY(precheck_locations(id, bytes.size(), first, numel, count, done));
   out.resize(count);
@@ -198,7 +229,8 @@ inline status decode_locations(codec::location_id id, std::span<const std::uint8
   // Phase 4: the first failing location (ascending k finds the smallest key).
   std::uint64_t key = no_failure;
   for (std::uint64_t k = 1; k < count && key == no_failure; ++k)
-    if (const unsigned r = coded_fault(c, out.data(), k, numel); r != coded_ok) key = fault_key(k, r);
+    if (const unsigned r = coded_fault(c, out.data(), k, numel); r != coded_ok)
+      key = fault_key(k, r);
   if (key != no_failure) {
     struct {
       const std::vector<std::uint64_t>& idx;
@@ -219,12 +251,14 @@ inline status decode_locations(codec::location_id id, std::span<const std::uint8
 /// Checks shared by `scatter_encoded` and its kernel entry, before decoding:
 /// destination, value buffer and its length (`length_overflow`).
 template <word W>
-status check_encoded_args(const view<W>& dst, const void* values, std::uint64_t value_bytes, std::uint64_t count) {
+status check_encoded_args(const view<W>& dst, const void* values, std::uint64_t value_bytes,
+                          std::uint64_t count) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_RETURN_ERROR_IF(count > 0 && values == nullptr, invalid_argument, "scatter: null values");
-  DCR_RETURN_ERROR_IF(count > UINT64_MAX / sizeof(W) || value_bytes != count * sizeof(W), length_overflow,
-                      std::to_string(value_bytes) + " value bytes for " + std::to_string(count) + " records of " +
-                          std::to_string(sizeof(W)) + "-byte words");
+  DCR_RETURN_ERROR_IF(count > UINT64_MAX / sizeof(W) || value_bytes != count * sizeof(W),
+                      length_overflow,
+                      std::to_string(value_bytes) + " value bytes for " + std::to_string(count) +
+                          " records of " + std::to_string(sizeof(W)) + "-byte words");
   return status::success();
 }
 
@@ -236,15 +270,18 @@ status check_encoded_args(const view<W>& dst, const void* values, std::uint64_t 
 /// any failure nothing is written.
 template <word W>
 status scatter_encoded(view<W> dst, std::uint64_t first, std::uint64_t count, codec::location_id id,
-                       std::span<const std::uint8_t> locations, std::span<const std::uint8_t> values, bool planes,
+                       std::span<const std::uint8_t> locations,
+                       std::span<const std::uint8_t> values, bool planes,
                        scatter_op op = scatter_op::xor_mask) {
   DCR_TRY(check_encoded_args(dst, values.data(), values.size(), count));
   if (count == 0) {
-    if (!locations.empty()) return codec::detail::length_error(codec::to_string(id), locations.size(), 0);
+    if (!locations.empty())
+      return codec::detail::length_error(codec::to_string(id), locations.size(), 0);
     return status::success();
   }
   std::vector<std::uint64_t> loc;
-  DCR_TRY(decode_locations(id, locations, first, static_cast<std::uint64_t>(dst.size()), count, loc));
+  DCR_TRY(
+      decode_locations(id, locations, first, static_cast<std::uint64_t>(dst.size()), count, loc));
   for (std::uint64_t k = 0; k < count; ++k) {
     W& d = dst.at(static_cast<std::int64_t>(loc[k]));
     d = scatter_word(d, load_value_word<W>(values.data(), count, k, planes), op);

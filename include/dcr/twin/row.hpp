@@ -31,25 +31,30 @@ namespace dcr::twin {
 /// the body (`offset_out_of_range`; `parse_table` guarantees it for rows it
 /// made from this body).
 template <word W>
-status row_sections(std::span<const std::byte> body, const codec::payload_header& h, const codec::item_row& row,
-                    std::uint64_t dst_size, std::span<const std::uint8_t>& locations,
+status row_sections(std::span<const std::byte> body, const codec::payload_header& h,
+                    const codec::item_row& row, std::uint64_t dst_size,
+                    std::span<const std::uint8_t>& locations,
                     std::span<const std::uint8_t>& values) {
   const std::string& name = row.tensor.name;
   DCR_RETURN_ERROR_IF(width_of(row.tensor.dtype) != sizeof(W), bad_dtype,
                       name + ": dtype " + std::string(name_of(row.tensor.dtype)) + " is not " +
                           std::to_string(sizeof(W)) + "-byte words");
-  DCR_RETURN_ERROR_IF(row.encoding != value_encoding::xor_mask && row.encoding != value_encoding::overwrite,
+  DCR_RETURN_ERROR_IF(row.encoding != value_encoding::xor_mask &&
+                          row.encoding != value_encoding::overwrite,
                       bad_encoding, name + ": unknown value encoding");
   DCR_RETURN_ERROR_IF(dst_size != row.tensor.numel(), shape_mismatch,
                       name + ": view of " + std::to_string(dst_size) + " elements, tensor of " +
                           std::to_string(row.tensor.numel()));
-  const auto inside = [&](std::uint64_t at, std::uint64_t len) { return at <= body.size() && len <= body.size() - at; };
+  const auto inside = [&](std::uint64_t at, std::uint64_t len) {
+    return at <= body.size() && len <= body.size() - at;
+  };
   const std::uint64_t loc_at = h.table_length + row.location_offset;
   const std::uint64_t val_at = h.table_length + h.location_length + row.value_offset;
   DCR_RETURN_ERROR_IF(h.table_length > body.size() || h.location_length > body.size() ||
                           !inside(loc_at, row.location_length) || !inside(val_at, row.value_length),
                       offset_out_of_range,
-                      name + ": row sections outside the " + std::to_string(body.size()) + "-byte body");
+                      name + ": row sections outside the " + std::to_string(body.size()) +
+                          "-byte body");
   const auto* p = reinterpret_cast<const std::uint8_t*>(body.data());
   locations = {p + loc_at, static_cast<std::size_t>(row.location_length)};
   values = {p + val_at, static_cast<std::size_t>(row.value_length)};
@@ -58,12 +63,14 @@ status row_sections(std::span<const std::byte> body, const codec::payload_header
 
 /// `status` of a row's scatter, worded like `codec::decode_row` (item
 /// number, name, coding and location section) when it failed.
-inline status row_error(const status& s, const codec::payload_header& h, const codec::item_row& row, std::size_t i) {
+inline status row_error(const status& s, const codec::payload_header& h, const codec::item_row& row,
+                        std::size_t i) {
   if (s) return s;
   const std::uint64_t loc_at = h.table_length + row.location_offset;
   return fail(s.code, "item " + std::to_string(i) + " '" + row.tensor.name + "' (" +
-                          std::string(codec::to_string(row.location)) + " locations at body bytes [" +
-                          std::to_string(loc_at) + ", +" + std::to_string(row.location_length) + ")): " + s.message);
+                          std::string(codec::to_string(row.location)) +
+                          " locations at body bytes [" + std::to_string(loc_at) + ", +" +
+                          std::to_string(row.location_length) + ")): " + s.message);
 }
 
 /// True when the row's values are byte planes of words wider than a byte.
@@ -79,8 +86,8 @@ status scatter_row(view<W> dst, std::span<const std::byte> body, const codec::pa
                    const codec::item_row& row, std::size_t i) {
   std::span<const std::uint8_t> loc, val;
   DCR_TRY(row_sections<W>(body, h, row, static_cast<std::uint64_t>(dst.size()), loc, val));
-  return row_error(scatter_encoded<W>(dst, row.first, row.count, row.location, loc, val, row_planes(row),
-                                      op_of(row.encoding)),
+  return row_error(scatter_encoded<W>(dst, row.first, row.count, row.location, loc, val,
+                                      row_planes(row), op_of(row.encoding)),
                    h, row, i);
 }
 

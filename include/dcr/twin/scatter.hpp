@@ -34,7 +34,8 @@ namespace dcr::twin {
 /// Check a decoded location list against a view of `size` elements.
 inline status check_locations(std::span<const std::uint64_t> loc, std::uint64_t size) {
   for (std::uint64_t k = 0; k < loc.size(); ++k)
-    if (const int c = check_location(loc.data(), k, size); c != 0) return location_failure(c, k, size);
+    if (const int c = check_location(loc.data(), k, size); c != 0)
+      return location_failure(c, k, size);
   return status::success();
 }
 
@@ -56,7 +57,8 @@ inline status decode_gaps(std::uint64_t first, unsigned width, std::span<const s
 
 /// Scatter `values[k]` onto `dst` at row-major location `locations[k]`.
 template <word W>
-status scatter(view<W> dst, std::span<const std::uint64_t> locations, std::type_identity_t<std::span<const W>> values,
+status scatter(view<W> dst, std::span<const std::uint64_t> locations,
+               std::type_identity_t<std::span<const W>> values,
                scatter_op op = scatter_op::xor_mask) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_RETURN_ERROR_IF(locations.size() != values.size(), invalid_argument,
@@ -73,13 +75,15 @@ status scatter(view<W> dst, std::span<const std::uint64_t> locations, std::type_
 
 /// XOR `masks[k]` into `dst` at row-major location `locations[k]`.
 template <word W>
-status xor_scatter(view<W> dst, std::span<const std::uint64_t> locations, std::type_identity_t<std::span<const W>> masks) {
+status xor_scatter(view<W> dst, std::span<const std::uint64_t> locations,
+                   std::type_identity_t<std::span<const W>> masks) {
   return scatter(dst, locations, masks, scatter_op::xor_mask);
 }
 
 /// Scatter onto the run `[start, start + values.size())`.
 template <word W>
-status scatter_run(view<W> dst, std::uint64_t start, std::type_identity_t<std::span<const W>> values,
+status scatter_run(view<W> dst, std::uint64_t start,
+                   std::type_identity_t<std::span<const W>> values,
                    scatter_op op = scatter_op::xor_mask) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_TRY(check_run(start, values.size(), static_cast<std::uint64_t>(dst.size())));
@@ -93,8 +97,10 @@ status scatter_run(view<W> dst, std::uint64_t start, std::type_identity_t<std::s
 /// Scatter onto gap-coded locations: `values.size()` records, first index
 /// `first`, `values.size() - 1` little-endian gap words of `width` bytes.
 template <word W>
-status scatter_gaps(view<W> dst, std::uint64_t first, unsigned width, std::span<const std::uint8_t> gaps,
-                    std::type_identity_t<std::span<const W>> values, scatter_op op = scatter_op::xor_mask) {
+status scatter_gaps(view<W> dst, std::uint64_t first, unsigned width,
+                    std::span<const std::uint8_t> gaps,
+                    std::type_identity_t<std::span<const W>> values,
+                    scatter_op op = scatter_op::xor_mask) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   const auto size = static_cast<std::uint64_t>(dst.size());
   DCR_TRY(check_gap_buffer(width, gaps.size(), values.size()));
@@ -123,25 +129,29 @@ constexpr scatter_op op_of(value_encoding e) noexcept {
 /// Checks that item `it` fits words of `W` over a view of `size` elements:
 /// a known dtype of that width (`bad_dtype`), a known encoding
 /// (`bad_encoding`), one little-endian word per index (`length_overflow`).
-template <word W> status check_item(const item& it) {
+template <word W>
+status check_item(const item& it) {
   DCR_RETURN_ERROR_IF(width_of(it.tensor.dtype) != sizeof(W), bad_dtype,
-                      it.tensor.name + ": dtype " + std::string(name_of(it.tensor.dtype)) + " is not " +
-                          std::to_string(sizeof(W)) + "-byte words");
-  DCR_RETURN_ERROR_IF(it.encoding != value_encoding::xor_mask && it.encoding != value_encoding::overwrite,
+                      it.tensor.name + ": dtype " + std::string(name_of(it.tensor.dtype)) +
+                          " is not " + std::to_string(sizeof(W)) + "-byte words");
+  DCR_RETURN_ERROR_IF(it.encoding != value_encoding::xor_mask &&
+                          it.encoding != value_encoding::overwrite,
                       bad_encoding, it.tensor.name + ": unknown value encoding");
   DCR_RETURN_ERROR_IF(it.values.size() != it.indices.size() * sizeof(W), length_overflow,
-                      it.tensor.name + ": " + std::to_string(it.values.size()) + " value bytes for " +
-                          std::to_string(it.indices.size()) + " indices");
+                      it.tensor.name + ": " + std::to_string(it.values.size()) +
+                          " value bytes for " + std::to_string(it.indices.size()) + " indices");
   return status::success();
 }
 
 /// Little-endian value words of an item.
-template <word W> std::vector<W> item_words(const item& it) {
+template <word W>
+std::vector<W> item_words(const item& it) {
   std::vector<W> w(it.indices.size());
   for (std::size_t k = 0; k < w.size(); ++k) {
     W v = 0;
     for (std::size_t b = 0; b < sizeof(W); ++b)
-      v = static_cast<W>(v | static_cast<W>(std::to_integer<unsigned>(it.values[k * sizeof(W) + b]) << (8 * b)));
+      v = static_cast<W>(
+          v | static_cast<W>(std::to_integer<unsigned>(it.values[k * sizeof(W) + b]) << (8 * b)));
     w[k] = v;
   }
   return w;
@@ -150,11 +160,12 @@ template <word W> std::vector<W> item_words(const item& it) {
 /// Apply one decoded item to `dst` (XOR or overwrite by its encoding); a
 /// location is the item's canonical flat index read in `dst`'s row-major
 /// order, so `dst` has the canonical extents (possibly strided storage).
-template <word W> status scatter_item(view<W> dst, const item& it) {
+template <word W>
+status scatter_item(view<W> dst, const item& it) {
   DCR_TRY(check_item<W>(it));
   DCR_RETURN_ERROR_IF(static_cast<std::uint64_t>(dst.size()) != it.tensor.numel(), shape_mismatch,
-                      it.tensor.name + ": view of " + std::to_string(dst.size()) + " elements, tensor of " +
-                          std::to_string(it.tensor.numel()));
+                      it.tensor.name + ": view of " + std::to_string(dst.size()) +
+                          " elements, tensor of " + std::to_string(it.tensor.numel()));
   const auto w = item_words<W>(it);
   return scatter<W>(dst, it.indices, w, op_of(it.encoding));
 }
@@ -162,7 +173,8 @@ template <word W> status scatter_item(view<W> dst, const item& it) {
 /// Overloads on core views.
 template <word W>
 status scatter(const strided_view<W>& dst, std::span<const std::uint64_t> locations,
-               std::type_identity_t<std::span<const W>> values, scatter_op op = scatter_op::xor_mask) {
+               std::type_identity_t<std::span<const W>> values,
+               scatter_op op = scatter_op::xor_mask) {
   return scatter(to_device(dst), locations, values, op);
 }
 template <word W>

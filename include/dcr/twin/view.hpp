@@ -37,11 +37,15 @@ inline strided_layout to_core(const layout& l) noexcept {
 }
 
 /// Device view over the same words as `v`.
-template <class W> view<W> to_device(const strided_view<W>& v) noexcept { return {v.data, to_device(v.layout)}; }
+template <class W>
+view<W> to_device(const strided_view<W>& v) noexcept {
+  return {v.data, to_device(v.layout)};
+}
 
 /// Typed device view of an untyped tensor view; throws `dcr::error`
 /// (`bad_dtype`) when `W` is not the view's word width.
-template <word W> view<W> to_device_as(const tensor_view& v) {
+template <word W>
+view<W> to_device_as(const tensor_view& v) {
   if (v.width() != sizeof(W))
     throw error(errc::bad_dtype, "view of " + std::string(name_of(v.dtype)) + " is not " +
                                      std::to_string(sizeof(W)) + "-byte words");
@@ -49,6 +53,9 @@ template <word W> view<W> to_device_as(const tensor_view& v) {
 }
 
 /// Read-only view over the same words.
-template <class W> view<const W> as_const(const view<W>& v) noexcept { return {v.data, v.shape}; }
+template <class W>
+view<const W> as_const(const view<W>& v) noexcept {
+  return {v.data, v.shape};
+}
 
 } // namespace dcr::twin

@@ -49,27 +49,38 @@ inline status xml_unescape(std::string_view raw, std::string& out) {
     DCR_RETURN_ERROR_IF(semi == std::string_view::npos || semi - i > 12, bad_format,
                         "XML: unterminated entity at byte " + std::to_string(i));
     const auto ent = raw.substr(i + 1, semi - i - 1);
-    if (ent == "amp") out.push_back('&');
-    else if (ent == "lt") out.push_back('<');
-    else if (ent == "gt") out.push_back('>');
-    else if (ent == "quot") out.push_back('"');
-    else if (ent == "apos") out.push_back('\'');
+    if (ent == "amp")
+      out.push_back('&');
+    else if (ent == "lt")
+      out.push_back('<');
+    else if (ent == "gt")
+      out.push_back('>');
+    else if (ent == "quot")
+      out.push_back('"');
+    else if (ent == "apos")
+      out.push_back('\'');
     else if (ent.size() >= 2 && ent[0] == '#') {
       const bool hex = ent[1] == 'x';
       const auto digits = ent.substr(hex ? 2 : 1);
-      DCR_RETURN_ERROR_IF(digits.empty(), bad_format, "XML: empty character reference at byte " + std::to_string(i));
+      DCR_RETURN_ERROR_IF(digits.empty(), bad_format,
+                          "XML: empty character reference at byte " + std::to_string(i));
       std::uint32_t cp = 0;
       for (char c : digits) {
         int d = -1;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (hex && c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else if (hex && c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        DCR_RETURN_ERROR_IF(d < 0, bad_format, "XML: bad character reference '&" + std::string(ent) + ";'");
+        if (c >= '0' && c <= '9')
+          d = c - '0';
+        else if (hex && c >= 'a' && c <= 'f')
+          d = c - 'a' + 10;
+        else if (hex && c >= 'A' && c <= 'F')
+          d = c - 'A' + 10;
+        DCR_RETURN_ERROR_IF(d < 0, bad_format,
+                            "XML: bad character reference '&" + std::string(ent) + ";'");
         cp = cp * (hex ? 16 : 10) + static_cast<std::uint32_t>(d);
         DCR_RETURN_ERROR_IF(cp > 0x10FFFF, bad_format, "XML: character reference out of range");
       }
       DCR_RETURN_ERROR_IF(!append_utf8(cp, out), bad_format,
-                          "XML: character reference '&" + std::string(ent) + ";' is not a character");
+                          "XML: character reference '&" + std::string(ent) +
+                              ";' is not a character");
     } else {
       return fail(errc::bad_format, "XML: unknown entity '&" + std::string(ent) + ";'");
     }
@@ -82,7 +93,8 @@ inline status xml_unescape(std::string_view raw, std::string& out) {
 /// elements, where `path` is the '/'-joined local names from the root (for
 /// example "ListBucketResult/Contents/Key") and `text` its decoded content.
 /// Namespace prefixes and attributes are ignored.
-template <class Leaf> status xml_walk(std::string_view doc, Leaf&& leaf) {
+template <class Leaf>
+status xml_walk(std::string_view doc, Leaf&& leaf) {
   std::vector<std::string> stack;
   std::string path, text;
   bool has_child = false, seen_root = false;
@@ -94,9 +106,11 @@ template <class Leaf> status xml_walk(std::string_view doc, Leaf&& leaf) {
   while (i < doc.size()) {
     if (doc[i] != '<') {
       const auto lt = doc.find('<', i);
-      const auto chunk = doc.substr(i, lt == std::string_view::npos ? std::string_view::npos : lt - i);
+      const auto chunk =
+          doc.substr(i, lt == std::string_view::npos ? std::string_view::npos : lt - i);
       if (stack.empty()) {
-        DCR_RETURN_ERROR_IF(chunk.find_first_not_of(" \t\r\n") != std::string_view::npos, bad_format,
+        DCR_RETURN_ERROR_IF(chunk.find_first_not_of(" \t\r\n") != std::string_view::npos,
+                            bad_format,
                             "XML: text outside the root element at byte " + std::to_string(i));
       } else {
         DCR_TRY(xml_unescape(chunk, text));
@@ -116,7 +130,8 @@ template <class Leaf> status xml_walk(std::string_view doc, Leaf&& leaf) {
     } else if (rest.starts_with("<![CDATA[")) {
       DCR_RETURN_ERROR_IF(stack.empty(), bad_format, "XML: CDATA outside the root element");
       const auto e = doc.find("]]>", i + 9);
-      DCR_RETURN_ERROR_IF(e == std::string_view::npos, bad_format, "XML: unterminated CDATA section");
+      DCR_RETURN_ERROR_IF(e == std::string_view::npos, bad_format,
+                          "XML: unterminated CDATA section");
       text.append(doc.substr(i + 9, e - i - 9));
       i = e + 3;
     } else if (rest.starts_with("<!")) {
@@ -134,7 +149,8 @@ template <class Leaf> status xml_walk(std::string_view doc, Leaf&& leaf) {
           break;
         }
       }
-      DCR_RETURN_ERROR_IF(j == doc.size(), bad_format, "XML: unterminated tag at byte " + std::to_string(i));
+      DCR_RETURN_ERROR_IF(j == doc.size(), bad_format,
+                          "XML: unterminated tag at byte " + std::to_string(i));
       auto body = doc.substr(i + 1, j - i - 1);
       i = j + 1;
       if (!body.empty() && body[0] == '/') {
@@ -152,7 +168,8 @@ template <class Leaf> status xml_walk(std::string_view doc, Leaf&& leaf) {
       if (self_closing) body.remove_suffix(1);
       const auto name_end = body.find_first_of(" \t\r\n");
       auto name = local(body.substr(0, name_end));
-      DCR_RETURN_ERROR_IF(name.empty(), bad_format, "XML: empty tag name at byte " + std::to_string(i));
+      DCR_RETURN_ERROR_IF(name.empty(), bad_format,
+                          "XML: empty tag name at byte " + std::to_string(i));
       DCR_RETURN_ERROR_IF(stack.empty() && seen_root, bad_format, "XML: a second root element");
       seen_root = true;
       if (!path.empty()) path.push_back('/');
@@ -168,7 +185,8 @@ template <class Leaf> status xml_walk(std::string_view doc, Leaf&& leaf) {
       }
     }
   }
-  DCR_RETURN_ERROR_IF(!stack.empty(), bad_format, "XML: element '" + stack.back() + "' is not closed");
+  DCR_RETURN_ERROR_IF(!stack.empty(), bad_format,
+                      "XML: element '" + stack.back() + "' is not closed");
   DCR_RETURN_ERROR_IF(!seen_root, bad_format, "XML: no element");
   return status::success();
 }
@@ -183,9 +201,12 @@ struct s3_error_body {
 inline s3_error_body parse_s3_error(std::string_view body) {
   s3_error_body e, tmp;
   auto st = xml_walk(body, [&](std::string_view path, std::string_view text) {
-    if (path == "Error/Code") tmp.code = text;
-    else if (path == "Error/Message") tmp.message = text;
-    else if (path == "Error/RequestId") tmp.request_id = text;
+    if (path == "Error/Code")
+      tmp.code = text;
+    else if (path == "Error/Message")
+      tmp.message = text;
+    else if (path == "Error/RequestId")
+      tmp.request_id = text;
   });
   if (st.ok()) e = std::move(tmp);
   return e;
@@ -209,8 +230,10 @@ inline status parse_s3_list_page(std::string_view body, s3_list_page& page) {
       page.keys.emplace_back(text);
     } else if (path == "ListBucketResult/IsTruncated") {
       truncated_seen = true;
-      if (text == "true") page.truncated = true;
-      else if (text != "false") bad = fail(errc::bad_format, "ListObjectsV2: IsTruncated is '" + std::string(text) + "'");
+      if (text == "true")
+        page.truncated = true;
+      else if (text != "false")
+        bad = fail(errc::bad_format, "ListObjectsV2: IsTruncated is '" + std::string(text) + "'");
     } else if (path == "ListBucketResult/NextContinuationToken") {
       page.next_token = text;
     }

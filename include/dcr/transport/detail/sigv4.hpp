@@ -84,7 +84,8 @@ std::string canonical_header_value(std::string_view v);
 
 /// The signing key: HMAC chain over "AWS4"+secret, date, region, service,
 /// "aws4_request".
-sha256_digest sigv4_signing_key(std::string_view secret, std::string_view day, std::string_view region, std::string_view service);
+sha256_digest sigv4_signing_key(std::string_view secret, std::string_view day,
+                                std::string_view region, std::string_view service);
 
 /// Sign `rq` with `cred` (see the file comment).
 sigv4_signature sigv4_sign(const sigv4_request& rq, const sigv4_credentials& cred);
