@@ -12,6 +12,9 @@
 #
 #   READY <proxy port> <access key> <secret key> <region>
 #
+# DCR_SWIFT_BIND names the address the servers listen on (default 127.0.0.1;
+# the cluster testbed binds its storage host's address).
+#
 # With DCR_SWIFT_CERT and DCR_SWIFT_KEY set (PEM files), the proxy serves
 # HTTPS with that certificate instead of plain HTTP.
 #
@@ -30,6 +33,7 @@ ACCESS_KEY='test:tester'
 SECRET_KEY='testing'
 REGION='us-east-1'
 PY=/usr/bin/python3
+BIND=${DCR_SWIFT_BIND:-127.0.0.1}
 
 for b in swift-ring-builder swift-proxy-server swift-account-server swift-container-server swift-object-server; do
   if ! command -v "$b" >/dev/null 2>&1; then
@@ -84,11 +88,11 @@ mkdir -p "$dir/etc" "$dir/srv/d1" "$dir/log" || die "mkdir failed"
 
 # Four free loopback ports, held open together so they differ, then released.
 read -r proxy_port account_port container_port object_port < <("$PY" -c '
-import socket
+import socket, sys
 ss = [socket.socket() for _ in range(4)]
-for s in ss: s.bind(("127.0.0.1", 0))
+for s in ss: s.bind((sys.argv[1], 0))
 print(*[s.getsockname()[1] for s in ss])
-for s in ss: s.close()')
+for s in ss: s.close()' "$BIND")
 [ -n "${object_port:-}" ] || die "could not pick free ports"
 
 # Rings: 2^2 partitions, one replica, one device each. "rebalance" exits 1 for
@@ -97,7 +101,7 @@ for kind in account container object; do
   port_var=${kind}_port
   b="$dir/etc/$kind.builder"
   swift-ring-builder "$b" create 2 1 1 >/dev/null || die "ring create $kind"
-  swift-ring-builder "$b" add "r1z1-127.0.0.1:${!port_var}/d1" 1 >/dev/null || die "ring add $kind"
+  swift-ring-builder "$b" add "r1z1-$BIND:${!port_var}/d1" 1 >/dev/null || die "ring add $kind"
   swift-ring-builder "$b" rebalance >/dev/null
   [ $? -le 1 ] && [ -f "$dir/etc/$kind.ring.gz" ] || die "ring rebalance $kind"
 done
@@ -106,7 +110,7 @@ user=$(id -un)
 common() { # port
   cat <<CONF
 [DEFAULT]
-bind_ip = 127.0.0.1
+bind_ip = $BIND
 bind_port = $1
 workers = 0
 user = $user
@@ -173,10 +177,10 @@ done
 # Ready when a SigV4-signed ListBuckets answers 200 (an independent signer in
 # the standard library of Python, so a failure here points at the server).
 s3_ok() {
-  "$PY" - "$proxy_port" "$ACCESS_KEY" "$SECRET_KEY" "$REGION" "$scheme" <<'PYEOF' 2>/dev/null
+  "$PY" - "$proxy_port" "$ACCESS_KEY" "$SECRET_KEY" "$REGION" "$scheme" "$BIND" <<'PYEOF' 2>/dev/null
 import datetime, hashlib, hmac, ssl, sys, urllib.request
-port, ak, sk, region, scheme = sys.argv[1:6]
-host = "127.0.0.1:" + port
+port, ak, sk, region, scheme, bind = sys.argv[1:7]
+host = bind + ":" + port
 now = datetime.datetime.now(datetime.timezone.utc)
 amz, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
 empty = hashlib.sha256(b"").hexdigest()
