@@ -89,16 +89,19 @@ struct s3_object_store::impl {
     return http_error("GET", bucket_path(name), res);
   }
 
-  /// Every valid object name starting with `prefix`, sorted (ListObjectsV2).
-  status list(std::string_view prefix, std::vector<std::string>& names) {
+  /// Every valid object name starting with `prefix` and sorting after
+  /// `after` (none when empty), sorted (ListObjectsV2, `start-after`).
+  status list(std::string_view prefix, std::string_view after, std::vector<std::string>& names) {
     DCR_TRY(validate_object_prefix(prefix));
     names.clear();
-    std::string token, last;
-    bool first_key = true;
+    std::string token, last(after);
+    bool first_key = after.empty();
     for (;;) {
       std::vector<std::pair<std::string, std::string>> q{
           {"list-type", "2"}, {"max-keys", std::to_string(opt_.max_keys)}};
       if (!prefix.empty()) q.emplace_back("prefix", std::string(prefix));
+      // start-after applies to the first page; continuation tokens carry on from there.
+      if (!after.empty() && token.empty()) q.emplace_back("start-after", std::string(after));
       if (!token.empty()) q.emplace_back("continuation-token", token);
       net::http_response res;
       DCR_TRY(execute("GET", {}, q, {}, res));
@@ -280,7 +283,11 @@ status s3_object_store::get(std::string_view name, std::vector<std::byte>& out) 
   return impl_->get(name, out);
 }
 status s3_object_store::list(std::string_view prefix, std::vector<std::string>& names) {
-  return impl_->list(prefix, names);
+  return impl_->list(prefix, {}, names);
+}
+status s3_object_store::list_after(std::string_view prefix, std::string_view after,
+                                   std::vector<std::string>& names) {
+  return impl_->list(prefix, after, names);
 }
 status s3_object_store::remove(std::string_view name) { return impl_->remove(name); }
 

@@ -228,7 +228,11 @@ public:
       const auto scope = std::string(name.substr(0, at));
       const auto a = transport::attempt_of(name.substr(at));
       if (!old_.empty() && old_attempt_ < a && take()) {
-        DCR_TRY(s_->put(scope + transport::attempt_prefix(a) + "payload/o0000000099-s0000000000",
+        // Under the writing owner's payload names (a reader never fetches
+        // objects under no required owner's name), after its real ones.
+        const auto o = name.find("payload/o", at);
+        DCR_TRY(s_->put(scope + transport::attempt_prefix(a) + std::string(name.substr(o, 19)) +
+                            "-s4294967295",
                         old_));
       }
       if (old_.empty() || a == old_attempt_) {

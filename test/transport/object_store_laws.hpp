@@ -77,6 +77,19 @@ void check_laws(Store& s) {
   REQUIRE(s.list("dir/sub-1", names).ok());
   CHECK(names.size() == 2); // sub-1 and sub-17
 
+  // Names after a given one (the store's own list_after where it has one,
+  // S3's start-after): exactly the tail of the full listing.
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    INFO("after " << want[k]);
+    REQUIRE(transport::list_names_after(s, "dir/", want[k], names).ok());
+    CHECK(names ==
+          std::vector<std::string>(want.begin() + static_cast<std::ptrdiff_t>(k) + 1, want.end()));
+  }
+  REQUIRE(transport::list_names_after(s, "dir/", "", names).ok());
+  CHECK(names == want);
+  REQUIRE(transport::list_names_after(s, "dir", "dir/zzz", names).ok());
+  CHECK(names == std::vector<std::string>{"dirty"});
+
   REQUIRE(s.remove(put_names[0]).ok());
   CHECK(s.get(put_names[0], out).code == errc::not_found);
   CHECK(s.remove(put_names[0]).code == errc::not_found);

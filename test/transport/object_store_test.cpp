@@ -5,6 +5,7 @@
 #include <atomic>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "dcr/transport/attempt_objects.hpp"
@@ -213,7 +214,7 @@ struct slow_listing_store : memory_object_store {
 };
 static_assert(object_store<slow_listing_store>);
 
-/// Listings a reader makes while the manifest of attempt 1 appears after 300 ms.
+/// Poll rounds a reader makes while the manifest of attempt 1 appears after 300 ms.
 template <class Store>
 std::size_t listings_while_waiting(Store& s, poll_policy* poll = nullptr) {
   std::thread writer([&] {
@@ -230,7 +231,8 @@ std::size_t listings_while_waiting(Store& s, poll_policy* poll = nullptr) {
   writer.join();
   REQUIRE(st.ok());
   CHECK(reader.delivered() == 1);
-  return reader.listings();
+  CHECK(reader.listings() == 2 * reader.polls()); // one owner: its payloads, then the manifests
+  return reader.polls();
 }
 } // namespace
 
@@ -254,6 +256,96 @@ TEST_CASE("attempt reader: waiting readers back off to the store's list interval
       (attempt_reader<memory_object_store>(
           other, 1, {0}, poll_policy{std::chrono::microseconds(0), std::chrono::microseconds(1)})),
       dcr::error);
+}
+
+namespace {
+/// Counts the names every listing returns; `with_after` says whether it
+/// offers `list_after` (else the reader lists whole prefixes and filters).
+template <bool with_after>
+struct counting_store {
+  memory_object_store inner;
+  std::atomic<std::size_t> names_returned{0};
+  status put(std::string_view n, std::span<const std::byte> b) { return inner.put(n, b); }
+  status get(std::string_view n, std::vector<std::byte>& out) { return inner.get(n, out); }
+  status remove(std::string_view n) { return inner.remove(n); }
+  status list(std::string_view p, std::vector<std::string>& names) {
+    DCR_TRY(inner.list(p, names));
+    names_returned += names.size();
+    return status::success();
+  }
+  status list_after(std::string_view p, std::string_view after,
+                    std::vector<std::string>& names) requires with_after {
+    DCR_TRY(inner.list_after(p, after, names));
+    names_returned += names.size();
+    return status::success();
+  }
+};
+static_assert(lists_after<counting_store<true>> && !lists_after<counting_store<false>>);
+
+/// Three owners publish 40 payloads each, slowly, while a reader polls.
+template <class Store>
+void read_slow_owners(Store& s, std::size_t& polls) {
+  constexpr int per_owner = 40;
+  std::vector<std::thread> writers;
+  for (std::uint32_t o = 0; o < 3; ++o)
+    writers.emplace_back([&s, o] {
+      attempt_writer w(s, 7, o);
+      for (int i = 0; i < per_owner; ++i) {
+        REQUIRE(w.put_payload(random_bytes(16, o * 1000 + i)).ok());
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      REQUIRE(w.finish().ok());
+    });
+  // A stray object under an owner that is not required: never fetched.
+  REQUIRE(s.put(payload_name(7, 9, 0), random_bytes(16, 99)).ok());
+  std::atomic<bool> stop{false};
+  attempt_reader<Store> reader(
+      s, 7, {0, 1, 2}, poll_policy{std::chrono::microseconds(200), std::chrono::microseconds(500)});
+  std::set<std::string> got;
+  auto st = reader.run(
+      [&](std::string_view n, std::span<const std::byte>) {
+        got.insert(std::string(n));
+        return status::success();
+      },
+      stop, std::chrono::steady_clock::now() + std::chrono::seconds(20));
+  for (auto& w : writers) w.join();
+  REQUIRE_MESSAGE(st.ok(), st.message);
+  CHECK(got.size() == 3 * per_owner);
+  CHECK(!got.count(payload_name(7, 9, 0)));
+  polls = reader.polls();
+}
+} // namespace
+
+TEST_CASE("attempt reader: polling lists only names it has not seen (start-after per owner)") {
+  counting_store<true> incremental;
+  counting_store<false> whole;
+  std::size_t polls_inc = 0, polls_whole = 0;
+  read_slow_owners(incremental, polls_inc);
+  read_slow_owners(whole, polls_whole);
+  INFO("polls " << polls_inc << " / " << polls_whole << ", names listed "
+                << incremental.names_returned.load() << " / " << whole.names_returned.load());
+  REQUIRE(polls_inc > 20); // the reader really waited on the writers
+  // Every payload name is listed once, the manifests once per poll at most.
+  CHECK(incremental.names_returned <= 3 * 40 + 3 * polls_inc);
+  // Without start-after each poll lists every name seen so far again.
+  CHECK(whole.names_returned > 4 * (3 * 40));
+}
+
+TEST_CASE("attempt reader: start-after listings through an incarnation scope") {
+  memory_object_store inner;
+  incarnation_scope scoped(inner, std::string(32, 'a'));
+  attempt_writer w(scoped, 3, 1);
+  for (int i = 0; i < 5; ++i) REQUIRE(w.put_payload(random_bytes(8, i)).ok());
+  std::vector<std::string> names;
+  REQUIRE(scoped.list_after("attempt/", payload_name(3, 1, 2), names).ok());
+  CHECK(names == std::vector<std::string>{payload_name(3, 1, 3), payload_name(3, 1, 4)});
+  REQUIRE(scoped.list_after("attempt/", "", names).ok());
+  CHECK(names.size() == 5);
+  REQUIRE(list_names_after(inner, "incarnation/",
+                           "incarnation/" + std::string(32, 'a') + "/" + payload_name(3, 1, 3),
+                           names)
+              .ok());
+  CHECK(names.size() == 1);
 }
 
 TEST_CASE("attempt reader: failures are typed") {

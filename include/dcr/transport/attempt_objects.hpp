@@ -20,9 +20,12 @@
 /// manifest only after every payload it lists is published, so a receiver
 /// that sees every required owner's manifest knows the complete payload set
 /// of the attempt; the reader completes only when the payloads it delivered
-/// are exactly that set, digest for digest (an unlisted object under the
-/// attempt prefix fails the attempt). A retry uploads its complete changed
-/// set again under its own attempt prefix; no object is ever overwritten.
+/// are exactly that set, digest for digest (an unlisted object under a
+/// required owner's payload names fails the attempt; objects under no
+/// required owner's name are never fetched). A waiting reader lists, per
+/// owner whose manifest it lacks, only the names after the last it saw
+/// (`list_after`, S3's `start-after`), so polling costs the new names only. A retry uploads its
+/// complete changed set again under its own attempt prefix; no object is ever overwritten.
 
 #include <algorithm>
 #include <atomic>
@@ -96,6 +99,14 @@ public:
   status list(std::string_view prefix, std::vector<std::string>& names) {
     DCR_TRY(validate_object_prefix(prefix));
     DCR_TRY(store_->list(prefix_ + std::string(prefix), names));
+    for (auto& n : names) n.erase(0, prefix_.size());
+    return status::success();
+  }
+  status list_after(std::string_view prefix, std::string_view after,
+                    std::vector<std::string>& names) {
+    DCR_TRY(validate_object_prefix(prefix));
+    DCR_TRY(list_names_after(*store_, prefix_ + std::string(prefix), prefix_ + std::string(after),
+                             names));
     for (auto& n : names) n.erase(0, prefix_.size());
     return status::success();
   }
@@ -255,8 +266,10 @@ public:
                   "attempt_reader: poll interval bounds must satisfy 0 < min <= max");
   }
 
-  /// Listings made so far (each is one `list` call on the store).
+  /// Listings made so far (each is one `list` or `list_after` call on the store).
   std::size_t listings() const noexcept { return listings_; }
+  /// Poll rounds made so far (each lists every owner still pending once).
+  std::size_t polls() const noexcept { return polls_; }
 
   /// Poll until complete, `stop` becomes true (`errc::aborted`) or `deadline`
   /// passes (`errc::aborted`). `deliver(name, bytes)` is called once per
@@ -267,31 +280,45 @@ public:
   template <class Deliver>
   status run(Deliver&& deliver, const std::atomic<bool>& stop,
              std::chrono::steady_clock::time_point deadline) {
-    const auto prefix = attempt_prefix(attempt_);
+    const auto manifests = attempt_prefix(attempt_) + "manifest/";
     std::vector<std::string> names;
     std::vector<std::byte> bytes;
     auto sleep = poll_.min;
     for (;;) {
       DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(attempt_) + " stopped");
-      ++listings_;
-      DCR_TRY(store_->list(prefix, names));
       bool progress = false;
-      for (auto& n : names) {
-        if (n.compare(prefix.size(), 8, "payload/") == 0) {
+      ++polls_;
+      // Payloads: one listing per required owner whose manifest has not come
+      // yet, of the names after the last one delivered from it (S3
+      // start-after where the store has it), so a poll costs the new names,
+      // not the whole attempt again. Objects under no required owner's name
+      // are never fetched. Once an owner's manifest is in, its remaining
+      // payloads are fetched by name (finish).
+      for (auto o : owners_) {
+        if (manifests_.count(manifest_name(attempt_, o))) continue;
+        auto& last = last_seen_[o];
+        ++listings_;
+        DCR_TRY(list_names_after(*store_, owner_payload_prefix(o), last, names));
+        for (auto& n : names) {
+          last = n;
           if (delivered_.count(n)) continue;
           DCR_TRY(fetch(n, bytes));
           DCR_TRY(deliver(std::string_view(n), std::span<const std::byte>(bytes)));
           delivered_.emplace(n, digest(bytes));
           progress = true;
-        } else if (n.compare(prefix.size(), 9, "manifest/") == 0 && !manifests_.count(n)) {
-          DCR_TRY(fetch(n, bytes));
-          manifest m;
-          DCR_TRY(parse_manifest(
-              std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
-          DCR_TRY(check_manifest(n, m));
-          manifests_.emplace(n, std::move(m));
-          progress = true;
         }
+      }
+      ++listings_;
+      DCR_TRY(store_->list(manifests, names));
+      for (auto& n : names) {
+        if (manifests_.count(n)) continue;
+        DCR_TRY(fetch(n, bytes));
+        manifest m;
+        DCR_TRY(parse_manifest(
+            std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
+        DCR_TRY(check_manifest(n, m));
+        manifests_.emplace(n, std::move(m));
+        progress = true;
       }
       bool all = true;
       for (auto o : owners_) all = all && manifests_.count(manifest_name(attempt_, o));
@@ -330,6 +357,9 @@ private:
   status fetch(const std::string& name, std::vector<std::byte>& out) {
     return store_->get(name, out);
   }
+  std::string owner_payload_prefix(std::uint32_t owner) const {
+    return attempt_prefix(attempt_) + "payload/o" + detail::pad(owner, 10) + "-s";
+  }
 
   /// A manifest must be this attempt's, of this incarnation, of a required
   /// owner, under that owner's name, and list only that owner's payload names.
@@ -345,7 +375,7 @@ private:
         name != manifest_name(attempt_, m.owner) || !owners_.count(m.owner), verification,
         name + ": manifest of owner " + std::to_string(m.owner) +
             (owners_.count(m.owner) ? " under another owner's name" : ", not a required owner"));
-    const auto own = attempt_prefix(attempt_) + "payload/o" + detail::pad(m.owner, 10) + "-s";
+    const auto own = owner_payload_prefix(m.owner);
     for (auto& e : m.payloads)
       DCR_RETURN_ERROR_IF(e.name.rfind(own, 0) != 0, verification,
                           name + ": lists '" + e.name + "', not a payload name of owner " +
@@ -391,8 +421,9 @@ private:
   std::set<std::uint32_t> owners_;
   std::map<std::string, digest128> delivered_;
   std::map<std::string, manifest> manifests_;
+  std::map<std::uint32_t, std::string> last_seen_; ///< per owner: last payload name listed
   poll_policy poll_;
-  std::size_t listings_ = 0;
+  std::size_t listings_ = 0, polls_ = 0;
 };
 
 /// What the well-formed manifests of attempt τ on `store` list: payload name

@@ -77,6 +77,30 @@ inline status validate_object_name(std::string_view name) {
   return status::success();
 }
 
+/// A store that can list only the names after a given one (S3's
+/// `start-after`): `list_after(prefix, after, names)` returns every published
+/// name starting with `prefix` that sorts after `after`, sorted. A waiting
+/// reader then pays for new names only, not for the whole prefix again at
+/// every poll. `list_names_after` falls back to `list` and a filter.
+template <class S>
+concept lists_after = requires(S& s, std::string_view p, std::vector<std::string>& names) {
+  { s.list_after(p, p, names) } -> std::same_as<status>;
+};
+
+template <object_store Store>
+status list_names_after(Store& store, std::string_view prefix, std::string_view after,
+                        std::vector<std::string>& names) {
+  if constexpr (lists_after<Store>) {
+    return store.list_after(prefix, after, names);
+  } else {
+    DCR_TRY(store.list(prefix, names));
+    names.erase(names.begin(),
+                std::upper_bound(names.begin(), names.end(), after,
+                                 [](std::string_view a, const std::string& n) { return a < n; }));
+    return status::success();
+  }
+}
+
 /// A prefix for `list` may end in '/' or be empty; otherwise the same rules.
 inline status validate_object_prefix(std::string_view prefix) {
   if (prefix.empty()) return status::success();
@@ -102,11 +126,16 @@ public:
     return status::success();
   }
   status list(std::string_view prefix, std::vector<std::string>& names) {
+    return list_after(prefix, {}, names);
+  }
+  status list_after(std::string_view prefix, std::string_view after,
+                    std::vector<std::string>& names) {
     DCR_TRY(validate_object_prefix(prefix));
     std::lock_guard g(m_);
     names.clear();
-    for (auto it = objects_.lower_bound(std::string(prefix));
-         it != objects_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    auto it = after < prefix ? objects_.lower_bound(std::string(prefix))
+                             : objects_.upper_bound(std::string(after));
+    for (; it != objects_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
       names.push_back(it->first);
     return status::success();
   }
@@ -122,7 +151,7 @@ private:
   std::mutex m_;
   std::map<std::string, std::vector<std::byte>> objects_;
 };
-static_assert(object_store<memory_object_store>);
+static_assert(object_store<memory_object_store> && lists_after<memory_object_store>);
 
 /// Object store in a directory tree: object `a/b/c` is file `<root>/a/b/c`.
 /// `put` writes a dot-named temporary in the target directory, fsyncs it and

@@ -128,6 +128,10 @@ public:
   status get(std::string_view name, std::vector<std::byte>& out);
   /// Every valid object name starting with `prefix`, sorted (ListObjectsV2).
   status list(std::string_view prefix, std::vector<std::string>& names);
+  /// The names `list` returns that sort after `after` (ListObjectsV2
+  /// `start-after`): a waiting reader lists only what is new.
+  status list_after(std::string_view prefix, std::string_view after,
+                    std::vector<std::string>& names);
   /// DeleteObject; `errc::not_found` for a missing key (see file comment).
   status remove(std::string_view name);
 
@@ -135,6 +139,6 @@ private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
-static_assert(object_store<s3_object_store>);
+static_assert(object_store<s3_object_store> && lists_after<s3_object_store>);
 
 } // namespace dcr::transport
