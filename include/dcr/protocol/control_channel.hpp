@@ -208,8 +208,7 @@ inline status dial_control(const peer_address& peer, const channel_options& opt,
 /// Coordinator side of one connection: one call at a time.
 class control_client {
 public:
-  control_client(peer_address peer, channel_options opt = {})
-      : peer_(std::move(peer)), opt_(opt) {}
+  control_client(peer_address peer, channel_options opt = {}) : peer_(std::move(peer)), opt_(opt) {}
   const peer_address& peer() const noexcept { return peer_; }
 
   /// Send call `t` of attempt τ and wait for its reply. `stop` (optional)
@@ -247,8 +246,8 @@ private:
           return fail(errc::unavailable, who + ": " + s.message);
       }
       // Wake every 100 ms to notice `stop`; give up after `liveness` of silence.
-      const auto slice = std::min(heard + opt_.liveness,
-                                  std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      const auto slice = std::min(heard + opt_.liveness, std::chrono::steady_clock::now() +
+                                                             std::chrono::milliseconds(100));
       control_frame f;
       bool timed_out = false;
       auto s = sock_->receive(f, slice, timed_out);
@@ -281,9 +280,9 @@ private:
         DCR_TRY(r.u16(code));
         DCR_TRY(r.str(msg));
         DCR_TRY(r.done());
-        DCR_RETURN_ERROR_IF(code == 0 || code > static_cast<std::uint16_t>(errc::foreign_incarnation),
-                            bad_format, who + ": reply with unknown error code " +
-                                            std::to_string(code));
+        DCR_RETURN_ERROR_IF(
+            code == 0 || code > static_cast<std::uint16_t>(errc::foreign_incarnation), bad_format,
+            who + ": reply with unknown error code " + std::to_string(code));
         return fail(static_cast<errc>(code), who + ": " + msg);
       }
       sock_.reset();
@@ -428,9 +427,10 @@ private:
       while (!done) {
         control_frame f;
         bool idle = false;
-        auto r = sock.receive(f, std::min(next_beat, std::chrono::steady_clock::now() +
-                                                         std::chrono::milliseconds(20)),
-                              idle);
+        auto r = sock.receive(
+            f,
+            std::min(next_beat, std::chrono::steady_clock::now() + std::chrono::milliseconds(20)),
+            idle);
         if (r && f.type == control_type::stop) stop = true;
         if (!r && !idle) {
           stop = true; // the coordinator is gone: end its call
@@ -449,9 +449,9 @@ private:
       }
       worker.join();
       if (gone) return;
-      const auto sent = result ? sock.send(control_type::reply_ok, call.attempt, out.bytes())
-                               : sock.send(control_type::reply_err, call.attempt,
-                                           error_body(result));
+      const auto sent = result
+                            ? sock.send(control_type::reply_ok, call.attempt, out.bytes())
+                            : sock.send(control_type::reply_err, call.attempt, error_body(result));
       if (!sent) return;
     }
   }

@@ -41,16 +41,16 @@ enum class control_type : std::uint16_t {
   commit_baseline = 5,  ///< u64 version (τ in the header) → nothing
   export_dense = 6,     ///< u64 version, str incarnation → nothing
   // rollout-node calls
-  node_hello = 16,     ///< → u32 n, n × str receiver id
-  ensure_member = 17,  ///< u32 n, n × (str id, digest) committed → u64 restored
-  down = 18,           ///< → u64 receivers without storage
-  begin = 19,          ///< → nothing
-  close_gate = 20,     ///< → nothing
-  open_gate = 21,      ///< → nothing
-  refit = 22,          ///< str incarnation, u32 n, n × u32 owner, u8 sync, u64 queue, u64 ms → result
-  acknowledge = 23,    ///< → u32 n, n × digest
+  node_hello = 16,    ///< → u32 n, n × str receiver id
+  ensure_member = 17, ///< u32 n, n × (str id, digest) committed → u64 restored
+  down = 18,          ///< → u64 receivers without storage
+  begin = 19,         ///< → nothing
+  close_gate = 20,    ///< → nothing
+  open_gate = 21,     ///< → nothing
+  refit = 22, ///< str incarnation, u32 n, n × u32 owner, u8 sync, u64 queue, u64 ms → result
+  acknowledge = 23,     ///< → u32 n, n × digest
   staged_payloads = 24, ///< → u32 n, n × (str id, u32 m, m × (str name, digest))
-  kill = 25,           ///< str id → nothing
+  kill = 25,            ///< str id → nothing
   // either direction
   stop = 32,      ///< coordinator → role: stop the call in flight on this connection
   reply_ok = 33,  ///< role → coordinator: the call succeeded; body is its result
@@ -183,7 +183,8 @@ public:
     return *this;
   }
   body_writer& dig(const digest128& d) {
-    b_.insert(b_.end(), d.begin(), d.end());
+    const auto* p = reinterpret_cast<const std::byte*>(d.data());
+    b_.insert(b_.end(), p, p + d.size());
     return *this;
   }
   std::vector<std::byte>& bytes() noexcept { return b_; }

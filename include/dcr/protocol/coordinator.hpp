@@ -233,9 +233,13 @@ private:
         DCR_TRY(n->down(c));
         down += c;
       }
+      // An owner without a dense export (`not_found`) leaves the restore to
+      // the node's own source of the committed version.
       if (down > 0)
         for (auto* o : owners_)
-          DCR_TRY(o->export_dense(cur.record.version, cur.record.incarnation));
+          if (auto s = o->export_dense(cur.record.version, cur.record.incarnation);
+              !s && s.code != errc::not_found)
+            return s;
     }
     for (auto* n : nodes_) {
       const auto tr = clock::now();

@@ -204,18 +204,17 @@ private:
     status up = pipeline::run_status<std::vector<std::byte>>(
         pipeline::chain<>{},
         [&](auto&& emit) {
-          built = o_->build({tau, rq.target_version, rq.mode},
-                            [&](std::vector<std::byte>&& p) -> status {
-                              DCR_RETURN_ERROR_IF(stop.load(), aborted,
-                                                  "attempt " + std::to_string(tau) + " stopped");
-                              const auto tq = link_clock::now();
-                              const bool ok = emit(std::move(p));
-                              blocked += seconds_since(tq);
-                              DCR_RETURN_ERROR_IF(!ok, aborted,
-                                                  "upload of attempt " + std::to_string(tau) +
-                                                      " failed");
-                              return status::success();
-                            });
+          built = o_->build(
+              {tau, rq.target_version, rq.mode}, [&](std::vector<std::byte>&& p) -> status {
+                DCR_RETURN_ERROR_IF(stop.load(), aborted,
+                                    "attempt " + std::to_string(tau) + " stopped");
+                const auto tq = link_clock::now();
+                const bool ok = emit(std::move(p));
+                blocked += seconds_since(tq);
+                DCR_RETURN_ERROR_IF(!ok, aborted,
+                                    "upload of attempt " + std::to_string(tau) + " failed");
+                return status::success();
+              });
           rep.construct_seconds = seconds_since(tb) - blocked;
         },
         [&](std::vector<std::byte>&& p) {
@@ -356,9 +355,8 @@ private:
         },
         [&](fetched&& p) {
           const auto ta = link_clock::now();
-          throw_if_failed(each_endpoint([&](endpoint& e) {
-            return e.deliver(tau, p.name, p.bytes, sync);
-          }));
+          throw_if_failed(
+              each_endpoint([&](endpoint& e) { return e.deliver(tau, p.name, p.bytes, sync); }));
           apply += seconds_since(ta);
         },
         rq.apply_queue);
