@@ -66,8 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (decode_control_frame(bytes, max_control_body, f).ok()) {
       // What decodes must encode back to the same bytes.
       const auto again = encode_control_frame(f.type, f.attempt, f.body);
-      if (again.size() != bytes.size() ||
-          !std::equal(again.begin(), again.end(), bytes.begin()))
+      if (again.size() != bytes.size() || !std::equal(again.begin(), again.end(), bytes.begin()))
         std::abort();
     }
     return 0;

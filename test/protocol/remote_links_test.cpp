@@ -156,7 +156,8 @@ void run_steps(cluster_rig& s, C& c, int steps, std::uint64_t seed, int kill_at,
   s.check_dense(0);
   for (int step = 1; step <= steps; ++step) {
     s.trainer.step(0.05, seed * 31 + static_cast<std::uint64_t>(step));
-    if (step == kill_at) s.endpoints[static_cast<std::size_t>(step) % s.endpoints.size()]->kill_after(1);
+    if (step == kill_at)
+      s.endpoints[static_cast<std::size_t>(step) % s.endpoints.size()]->kill_after(1);
     auto rep = c.transition();
     INFO("step " << step << ": " << rep.result.message);
     REQUIRE(rep.result.ok());
@@ -211,8 +212,8 @@ TEST_CASE("remote links: a coordinator crash after the first ACK; a successor ta
   s.serve();
   auto ol = cluster_rig::ptrs(s.remote_owners);
   auto nl = cluster_rig::ptrs(s.remote_nodes);
-  using coord_t = link_coordinator<remote_owner_link, remote_node_link, store_t,
-                                   memory_commit_store>;
+  using coord_t =
+      link_coordinator<remote_owner_link, remote_node_link, store_t, memory_commit_store>;
   coordinator_options dying;
   dying.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
   {

@@ -335,14 +335,15 @@ public:
   }
   unsigned short port() const noexcept { return port_; }
 
-  /// Stop accepting, close every connection (running calls see `stop`), join.
+  /// Stop accepting; every running call sees `stop` and its reply (usually
+  /// `aborted`) is sent; then every connection closes and its thread is joined.
   void shutdown() {
     if (stopping_.exchange(true)) return;
     if (acceptor_.joinable()) acceptor_.join();
     std::lock_guard l(m_);
-    for (auto& c : conns_) c.sock->shutdown();
     for (auto& c : conns_)
       if (c.thread.joinable()) c.thread.join();
+    for (auto& c : conns_) c.sock->shutdown();
     conns_.clear();
     if (lfd_ >= 0) ::close(lfd_);
     lfd_ = -1;
