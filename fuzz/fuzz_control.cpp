@@ -37,7 +37,7 @@ struct accepting_node {
     n = 0;
     return status::success();
   }
-  status ensure_member(const std::map<std::string, digest128>&, std::size_t& n) {
+  status ensure_member(const membership&, std::size_t& n) {
     n = 0;
     return status::success();
   }

@@ -42,7 +42,7 @@ enum class control_type : std::uint16_t {
   export_dense = 6,     ///< u64 version, str incarnation → nothing
   // rollout-node calls
   node_hello = 16,    ///< → u32 n, n × str receiver id
-  ensure_member = 17, ///< u32 n, n × (str id, digest) committed → u64 restored
+  ensure_member = 17, ///< u64 version, str inc, u32 n, n × (str id, digest) → u64 restored
   down = 18,          ///< → u64 receivers without storage
   begin = 19,         ///< → nothing
   close_gate = 20,    ///< → nothing
@@ -51,6 +51,7 @@ enum class control_type : std::uint16_t {
   acknowledge = 23,     ///< → u32 n, n × digest
   staged_payloads = 24, ///< → u32 n, n × (str id, u32 m, m × (str name, digest))
   kill = 25,            ///< str id → nothing
+  verify = 26,          ///< u64 version, str incarnation → u32 n, n × (u8 equal, digest)
   // either direction
   stop = 32,      ///< coordinator → role: stop the call in flight on this connection
   reply_ok = 33,  ///< role → coordinator: the call succeeded; body is its result
@@ -59,7 +60,7 @@ enum class control_type : std::uint16_t {
 };
 
 inline bool known_control_type(std::uint16_t t) {
-  return (t >= 1 && t <= 6) || (t >= 16 && t <= 25) || (t >= 32 && t <= 35);
+  return (t >= 1 && t <= 6) || (t >= 16 && t <= 26) || (t >= 32 && t <= 35);
 }
 
 /// "DCRC" read as a little-endian u32.

@@ -54,6 +54,7 @@ namespace dcr::protocol {
 enum class crash_point {
   after_prepare,   ///< τ handed out, nothing streamed
   after_first_ack, ///< some receivers applied everything and acknowledged
+  before_commit,   ///< every receiver acknowledged, K^{v+1} not yet written
   after_commit,    ///< K^{v+1} written, owners' baselines not yet updated
 };
 
@@ -158,10 +159,11 @@ public:
     k.attempt = tau;
     k.incarnation = new_incarnation();
     DCR_TRY(baseline_digest(k.source_baseline));
-    const std::map<std::string, digest128> none;
+    DCR_TRY(export_for_restore(0, k.incarnation));
+    const membership initial{0, k.incarnation, {}};
     for (auto* n : nodes_) {
       std::size_t restored = 0;
-      DCR_TRY(n->ensure_member(none, restored));
+      DCR_TRY(n->ensure_member(initial, restored));
       DCR_TRY(n->begin(tau));
       std::vector<digest128> d;
       DCR_TRY(n->acknowledge(tau, d));
@@ -216,15 +218,13 @@ private:
     return status::success();
   }
 
-  /// Membership step: every node restores its dead receivers to the
-  /// committed version. Owner links that can export their committed
-  /// baseline densely (remote owners) do so first when some node needs it.
-  status membership(const stored_record& cur, const std::map<std::string, digest128>& committed,
-                    transition_report& rep) {
+  /// Owner links that can export their committed baseline densely (owners
+  /// in other processes) do so when some node has a receiver to restore;
+  /// an owner without a dense export (`not_found`) leaves the restore to the
+  /// node's own source of the committed version.
+  status export_for_restore(std::uint64_t version, const std::string& inc) {
     if constexpr (requires(OwnerLink & o, NodeLink & n, std::size_t & c) {
-                    {
-                      o.export_dense(cur.record.version, cur.record.incarnation)
-                      } -> std::same_as<status>;
+                    { o.export_dense(version, inc) } -> std::same_as<status>;
                     { n.down(c) } -> std::same_as<status>;
                   }) {
       std::size_t down = 0;
@@ -233,18 +233,21 @@ private:
         DCR_TRY(n->down(c));
         down += c;
       }
-      // An owner without a dense export (`not_found`) leaves the restore to
-      // the node's own source of the committed version.
       if (down > 0)
         for (auto* o : owners_)
-          if (auto s = o->export_dense(cur.record.version, cur.record.incarnation);
-              !s && s.code != errc::not_found)
-            return s;
+          if (auto s = o->export_dense(version, inc); !s && s.code != errc::not_found) return s;
     }
+    return status::success();
+  }
+
+  /// Membership step: every node restores its dead receivers to the
+  /// committed version.
+  status membership_step(const membership& m, transition_report& rep) {
+    DCR_TRY(export_for_restore(m.version, m.incarnation));
     for (auto* n : nodes_) {
       const auto tr = clock::now();
       std::size_t restored = 0;
-      DCR_TRY(n->ensure_member(committed, restored));
+      DCR_TRY(n->ensure_member(m, restored));
       if (restored) rep.restore_seconds += seconds_since(tr);
     }
     return status::success();
@@ -279,12 +282,12 @@ private:
     // Any attempt prepared since the last commit may have left partial writes.
     refit_mode mode =
         cur.attempt == cur.record.attempt ? refit_mode::mixed : refit_mode::overwrite_all;
-    std::map<std::string, digest128> committed;
-    for (auto& a : cur.record.receivers) committed[a.receiver] = a.state;
+    membership members{cur.record.version, inc, {}};
+    for (auto& a : cur.record.receivers) members.committed[a.receiver] = a.state;
     status last = fail(errc::aborted, "no attempt ran");
     for (int i = 0; i < opt_.max_attempts; ++i) {
       // Membership changes only here, between attempts.
-      DCR_TRY(membership(cur, committed, rep));
+      DCR_TRY(membership_step(members, rep));
       std::uint64_t tau = 0;
       DCR_TRY(commits_->prepare(epoch_, tau));
       if (crash_at(crash_point::after_prepare))
@@ -307,6 +310,8 @@ private:
         mode = refit_mode::overwrite_all;
         continue;
       }
+      if (crash_at(crash_point::before_commit))
+        return fail(errc::aborted, "coordinator died before commit");
       const auto tc = clock::now();
       commit_record next{cur.record.version + 1, cand, tau, std::move(acks), unix_time_ns(), inc};
       DCR_TRY(commits_->compare_and_set(epoch_, tau, cur.revision, next));

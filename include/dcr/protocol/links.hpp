@@ -80,6 +80,16 @@ struct refit_result {
   double apply_seconds = 0; ///< staging + applying
 };
 
+/// The committed version a node's dead receivers are restored to:
+/// `committed[id]` is the digest receiver `id` must reach (absent: none
+/// committed yet); version and incarnation name where a dense copy of that
+/// version lies (nodes in other processes fetch it; local ones ignore them).
+struct membership {
+  std::uint64_t version = 0;
+  std::string incarnation;
+  std::map<std::string, digest128> committed;
+};
+
 /// What one receiver staged in attempt τ: (object name, payload digest).
 struct staged_set {
   std::string receiver;
@@ -109,20 +119,19 @@ concept owner_link = requires(L& l, const L& cl, const publish_request& rq,
 /// The coordinator's view of one rollout node serving `ids()` receivers.
 ///
 /// Laws: `ensure_member` restores every dead receiver densely to the
-/// committed version (its digest must equal `committed[id]` when present,
+/// committed version (its digest must equal `m.committed[id]` when present,
 /// else `errc::verification`) and reports how many it restored; `begin`,
 /// `close_gate`, `open_gate` are ignored for attempts older than the newest
 /// seen; `refit` of an attempt that is not the current one is
 /// `errc::stale_attempt`; `acknowledge(τ)` is `finish` without payloads (the
 /// first commit); `kill(id)` drops that receiver's storage.
 template <class L>
-concept node_link = requires(L& l, const L& cl, std::uint64_t a,
-                             const std::map<std::string, digest128>& committed, std::size_t& n,
-                             const refit_request& rq, const std::atomic<bool>& stop,
+concept node_link = requires(L& l, const L& cl, std::uint64_t a, const membership& m,
+                             std::size_t& n, const refit_request& rq, const std::atomic<bool>& stop,
                              refit_result& res, std::vector<digest128>& acks,
                              std::vector<staged_set>& staged, const std::string& id) {
   { cl.ids() } -> std::convertible_to<std::vector<std::string>>;
-  { l.ensure_member(committed, n) } -> std::same_as<status>;
+  { l.ensure_member(m, n) } -> std::same_as<status>;
   { l.begin(a) } -> std::same_as<status>;
   { l.close_gate(a) } -> std::same_as<status>;
   { l.open_gate(a) } -> std::same_as<status>;
@@ -271,12 +280,12 @@ public:
     for (auto* e : eps_) n += e->alive() ? 0 : 1;
     return status::success();
   }
-  status ensure_member(const std::map<std::string, digest128>& committed, std::size_t& restored) {
+  status ensure_member(const membership& m, std::size_t& restored) {
     restored = 0;
     for (auto* e : eps_) {
-      const auto it = committed.find(e->id());
+      const auto it = m.committed.find(e->id());
       const bool was_alive = e->alive();
-      DCR_TRY(e->ensure_member(it == committed.end() ? nullptr : &it->second));
+      DCR_TRY(e->ensure_member(it == m.committed.end() ? nullptr : &it->second));
       restored += was_alive ? 0 : 1;
     }
     return status::success();

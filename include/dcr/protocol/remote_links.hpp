@@ -149,16 +149,38 @@ public:
     n = static_cast<std::size_t>(v);
     return r.done();
   }
-  status ensure_member(const std::map<std::string, digest128>& committed, std::size_t& restored) {
+  status ensure_member(const membership& m, std::size_t& restored) {
     body_writer w;
-    w.u32(static_cast<std::uint32_t>(committed.size()));
-    for (auto& [id, d] : committed) w.str(id).dig(d);
+    w.u64(m.version).str(m.incarnation).u32(static_cast<std::uint32_t>(m.committed.size()));
+    for (auto& [id, d] : m.committed) w.str(id).dig(d);
     std::vector<std::byte> b;
     DCR_TRY(c_.call(control_type::ensure_member, 0, w.bytes(), b));
     body_reader r(b);
     std::uint64_t v = 0;
     DCR_TRY(r.u64(v));
     restored = static_cast<std::size_t>(v);
+    return r.done();
+  }
+  /// Compare every receiver's complete storage with a dense load of
+  /// `version` (from the owners' dense export) through the same loader;
+  /// `equal[i]` for receiver `ids()[i]`.
+  status verify(std::uint64_t version, const std::string& incarnation, std::vector<bool>& equal,
+                std::vector<digest128>& digests) {
+    body_writer w;
+    w.u64(version).str(incarnation);
+    std::vector<std::byte> b;
+    DCR_TRY(c_.call(control_type::verify, 0, w.bytes(), b));
+    body_reader r(b);
+    std::uint32_t n = 0;
+    DCR_TRY(r.count(n, 17));
+    equal.assign(n, false);
+    digests.assign(n, {});
+    for (std::uint32_t i = 0; i < n; ++i) {
+      std::uint8_t e = 0;
+      DCR_TRY(r.u8(e));
+      DCR_TRY(r.dig(digests[i]));
+      equal[i] = e == 1;
+    }
     return r.done();
   }
   status begin(std::uint64_t a) { return simple(control_type::begin, a); }
@@ -323,7 +345,11 @@ private:
 template <node_link Link>
 class node_service {
 public:
-  explicit node_service(Link& link) : l_(&link) {}
+  /// `(version, incarnation, equal, digests)`: compare every receiver with a
+  /// dense load of that version (`remote_node_link::verify`).
+  using verifier = std::function<status(std::uint64_t, const std::string&, std::vector<bool>&,
+                                        std::vector<digest128>&)>;
+  explicit node_service(Link& link, verifier verify = {}) : l_(&link), verify_(std::move(verify)) {}
 
   status operator()(const control_frame& call, const std::atomic<bool>& stop, body_writer& out) {
     body_reader r(call.body);
@@ -344,20 +370,36 @@ public:
       return status::success();
     }
     case control_type::ensure_member: {
+      membership m;
       std::uint32_t n = 0;
+      DCR_TRY(r.u64(m.version));
+      DCR_TRY(r.str(m.incarnation));
       DCR_TRY(r.count(n, 20));
-      std::map<std::string, digest128> committed;
       for (std::uint32_t i = 0; i < n; ++i) {
         std::string id;
         digest128 d{};
         DCR_TRY(r.str(id));
         DCR_TRY(r.dig(d));
-        committed[id] = d;
+        m.committed[id] = d;
       }
       DCR_TRY(r.done());
       std::size_t restored = 0;
-      DCR_TRY(l_->ensure_member(committed, restored));
+      DCR_TRY(l_->ensure_member(m, restored));
       out.u64(restored);
+      return status::success();
+    }
+    case control_type::verify: {
+      std::uint64_t v = 0;
+      std::string inc;
+      DCR_TRY(r.u64(v));
+      DCR_TRY(r.str(inc));
+      DCR_TRY(r.done());
+      DCR_RETURN_ERROR_IF(!verify_, not_found, "this node offers no dense verification");
+      std::vector<bool> equal;
+      std::vector<digest128> digests;
+      DCR_TRY(verify_(v, inc, equal, digests));
+      out.u32(static_cast<std::uint32_t>(equal.size()));
+      for (std::size_t i = 0; i < equal.size(); ++i) out.u8(equal[i] ? 1 : 0).dig(digests[i]);
       return status::success();
     }
     case control_type::begin:
@@ -429,6 +471,7 @@ public:
 
 private:
   Link* l_;
+  verifier verify_;
 };
 
 } // namespace dcr::protocol
