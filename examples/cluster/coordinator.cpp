@@ -152,9 +152,8 @@ int main(int argc, char** argv) try {
   auto owners_behind = [&](const protocol::stored_record& cur) {
     std::vector<digest128> d(op.size());
     for (std::size_t k = 0; k < op.size(); ++k)
-      throw_if_failed(with_patience(wait, "owner digest", [&] {
-        return op[k]->baseline_digest(d[k]);
-      }));
+      throw_if_failed(
+          with_patience(wait, "owner digest", [&] { return op[k]->baseline_digest(d[k]); }));
     return protocol::combine(d) != cur.record.source_baseline;
   };
   for (;;) {
@@ -168,17 +167,17 @@ int main(int argc, char** argv) try {
       if (rep.result || clk::now() > until) break;
       // A peer down (a node restarting) or an attempt it broke: every
       // receiver is required, so wait for it and retry.
-      const bool retry =
-          rep.result.code == errc::unavailable || rep.result.code == errc::aborted ||
-          (rep.result.code != errc::conflict && !rep.attempts.empty());
+      const bool retry = rep.result.code == errc::unavailable || rep.result.code == errc::aborted ||
+                         (rep.result.code != errc::conflict && !rep.attempts.empty());
       std::cerr << "dcr-coordinator: version " << target << ": " << to_string(rep.result.code)
                 << ": " << rep.result.message << (retry ? " (retrying)" : "") << std::endl;
       if (!retry) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }
     if (!rep.result) {
-      std::cerr << "dcr-coordinator: version " << target << " failed: "
-                << to_string(rep.result.code) << ": " << rep.result.message << std::endl;
+      std::cerr << "dcr-coordinator: version " << target
+                << " failed: " << to_string(rep.result.code) << ": " << rep.result.message
+                << std::endl;
       return 1;
     }
     std::uint64_t bytes = 0;

@@ -144,10 +144,9 @@ int main(int argc, char** argv) try {
     DCR_RETURN_ERROR_IF(r.revision == 0 || r.record.version != v || r.record.attempt != tau,
                         verification,
                         who + ": the commit store does not hold version " + std::to_string(v) +
-                            " committed by attempt " + std::to_string(tau) +
-                            " (it holds version " + std::to_string(r.record.version) +
-                            ", attempt " + std::to_string(r.record.attempt) +
-                            "): baseline not moved");
+                            " committed by attempt " + std::to_string(tau) + " (it holds version " +
+                            std::to_string(r.record.version) + ", attempt " +
+                            std::to_string(r.record.attempt) + "): baseline not moved");
     DCR_RETURN_ERROR_IF(v != base_version + 1, verification,
                         who + ": commit of version " + std::to_string(v) + ", baseline is at " +
                             std::to_string(base_version));
@@ -174,17 +173,16 @@ int main(int argc, char** argv) try {
   };
   protocol::owner_service<decltype(link)> service(link, hooks);
   std::mutex one_call; // the process serves one call at a time (training state is shared)
-  protocol::control_server server(
-      [&](const protocol::control_frame& f, const std::atomic<bool>& stop,
-          protocol::body_writer& out) {
-        std::lock_guard l(one_call);
-        if (f.type == protocol::control_type::publish) {
-          protocol::body_reader r(f.body);
-          std::uint64_t target = 0;
-          if (r.u64(target)) store.target = target;
-        }
-        return service(f, stop, out);
-      });
+  protocol::control_server server([&](const protocol::control_frame& f,
+                                      const std::atomic<bool>& stop, protocol::body_writer& out) {
+    std::lock_guard l(one_call);
+    if (f.type == protocol::control_type::publish) {
+      protocol::body_reader r(f.body);
+      std::uint64_t target = 0;
+      if (r.u64(target)) store.target = target;
+    }
+    return service(f, stop, out);
+  });
   throw_if_failed(server.listen(listen.host, listen.port));
   std::cerr << who << ": serving on " << listen.host << ":" << server.port() << std::endl;
   cluster::wait_for_termination();

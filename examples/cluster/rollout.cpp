@@ -119,9 +119,9 @@ struct node_process_link {
   status down(std::size_t& n) { return link->down(n); }
   status ensure_member(const protocol::membership& m, std::size_t& n) {
     dense->point_at(m.version, m.incarnation);
-    *armed = die_step != 0 && m.version + 1 == die_step &&
-             !std::filesystem::exists(j->faults_dir() /
-                                      ("rollout-apply-" + std::to_string(die_step)));
+    *armed =
+        die_step != 0 && m.version + 1 == die_step &&
+        !std::filesystem::exists(j->faults_dir() / ("rollout-apply-" + std::to_string(die_step)));
     auto s = link->ensure_member(m, n);
     dense->drop(); // restores done: release the dense copy
     return s;
