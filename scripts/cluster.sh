@@ -61,6 +61,16 @@ while [ $# -gt 0 ]; do
     *) echo "cluster.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+[ -z "$work" ] || work=$(realpath -m "$work")
+bin=$(realpath -m "$bin")
+for i in "${!checkpoints[@]}"; do checkpoints[$i]=$(realpath -m "${checkpoints[$i]}"); done
+if [ -z "${DCR_BIN:-}" ] && [ "$bin" = "$here/build/examples" ]; then
+  # The default build/: set it up and build the three programs (incremental).
+  DCR_BUILD_TARGETS="examples/dcr-owner examples/dcr-rollout examples/dcr-coordinator"
+  # shellcheck source=setup.sh
+  source "$here/scripts/setup.sh" >&2
+  set +e
+fi
 for p in dcr-owner dcr-rollout dcr-coordinator; do
   [ -x "$bin/$p" ] || { echo "cluster.sh: no $bin/$p (build first, or pass --bin DIR)" >&2; exit 2; }
 done

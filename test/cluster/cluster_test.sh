@@ -6,6 +6,8 @@
 #                            before_commit or after_commit; a new one takes over
 #   owner-mid-upload         owner 0 SIGKILLed mid-upload, restarted
 #   ci                       one receiver kill and one coordinator kill in one run
+#   checkpoints              owners replay three safetensors checkpoints (written by
+#                            dcr-demo --save-checkpoint), a receiver killed at step 2
 # Checked after each: the verification line says PASS (every receiver equals,
 # byte for byte, a dense load of the committed version from the owners'
 # dense export, and serves the commit record's digest); the fault really
@@ -26,6 +28,11 @@ case "$scenario" in
   coordinator-*) p=${scenario#coordinator-}; args=(--kill-coordinator-at "$p:2"); marker=coordinator-$p-2 ;;
   owner-mid-upload) args=(--kill-owner-at 2); marker=owner-upload-2 ;;
   ci) args=(--kill-receiver-every 2 --kill-coordinator-every 3); marker=rollout-apply-2 ;;
+  checkpoints)
+    for s in 0 1 2 3; do
+      "$bin/dcr-demo" --size small --seed $((s + 5)) --save-checkpoint "$work/v$s.safetensors" 2>/dev/null
+    done
+    args=(--kill-receiver-every 2 --checkpoints "$work"/v{0,1,2,3}.safetensors); marker=rollout-apply-2 ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 set +e
@@ -49,7 +56,7 @@ versions=$(grep -o '"step":[0-9]*' <<<"$out" | cut -d: -f2 | paste -sd' ')
 [ "$versions" = "$(seq -s' ' 1 $steps)" ] || { echo "FAIL: committed versions '$versions'"; exit 1; }
 grep -qx "version $steps" "$work/run/control/commit" || { echo "FAIL: record is not at version $steps"; exit 1; }
 case "$scenario" in
-  receiver-mid-apply|owner-mid-upload|ci)
+  receiver-mid-apply|owner-mid-upload|ci|checkpoints)
     grep -q . "$work/run/restarts" || { echo "FAIL: no process was restarted"; exit 1; } ;;
   coordinator-*)
     runs=$(grep -o '"coordinator_runs":[0-9]*' <<<"$out" | cut -d: -f2)
