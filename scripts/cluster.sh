@@ -11,7 +11,7 @@
 #                      [--size S] [--seed S] [--tp N] [--nodes N] [--receivers-per-node R]
 #                      [--checkpoints F0 F1 ...] [--kill-receiver-every K]
 #                      [--kill-coordinator-every K] [--kill-coordinator-at POINT:STEP]
-#                      [--kill-owner-at STEP] [--json]
+#                      [--kill-owner-at STEP] [--etcd URL[,URL...]] [--json]
 #
 # --kill-receiver-every K: at steps K, 2K, ... a rollout process (node
 #   (step/K - 1) mod nodes) is SIGKILLed mid-apply (after its first payload
@@ -21,6 +21,7 @@
 #   in turn); a new coordinator process takes over.
 # --kill-coordinator-at POINT:STEP: the same, once, at that point of that step.
 # --kill-owner-at STEP: owner 0 is SIGKILLed mid-upload of that step.
+# --etcd URLS: keep the commit record in that etcd (keys under dcr/cluster-<pid>/).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${DCR_BIN:-$here/build/examples}
@@ -36,6 +37,7 @@ kill_rx=0
 kill_co=0
 kill_owner=0
 kill_co_at=""
+etcd=""
 json=0
 checkpoints=()
 while [ $# -gt 0 ]; do
@@ -53,6 +55,7 @@ while [ $# -gt 0 ]; do
     --kill-coordinator-every) kill_co=$2; shift 2 ;;
     --kill-coordinator-at) kill_co_at=$2; shift 2 ;;
     --kill-owner-at) kill_owner=$2; shift 2 ;;
+    --etcd) etcd=$2; shift 2 ;;
     --json) json=1; shift ;;
     --checkpoints)
       shift
@@ -83,6 +86,7 @@ mkdir -p "$work/logs" "$work/pids"
 job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
      --receivers-per-node "$ranks")
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
+[ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
 
 say() { echo "[cluster] $*" >&2; }
 supervisors=()

@@ -20,6 +20,9 @@
 #include "dcr/model/config.hpp"
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/protocol/commit_store.hpp"
+#if DCR_CLUSTER_ETCD
+#include "dcr/protocol/etcd_commit_store.hpp"
+#endif
 #include "dcr/source/plan.hpp"
 #include "dcr/source/row_split_plan.hpp"
 #include "dcr/transport/object_store.hpp"
@@ -34,6 +37,8 @@ struct job_flags {
   unsigned nodes = 2, ranks = 2;   ///< rollout nodes × receivers per node
   std::vector<std::string> checkpoints;
   std::filesystem::path workdir = "dcr-cluster";
+  std::vector<std::string> etcd;            ///< etcd client URLs: commit record in etcd
+  std::string etcd_prefix = "dcr/cluster/"; ///< its keys' prefix
 };
 
 inline const char* job_usage =
@@ -44,7 +49,9 @@ inline const char* job_usage =
     "  --tp N --ep N --dp N     trainer layout; one dcr-owner per rank (default 2 1 1)\n"
     "  --nodes N                rollout nodes (default 2)\n"
     "  --receivers-per-node R   receivers (serving ranks) per node (default 2)\n"
-    "  --checkpoints F0 F1 ...  replay canonical safetensors files instead of AdamW\n";
+    "  --checkpoints F0 F1 ...  replay canonical safetensors files instead of AdamW\n"
+    "  --etcd URL[,URL...]      commit record in etcd (default: file in DIR/control)\n"
+    "  --etcd-prefix P          etcd key prefix (default dcr/cluster/)\n";
 
 /// Consume argv[i] (and its values) if it is a job flag.
 inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
@@ -76,6 +83,16 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     f.nodes = static_cast<unsigned>(number());
   else if (a == "--receivers-per-node")
     f.ranks = static_cast<unsigned>(number());
+  else if (a == "--etcd") {
+    const auto v = value();
+    std::size_t at = 0;
+    while (at <= v.size()) {
+      const auto c = std::min(v.find(',', at), v.size());
+      if (c > at) f.etcd.push_back(v.substr(at, c - at));
+      at = c + 1;
+    }
+  } else if (a == "--etcd-prefix")
+    f.etcd_prefix = value();
   else if (a == "--checkpoints") {
     while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
       f.checkpoints.push_back(argv[++i]);
@@ -158,8 +175,55 @@ inline void block_termination_signals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
+/// The job's commit store: the file store in DIR/control, or etcd.
+class job_commit_store {
+public:
+  explicit job_commit_store(const job& j) {
+    if (j.flags.etcd.empty()) {
+      file_ = std::make_unique<protocol::file_commit_store>(j.control_dir());
+      return;
+    }
+#if DCR_CLUSTER_ETCD
+    protocol::etcd_options o;
+    o.endpoints = j.flags.etcd;
+    o.prefix = j.flags.etcd_prefix;
+    etcd_ = std::make_unique<protocol::etcd_commit_store>(std::move(o));
+#else
+    throw error(errc::invalid_argument,
+                "--etcd: this build has no dcr-net (configure -Dnet=enabled)");
+#endif
+  }
+  status load(protocol::stored_record& out) {
+    return visit([&](auto& s) { return s.load(out); });
+  }
+  status take_over(std::uint64_t& e) {
+    return visit([&](auto& s) { return s.take_over(e); });
+  }
+  status prepare(std::uint64_t e, std::uint64_t& a) {
+    return visit([&](auto& s) { return s.prepare(e, a); });
+  }
+  status compare_and_set(std::uint64_t e, std::uint64_t a, std::uint64_t r,
+                         const protocol::commit_record& k) {
+    return visit([&](auto& s) { return s.compare_and_set(e, a, r, k); });
+  }
+
+private:
+  template <class F>
+  status visit(F&& f) {
+#if DCR_CLUSTER_ETCD
+    if (etcd_) return f(*etcd_);
+#endif
+    return f(*file_);
+  }
+  std::unique_ptr<protocol::file_commit_store> file_;
+#if DCR_CLUSTER_ETCD
+  std::unique_ptr<protocol::etcd_commit_store> etcd_;
+#endif
+};
+static_assert(protocol::commit_store<job_commit_store>);
+
 /// The committed version and incarnation (version 0 and "" before the first commit).
-inline protocol::stored_record load_record(protocol::file_commit_store& commits) {
+inline protocol::stored_record load_record(job_commit_store& commits) {
   protocol::stored_record cur;
   throw_if_failed(commits.load(cur));
   return cur;

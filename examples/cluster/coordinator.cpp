@@ -99,7 +99,7 @@ int main(int argc, char** argv) try {
           std::to_string(node_at.size()) + " --node given");
 
   transport::fs_object_store objects(job.objects_dir());
-  protocol::file_commit_store commits(job.control_dir());
+  cluster::job_commit_store commits(job);
   std::vector<std::unique_ptr<protocol::remote_owner_link>> owners;
   std::vector<std::unique_ptr<protocol::remote_node_link>> nodes;
   std::vector<protocol::remote_owner_link*> op;
@@ -139,9 +139,9 @@ int main(int argc, char** argv) try {
     };
   }
   protocol::link_coordinator<protocol::remote_owner_link, protocol::remote_node_link,
-                             transport::fs_object_store, protocol::file_commit_store>
+                             transport::fs_object_store, cluster::job_commit_store>
       coord(commits, objects, op, np, copt);
-  throw_if_failed(coord.take_over());
+  throw_if_failed(with_patience(wait, "take over", [&] { return coord.take_over(); }));
   std::cerr << "dcr-coordinator: epoch " << coord.epoch() << std::endl;
   throw_if_failed(with_patience(wait, "bootstrap", [&] { return coord.bootstrap(); }));
 
@@ -156,8 +156,13 @@ int main(int argc, char** argv) try {
           with_patience(wait, "owner digest", [&] { return op[k]->baseline_digest(d[k]); }));
     return protocol::combine(d) != cur.record.source_baseline;
   };
+  auto load = [&] {
+    protocol::stored_record cur;
+    throw_if_failed(with_patience(wait, "commit store", [&] { return commits.load(cur); }));
+    return cur;
+  };
   for (;;) {
-    const auto cur = cluster::load_record(commits);
+    const auto cur = load();
     if (cur.record.version >= steps && !owners_behind(cur)) break;
     target = cur.record.version + 1;
     const auto until = clk::now() + wait;
@@ -200,7 +205,7 @@ int main(int argc, char** argv) try {
     // its own loader, from the owners' dense export of their committed
     // baseline (independent of every payload); and each serves the digest
     // the commit record holds for it.
-    const auto cur = cluster::load_record(commits);
+    const auto cur = load();
     for (auto* o : op)
       throw_if_failed(with_patience(wait, "dense export", [&] {
         return o->export_dense(cur.record.version, cur.record.incarnation);

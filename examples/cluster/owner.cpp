@@ -85,7 +85,7 @@ int main(int argc, char** argv) try {
   const std::string who = "dcr-owner " + std::to_string(rank);
 
   transport::fs_object_store objects(job.objects_dir());
-  protocol::file_commit_store commits(job.control_dir());
+  cluster::job_commit_store commits(job);
   owner_store store{&objects, &job, die_step};
 
   // ---- training: every owner computes the whole (deterministic) state, so
