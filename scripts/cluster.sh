@@ -11,7 +11,7 @@
 #                      [--size S] [--seed S] [--tp N] [--nodes N] [--receivers-per-node R]
 #                      [--checkpoints F0 F1 ...] [--kill-receiver-every K]
 #                      [--kill-coordinator-every K] [--kill-coordinator-at POINT:STEP]
-#                      [--kill-owner-at STEP] [--etcd URL[,URL...]] [--json]
+#                      [--kill-owner-at STEP] [--etcd URL[,URL...]] [--s3 URL] [--json]
 #
 # --kill-receiver-every K: at steps K, 2K, ... a rollout process (node
 #   (step/K - 1) mod nodes) is SIGKILLed mid-apply (after its first payload
@@ -22,6 +22,8 @@
 # --kill-coordinator-at POINT:STEP: the same, once, at that point of that step.
 # --kill-owner-at STEP: owner 0 is SIGKILLed mid-upload of that step.
 # --etcd URLS: keep the commit record in that etcd (keys under dcr/cluster-<pid>/).
+# --s3 URL: keep the objects in bucket dcr-cluster-<pid> there (keys from
+#   DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${DCR_BIN:-$here/build/examples}
@@ -38,6 +40,7 @@ kill_co=0
 kill_owner=0
 kill_co_at=""
 etcd=""
+s3=""
 json=0
 checkpoints=()
 while [ $# -gt 0 ]; do
@@ -56,6 +59,7 @@ while [ $# -gt 0 ]; do
     --kill-coordinator-at) kill_co_at=$2; shift 2 ;;
     --kill-owner-at) kill_owner=$2; shift 2 ;;
     --etcd) etcd=$2; shift 2 ;;
+    --s3) s3=$2; shift 2 ;;
     --json) json=1; shift ;;
     --checkpoints)
       shift
@@ -87,6 +91,7 @@ job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
      --receivers-per-node "$ranks")
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
 [ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
+[ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
 
 say() { echo "[cluster] $*" >&2; }
 supervisors=()

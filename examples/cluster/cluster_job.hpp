@@ -4,6 +4,7 @@
 // process per trainer rank), the rollout layout (nodes × receivers per node),
 // and where the object store and the commit store are (docs/deployment.md).
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -20,8 +21,9 @@
 #include "dcr/model/config.hpp"
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/protocol/commit_store.hpp"
-#if DCR_CLUSTER_ETCD
+#if DCR_CLUSTER_NET
 #include "dcr/protocol/etcd_commit_store.hpp"
+#include "dcr/transport/s3_object_store.hpp"
 #endif
 #include "dcr/source/plan.hpp"
 #include "dcr/source/row_split_plan.hpp"
@@ -39,6 +41,9 @@ struct job_flags {
   std::filesystem::path workdir = "dcr-cluster";
   std::vector<std::string> etcd;            ///< etcd client URLs: commit record in etcd
   std::string etcd_prefix = "dcr/cluster/"; ///< its keys' prefix
+  std::string s3;                           ///< S3 endpoint: objects in a bucket there
+  std::string s3_bucket = "dcr-cluster";
+  std::string s3_region = "us-east-1";
 };
 
 inline const char* job_usage =
@@ -51,7 +56,9 @@ inline const char* job_usage =
     "  --receivers-per-node R   receivers (serving ranks) per node (default 2)\n"
     "  --checkpoints F0 F1 ...  replay canonical safetensors files instead of AdamW\n"
     "  --etcd URL[,URL...]      commit record in etcd (default: file in DIR/control)\n"
-    "  --etcd-prefix P          etcd key prefix (default dcr/cluster/)\n";
+    "  --etcd-prefix P          etcd key prefix (default dcr/cluster/)\n"
+    "  --s3 URL [--s3-bucket B] [--s3-region R]   objects in an S3 bucket (default: DIR/objects);\n"
+    "                           keys from DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY\n";
 
 /// Consume argv[i] (and its values) if it is a job flag.
 inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
@@ -93,6 +100,12 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     }
   } else if (a == "--etcd-prefix")
     f.etcd_prefix = value();
+  else if (a == "--s3")
+    f.s3 = value();
+  else if (a == "--s3-bucket")
+    f.s3_bucket = value();
+  else if (a == "--s3-region")
+    f.s3_region = value();
   else if (a == "--checkpoints") {
     while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
       f.checkpoints.push_back(argv[++i]);
@@ -183,7 +196,7 @@ public:
       file_ = std::make_unique<protocol::file_commit_store>(j.control_dir());
       return;
     }
-#if DCR_CLUSTER_ETCD
+#if DCR_CLUSTER_NET
     protocol::etcd_options o;
     o.endpoints = j.flags.etcd;
     o.prefix = j.flags.etcd_prefix;
@@ -210,17 +223,84 @@ public:
 private:
   template <class F>
   status visit(F&& f) {
-#if DCR_CLUSTER_ETCD
+#if DCR_CLUSTER_NET
     if (etcd_) return f(*etcd_);
 #endif
     return f(*file_);
   }
   std::unique_ptr<protocol::file_commit_store> file_;
-#if DCR_CLUSTER_ETCD
+#if DCR_CLUSTER_NET
   std::unique_ptr<protocol::etcd_commit_store> etcd_;
 #endif
 };
 static_assert(protocol::commit_store<job_commit_store>);
+
+/// The job's object store: the fs store in DIR/objects, or an S3 bucket.
+class job_object_store {
+public:
+  explicit job_object_store(const job& j) {
+    if (j.flags.s3.empty()) {
+      fs_ = std::make_unique<transport::fs_object_store>(j.objects_dir());
+      return;
+    }
+#if DCR_CLUSTER_NET
+    transport::s3_options o;
+    o.endpoint = j.flags.s3;
+    o.bucket = j.flags.s3_bucket;
+    o.region = j.flags.s3_region;
+    const char* ak = std::getenv("DCR_S3_ACCESS_KEY");
+    const char* sk = std::getenv("DCR_S3_SECRET_KEY");
+    if (!ak || !sk)
+      throw error(errc::invalid_argument, "--s3: set DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY");
+    o.credentials.access_key = ak;
+    o.credentials.secret_key = sk;
+    s3_ = std::make_unique<transport::s3_object_store>(std::move(o));
+#else
+    throw error(errc::invalid_argument,
+                "--s3: this build has no dcr-net (configure -Dnet=enabled)");
+#endif
+  }
+  /// Create the bucket if it is not there (S3; nothing for a directory).
+  status prepare() {
+#if DCR_CLUSTER_NET
+    if (s3_) return s3_->create_bucket();
+#endif
+    return status::success();
+  }
+  status put(std::string_view n, std::span<const std::byte> b) {
+    return visit([&](auto& s) { return s.put(n, b); });
+  }
+  status get(std::string_view n, std::vector<std::byte>& out) {
+    return visit([&](auto& s) { return s.get(n, out); });
+  }
+  status list(std::string_view p, std::vector<std::string>& names) {
+    return visit([&](auto& s) { return s.list(p, names); });
+  }
+  status remove(std::string_view n) {
+    return visit([&](auto& s) { return s.remove(n); });
+  }
+  /// How long a waiting reader may sleep between listings (attempt_objects.hpp).
+  std::chrono::microseconds list_poll_max() const {
+#if DCR_CLUSTER_NET
+    if (s3_) return s3_->list_poll_max();
+#endif
+    return std::chrono::microseconds(5000);
+  }
+
+private:
+  template <class F>
+  status visit(F&& f) {
+#if DCR_CLUSTER_NET
+    if (s3_) return f(*s3_);
+#endif
+    return f(*fs_);
+  }
+  std::unique_ptr<transport::fs_object_store> fs_;
+#if DCR_CLUSTER_NET
+  std::unique_ptr<transport::s3_object_store> s3_;
+#endif
+};
+static_assert(transport::object_store<job_object_store>);
 
 /// The committed version and incarnation (version 0 and "" before the first commit).
 inline protocol::stored_record load_record(job_commit_store& commits) {

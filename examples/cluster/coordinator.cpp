@@ -98,7 +98,8 @@ int main(int argc, char** argv) try {
     usage("the job has " + std::to_string(flags.nodes) + " nodes, " +
           std::to_string(node_at.size()) + " --node given");
 
-  transport::fs_object_store objects(job.objects_dir());
+  cluster::job_object_store objects(job);
+  throw_if_failed(objects.prepare());
   cluster::job_commit_store commits(job);
   std::vector<std::unique_ptr<protocol::remote_owner_link>> owners;
   std::vector<std::unique_ptr<protocol::remote_node_link>> nodes;
@@ -139,7 +140,7 @@ int main(int argc, char** argv) try {
     };
   }
   protocol::link_coordinator<protocol::remote_owner_link, protocol::remote_node_link,
-                             transport::fs_object_store, cluster::job_commit_store>
+                             cluster::job_object_store, cluster::job_commit_store>
       coord(commits, objects, op, np, copt);
   throw_if_failed(with_patience(wait, "take over", [&] { return coord.take_over(); }));
   std::cerr << "dcr-coordinator: epoch " << coord.epoch() << std::endl;

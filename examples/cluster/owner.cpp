@@ -31,7 +31,7 @@ namespace {
 /// The object store as the owner writes it; `--die-mid-upload` SIGKILLs the
 /// process after the first payload of the armed step's attempt is stored.
 struct owner_store {
-  transport::fs_object_store* inner;
+  cluster::job_object_store* inner;
   const cluster::job* j;
   std::uint64_t die_step = 0;
   std::atomic<std::uint64_t> target{0};
@@ -84,7 +84,8 @@ int main(int argc, char** argv) try {
                                             std::to_string(job.owners()) + " ranks");
   const std::string who = "dcr-owner " + std::to_string(rank);
 
-  transport::fs_object_store objects(job.objects_dir());
+  cluster::job_object_store objects(job);
+  throw_if_failed(objects.prepare());
   cluster::job_commit_store commits(job);
   owner_store store{&objects, &job, die_step};
 
@@ -165,7 +166,7 @@ int main(int argc, char** argv) try {
                             ", the committed baseline is version " + std::to_string(base_version));
     std::vector<host_tensor> canon;
     DCR_TRY(export_canonical(plan, baseline.view(), canon));
-    transport::incarnation_scope<transport::fs_object_store> scoped(objects, inc);
+    transport::incarnation_scope<cluster::job_object_store> scoped(objects, inc);
     // Each owner uploads its share (tensor i of owner i mod world).
     for (std::size_t i = rank; i < canon.size(); i += job.owners())
       DCR_TRY(scoped.put(cluster::dense_name(v, canon[i].meta.name), canon[i].bytes));

@@ -34,7 +34,7 @@ namespace {
 /// Where the dense copy of the committed version lies, and a cache of it
 /// (fetched once per node per restore, shared by the node's receivers).
 struct dense_source {
-  transport::fs_object_store* objects;
+  cluster::job_object_store* objects;
   const cluster::job* j;
   std::mutex m;
   std::uint64_t version = 0;
@@ -55,7 +55,7 @@ struct dense_source {
     std::lock_guard l(m);
     if (!cached) {
       DCR_RETURN_ERROR_IF(incarnation.empty(), not_found, "no committed version to restore");
-      transport::incarnation_scope<transport::fs_object_store> scoped(*objects, incarnation);
+      transport::incarnation_scope<cluster::job_object_store> scoped(*objects, incarnation);
       tensor_set s;
       for (auto& meta : j->metas) {
         host_tensor h(meta);
@@ -148,7 +148,7 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   using rr = rank_receiver<Loader>;
   using endpoint_t = protocol::receiver_endpoint<rr>;
   const std::string who = "dcr-rollout " + std::to_string(node);
-  transport::fs_object_store objects(job.objects_dir());
+  cluster::job_object_store objects(job);
   dense_source dense{&objects, &job, {}, 0, {}, {}};
   std::atomic<bool> armed{false};
   std::vector<std::unique_ptr<protocol::request_gate>> gates;
@@ -176,7 +176,7 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   }
   std::vector<endpoint_t*> eps;
   for (auto& e : endpoints) eps.push_back(e.get());
-  protocol::local_node_link<rr, transport::fs_object_store> link(eps, objects, node);
+  protocol::local_node_link<rr, cluster::job_object_store> link(eps, objects, node);
   node_process_link<decltype(link)> plink{&link, &dense, die_step, &armed, &job};
 
   // Verification: every receiver's complete storage against a dense load of
