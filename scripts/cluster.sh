@@ -84,8 +84,9 @@ done
 own_work=0
 if [ -z "$work" ]; then work=$(mktemp -d "${TMPDIR:-/tmp}/dcr-cluster-XXXXXX"); own_work=1; fi
 mkdir -p "$work/logs" "$work/pids"
-# Ports: BASE+k for owner k, BASE+100+j for node j (a free range from the PID by default).
-[ "$port" -ne 0 ] || port=$((20000 + ($$ % 200) * 200))
+# Ports: BASE+k for owner k, BASE+100+j for node j (by default a range chosen by the PID,
+# below the ephemeral range 32768-60999 so that no outgoing connection holds one).
+[ "$port" -ne 0 ] || port=$((20000 + ($$ % 60) * 200)) # below the ephemeral range
 
 job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
      --receivers-per-node "$ranks")
