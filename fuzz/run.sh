@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in build-fuzz (clang++, ASan+UBSan) and runs
 # them for SECONDS in total (decode and body 30% each, roundtrip and the
-# text decoders 20% each).
+# text decoders 20% each), then the control-channel decoders for a tenth on top.
 # Exits non-zero when a target crashes; reproducers land in build-fuzz/.
 # CI runs it with 60; a longer run: DCR_JOBS=1 fuzz/run.sh 3600 (docs/wire-format.md,
 # "Fuzzing", has the executions per target so far).
@@ -12,7 +12,7 @@ if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false -Dbenches=false -Dexamples=false \
     -Dcuda=disabled -Dbuildtype=debugoptimized
 fi
-ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_text \
+ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_text fuzz/fuzz_control \
   fuzz/fuzz_make_seed fuzz/fuzz_make_text_seeds
 out=build-fuzz/fuzz
 seeds=$out/seeds
@@ -42,4 +42,8 @@ run fuzz_decode "$t1" "$out/corpus-decode" "$seeds"
 run fuzz_body "$t1" "$out/corpus-body" "$out/seeds-body"
 run fuzz_roundtrip "$t3" "$out/corpus-roundtrip" "$seeds"
 run fuzz_text "$t4" "$out/corpus-text" "$out/seeds-text"
+# Control-channel frames and call bodies: a few seconds on top (small decoders).
+mkdir -p "$out/seeds-control"
+printf '\x25\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00' > "$out/seeds-control/refit-short"
+run fuzz_control "$(( seconds / 10 > 5 ? seconds / 10 : 5 ))" "$out/corpus-control" "$out/seeds-control"
 echo "fuzz: no crashes in ${seconds} s"

@@ -43,9 +43,12 @@
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/transport/object_store.hpp"
+#include "examples/common/model_setup.hpp"
 #include "support/report.hpp"
 
 using namespace dcr;
+using dcr::examples::model_for;
+using dcr::examples::parse_size;
 using clk = std::chrono::steady_clock;
 
 namespace {
@@ -107,54 +110,6 @@ options parse(int argc, char** argv) {
       usage("unknown argument " + a);
   }
   return o;
-}
-
-/// Bytes from "small", "800MB", "1GB", "1.5GB", "123456".
-std::uint64_t parse_size(const std::string& s) {
-  if (s == "small") return 0;
-  char* end = nullptr;
-  const double x = std::strtod(s.c_str(), &end);
-  const std::string unit = end ? end : "";
-  double mul = 1;
-  if (unit == "GB" || unit == "G")
-    mul = 1e9;
-  else if (unit == "MB" || unit == "M")
-    mul = 1e6;
-  else if (unit == "KB" || unit == "K")
-    mul = 1e3;
-  else if (!unit.empty())
-    usage("--size: unknown unit " + unit);
-  if (!(x > 0)) usage("--size: not a positive size: " + s);
-  return static_cast<std::uint64_t>(x * mul);
-}
-
-/// Qwen3-MoE-style config near `bytes` of BF16 weights (0: the small model).
-model_config model_for(std::uint64_t bytes) {
-  model_config c;
-  c.family = "qwen3_moe";
-  c.qk_norm = true;
-  c.ffn = 0;
-  if (bytes == 0) {
-    c.hidden = 256, c.heads = 8, c.kv_heads = 2, c.head_dim = 32, c.experts = 8, c.moe_ffn = 128,
-    c.vocab = 4096;
-    c.layers = 2;
-    return c;
-  }
-  c.hidden = 1024, c.heads = 16, c.kv_heads = 4, c.head_dim = 64, c.experts = 16, c.moe_ffn = 512,
-  c.vocab = 32000;
-  c.layers = 1;
-  const auto one = [&] {
-    std::uint64_t n = 0;
-    for (auto& m : canonical_tensors(c)) n += m.nbytes();
-    return n;
-  };
-  const auto b1 = one();
-  c.layers = 2;
-  const auto per_layer = one() - b1;
-  const auto fixed = b1 - per_layer;
-  c.layers =
-      bytes > fixed ? std::max<std::uint64_t>(1, (bytes - fixed + per_layer / 2) / per_layer) : 1;
-  return c;
 }
 
 double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
@@ -522,15 +477,9 @@ int main(int argc, char** argv) try {
 
   if (!opt.checkpoint.empty()) {
     // A real checkpoint: its tensors are the initial weights.
-    auto file = io::safetensors_file::open_or_throw(opt.checkpoint);
-    const auto& metas = file.tensors();
-    std::vector<host_tensor> initial;
-    for (auto& m : metas) {
-      host_tensor h(m);
-      auto b = file.bytes(m.name);
-      std::memcpy(h.bytes.data(), b.data(), b.size());
-      initial.push_back(std::move(h));
-    }
+    std::vector<host_tensor> initial = examples::read_checkpoint(opt.checkpoint);
+    std::vector<tensor_meta> metas;
+    for (auto& t : initial) metas.push_back(t.meta);
     auto plan = std::make_shared<const source_plan>(row_split_plan(metas));
     rollout<loaders::row_split_loader> ro;
     for (std::uint64_t r = 0; r < 4; ++r) {
@@ -573,27 +522,7 @@ int main(int argc, char** argv) try {
   say("trainer: " + trainer_desc + "; rollout: " + ro.description);
 
   auto t0 = clk::now();
-  std::vector<host_tensor> initial(metas.size());
-  {
-    // N(0, 0.02) BF16 words: random windows of one pool of normals (the
-    // demo needs realistic magnitudes, not independent draws per element).
-    const auto pool = sim::normal_bf16(std::size_t{1} << 22, 0.02f, opt.seed);
-    constexpr std::size_t window = 4096;
-    support::parallel_for(metas.size(), [&](std::size_t i) {
-      host_tensor h(metas[i]);
-      auto* w = reinterpret_cast<std::uint16_t*>(h.bytes.data());
-      const auto n = metas[i].numel();
-      if (metas[i].shape.size() == 1) {
-        std::fill_n(w, n, std::uint16_t{0x3F80}); // norms start at 1.0
-      } else {
-        sim::xoshiro256ss rng(opt.seed * 7919 + i);
-        for (std::size_t k = 0; k < n; k += window)
-          std::memcpy(w + k, pool.data() + rng.below(pool.size() - window),
-                      std::min(window, n - k) * 2);
-      }
-      initial[i] = std::move(h);
-    });
-  }
+  std::vector<host_tensor> initial = examples::synthetic_weights(metas, opt.seed);
   say("initial weights ready (" + support::fmt(since(t0), 1) + " s)");
   if (!opt.save_checkpoint.empty()) {
     std::vector<std::span<const std::byte>> data;

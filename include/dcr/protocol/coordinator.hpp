@@ -13,6 +13,10 @@
 ///   close the gate and apply) → finish (flush, sync, check) → ACK(digest) →
 ///   compare-and-set K^v → K^{v+1} → owners commit their baselines → GC of
 ///   attempt objects → gate opens.
+/// The per-owner and per-node work are operations on links (links.hpp):
+/// `coordinator` drives owners and endpoints of this process through local
+/// links, `link_coordinator` drives any links, e.g. proxies of owner and
+/// rollout processes (remote_links.hpp), with the same code.
 /// A failed attempt is stopped and waited for (`stop_and_wait`: every thread
 /// of the attempt has ended, so none of its writes can land later; late
 /// deliveries are fenced by τ anyway), and the transition retries with every
@@ -36,6 +40,7 @@
 #include "dcr/pipeline/stage.hpp"
 #include "dcr/protocol/commit_store.hpp"
 #include "dcr/protocol/endpoint.hpp"
+#include "dcr/protocol/links.hpp"
 #include "dcr/protocol/request_gate.hpp"
 #include "dcr/protocol/roles.hpp"
 #include "dcr/transport/attempt_objects.hpp"
@@ -49,6 +54,7 @@ namespace dcr::protocol {
 enum class crash_point {
   after_prepare,   ///< τ handed out, nothing streamed
   after_first_ack, ///< some receivers applied everything and acknowledged
+  before_commit,   ///< every receiver acknowledged, K^{v+1} not yet written
   after_commit,    ///< K^{v+1} written, owners' baselines not yet updated
 };
 
@@ -91,27 +97,27 @@ struct coordinator_options {
   std::function<bool(crash_point)> crash;
 };
 
-/// Drives owners and receiver endpoints over an object store or another
-/// attempt transport (e.g. a relay tree), committing in a commit store.
-template <owner_role Owner, receiver_role Receiver, transport::attempt_medium Store,
+/// Drives owner links and rollout-node links over an object store or another
+/// attempt transport (e.g. a relay tree), committing in a commit store. The
+/// coordinator itself touches the medium only for listings, manifests and
+/// garbage collection: payload bytes go from the owners' links to the nodes'.
+template <owner_link OwnerLink, node_link NodeLink, transport::attempt_medium Store,
           commit_store Commits>
-class coordinator {
+class link_coordinator {
 public:
-  using endpoint = receiver_endpoint<Receiver>;
-
-  coordinator(Commits& commits, Store& store, std::vector<Owner*> owners,
-              std::vector<endpoint*> receivers, coordinator_options opt = {})
-      : commits_(&commits), store_(&store), owners_(std::move(owners)),
-        receivers_(std::move(receivers)), opt_(std::move(opt)) {
+  link_coordinator(Commits& commits, Store& store, std::vector<OwnerLink*> owners,
+                   std::vector<NodeLink*> nodes, coordinator_options opt = {})
+      : commits_(&commits), store_(&store), owners_(std::move(owners)), nodes_(std::move(nodes)),
+        opt_(std::move(opt)) {
     // A transport sized for another receiver set (a relay tree's reader
     // slots) would make readers wait for receivers that never come.
     if constexpr (requires {
                     { store.receiver_count() } -> std::convertible_to<std::size_t>;
                   })
-      if (store.receiver_count() != receivers_.size())
+      if (store.receiver_count() != nodes_.size())
         throw error(errc::invalid_argument,
                     "coordinator: transport serves " + std::to_string(store.receiver_count()) +
-                        " receivers, " + std::to_string(receivers_.size()) + " given");
+                        " receivers, " + std::to_string(nodes_.size()) + " given");
   }
 
   /// Become the active coordinator; fences every older one.
@@ -152,13 +158,20 @@ public:
     k.version = 0;
     k.attempt = tau;
     k.incarnation = new_incarnation();
-    k.source_baseline = baseline_digest();
-    for (auto* e : receivers_) {
-      DCR_TRY(e->ensure_member(nullptr));
-      e->begin(tau);
-      digest128 d{};
-      DCR_TRY(e->finish(tau, d));
-      k.receivers.push_back({e->id(), d});
+    DCR_TRY(baseline_digest(k.source_baseline));
+    DCR_TRY(export_for_restore(0, k.incarnation));
+    const membership initial{0, k.incarnation, {}};
+    for (auto* n : nodes_) {
+      std::size_t restored = 0;
+      DCR_TRY(n->ensure_member(initial, restored));
+      DCR_TRY(n->begin(tau));
+      std::vector<digest128> d;
+      DCR_TRY(n->acknowledge(tau, d));
+      const auto ids = n->ids();
+      DCR_RETURN_ERROR_IF(d.size() != ids.size(), verification,
+                          "node of " + std::to_string(ids.size()) + " receivers sent " +
+                              std::to_string(d.size()) + " ACKs");
+      for (std::size_t i = 0; i < ids.size(); ++i) k.receivers.push_back({ids[i], d[i]});
     }
     k.time_unix_ns = unix_time_ns();
     return commits_->compare_and_set(epoch_, tau, 0, k);
@@ -188,15 +201,56 @@ private:
     return dead_;
   }
 
-  digest128 baseline_digest() const {
-    std::vector<digest128> d;
-    for (auto* o : owners_) d.push_back(o->baseline_digest());
-    return combine(d);
+  status baseline_digest(digest128& out) {
+    std::vector<digest128> d(owners_.size());
+    for (std::size_t k = 0; k < owners_.size(); ++k) DCR_TRY(owners_[k]->baseline_digest(d[k]));
+    out = combine(d);
+    return status::success();
   }
-  digest128 candidate_digest() const {
-    std::vector<digest128> d;
-    for (auto* o : owners_) d.push_back(o->candidate_digest());
-    return combine(d);
+  status candidate_digest(digest128& out) {
+    std::vector<digest128> d(owners_.size());
+    for (std::size_t k = 0; k < owners_.size(); ++k) DCR_TRY(owners_[k]->candidate_digest(d[k]));
+    out = combine(d);
+    return status::success();
+  }
+  status commit_baselines(std::uint64_t tau, std::uint64_t version) {
+    for (auto* o : owners_) DCR_TRY(o->commit_baseline(tau, version));
+    return status::success();
+  }
+
+  /// Owner links that can export their committed baseline densely (owners
+  /// in other processes) do so when some node has a receiver to restore;
+  /// an owner without a dense export (`not_found`) leaves the restore to the
+  /// node's own source of the committed version.
+  status export_for_restore(std::uint64_t version, const std::string& inc) {
+    if constexpr (requires(OwnerLink & o, NodeLink & n, std::size_t & c) {
+                    { o.export_dense(version, inc) } -> std::same_as<status>;
+                    { n.down(c) } -> std::same_as<status>;
+                  }) {
+      std::size_t down = 0;
+      for (auto* n : nodes_) {
+        std::size_t c = 0;
+        DCR_TRY(n->down(c));
+        down += c;
+      }
+      if (down > 0)
+        for (auto* o : owners_)
+          if (auto s = o->export_dense(version, inc); !s && s.code != errc::not_found) return s;
+    }
+    return status::success();
+  }
+
+  /// Membership step: every node restores its dead receivers to the
+  /// committed version.
+  status membership_step(const membership& m, transition_report& rep) {
+    DCR_TRY(export_for_restore(m.version, m.incarnation));
+    for (auto* n : nodes_) {
+      const auto tr = clock::now();
+      std::size_t restored = 0;
+      DCR_TRY(n->ensure_member(m, restored));
+      if (restored) rep.restore_seconds += seconds_since(tr);
+    }
+    return status::success();
   }
 
   status run_transition(transition_report& rep) {
@@ -208,7 +262,9 @@ private:
                         "committed version " + std::to_string(cur.record.version) +
                             " has no successor");
     const std::string& inc = cur.record.incarnation;
-    const auto base = baseline_digest(), cand = candidate_digest();
+    digest128 base{}, cand{};
+    DCR_TRY(baseline_digest(base));
+    DCR_TRY(candidate_digest(cand));
     if (cur.record.source_baseline != base) {
       // A coordinator died after committing and before the baseline update:
       // roll forward, as the record already publishes the candidate.
@@ -216,7 +272,7 @@ private:
           cur.record.source_baseline != cand, verification,
           "owners' baseline matches neither the committed record nor their candidate");
       const auto tc = clock::now();
-      for (auto* o : owners_) o->commit_baseline();
+      DCR_TRY(commit_baselines(cur.record.attempt, cur.record.version));
       finish_transition(inc, cur.record.attempt, rep);
       rep.commit_seconds = seconds_since(tc);
       rep.rolled_forward = true;
@@ -226,18 +282,12 @@ private:
     // Any attempt prepared since the last commit may have left partial writes.
     refit_mode mode =
         cur.attempt == cur.record.attempt ? refit_mode::mixed : refit_mode::overwrite_all;
-    std::map<std::string, digest128> committed;
-    for (auto& a : cur.record.receivers) committed[a.receiver] = a.state;
+    membership members{cur.record.version, inc, {}};
+    for (auto& a : cur.record.receivers) members.committed[a.receiver] = a.state;
     status last = fail(errc::aborted, "no attempt ran");
     for (int i = 0; i < opt_.max_attempts; ++i) {
       // Membership changes only here, between attempts.
-      for (auto* e : receivers_) {
-        auto it = committed.find(e->id());
-        const auto tr = clock::now();
-        const bool was_alive = e->alive();
-        DCR_TRY(e->ensure_member(it == committed.end() ? nullptr : &it->second));
-        if (!was_alive) rep.restore_seconds += seconds_since(tr);
-      }
+      DCR_TRY(membership_step(members, rep));
       std::uint64_t tau = 0;
       DCR_TRY(commits_->prepare(epoch_, tau));
       if (crash_at(crash_point::after_prepare))
@@ -248,10 +298,10 @@ private:
       std::vector<receiver_ack> acks;
       if constexpr (transport::object_store<Store>) {
         transport::incarnation_scope<Store> scoped(*store_, inc);
-        ar.result = run_attempt(scoped, tau, cur.record.version + 1, mode, ar, acks);
+        ar.result = run_attempt(scoped, inc, tau, cur.record.version + 1, mode, ar, acks);
         if (!ar.result && !dead_) distrust_unlisted(scoped, tau);
       } else {
-        ar.result = run_attempt(*store_, tau, cur.record.version + 1, mode, ar, acks);
+        ar.result = run_attempt(*store_, inc, tau, cur.record.version + 1, mode, ar, acks);
       }
       rep.attempts.push_back(ar);
       if (dead_) return fail(errc::aborted, "coordinator died after some ACKs");
@@ -260,12 +310,14 @@ private:
         mode = refit_mode::overwrite_all;
         continue;
       }
+      if (crash_at(crash_point::before_commit))
+        return fail(errc::aborted, "coordinator died before commit");
       const auto tc = clock::now();
       commit_record next{cur.record.version + 1, cand, tau, std::move(acks), unix_time_ns(), inc};
       DCR_TRY(commits_->compare_and_set(epoch_, tau, cur.revision, next));
       if (crash_at(crash_point::after_commit))
         return fail(errc::aborted, "coordinator died after commit");
-      for (auto* o : owners_) o->commit_baseline();
+      DCR_TRY(commit_baselines(tau, next.version));
       finish_transition(inc, tau, rep);
       rep.commit_seconds = seconds_since(tc);
       rep.committed_version = next.version;
@@ -290,19 +342,27 @@ private:
     const bool known = transport::read_listed(medium, tau, listed).ok();
     std::set<std::uint32_t> ours;
     for (auto* o : owners_) ours.insert(o->owner_id());
-    for (auto* e : receivers_) {
-      bool trusted = true;
-      for (auto& [name, d] : e->staged_payloads(tau)) {
-        const auto owner = transport::payload_owner(name, tau);
-        if (!known || !owner || !ours.count(*owner)) {
-          trusted = false;
-          break;
-        }
-        if (!listed.owners.count(*owner)) continue;
-        const auto it = listed.entries.find(name);
-        trusted = trusted && it != listed.entries.end() && it->second == d;
+    for (auto* n : nodes_) {
+      std::vector<staged_set> staged;
+      if (!n->staged_payloads(tau, staged)) {
+        // The node cannot tell what it staged (it is gone): drop all of it.
+        for (auto& id : n->ids()) (void)n->kill(id);
+        continue;
       }
-      if (!trusted) e->kill();
+      for (auto& set : staged) {
+        bool trusted = true;
+        for (auto& [name, d] : set.payloads) {
+          const auto owner = transport::payload_owner(name, tau);
+          if (!known || !owner || !ours.count(*owner)) {
+            trusted = false;
+            break;
+          }
+          if (!listed.owners.count(*owner)) continue;
+          const auto it = listed.entries.find(name);
+          trusted = trusted && it != listed.entries.end() && it->second == d;
+        }
+        if (!trusted) (void)n->kill(set.receiver);
+      }
     }
   }
 
@@ -311,19 +371,26 @@ private:
       if constexpr (transport::object_store<Store>) {
         transport::incarnation_scope<Store> scoped(*store_, inc);
         (void)transport::collect(scoped, tau, &rep.collected_objects);
+        // Dense exports of an older committed version (restores) are stale now.
+        std::vector<std::string> dense;
+        if (scoped.list("dense/", dense))
+          for (auto& d : dense) (void)scoped.remove(d);
       } else {
         (void)transport::collect(*store_, tau, &rep.collected_objects);
       }
     }
-    for (auto* e : receivers_) e->open_gate(tau);
+    // A node that cannot be reached keeps its gate as it is; it is restored
+    // (and its gate reopened) when it rejoins.
+    for (auto* n : nodes_) (void)n->open_gate(tau);
   }
 
   /// One attempt over `medium` (the object store seen through this history's
   /// incarnation scope, or the attempt transport); returns only after every
   /// thread it started has ended.
   template <class Medium>
-  status run_attempt(Medium& medium, std::uint64_t tau, std::uint64_t target, refit_mode mode,
-                     attempt_report& ar, std::vector<receiver_ack>& acks) {
+  status run_attempt(Medium& medium, const std::string& inc, std::uint64_t tau,
+                     std::uint64_t target, refit_mode mode, attempt_report& ar,
+                     std::vector<receiver_ack>& acks) {
     const auto t0 = clock::now();
     if constexpr (transport::object_store<Medium>) {
       // A fresh τ has no objects. Some there means attempt ids were handed
@@ -348,158 +415,117 @@ private:
     };
     std::vector<std::uint32_t> owner_ids;
     for (auto* o : owners_) owner_ids.push_back(o->owner_id());
-    for (auto* e : receivers_) {
-      if (opt_.mode == rl_mode::synchronous) e->close_gate(tau);
-      e->begin(tau);
+    const bool sync = opt_.mode == rl_mode::synchronous;
+    for (auto* n : nodes_) {
+      if (sync) DCR_TRY(n->close_gate(tau));
+      DCR_TRY(n->begin(tau));
     }
 
     std::vector<std::thread> threads;
-    std::vector<double> construct(owners_.size()), upload(owners_.size());
-    std::vector<double> fetch(receivers_.size()), apply(receivers_.size());
-    std::atomic<std::size_t> payloads{0};
-    std::atomic<std::uint64_t> bytes{0};
+    std::vector<publish_report> published(owners_.size());
+    std::vector<refit_result> refits(nodes_.size());
     std::atomic<std::size_t> acked{0};
-    acks.assign(receivers_.size(), {});
 
     for (std::size_t k = 0; k < owners_.size(); ++k) {
       threads.emplace_back([&, k] {
-        auto* o = owners_[k];
-        auto w = transport::open_writer(medium, tau, o->owner_id());
-        // Build on a producer thread, upload on this one, joined by one
-        // bounded queue (pipeline::run): the upload of payload l overlaps the
-        // construction of l+1, and a full queue is the builder's backpressure.
-        double blocked = 0;
-        status built = status::success();
-        const auto tb = clock::now();
-        status up = pipeline::run_status<std::vector<std::byte>>(
-            pipeline::chain<>{},
-            [&](auto&& emit) {
-              built = o->build({tau, target, mode}, [&](std::vector<std::byte>&& p) -> status {
-                DCR_RETURN_ERROR_IF(stop.load(), aborted,
-                                    "attempt " + std::to_string(tau) + " stopped");
-                const auto tq = clock::now();
-                const bool ok = emit(std::move(p));
-                blocked += seconds_since(tq);
-                DCR_RETURN_ERROR_IF(!ok, aborted,
-                                    "upload of attempt " + std::to_string(tau) + " failed");
-                return status::success();
-              });
-              construct[k] = seconds_since(tb) - blocked;
-            },
-            [&](std::vector<std::byte>&& p) {
-              const auto tp = clock::now();
-              auto st = stop ? fail(errc::aborted, "attempt stopped") : w.put_payload(p);
-              upload[k] += seconds_since(tp);
-              throw_if_failed(st);
-              payloads += 1;
-              bytes += p.size();
-            },
-            opt_.upload_queue);
-        if (!built) built.message = "owner " + std::to_string(o->owner_id()) + ": " + built.message;
-        record(std::move(built));
-        record(std::move(up));
-        if (!stop) {
-          const auto tp = clock::now();
-          record(w.finish());
-          upload[k] += seconds_since(tp);
-        }
+        publish_request rq{tau, target, mode, inc, opt_.upload_queue};
+        record(owners_[k]->publish(rq, stop, published[k]));
       });
     }
-
-    for (std::size_t r = 0; r < receivers_.size(); ++r) {
+    for (std::size_t r = 0; r < nodes_.size(); ++r) {
       threads.emplace_back([&, r] {
-        auto* e = receivers_[r];
-        const bool sync = opt_.mode == rl_mode::synchronous;
-        struct fetched {
-          std::string name;
-          std::vector<std::byte> bytes;
-        };
-        // Fetch on a producer thread, apply on this one (pipeline::run): the
-        // fetch of payload l+1 overlaps the application of l.
-        auto reader = transport::open_reader(medium, tau, r, owner_ids);
-        status s = status::success();
-        const auto tf = clock::now();
-        status applied = pipeline::run_status<fetched>(
-            pipeline::chain<>{},
-            [&](auto&& emit) {
-              s = reader.run(
-                  [&](std::string_view name, std::span<const std::byte> b) -> status {
-                    DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}),
-                                        aborted, "receiver " + e->id() + ": apply failed");
-                    return status::success();
-                  },
-                  stop, deadline);
-            },
-            [&](fetched&& p) {
-              const auto ta = clock::now();
-              auto st = e->deliver(tau, p.name, p.bytes, sync);
-              apply[r] += seconds_since(ta);
-              throw_if_failed(st);
-            },
-            opt_.apply_queue);
-        fetch[r] = seconds_since(tf) - apply[r];
-        if (!applied) {
-          record(std::move(applied));
-          return;
-        }
+        refit_request rq{tau, inc, owner_ids, sync, opt_.apply_queue, deadline};
+        auto s = nodes_[r]->refit(rq, stop, refits[r]);
+        if (s && refits[r].acks.size() != nodes_[r]->ids().size())
+          s = fail(errc::verification, "node sent " + std::to_string(refits[r].acks.size()) +
+                                           " ACKs for " + std::to_string(nodes_[r]->ids().size()) +
+                                           " receivers");
         if (!s) {
-          s.message = "receiver " + e->id() + ": " + s.message;
           record(std::move(s));
           return;
         }
-        if constexpr (requires { reader.listed(); }) {
-          // Exactly the listed payloads were staged, digest for digest, or
-          // the receiver may not acknowledge (async: before anything is applied).
-          const auto listed = reader.listed();
-          const auto staged = e->staged_digests(tau);
-          if (listed != staged) {
-            record(fail(errc::verification,
-                        "receiver " + e->id() + " staged " + std::to_string(staged.size()) +
-                            " payload(s) of attempt " + std::to_string(tau) +
-                            " that differ from the " + std::to_string(listed.size()) +
-                            " the manifests list"));
-            return;
-          }
-        }
-        const auto ta = clock::now();
-        if (!sync) {
-          // Asynchronous RL: everything is staged; stop serving v, then apply.
-          e->close_gate(tau);
-          if (auto a = e->apply(tau); !a) {
-            record(std::move(a));
-            return;
-          }
-        }
-        digest128 d{};
-        auto f = e->finish(tau, d);
-        apply[r] += seconds_since(ta);
-        if (!f) {
-          record(std::move(f));
-          return;
-        }
-        acks[r] = {e->id(), d};
         if (acked.fetch_add(1) == 0 && crash_at(crash_point::after_first_ack)) stop = true;
       });
     }
     for (auto& t : threads) t.join(); // stop_and_wait: nothing of τ runs after this
-    ar.payloads = payloads;
-    ar.payload_bytes = bytes;
-    for (auto v : construct) ar.construct_seconds = std::max(ar.construct_seconds, v);
-    for (auto v : upload) ar.upload_seconds = std::max(ar.upload_seconds, v);
-    for (auto v : fetch) ar.fetch_seconds = std::max(ar.fetch_seconds, v);
-    for (auto v : apply) ar.apply_seconds = std::max(ar.apply_seconds, v);
+    for (auto& p : published) {
+      ar.payloads += p.payloads;
+      ar.payload_bytes += p.bytes;
+      ar.construct_seconds = std::max(ar.construct_seconds, p.construct_seconds);
+      ar.upload_seconds = std::max(ar.upload_seconds, p.upload_seconds);
+    }
+    for (auto& f : refits) {
+      ar.fetch_seconds = std::max(ar.fetch_seconds, f.fetch_seconds);
+      ar.apply_seconds = std::max(ar.apply_seconds, f.apply_seconds);
+    }
     ar.wall_seconds = seconds_since(t0);
     if (dead_) return fail(errc::aborted, "coordinator died");
-    return first;
+    if (!first) return first;
+    acks.clear();
+    for (std::size_t r = 0; r < nodes_.size(); ++r) {
+      const auto ids = nodes_[r]->ids();
+      for (std::size_t i = 0; i < ids.size(); ++i) acks.push_back({ids[i], refits[r].acks[i]});
+    }
+    return status::success();
   }
 
   Commits* commits_;
   Store* store_;
-  std::vector<Owner*> owners_;
-  std::vector<endpoint*> receivers_;
+  std::vector<OwnerLink*> owners_;
+  std::vector<NodeLink*> nodes_;
   coordinator_options opt_;
   std::uint64_t epoch_ = 0;
   std::atomic<bool> dead_{false};
+};
+
+namespace detail {
+/// The local links of an in-process coordinator, built before the engine
+/// that points at them (base-from-member).
+template <class Owner, class Receiver, class Store>
+struct local_links {
+  using owner_link_t = local_owner_link<Owner, Store>;
+  using node_link_t = local_node_link<Receiver, Store>;
+  std::vector<std::unique_ptr<owner_link_t>> owner_links;
+  std::vector<std::unique_ptr<node_link_t>> node_links;
+  std::vector<owner_link_t*> owner_ptrs;
+  std::vector<node_link_t*> node_ptrs;
+
+  local_links(Store& store, const std::vector<Owner*>& owners,
+              const std::vector<receiver_endpoint<Receiver>*>& receivers) {
+    for (auto* o : owners) {
+      owner_links.push_back(std::make_unique<owner_link_t>(*o, store));
+      owner_ptrs.push_back(owner_links.back().get());
+    }
+    // One node per receiver: each reads the medium on its own, as before
+    // nodes existed (and as a relay tree with one leaf per receiver needs).
+    for (std::size_t r = 0; r < receivers.size(); ++r) {
+      node_links.push_back(std::make_unique<node_link_t>(
+          std::vector<receiver_endpoint<Receiver>*>{receivers[r]}, store, r));
+      node_ptrs.push_back(node_links.back().get());
+    }
+  }
+};
+} // namespace detail
+
+/// Drives owners and receiver endpoints of this process (through local
+/// links, one node per receiver) over an object store or another attempt
+/// transport, committing in a commit store.
+template <owner_role Owner, receiver_role Receiver, transport::attempt_medium Store,
+          commit_store Commits>
+class coordinator : private detail::local_links<Owner, Receiver, Store>,
+                    public link_coordinator<local_owner_link<Owner, Store>,
+                                            local_node_link<Receiver, Store>, Store, Commits> {
+  using links = detail::local_links<Owner, Receiver, Store>;
+  using engine = link_coordinator<local_owner_link<Owner, Store>, local_node_link<Receiver, Store>,
+                                  Store, Commits>;
+
+public:
+  using endpoint = receiver_endpoint<Receiver>;
+
+  coordinator(Commits& commits, Store& store, std::vector<Owner*> owners,
+              std::vector<endpoint*> receivers, coordinator_options opt = {})
+      : links(store, owners, receivers),
+        engine(commits, store, links::owner_ptrs, links::node_ptrs, std::move(opt)) {}
 };
 
 } // namespace dcr::protocol

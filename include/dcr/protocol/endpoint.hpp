@@ -62,6 +62,11 @@ public:
     return r_ != nullptr;
   }
   const std::string& id() const noexcept { return id_; }
+  /// The newest attempt `begin` accepted (0 before any).
+  std::uint64_t attempt() const {
+    std::lock_guard l(m_);
+    return attempt_;
+  }
 
   /// Kill the receiver after it has staged `n` more payloads (fault injection;
   /// models a process crash mid-refit). 0 disables.

@@ -1,0 +1,317 @@
+#pragma once
+// What every program of one local cluster job agrees on, computed from the
+// same flags in each process: the model, the trainer's plan (one owner
+// process per trainer rank), the rollout layout (nodes × receivers per node),
+// and where the object store and the commit store are (docs/deployment.md).
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <csignal>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "dcr/core/error.hpp"
+#include "dcr/model/config.hpp"
+#include "dcr/model/trainer_layout.hpp"
+#include "dcr/protocol/commit_store.hpp"
+#if DCR_CLUSTER_NET
+#include "dcr/protocol/etcd_commit_store.hpp"
+#include "dcr/transport/s3_object_store.hpp"
+#endif
+#include "dcr/source/plan.hpp"
+#include "dcr/source/row_split_plan.hpp"
+#include "dcr/transport/object_store.hpp"
+#include "examples/common/model_setup.hpp"
+
+namespace dcr::cluster {
+
+struct job_flags {
+  std::string size = "small";
+  std::uint64_t seed = 42;
+  unsigned tp = 2, ep = 1, dp = 1; ///< trainer layout: tp*ep*dp owner processes
+  unsigned nodes = 2, ranks = 2;   ///< rollout nodes × receivers per node
+  std::vector<std::string> checkpoints;
+  std::filesystem::path workdir = "dcr-cluster";
+  std::vector<std::string> etcd;            ///< etcd client URLs: commit record in etcd
+  std::string etcd_prefix = "dcr/cluster/"; ///< its keys' prefix
+  std::string s3;                           ///< S3 endpoint: objects in a bucket there
+  std::string s3_bucket = "dcr-cluster";
+  std::string s3_region = "us-east-1";
+};
+
+inline const char* job_usage =
+    "job flags (the same for every program of one job):\n"
+    "  --workdir DIR            objects in DIR/objects, commit record in DIR/control\n"
+    "  --size small|N[KB|MB|GB] synthetic Qwen3-MoE-style model (default small)\n"
+    "  --seed S                 initial weights and AdamW noise (default 42)\n"
+    "  --tp N --ep N --dp N     trainer layout; one dcr-owner per rank (default 2 1 1)\n"
+    "  --nodes N                rollout nodes (default 2)\n"
+    "  --receivers-per-node R   receivers (serving ranks) per node (default 2)\n"
+    "  --checkpoints F0 F1 ...  replay canonical safetensors files instead of AdamW\n"
+    "  --etcd URL[,URL...]      commit record in etcd (default: file in DIR/control)\n"
+    "  --etcd-prefix P          etcd key prefix (default dcr/cluster/)\n"
+    "  --s3 URL [--s3-bucket B] [--s3-region R]   objects in an S3 bucket (default: DIR/objects);\n"
+    "                           keys from DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY\n";
+
+/// Consume argv[i] (and its values) if it is a job flag.
+inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
+  const std::string a = argv[i];
+  auto value = [&]() -> std::string {
+    if (i + 1 >= argc) throw error(errc::invalid_argument, a + " needs a value");
+    return argv[++i];
+  };
+  auto number = [&]() -> unsigned long {
+    const auto v = value();
+    char* end = nullptr;
+    const auto x = std::strtoul(v.c_str(), &end, 10);
+    if (v.empty() || *end) throw error(errc::invalid_argument, a + ": not a number: " + v);
+    return x;
+  };
+  if (a == "--workdir")
+    f.workdir = value();
+  else if (a == "--size")
+    f.size = value();
+  else if (a == "--seed")
+    f.seed = number();
+  else if (a == "--tp")
+    f.tp = static_cast<unsigned>(number());
+  else if (a == "--ep")
+    f.ep = static_cast<unsigned>(number());
+  else if (a == "--dp")
+    f.dp = static_cast<unsigned>(number());
+  else if (a == "--nodes")
+    f.nodes = static_cast<unsigned>(number());
+  else if (a == "--receivers-per-node")
+    f.ranks = static_cast<unsigned>(number());
+  else if (a == "--etcd") {
+    const auto v = value();
+    std::size_t at = 0;
+    while (at <= v.size()) {
+      const auto c = std::min(v.find(',', at), v.size());
+      if (c > at) f.etcd.push_back(v.substr(at, c - at));
+      at = c + 1;
+    }
+  } else if (a == "--etcd-prefix")
+    f.etcd_prefix = value();
+  else if (a == "--s3")
+    f.s3 = value();
+  else if (a == "--s3-bucket")
+    f.s3_bucket = value();
+  else if (a == "--s3-region")
+    f.s3_region = value();
+  else if (a == "--checkpoints") {
+    while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
+      f.checkpoints.push_back(argv[++i]);
+    if (f.checkpoints.empty()) throw error(errc::invalid_argument, "--checkpoints needs files");
+  } else
+    return false;
+  if (f.tp == 0 || f.ep == 0 || f.dp == 0 || f.nodes == 0 || f.ranks == 0)
+    throw error(errc::invalid_argument, a + " must be positive");
+  return true;
+}
+
+/// The job's model and plans.
+struct job {
+  job_flags flags;
+  bool from_checkpoints = false;
+  model_config cfg;
+  std::vector<tensor_meta> metas;
+  std::shared_ptr<const source_plan> plan;
+
+  std::uint32_t owners() const { return plan->world; }
+  std::size_t receivers() const { return std::size_t{flags.nodes} * flags.ranks; }
+  std::filesystem::path objects_dir() const { return flags.workdir / "objects"; }
+  std::filesystem::path control_dir() const { return flags.workdir / "control"; }
+  std::filesystem::path faults_dir() const { return flags.workdir / "faults"; }
+};
+
+inline job make_job(const job_flags& f) {
+  job j;
+  j.flags = f;
+  if (!f.checkpoints.empty()) {
+    j.from_checkpoints = true;
+    auto file = io::safetensors_file::open_or_throw(f.checkpoints.front());
+    j.metas = file.tensors();
+    j.plan = std::make_shared<const source_plan>(row_split_plan(j.metas, f.tp, f.dp));
+  } else {
+    j.cfg = examples::model_for(examples::parse_size(f.size));
+    const trainer_layout tl{f.tp, 1, j.cfg.is_moe() ? f.ep : 1u, 1, f.dp};
+    j.plan = std::make_shared<const source_plan>(megatron_plan(j.cfg, tl));
+    j.metas = j.plan->canonical;
+  }
+  return j;
+}
+
+/// A fault armed by a flag fires once per job: its marker file says it did,
+/// so the restarted process does not fire it again.
+inline bool fire_once(const job& j, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(j.faults_dir(), ec);
+  const auto p = j.faults_dir() / what;
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  ::fsync(fd);
+  ::close(fd);
+  return true;
+}
+
+/// SIGKILL this process (a crash at a named point: nothing is flushed, no
+/// destructor runs).
+[[noreturn]] inline void die_now(const std::string& who, const std::string& where) {
+  std::cerr << who << ": SIGKILL at " << where << std::endl;
+  ::kill(::getpid(), SIGKILL);
+  std::abort();
+}
+
+/// Block until SIGTERM or SIGINT.
+inline void wait_for_termination() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+/// Block SIGTERM/SIGINT in every thread started after this (sigwait takes them).
+inline void block_termination_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+/// The job's commit store: the file store in DIR/control, or etcd.
+class job_commit_store {
+public:
+  explicit job_commit_store(const job& j) {
+    if (j.flags.etcd.empty()) {
+      file_ = std::make_unique<protocol::file_commit_store>(j.control_dir());
+      return;
+    }
+#if DCR_CLUSTER_NET
+    protocol::etcd_options o;
+    o.endpoints = j.flags.etcd;
+    o.prefix = j.flags.etcd_prefix;
+    etcd_ = std::make_unique<protocol::etcd_commit_store>(std::move(o));
+#else
+    throw error(errc::invalid_argument,
+                "--etcd: this build has no dcr-net (configure -Dnet=enabled)");
+#endif
+  }
+  status load(protocol::stored_record& out) {
+    return visit([&](auto& s) { return s.load(out); });
+  }
+  status take_over(std::uint64_t& e) {
+    return visit([&](auto& s) { return s.take_over(e); });
+  }
+  status prepare(std::uint64_t e, std::uint64_t& a) {
+    return visit([&](auto& s) { return s.prepare(e, a); });
+  }
+  status compare_and_set(std::uint64_t e, std::uint64_t a, std::uint64_t r,
+                         const protocol::commit_record& k) {
+    return visit([&](auto& s) { return s.compare_and_set(e, a, r, k); });
+  }
+
+private:
+  template <class F>
+  status visit(F&& f) {
+#if DCR_CLUSTER_NET
+    if (etcd_) return f(*etcd_);
+#endif
+    return f(*file_);
+  }
+  std::unique_ptr<protocol::file_commit_store> file_;
+#if DCR_CLUSTER_NET
+  std::unique_ptr<protocol::etcd_commit_store> etcd_;
+#endif
+};
+static_assert(protocol::commit_store<job_commit_store>);
+
+/// The job's object store: the fs store in DIR/objects, or an S3 bucket.
+class job_object_store {
+public:
+  explicit job_object_store(const job& j) {
+    if (j.flags.s3.empty()) {
+      fs_ = std::make_unique<transport::fs_object_store>(j.objects_dir());
+      return;
+    }
+#if DCR_CLUSTER_NET
+    transport::s3_options o;
+    o.endpoint = j.flags.s3;
+    o.bucket = j.flags.s3_bucket;
+    o.region = j.flags.s3_region;
+    const char* ak = std::getenv("DCR_S3_ACCESS_KEY");
+    const char* sk = std::getenv("DCR_S3_SECRET_KEY");
+    if (!ak || !sk)
+      throw error(errc::invalid_argument, "--s3: set DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY");
+    o.credentials.access_key = ak;
+    o.credentials.secret_key = sk;
+    s3_ = std::make_unique<transport::s3_object_store>(std::move(o));
+#else
+    throw error(errc::invalid_argument,
+                "--s3: this build has no dcr-net (configure -Dnet=enabled)");
+#endif
+  }
+  /// Create the bucket if it is not there (S3; nothing for a directory).
+  status prepare() {
+#if DCR_CLUSTER_NET
+    if (s3_) return s3_->create_bucket();
+#endif
+    return status::success();
+  }
+  status put(std::string_view n, std::span<const std::byte> b) {
+    return visit([&](auto& s) { return s.put(n, b); });
+  }
+  status get(std::string_view n, std::vector<std::byte>& out) {
+    return visit([&](auto& s) { return s.get(n, out); });
+  }
+  status list(std::string_view p, std::vector<std::string>& names) {
+    return visit([&](auto& s) { return s.list(p, names); });
+  }
+  status remove(std::string_view n) {
+    return visit([&](auto& s) { return s.remove(n); });
+  }
+  /// How long a waiting reader may sleep between listings (attempt_objects.hpp).
+  std::chrono::microseconds list_poll_max() const {
+#if DCR_CLUSTER_NET
+    if (s3_) return s3_->list_poll_max();
+#endif
+    return std::chrono::microseconds(5000);
+  }
+
+private:
+  template <class F>
+  status visit(F&& f) {
+#if DCR_CLUSTER_NET
+    if (s3_) return f(*s3_);
+#endif
+    return f(*fs_);
+  }
+  std::unique_ptr<transport::fs_object_store> fs_;
+#if DCR_CLUSTER_NET
+  std::unique_ptr<transport::s3_object_store> s3_;
+#endif
+};
+static_assert(transport::object_store<job_object_store>);
+
+/// The committed version and incarnation (version 0 and "" before the first commit).
+inline protocol::stored_record load_record(job_commit_store& commits) {
+  protocol::stored_record cur;
+  throw_if_failed(commits.load(cur));
+  return cur;
+}
+
+/// Object name of canonical tensor `name` in the dense export of `version`.
+inline std::string dense_name(std::uint64_t version, const std::string& name) {
+  return "dense/v" + std::to_string(version) + "/" + name;
+}
+
+} // namespace dcr::cluster

@@ -1,0 +1,277 @@
+// dcr-rollout: one rollout node of a cluster job. One node-level endpoint
+// fetches every payload of an attempt once from the object store and feeds
+// it to the node's receivers, one per serving rank (vLLM-style layouts for
+// the synthetic model, row-split for --checkpoints), each behind a request
+// gate. Started (or started again after a crash), its receivers hold
+// nothing until the coordinator's membership step restores them by a dense
+// refit from the owners' dense export of the committed version; their
+// digests must equal the commit record's entries. See docs/deployment.md.
+//
+//   dcr-rollout --node K --listen HOST:PORT [job flags] [--die-mid-apply STEP]
+
+#include <atomic>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dcr/assembly/adapters.hpp"
+#include "dcr/loaders/row_split.hpp"
+#include "dcr/loaders/vllm_style.hpp"
+#include "dcr/protocol/control_channel.hpp"
+#include "dcr/protocol/links.hpp"
+#include "dcr/protocol/remote_links.hpp"
+#include "dcr/receiver/receiver.hpp"
+#include "dcr/receiver/tensor_set.hpp"
+#include "examples/cluster/cluster_job.hpp"
+
+using namespace dcr;
+
+namespace {
+
+/// Where the dense copy of the committed version lies, and a cache of it
+/// (fetched once per node per restore, shared by the node's receivers).
+struct dense_source {
+  cluster::job_object_store* objects;
+  const cluster::job* j;
+  std::mutex m;
+  std::uint64_t version = 0;
+  std::string incarnation;
+  std::optional<tensor_set> cached;
+
+  void point_at(std::uint64_t v, const std::string& inc) {
+    std::lock_guard l(m);
+    if (v != version || inc != incarnation) cached.reset();
+    version = v;
+    incarnation = inc;
+  }
+  void drop() {
+    std::lock_guard l(m);
+    cached.reset();
+  }
+  status fetch(const tensor_set*& out) {
+    std::lock_guard l(m);
+    if (!cached) {
+      DCR_RETURN_ERROR_IF(incarnation.empty(), not_found, "no committed version to restore");
+      transport::incarnation_scope<cluster::job_object_store> scoped(*objects, incarnation);
+      tensor_set s;
+      for (auto& meta : j->metas) {
+        host_tensor h(meta);
+        std::vector<std::byte> b;
+        DCR_TRY(scoped.get(cluster::dense_name(version, meta.name), b));
+        DCR_RETURN_ERROR_IF(b.size() != h.bytes.size(), shape_mismatch,
+                            "dense export of " + meta.name + ": " + std::to_string(b.size()) +
+                                " bytes, expected " + std::to_string(h.bytes.size()));
+        h.bytes = std::move(b);
+        s.add(std::move(h));
+      }
+      cached = std::move(s);
+    }
+    out = &*cached;
+    return status::success();
+  }
+};
+
+/// A rank's receiver as the protocol sees it; `--die-mid-apply` SIGKILLs the
+/// process at its second staged payload of the armed step (the first one is
+/// applied by then in synchronous mode).
+template <class Loader>
+class rank_receiver {
+public:
+  using inner_t = protocol::receiver_role_adapter<receiver<Loader>>;
+  rank_receiver(std::string id, std::unique_ptr<receiver<Loader>> r, const std::atomic<bool>* armed)
+      : r_(std::move(id), std::move(r)), armed_(armed) {}
+  std::string receiver_id() const { return r_.receiver_id(); }
+  void begin_attempt(std::uint64_t a) {
+    staged_ = 0;
+    r_.begin_attempt(a);
+  }
+  status stage(std::span<const std::byte> b) {
+    DCR_TRY(r_.stage(b));
+    if (armed_ && armed_->load() && ++staged_ == 2) dying();
+    return status::success();
+  }
+  status apply_staged() { return r_.apply_staged(); }
+  status finish() { return r_.finish(); }
+  digest128 state_digest() const { return r_.state_digest(); }
+  receiver<Loader>& inner() { return r_.inner(); }
+  std::function<void()> dying;
+
+private:
+  inner_t r_;
+  const std::atomic<bool>* armed_;
+  int staged_ = 0;
+};
+
+/// The node link with what a process needs around it: the restore source
+/// follows the membership call, and the armed fault follows the target version.
+template <class Link>
+struct node_process_link {
+  Link* link;
+  dense_source* dense;
+  std::uint64_t die_step;
+  std::atomic<bool>* armed;
+  const cluster::job* j;
+
+  std::vector<std::string> ids() const { return link->ids(); }
+  status down(std::size_t& n) { return link->down(n); }
+  status ensure_member(const protocol::membership& m, std::size_t& n) {
+    dense->point_at(m.version, m.incarnation);
+    *armed =
+        die_step != 0 && m.version + 1 == die_step &&
+        !std::filesystem::exists(j->faults_dir() / ("rollout-apply-" + std::to_string(die_step)));
+    auto s = link->ensure_member(m, n);
+    dense->drop(); // restores done: release the dense copy
+    return s;
+  }
+  status begin(std::uint64_t a) { return link->begin(a); }
+  status close_gate(std::uint64_t a) { return link->close_gate(a); }
+  status open_gate(std::uint64_t a) { return link->open_gate(a); }
+  status refit(const protocol::refit_request& rq, const std::atomic<bool>& stop,
+               protocol::refit_result& res) {
+    return link->refit(rq, stop, res);
+  }
+  status acknowledge(std::uint64_t a, std::vector<digest128>& acks) {
+    return link->acknowledge(a, acks);
+  }
+  status staged_payloads(std::uint64_t a, std::vector<protocol::staged_set>& out) {
+    return link->staged_payloads(a, out);
+  }
+  status kill(const std::string& id) { return link->kill(id); }
+};
+
+template <class Loader>
+int serve_node(const cluster::job& job, unsigned node, const protocol::peer_address& listen,
+               std::uint64_t die_step, std::vector<Loader> layouts, std::vector<std::string> ids) {
+  using rr = rank_receiver<Loader>;
+  using endpoint_t = protocol::receiver_endpoint<rr>;
+  const std::string who = "dcr-rollout " + std::to_string(node);
+  cluster::job_object_store objects(job);
+  dense_source dense{&objects, &job, {}, 0, {}, {}};
+  std::atomic<bool> armed{false};
+  std::vector<std::unique_ptr<protocol::request_gate>> gates;
+  std::vector<std::unique_ptr<endpoint_t>> endpoints;
+  for (std::size_t k = 0; k < layouts.size(); ++k) {
+    gates.push_back(std::make_unique<protocol::request_gate>());
+    endpoints.push_back(std::make_unique<endpoint_t>(
+        ids[k],
+        [&, k] {
+          auto r = std::make_unique<rr>(
+              ids[k], std::make_unique<receiver<Loader>>(layouts[k], job.metas), &armed);
+          r->dying = [&job, die_step, who] {
+            if (cluster::fire_once(job, "rollout-apply-" + std::to_string(die_step)))
+              cluster::die_now(who, "mid-apply of version " + std::to_string(die_step));
+          };
+          return r;
+        },
+        [&](rr& r) -> status {
+          const tensor_set* src = nullptr;
+          DCR_TRY(dense.fetch(src));
+          r.inner().dense_refit(*src);
+          return status::success();
+        },
+        gates.back().get()));
+  }
+  std::vector<endpoint_t*> eps;
+  for (auto& e : endpoints) eps.push_back(e.get());
+  protocol::local_node_link<rr, cluster::job_object_store> link(eps, objects, node);
+  node_process_link<decltype(link)> plink{&link, &dense, die_step, &armed, &job};
+
+  // Verification: every receiver's complete storage against a dense load of
+  // the committed version through the same loader (from the owners' dense
+  // export, not from any payload).
+  auto verify = [&](std::uint64_t v, const std::string& inc, std::vector<bool>& equal,
+                    std::vector<digest128>& digests) -> status {
+    dense.point_at(v, inc);
+    const tensor_set* src = nullptr;
+    DCR_TRY(dense.fetch(src));
+    equal.assign(eps.size(), false);
+    digests.assign(eps.size(), {});
+    for (std::size_t k = 0; k < eps.size(); ++k) {
+      if (!eps[k]->alive()) continue;
+      receiver<Loader> ref(layouts[k], job.metas);
+      ref.dense_refit(*src);
+      eps[k]->with_receiver([&](rr& r) {
+        const auto diff = first_difference(r.inner().storage(), ref.storage());
+        if (!diff.empty()) std::cerr << who << ": " << ids[k] << " differs: " << diff << std::endl;
+        equal[k] = diff.empty();
+        digests[k] = r.state_digest();
+      });
+    }
+    dense.drop();
+    return status::success();
+  };
+  protocol::node_service<decltype(plink)> service(plink, verify);
+  protocol::control_server server(
+      [&](const protocol::control_frame& f, const std::atomic<bool>& stop,
+          protocol::body_writer& out) { return service(f, stop, out); });
+  throw_if_failed(server.listen(listen.host, listen.port));
+  std::cerr << who << ": " << eps.size() << " receivers, serving on " << listen.host << ":"
+            << server.port() << std::endl;
+  cluster::wait_for_termination();
+  server.shutdown();
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) try {
+  cluster::job_flags flags;
+  unsigned node = 0;
+  bool have_node = false;
+  protocol::peer_address listen{"127.0.0.1", 0};
+  std::uint64_t die_step = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (cluster::parse_job_flag(flags, i, argc, argv)) continue;
+    if (a == "--node" && i + 1 < argc) {
+      node = static_cast<unsigned>(std::stoul(argv[++i]));
+      have_node = true;
+    } else if (a == "--listen" && i + 1 < argc) {
+      throw_if_failed(protocol::parse_peer_address(argv[++i], listen));
+    } else if (a == "--die-mid-apply" && i + 1 < argc) {
+      die_step = std::stoull(argv[++i]);
+    } else {
+      std::cerr << "usage: dcr-rollout --node K --listen HOST:PORT [--die-mid-apply STEP]\n"
+                << cluster::job_usage;
+      return 2;
+    }
+  }
+  if (!have_node || listen.port == 0) {
+    std::cerr << "dcr-rollout: --node and --listen HOST:PORT are required\n";
+    return 2;
+  }
+  cluster::block_termination_signals();
+  const auto job = cluster::make_job(flags);
+  if (node >= flags.nodes)
+    throw error(errc::invalid_argument, "--node " + std::to_string(node) + ": the job has " +
+                                            std::to_string(flags.nodes) + " nodes");
+  const std::size_t world = job.receivers();
+  const std::size_t first = std::size_t{node} * flags.ranks;
+  if (job.from_checkpoints) {
+    std::vector<loaders::row_split_loader> layouts;
+    std::vector<std::string> ids;
+    for (std::size_t r = first; r < first + flags.ranks; ++r) {
+      layouts.emplace_back(world, r, job.metas);
+      ids.push_back("rank" + std::to_string(r));
+    }
+    return serve_node(job, node, listen, die_step, std::move(layouts), std::move(ids));
+  }
+  // vLLM as started for the job: TP = receivers per node, DP = nodes (expert parallel).
+  const auto vp = examples::vllm_config(job.cfg, flags.ranks, flags.nodes);
+  if (vp.world_size() != world)
+    throw error(errc::invalid_argument, "the model is dense: use --nodes 1 (vLLM TP only)");
+  std::vector<loaders::vllm_style_loader> layouts;
+  std::vector<std::string> ids;
+  for (std::size_t r = first; r < first + flags.ranks; ++r) {
+    const auto rl = loaders::vllm_layout::of_rank(vp, r);
+    layouts.emplace_back(job.cfg, rl);
+    ids.push_back(examples::vllm_rank_id(rl));
+  }
+  return serve_node(job, node, listen, die_step, std::move(layouts), std::move(ids));
+} catch (const std::exception& e) {
+  std::cerr << "dcr-rollout: " << e.what() << "\n";
+  return 1;
+}

@@ -1,0 +1,470 @@
+#pragma once
+/// \file
+/// The control channel: checked frames (control_frame.hpp) over TCP, one
+/// call at a time per connection. A coordinator-side `control_client` sends a
+/// call and waits for its reply; a role-side `control_server` runs each call
+/// on a worker thread and, while it runs, sends a heartbeat every
+/// `heartbeat` and listens for a `stop` frame.
+///
+/// Deadlines (why a call never hangs): a peer whose process is gone refuses
+/// or resets the connection, which fails the call at once; a host that does
+/// not answer fails the dial after `connect_timeout`; a peer that stops
+/// sending (frozen, partitioned) fails the call after `liveness` without a
+/// frame. Every failure is `errc::unavailable` and drops the connection; the
+/// next call dials again, so a restarted peer on the same port is reached.
+/// A coordinator that goes away closes its connections, which stops the
+/// calls it had running (`stop` set), so a dead coordinator's attempt ends
+/// at every role.
+///
+/// POSIX sockets as in transport/relay_tcp.hpp (non-blocking, every wait a
+/// bounded `poll`, `MSG_NOSIGNAL`), for the same reasons: one thread per
+/// call, synchronous deadline-bounded I/O, no Boost in the header.
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dcr/core/error.hpp"
+#include "dcr/protocol/control_frame.hpp"
+
+namespace dcr::protocol {
+
+/// Timeouts and limits of the control channel (see file comment).
+struct channel_options {
+  std::chrono::milliseconds connect_timeout{3000};
+  std::chrono::milliseconds liveness{3000};
+  std::chrono::milliseconds heartbeat{200};
+  std::chrono::milliseconds frame_timeout{10000}; ///< to finish a started frame
+  std::uint64_t max_body = max_control_body;
+};
+
+/// "host:port" of a peer.
+struct peer_address {
+  std::string host = "127.0.0.1";
+  unsigned short port = 0;
+  std::string text() const { return host + ":" + std::to_string(port); }
+};
+
+/// Parse "host:port" (or ":port", meaning 127.0.0.1).
+inline status parse_peer_address(std::string_view s, peer_address& out) {
+  const auto c = s.rfind(':');
+  DCR_RETURN_ERROR_IF(c == std::string_view::npos, invalid_argument,
+                      "address '" + std::string(s) + "' is not host:port");
+  const auto port = s.substr(c + 1);
+  unsigned long p = 0;
+  DCR_RETURN_ERROR_IF(port.empty() || port.size() > 5, invalid_argument,
+                      "address '" + std::string(s) + "': bad port");
+  for (char ch : port) {
+    DCR_RETURN_ERROR_IF(ch < '0' || ch > '9', invalid_argument,
+                        "address '" + std::string(s) + "': bad port");
+    p = p * 10 + static_cast<unsigned long>(ch - '0');
+  }
+  DCR_RETURN_ERROR_IF(p > 65535, invalid_argument, "address '" + std::string(s) + "': bad port");
+  out.host = c == 0 ? "127.0.0.1" : std::string(s.substr(0, c));
+  out.port = static_cast<unsigned short>(p);
+  return status::success();
+}
+
+/// One connected socket carrying control frames. Owns the descriptor.
+class control_socket {
+public:
+  control_socket(int fd, channel_options opt) : fd_(fd), opt_(opt) {
+    const int one = 1;
+    (void)::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  control_socket(const control_socket&) = delete;
+  control_socket& operator=(const control_socket&) = delete;
+  ~control_socket() { ::close(fd_); }
+
+  status send(control_type t, std::uint64_t attempt, std::span<const std::byte> body) {
+    const auto f = encode_control_frame(t, attempt, body);
+    return io(const_cast<std::byte*>(f.data()), f.size(), true,
+              std::chrono::steady_clock::now() + opt_.frame_timeout);
+  }
+
+  /// Wait until `deadline` for a frame to start (`timed_out` set when none
+  /// did), then read and check all of it.
+  status receive(control_frame& out, std::chrono::steady_clock::time_point deadline,
+                 bool& timed_out) {
+    timed_out = false;
+    std::array<std::byte, control_header_size> hdr;
+    {
+      // First byte: up to `deadline`; the rest of the frame: frame_timeout.
+      auto s = io(hdr.data(), 1, false, deadline);
+      if (!s) {
+        timed_out = timed_out_;
+        return s;
+      }
+    }
+    const auto rest_deadline = std::chrono::steady_clock::now() + opt_.frame_timeout;
+    DCR_TRY(io(hdr.data() + 1, hdr.size() - 1, false, rest_deadline));
+    control_header h;
+    DCR_TRY(decode_control_header(hdr, opt_.max_body, h)); // before the body is allocated
+    std::vector<std::byte> rest(h.length + control_trailer_size);
+    DCR_TRY(io(rest.data(), rest.size(), false, rest_deadline));
+    DCR_TRY(check_control_digest(hdr, h, rest));
+    out.type = h.type;
+    out.attempt = h.attempt;
+    rest.resize(h.length);
+    out.body = std::move(rest);
+    return status::success();
+  }
+  /// Wakes blocked calls on this socket (any thread); closes on destruction.
+  void shutdown() {
+    closed_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+  }
+
+private:
+  status io(std::byte* p, std::size_t n, bool out, std::chrono::steady_clock::time_point deadline) {
+    timed_out_ = false;
+    while (n > 0) {
+      DCR_RETURN_ERROR_IF(closed_.load(), unavailable, "control channel closed");
+      const ssize_t k = out ? ::send(fd_, p, n, MSG_NOSIGNAL) : ::recv(fd_, p, n, 0);
+      if (k > 0) {
+        p += k;
+        n -= static_cast<std::size_t>(k);
+        continue;
+      }
+      DCR_RETURN_ERROR_IF(k == 0 && !out, unavailable,
+                          "control channel: connection closed by the peer");
+      const int e = errno;
+      if (k < 0 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
+        return fail(errc::unavailable, std::string("control channel: ") +
+                                           (out ? "send: " : "receive: ") + std::strerror(e));
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        timed_out_ = true;
+        return fail(errc::unavailable, std::string("control channel: peer ") +
+                                           (out ? "took no bytes" : "sent no bytes") + " in time");
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+      pollfd pf{fd_, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+      (void)::poll(&pf, 1, static_cast<int>(std::min<long long>(left + 1, 100)));
+    }
+    return status::success();
+  }
+
+  int fd_;
+  channel_options opt_;
+  std::atomic<bool> closed_{false};
+  bool timed_out_ = false;
+};
+
+/// Connect to `peer` within `opt.connect_timeout`.
+inline status dial_control(const peer_address& peer, const channel_options& opt,
+                           std::unique_ptr<control_socket>& out) {
+  const std::string who = "control channel to " + peer.text();
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const auto port = std::to_string(peer.port);
+  const int gai = ::getaddrinfo(peer.host.c_str(), port.c_str(), &hints, &res);
+  DCR_RETURN_ERROR_IF(gai != 0 || !res, unavailable,
+                      who + ": cannot resolve host: " + ::gai_strerror(gai));
+  sockaddr_in a{};
+  std::memcpy(&a, res->ai_addr, sizeof a);
+  ::freeaddrinfo(res);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  DCR_RETURN_ERROR_IF(fd < 0, unavailable, who + ": socket: " + std::strerror(errno));
+  auto sock = std::make_unique<control_socket>(fd, opt); // owns fd from here
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    DCR_RETURN_ERROR_IF(errno != EINPROGRESS, unavailable,
+                        who + ": connect: " + std::strerror(errno));
+    pollfd pf{fd, POLLOUT, 0};
+    const int r = ::poll(&pf, 1, static_cast<int>(opt.connect_timeout.count()));
+    DCR_RETURN_ERROR_IF(r <= 0, unavailable,
+                        who + ": connect timed out after " +
+                            std::to_string(opt.connect_timeout.count()) + " ms");
+    int err = 0;
+    socklen_t len = sizeof err;
+    (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    DCR_RETURN_ERROR_IF(err != 0, unavailable, who + ": connect: " + std::strerror(err));
+  }
+  out = std::move(sock);
+  return status::success();
+}
+
+/// Coordinator side of one connection: one call at a time.
+class control_client {
+public:
+  control_client(peer_address peer, channel_options opt = {}) : peer_(std::move(peer)), opt_(opt) {}
+  const peer_address& peer() const noexcept { return peer_; }
+
+  /// Send call `t` of attempt τ and wait for its reply. `stop` (optional)
+  /// set while waiting sends a `stop` frame; the reply then says how the call
+  /// ended. A `reply_err` is returned as the peer's status.
+  status call(control_type t, std::uint64_t attempt, std::span<const std::byte> body,
+              std::vector<std::byte>& result, const std::atomic<bool>* stop = nullptr) {
+    std::lock_guard l(m_);
+    auto s = call_locked(t, attempt, body, result, stop);
+    if (!s && s.code == errc::unavailable) sock_.reset(); // the next call dials again
+    return s;
+  }
+
+  /// Drop the connection (the peer's running call, if any, is stopped).
+  void disconnect() {
+    std::lock_guard l(m_);
+    sock_.reset();
+  }
+
+private:
+  status call_locked(control_type t, std::uint64_t attempt, std::span<const std::byte> body,
+                     std::vector<std::byte>& result, const std::atomic<bool>* stop) {
+    const std::string who = "peer " + peer_.text();
+    if (!sock_) DCR_TRY(dial_control(peer_, opt_, sock_));
+    if (auto s = sock_->send(t, attempt, body); !s) {
+      sock_.reset();
+      return fail(errc::unavailable, who + ": " + s.message);
+    }
+    bool stop_sent = false;
+    auto heard = std::chrono::steady_clock::now();
+    for (;;) {
+      if (stop && stop->load() && !stop_sent) {
+        stop_sent = true;
+        if (auto s = sock_->send(control_type::stop, attempt, {}); !s)
+          return fail(errc::unavailable, who + ": " + s.message);
+      }
+      // Wake every 100 ms to notice `stop`; give up after `liveness` of silence.
+      const auto slice = std::min(heard + opt_.liveness, std::chrono::steady_clock::now() +
+                                                             std::chrono::milliseconds(100));
+      control_frame f;
+      bool timed_out = false;
+      auto s = sock_->receive(f, slice, timed_out);
+      if (!s && timed_out) {
+        if (std::chrono::steady_clock::now() < heard + opt_.liveness) continue;
+        return fail(errc::unavailable, who + " sent nothing for " +
+                                           std::to_string(opt_.liveness.count()) + " ms (call " +
+                                           std::to_string(static_cast<unsigned>(t)) + ")");
+      }
+      if (!s) {
+        const auto code = s.code == errc::unavailable ? errc::unavailable : s.code;
+        sock_.reset(); // a bad frame leaves the stream unusable
+        return fail(code, who + ": " + s.message);
+      }
+      heard = std::chrono::steady_clock::now();
+      if (f.type == control_type::heartbeat) continue;
+      if (f.attempt != attempt) {
+        sock_.reset();
+        return fail(errc::bad_format, who + ": reply of attempt " + std::to_string(f.attempt) +
+                                          " to a call of attempt " + std::to_string(attempt));
+      }
+      if (f.type == control_type::reply_ok) {
+        result = std::move(f.body);
+        return status::success();
+      }
+      if (f.type == control_type::reply_err) {
+        body_reader r(f.body);
+        std::uint16_t code = 0;
+        std::string msg;
+        DCR_TRY(r.u16(code));
+        DCR_TRY(r.str(msg));
+        DCR_TRY(r.done());
+        DCR_RETURN_ERROR_IF(
+            code == 0 || code > static_cast<std::uint16_t>(errc::foreign_incarnation), bad_format,
+            who + ": reply with unknown error code " + std::to_string(code));
+        return fail(static_cast<errc>(code), who + ": " + msg);
+      }
+      sock_.reset();
+      return fail(errc::bad_format, who + ": frame of type " +
+                                        std::to_string(static_cast<unsigned>(f.type)) +
+                                        " where a reply was due");
+    }
+  }
+
+  peer_address peer_;
+  channel_options opt_;
+  std::mutex m_;
+  std::unique_ptr<control_socket> sock_;
+};
+
+/// Role side: accepts connections and runs each call through `handler`
+/// (see file comment). A call that throws `dcr::error` replies with its code.
+class control_server {
+public:
+  /// `(call, stop, result)`: run the call; write its result into `result`.
+  using handler =
+      std::function<status(const control_frame&, const std::atomic<bool>&, body_writer&)>;
+
+  control_server(handler h, channel_options opt = {}) : h_(std::move(h)), opt_(opt) {}
+  control_server(const control_server&) = delete;
+  control_server& operator=(const control_server&) = delete;
+  ~control_server() { shutdown(); }
+
+  /// Listen on `host:port` (port 0: the OS picks one; `port()` tells).
+  status listen(const std::string& host, unsigned short port) {
+    const std::string who = "control server " + host + ":" + std::to_string(port) + ": ";
+    lfd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    DCR_RETURN_ERROR_IF(lfd_ < 0, io, who + std::strerror(errno));
+    const int one = 1;
+    (void)::setsockopt(lfd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    DCR_RETURN_ERROR_IF(::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1, invalid_argument,
+                        who + "not an IPv4 address");
+    DCR_RETURN_ERROR_IF(::bind(lfd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0, io,
+                        who + "bind: " + std::strerror(errno));
+    DCR_RETURN_ERROR_IF(::listen(lfd_, 64) != 0, io, who + "listen: " + std::strerror(errno));
+    socklen_t len = sizeof a;
+    DCR_RETURN_ERROR_IF(::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len) != 0, io,
+                        who + std::strerror(errno));
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+    return status::success();
+  }
+  unsigned short port() const noexcept { return port_; }
+
+  /// Stop accepting; every running call sees `stop` and its reply (usually
+  /// `aborted`) is sent; then every connection closes and its thread is joined.
+  void shutdown() {
+    if (stopping_.exchange(true)) return;
+    if (acceptor_.joinable()) acceptor_.join();
+    std::lock_guard l(m_);
+    for (auto& c : conns_)
+      if (c.thread.joinable()) c.thread.join();
+    for (auto& c : conns_) c.sock->shutdown();
+    conns_.clear();
+    if (lfd_ >= 0) ::close(lfd_);
+    lfd_ = -1;
+  }
+
+private:
+  struct connection {
+    std::shared_ptr<control_socket> sock;
+    std::shared_ptr<std::atomic<bool>> ended;
+    std::thread thread;
+  };
+
+  void accept_loop() {
+    while (!stopping_) {
+      pollfd pf{lfd_, POLLIN, 0};
+      if (::poll(&pf, 1, 50) <= 0) continue;
+      const int fd = ::accept4(lfd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      auto sock = std::make_shared<control_socket>(fd, opt_);
+      auto ended = std::make_shared<std::atomic<bool>>(false);
+      std::lock_guard l(m_);
+      if (stopping_) break;
+      // Join the threads of connections that ended (peers that went away).
+      for (auto it = conns_.begin(); it != conns_.end();)
+        if (it->ended->load()) {
+          it->thread.join();
+          it = conns_.erase(it);
+        } else {
+          ++it;
+        }
+      conns_.push_back({sock, ended, {}});
+      conns_.back().thread = std::thread([this, sock, ended] {
+        serve(*sock);
+        sock->shutdown();
+        *ended = true;
+      });
+    }
+  }
+
+  static std::vector<std::byte> error_body(const status& s) {
+    body_writer w;
+    w.u16(static_cast<std::uint16_t>(s.code)).str(s.message);
+    return std::move(w.bytes());
+  }
+
+  void serve(control_socket& sock) {
+    while (!stopping_) {
+      control_frame call;
+      bool timed_out = false;
+      auto s = sock.receive(call, std::chrono::steady_clock::now() + std::chrono::milliseconds(200),
+                            timed_out);
+      if (!s && timed_out) continue;
+      if (!s) {
+        // A bad frame gets its typed error back, then the stream is dropped
+        // (its framing can no longer be trusted); a closed one just ends.
+        if (s.code != errc::unavailable) (void)sock.send(control_type::reply_err, 0, error_body(s));
+        return;
+      }
+      if (call.type == control_type::stop) continue; // for a call already answered
+      if (call.type == control_type::reply_ok || call.type == control_type::reply_err ||
+          call.type == control_type::heartbeat) {
+        (void)sock.send(control_type::reply_err, call.attempt,
+                        error_body(fail(errc::bad_format, "control server: reply or heartbeat "
+                                                          "frame where a call was due")));
+        return;
+      }
+      std::atomic<bool> stop{false}, done{false};
+      status result = status::success();
+      body_writer out;
+      std::thread worker([&] {
+        try {
+          result = h_(call, stop, out);
+        } catch (const error& e) {
+          result = fail(e.code(), e.what());
+        } catch (const std::exception& e) {
+          result = fail(errc::aborted, std::string("control server: ") + e.what());
+        }
+        done = true;
+      });
+      bool gone = false;
+      auto next_beat = std::chrono::steady_clock::now() + opt_.heartbeat;
+      while (!done) {
+        control_frame f;
+        bool idle = false;
+        auto r = sock.receive(
+            f,
+            std::min(next_beat, std::chrono::steady_clock::now() + std::chrono::milliseconds(20)),
+            idle);
+        if (r && f.type == control_type::stop) stop = true;
+        if (!r && !idle) {
+          stop = true; // the coordinator is gone: end its call
+          gone = true;
+          break;
+        }
+        if (stopping_) stop = true;
+        if (std::chrono::steady_clock::now() >= next_beat) {
+          if (!sock.send(control_type::heartbeat, call.attempt, {})) {
+            stop = true;
+            gone = true;
+            break;
+          }
+          next_beat = std::chrono::steady_clock::now() + opt_.heartbeat;
+        }
+      }
+      worker.join();
+      if (gone) return;
+      const auto sent = result
+                            ? sock.send(control_type::reply_ok, call.attempt, out.bytes())
+                            : sock.send(control_type::reply_err, call.attempt, error_body(result));
+      if (!sent) return;
+    }
+  }
+
+  handler h_;
+  channel_options opt_;
+  int lfd_ = -1;
+  unsigned short port_ = 0;
+  std::thread acceptor_;
+  std::atomic<bool> stopping_{false};
+  std::mutex m_;
+  std::list<connection> conns_;
+};
+
+} // namespace dcr::protocol

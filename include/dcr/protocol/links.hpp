@@ -1,0 +1,423 @@
+#pragma once
+/// \file
+/// Links: what the coordinator does at one owner and at one rollout node,
+/// as operations it calls, so that the same coordinator drives roles in its
+/// own process (`local_owner_link`, `local_node_link`: the work runs on the
+/// caller's thread) and roles in other processes (`remote_owner_link`,
+/// `remote_node_link` in remote_links.hpp: the same local links run in the
+/// owner or rollout process, which has its own connection to the medium, so
+/// payload bytes never pass through the coordinator).
+///
+/// Owner side, per attempt τ: `publish` = build the changed set, upload
+/// every payload (payload ℓ uploads while ℓ+1 is built), then the manifest.
+/// Rollout side, per attempt τ: `refit` = fetch every payload of τ once per
+/// node, stage/apply it at each of the node's receivers (ℓ applied while
+/// ℓ+1 is fetched), check that exactly the listed payloads were staged,
+/// finish, and return one ACK digest per receiver.
+///
+/// Every call carries the attempt id; a call of a replaced attempt is
+/// refused (`errc::stale_attempt`) or ignored exactly as the endpoint and
+/// request gate do it (endpoint.hpp, request_gate.hpp).
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
+#include "dcr/pipeline/stage.hpp"
+#include "dcr/protocol/endpoint.hpp"
+#include "dcr/protocol/request_gate.hpp"
+#include "dcr/protocol/roles.hpp"
+#include "dcr/transport/attempt_objects.hpp"
+#include "dcr/transport/attempt_transport.hpp"
+#include "dcr/transport/object_store.hpp"
+
+namespace dcr::protocol {
+
+/// What the coordinator asks one owner to publish in attempt τ.
+struct publish_request {
+  std::uint64_t attempt = 0;
+  std::uint64_t target_version = 0;
+  refit_mode mode = refit_mode::mixed;
+  /// The commit history's incarnation: object-store names are scoped under it.
+  std::string incarnation;
+  std::size_t upload_queue = 2; ///< payloads built ahead of upload
+};
+
+/// What publishing took.
+struct publish_report {
+  std::size_t payloads = 0;
+  std::uint64_t bytes = 0;
+  double construct_seconds = 0; ///< inside build, excluding waits on a full upload queue
+  double upload_seconds = 0;    ///< puts, manifest included
+};
+
+/// What the coordinator asks one rollout node to do in attempt τ.
+struct refit_request {
+  std::uint64_t attempt = 0;
+  std::string incarnation;
+  std::vector<std::uint32_t> owners; ///< every owner whose manifest completes τ
+  bool synchronous = true;           ///< apply as fetched (else stage, close the gate, apply)
+  std::size_t apply_queue = 8;       ///< fetched payloads waiting for apply
+  std::chrono::steady_clock::time_point deadline{};
+};
+
+/// What refitting produced: the node's receivers' ACKs, in `ids()` order.
+struct refit_result {
+  std::vector<digest128> acks;
+  double fetch_seconds = 0; ///< gets, incl. polling, excluding apply
+  double apply_seconds = 0; ///< staging + applying
+};
+
+/// The committed version a node's dead receivers are restored to:
+/// `committed[id]` is the digest receiver `id` must reach (absent: none
+/// committed yet); version and incarnation name where a dense copy of that
+/// version lies (nodes in other processes fetch it; local ones ignore them).
+struct membership {
+  std::uint64_t version = 0;
+  std::string incarnation;
+  std::map<std::string, digest128> committed;
+};
+
+/// What one receiver staged in attempt τ: (object name, payload digest).
+struct staged_set {
+  std::string receiver;
+  std::vector<std::pair<std::string, digest128>> payloads;
+};
+
+/// The coordinator's view of one owner.
+///
+/// Laws: `publish` uploads the owner's complete changed set of τ and then its
+/// manifest, or fails with a typed status (a `stop` seen mid-way is
+/// `errc::aborted`); a `publish` of an attempt older than one already
+/// published is `errc::stale_attempt` and writes nothing; `commit_baseline(τ, v)`
+/// is called only after K^v committed attempt τ; the digests are those of
+/// `owner_role`. A link to a peer that is gone fails every call with
+/// `errc::unavailable` within its stated deadline.
+template <class L>
+concept owner_link = requires(L& l, const L& cl, const publish_request& rq,
+                              const std::atomic<bool>& stop, publish_report& rep, digest128& d,
+                              std::uint64_t a) {
+  { cl.owner_id() } -> std::convertible_to<std::uint32_t>;
+  { l.publish(rq, stop, rep) } -> std::same_as<status>;
+  { l.commit_baseline(a, a) } -> std::same_as<status>;
+  { l.baseline_digest(d) } -> std::same_as<status>;
+  { l.candidate_digest(d) } -> std::same_as<status>;
+};
+
+/// The coordinator's view of one rollout node serving `ids()` receivers.
+///
+/// Laws: `ensure_member` restores every dead receiver densely to the
+/// committed version (its digest must equal `m.committed[id]` when present,
+/// else `errc::verification`) and reports how many it restored; `begin`,
+/// `close_gate`, `open_gate` are ignored for attempts older than the newest
+/// seen; `refit` of an attempt that is not the current one is
+/// `errc::stale_attempt`; `acknowledge(τ)` is `finish` without payloads (the
+/// first commit); `kill(id)` drops that receiver's storage.
+template <class L>
+concept node_link = requires(L& l, const L& cl, std::uint64_t a, const membership& m,
+                             std::size_t& n, const refit_request& rq, const std::atomic<bool>& stop,
+                             refit_result& res, std::vector<digest128>& acks,
+                             std::vector<staged_set>& staged, const std::string& id) {
+  { cl.ids() } -> std::convertible_to<std::vector<std::string>>;
+  { l.ensure_member(m, n) } -> std::same_as<status>;
+  { l.begin(a) } -> std::same_as<status>;
+  { l.close_gate(a) } -> std::same_as<status>;
+  { l.open_gate(a) } -> std::same_as<status>;
+  { l.refit(rq, stop, res) } -> std::same_as<status>;
+  { l.acknowledge(a, acks) } -> std::same_as<status>;
+  { l.staged_payloads(a, staged) } -> std::same_as<status>;
+  { l.kill(id) } -> std::same_as<status>;
+};
+
+namespace detail {
+using link_clock = std::chrono::steady_clock;
+inline double seconds_since(link_clock::time_point t) {
+  return std::chrono::duration<double>(link_clock::now() - t).count();
+}
+
+/// Run `f(medium)` on `store` seen through incarnation `inc` (object stores),
+/// or on the transport itself.
+template <class Store, class F>
+decltype(auto) with_medium(Store& store, const std::string& inc, F&& f) {
+  if constexpr (transport::object_store<Store>) {
+    if (inc.empty()) return f(store);
+    transport::incarnation_scope<Store> scoped(store, inc);
+    return f(scoped);
+  } else {
+    return f(store);
+  }
+}
+} // namespace detail
+
+/// An owner in this process, publishing to `Store` (an object store or an
+/// attempt transport) on the caller's thread.
+template <owner_role Owner, transport::attempt_medium Store>
+class local_owner_link {
+public:
+  local_owner_link(Owner& owner, Store& store) : o_(&owner), store_(&store) {}
+
+  std::uint32_t owner_id() const { return o_->owner_id(); }
+  Owner& owner() noexcept { return *o_; }
+
+  status publish(const publish_request& rq, const std::atomic<bool>& stop, publish_report& rep) {
+    {
+      std::lock_guard l(m_);
+      DCR_RETURN_ERROR_IF(rq.attempt < newest_, stale_attempt,
+                          "owner " + std::to_string(owner_id()) + ": publish of attempt " +
+                              std::to_string(rq.attempt) + ", replaced by attempt " +
+                              std::to_string(newest_));
+      newest_ = rq.attempt;
+    }
+    return detail::with_medium(*store_, rq.incarnation,
+                               [&](auto& medium) { return publish_on(medium, rq, stop, rep); });
+  }
+  status commit_baseline(std::uint64_t, std::uint64_t) {
+    o_->commit_baseline();
+    return status::success();
+  }
+  status baseline_digest(digest128& d) {
+    d = o_->baseline_digest();
+    return status::success();
+  }
+  status candidate_digest(digest128& d) {
+    d = o_->candidate_digest();
+    return status::success();
+  }
+
+private:
+  template <class Medium>
+  status publish_on(Medium& medium, const publish_request& rq, const std::atomic<bool>& stop,
+                    publish_report& rep) {
+    using detail::link_clock;
+    using detail::seconds_since;
+    const auto tau = rq.attempt;
+    auto w = transport::open_writer(medium, tau, o_->owner_id());
+    // Build on a producer thread, upload on this one, joined by one bounded
+    // queue (pipeline::run): the upload of payload l overlaps the
+    // construction of l+1, and a full queue is the builder's backpressure.
+    double blocked = 0;
+    status built = status::success();
+    const auto tb = link_clock::now();
+    status up = pipeline::run_status<std::vector<std::byte>>(
+        pipeline::chain<>{},
+        [&](auto&& emit) {
+          built = o_->build(
+              {tau, rq.target_version, rq.mode}, [&](std::vector<std::byte>&& p) -> status {
+                DCR_RETURN_ERROR_IF(stop.load(), aborted,
+                                    "attempt " + std::to_string(tau) + " stopped");
+                const auto tq = link_clock::now();
+                const bool ok = emit(std::move(p));
+                blocked += seconds_since(tq);
+                DCR_RETURN_ERROR_IF(!ok, aborted,
+                                    "upload of attempt " + std::to_string(tau) + " failed");
+                return status::success();
+              });
+          rep.construct_seconds = seconds_since(tb) - blocked;
+        },
+        [&](std::vector<std::byte>&& p) {
+          const auto tp = link_clock::now();
+          auto st = stop ? fail(errc::aborted, "attempt stopped") : w.put_payload(p);
+          rep.upload_seconds += seconds_since(tp);
+          throw_if_failed(st);
+          rep.payloads += 1;
+          rep.bytes += p.size();
+        },
+        rq.upload_queue);
+    if (!built) {
+      built.message = "owner " + std::to_string(o_->owner_id()) + ": " + built.message;
+      return built;
+    }
+    DCR_TRY(up);
+    DCR_RETURN_ERROR_IF(stop.load(), aborted, "attempt " + std::to_string(tau) + " stopped");
+    const auto tp = link_clock::now();
+    auto s = w.finish();
+    rep.upload_seconds += seconds_since(tp);
+    return s;
+  }
+
+  Owner* o_;
+  Store* store_;
+  std::mutex m_;
+  std::uint64_t newest_ = 0;
+};
+
+/// A rollout node in this process: its receivers' endpoints (one per serving
+/// rank), fed by one reader of `Store`, so that each payload is fetched once
+/// per node. `reader_index` is the node's index for transports with
+/// per-reader state (a relay tree's leaf slots); object stores ignore it.
+template <receiver_role Receiver, transport::attempt_medium Store>
+class local_node_link {
+public:
+  using endpoint = receiver_endpoint<Receiver>;
+
+  local_node_link(std::vector<endpoint*> endpoints, Store& store, std::size_t reader_index = 0)
+      : eps_(std::move(endpoints)), store_(&store), index_(reader_index) {
+    if (eps_.empty()) throw error(errc::invalid_argument, "local_node_link: no receivers");
+  }
+
+  std::vector<std::string> ids() const {
+    std::vector<std::string> v;
+    for (auto* e : eps_) v.push_back(e->id());
+    return v;
+  }
+  const std::vector<endpoint*>& endpoints() const noexcept { return eps_; }
+
+  /// How many of the node's receivers hold no storage (need a restore).
+  status down(std::size_t& n) {
+    n = 0;
+    for (auto* e : eps_) n += e->alive() ? 0 : 1;
+    return status::success();
+  }
+  status ensure_member(const membership& m, std::size_t& restored) {
+    restored = 0;
+    for (auto* e : eps_) {
+      const auto it = m.committed.find(e->id());
+      const bool was_alive = e->alive();
+      DCR_TRY(e->ensure_member(it == m.committed.end() ? nullptr : &it->second));
+      restored += was_alive ? 0 : 1;
+    }
+    return status::success();
+  }
+  status begin(std::uint64_t tau) {
+    for (auto* e : eps_) e->begin(tau);
+    return status::success();
+  }
+  status close_gate(std::uint64_t tau) {
+    for (auto* e : eps_) e->close_gate(tau);
+    return status::success();
+  }
+  status open_gate(std::uint64_t tau) {
+    for (auto* e : eps_) e->open_gate(tau);
+    return status::success();
+  }
+  status acknowledge(std::uint64_t tau, std::vector<digest128>& acks) {
+    acks.assign(eps_.size(), {});
+    for (std::size_t k = 0; k < eps_.size(); ++k) DCR_TRY(eps_[k]->finish(tau, acks[k]));
+    return status::success();
+  }
+  status staged_payloads(std::uint64_t tau, std::vector<staged_set>& out) {
+    out.clear();
+    for (auto* e : eps_) out.push_back({e->id(), e->staged_payloads(tau)});
+    return status::success();
+  }
+  status kill(const std::string& id) {
+    for (auto* e : eps_)
+      if (e->id() == id) {
+        e->kill();
+        return status::success();
+      }
+    return fail(errc::not_found, "no receiver '" + id + "' at this node");
+  }
+
+  status refit(const refit_request& rq, const std::atomic<bool>& stop, refit_result& res) {
+    for (auto* e : eps_)
+      DCR_RETURN_ERROR_IF(e->attempt() != rq.attempt, stale_attempt,
+                          "receiver " + e->id() + ": refit of attempt " +
+                              std::to_string(rq.attempt) + ", current attempt is " +
+                              std::to_string(e->attempt()));
+    return detail::with_medium(*store_, rq.incarnation,
+                               [&](auto& medium) { return refit_on(medium, rq, stop, res); });
+  }
+
+private:
+  template <class Medium>
+  status refit_on(Medium& medium, const refit_request& rq, const std::atomic<bool>& stop,
+                  refit_result& res) {
+    using detail::link_clock;
+    using detail::seconds_since;
+    const auto tau = rq.attempt;
+    const bool sync = rq.synchronous;
+    struct fetched {
+      std::string name;
+      std::vector<std::byte> bytes;
+    };
+    // Fetch on a producer thread, apply on this one (pipeline::run): the
+    // fetch of payload l+1 overlaps the application of l. Each fetched
+    // payload goes to every receiver of the node (in parallel when there are
+    // several), so the node reads it once.
+    auto reader = transport::open_reader(medium, tau, index_, rq.owners);
+    status s = status::success();
+    double apply = 0;
+    const auto tf = link_clock::now();
+    status applied = pipeline::run_status<fetched>(
+        pipeline::chain<>{},
+        [&](auto&& emit) {
+          s = reader.run(
+              [&](std::string_view name, std::span<const std::byte> b) -> status {
+                DCR_RETURN_ERROR_IF(!emit(fetched{std::string(name), {b.begin(), b.end()}}),
+                                    aborted, "node of " + eps_.front()->id() + ": apply failed");
+                return status::success();
+              },
+              stop, rq.deadline);
+        },
+        [&](fetched&& p) {
+          const auto ta = link_clock::now();
+          throw_if_failed(
+              each_endpoint([&](endpoint& e) { return e.deliver(tau, p.name, p.bytes, sync); }));
+          apply += seconds_since(ta);
+        },
+        rq.apply_queue);
+    res.fetch_seconds = seconds_since(tf) - apply;
+    res.apply_seconds = apply;
+    DCR_TRY(applied);
+    if (!s) {
+      s.message = "receiver " + eps_.front()->id() + ": " + s.message;
+      return s;
+    }
+    if constexpr (requires { reader.listed(); }) {
+      // Exactly the listed payloads were staged, digest for digest, or the
+      // receiver may not acknowledge (async: before anything is applied).
+      const auto listed = reader.listed();
+      for (auto* e : eps_) {
+        const auto staged = e->staged_digests(tau);
+        DCR_RETURN_ERROR_IF(listed != staged, verification,
+                            "receiver " + e->id() + " staged " + std::to_string(staged.size()) +
+                                " payload(s) of attempt " + std::to_string(tau) +
+                                " that differ from the " + std::to_string(listed.size()) +
+                                " the manifests list");
+      }
+    }
+    const auto ta = link_clock::now();
+    if (!sync) {
+      // Asynchronous RL: everything is staged; stop serving v, then apply.
+      for (auto* e : eps_) e->close_gate(tau);
+      DCR_TRY(each_endpoint([&](endpoint& e) { return e.apply(tau); }));
+    }
+    res.acks.assign(eps_.size(), {});
+    for (std::size_t k = 0; k < eps_.size(); ++k) DCR_TRY(eps_[k]->finish(tau, res.acks[k]));
+    res.apply_seconds += seconds_since(ta);
+    return status::success();
+  }
+
+  /// `f(endpoint)` at every receiver of the node, concurrently when there are
+  /// several; the first failure in receiver order.
+  template <class F>
+  status each_endpoint(F&& f) {
+    if (eps_.size() == 1) return f(*eps_.front());
+    std::vector<status> st(eps_.size(), status::success());
+    std::vector<std::thread> t;
+    for (std::size_t k = 1; k < eps_.size(); ++k) t.emplace_back([&, k] { st[k] = f(*eps_[k]); });
+    st[0] = f(*eps_[0]);
+    for (auto& x : t) x.join();
+    for (auto& x : st) DCR_TRY(x);
+    return status::success();
+  }
+
+  std::vector<endpoint*> eps_;
+  Store* store_;
+  std::size_t index_;
+};
+
+} // namespace dcr::protocol

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Starts a whole local dcr cluster as separate processes on the embedded
+# defaults (loopback TCP, an fs object store and a file commit store in the
+# work directory): one dcr-owner per trainer rank, one dcr-rollout per
+# rollout node, and dcr-coordinator; runs --steps refits; ends by checking
+# every receiver against a dense load of the committed version and prints
+# the verification line (PASS/FAIL). Processes that die are started again.
+# See docs/deployment.md.
+#
+#   scripts/cluster.sh [--bin DIR] [--workdir DIR] [--port BASE] [--steps N]
+#                      [--size S] [--seed S] [--tp N] [--nodes N] [--receivers-per-node R]
+#                      [--checkpoints F0 F1 ...] [--kill-receiver-every K]
+#                      [--kill-coordinator-every K] [--kill-coordinator-at POINT:STEP]
+#                      [--kill-owner-at STEP] [--etcd URL[,URL...]] [--s3 URL] [--json]
+#
+# --kill-receiver-every K: at steps K, 2K, ... a rollout process (node
+#   (step/K - 1) mod nodes) is SIGKILLed mid-apply (after its first payload
+#   is applied); it is started again and restores densely before rejoining.
+# --kill-coordinator-every K: at steps K, 2K, ... the coordinator is SIGKILLed
+#   at a crash point (after_prepare, mid_delivery, before_commit, after_commit
+#   in turn); a new coordinator process takes over.
+# --kill-coordinator-at POINT:STEP: the same, once, at that point of that step.
+# --kill-owner-at STEP: owner 0 is SIGKILLed mid-upload of that step.
+# --etcd URLS: keep the commit record in that etcd (keys under dcr/cluster-<pid>/).
+# --s3 URL: keep the objects in bucket dcr-cluster-<pid> there (keys from
+#   DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY).
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin=${DCR_BIN:-$here/build/examples}
+work=""
+port=0
+steps=3
+size=small
+seed=42
+tp=2
+nodes=2
+ranks=2
+kill_rx=0
+kill_co=0
+kill_owner=0
+kill_co_at=""
+etcd=""
+s3=""
+json=0
+checkpoints=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) bin=$2; shift 2 ;;
+    --workdir) work=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
+    --tp) tp=$2; shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
+    --receivers-per-node) ranks=$2; shift 2 ;;
+    --kill-receiver-every) kill_rx=$2; shift 2 ;;
+    --kill-coordinator-every) kill_co=$2; shift 2 ;;
+    --kill-coordinator-at) kill_co_at=$2; shift 2 ;;
+    --kill-owner-at) kill_owner=$2; shift 2 ;;
+    --etcd) etcd=$2; shift 2 ;;
+    --s3) s3=$2; shift 2 ;;
+    --json) json=1; shift ;;
+    --checkpoints)
+      shift
+      while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do checkpoints+=("$1"); shift; done ;;
+    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
+    *) echo "cluster.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -z "$work" ] || work=$(realpath -m "$work")
+bin=$(realpath -m "$bin")
+for i in "${!checkpoints[@]}"; do checkpoints[$i]=$(realpath -m "${checkpoints[$i]}"); done
+if [ -z "${DCR_BIN:-}" ] && [ "$bin" = "$here/build/examples" ]; then
+  # The default build/: set it up and build the three programs (incremental).
+  DCR_BUILD_TARGETS="examples/dcr-owner examples/dcr-rollout examples/dcr-coordinator"
+  # shellcheck source=setup.sh
+  source "$here/scripts/setup.sh" >&2
+  set +e
+fi
+for p in dcr-owner dcr-rollout dcr-coordinator; do
+  [ -x "$bin/$p" ] || { echo "cluster.sh: no $bin/$p (build first, or pass --bin DIR)" >&2; exit 2; }
+done
+own_work=0
+if [ -z "$work" ]; then work=$(mktemp -d "${TMPDIR:-/tmp}/dcr-cluster-XXXXXX"); own_work=1; fi
+mkdir -p "$work/logs" "$work/pids"
+# Ports: BASE+k for owner k, BASE+100+j for node j (by default a range chosen by the PID,
+# below the ephemeral range 32768-60999 so that no outgoing connection holds one).
+[ "$port" -ne 0 ] || port=$((20000 + ($$ % 60) * 200)) # below the ephemeral range
+
+job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
+     --receivers-per-node "$ranks")
+[ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
+[ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
+[ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
+
+say() { echo "[cluster] $*" >&2; }
+supervisors=()
+# supervise NAME CMD...: run CMD, start it again whenever it dies, until $work/stop exists.
+supervise() {
+  local name=$1; shift
+  (
+    while [ ! -e "$work/stop" ]; do
+      "$@" >>"$work/logs/$name.log" 2>&1 &
+      echo $! >"$work/pids/$name"
+      wait $!
+      rc=$?
+      [ -e "$work/stop" ] && break
+      echo "[cluster] $name exited ($rc), starting it again" >>"$work/logs/$name.log"
+      echo "$name" >>"$work/restarts"
+      sleep 0.2
+    done
+  ) &
+  supervisors+=($!)
+}
+cleanup() {
+  touch "$work/stop"
+  for f in "$work"/pids/*; do [ -e "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null; done
+  for s in "${supervisors[@]}"; do wait "$s" 2>/dev/null; done
+  if [ "$own_work" = 1 ] && [ "${DCR_CLUSTER_KEEP:-0}" = 0 ]; then rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+owners=$(( tp ))
+owner_flags=()
+for ((k = 0; k < owners; k++)); do
+  extra=()
+  [ "$kill_owner" -gt 0 ] && [ "$k" -eq 0 ] && extra=(--die-mid-upload "$kill_owner")
+  supervise "owner$k" "$bin/dcr-owner" --rank "$k" --listen "127.0.0.1:$((port + k))" "${job[@]}" "${extra[@]}"
+  owner_flags+=(--owner "127.0.0.1:$((port + k))")
+done
+node_flags=()
+for ((j = 0; j < nodes; j++)); do
+  extra=()
+  if [ "$kill_rx" -gt 0 ]; then
+    for ((s = kill_rx; s <= steps; s += kill_rx)); do
+      if [ $(( (s / kill_rx - 1) % nodes )) -eq "$j" ]; then extra=(--die-mid-apply "$s"); break; fi
+    done
+  fi
+  supervise "node$j" "$bin/dcr-rollout" --node "$j" --listen "127.0.0.1:$((port + 100 + j))" "${job[@]}" "${extra[@]}"
+  node_flags+=(--node "127.0.0.1:$((port + 100 + j))")
+done
+say "work directory $work; $owners owners, $nodes nodes x $ranks receivers; $steps steps"
+
+points=(after_prepare mid_delivery before_commit after_commit)
+t0=$(date +%s.%N)
+co_runs=0
+# One coordinator run per step, so that each can be armed to die at that
+# step's crash point; a SIGKILLed one is followed by a fresh process that
+# takes over (the commit store fences the dead one's epoch).
+for ((s = 1; s <= steps; s++)); do
+  extra=()
+  if [ "$kill_co" -gt 0 ] && [ $((s % kill_co)) -eq 0 ]; then
+    extra=(--die-at "${points[$(( (s / kill_co - 1) % 4 ))]}:$s")
+  fi
+  [ -n "$kill_co_at" ] && [ "${kill_co_at#*:}" = "$s" ] && extra=(--die-at "$kill_co_at")
+  for attempt in 1 2 3 4 5; do
+    co_runs=$((co_runs + 1))
+    "$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$s" \
+      --rows "$work/rows.jsonl" "${extra[@]}" >>"$work/logs/coordinator.log" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] && break
+    say "step $s: coordinator exited ($rc); starting a new one"
+    extra=()
+  done
+  [ "$rc" -eq 0 ] || { say "step $s failed; logs in $work/logs"; DCR_CLUSTER_KEEP=1; break; }
+done
+verdict=$("$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$steps" \
+  --verify 2>>"$work/logs/coordinator.log")
+vrc=$?
+t1=$(date +%s.%N)
+restarts=$(cat "$work/restarts" 2>/dev/null | wc -l)
+if [ "$json" = 1 ]; then
+  rows=$(paste -sd, "$work/rows.jsonl" 2>/dev/null)
+  exact=false; [ "$vrc" -eq 0 ] && exact=true
+  echo "{\"steps\":[${rows}],\"bit_exact\":${exact},\"receivers_checked\":$((nodes * ranks)),\"coordinator_runs\":${co_runs},\"process_restarts\":${restarts}}"
+else
+  [ -e "$work/rows.jsonl" ] && cat "$work/rows.jsonl"
+  echo "cluster: $owners owners, $nodes rollout nodes x $ranks receivers, $steps steps," \
+    "$co_runs coordinator runs, $restarts process restarts, $(echo "$t1 - $t0" | bc) s"
+  echo "$verdict"
+fi
+[ "$vrc" -eq 0 ] || DCR_CLUSTER_KEEP=1
+exit "$vrc"
