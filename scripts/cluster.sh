@@ -12,6 +12,7 @@
 #                      [--checkpoints F0 F1 ...] [--kill-receiver-every K]
 #                      [--kill-coordinator-every K] [--kill-coordinator-at POINT:STEP]
 #                      [--kill-owner-at STEP] [--etcd URL[,URL...]] [--s3 URL] [--json]
+#                      [--testbed] [--link-down NODE:STEP[:SECONDS]]
 #
 # --kill-receiver-every K: at steps K, 2K, ... a rollout process (node
 #   (step/K - 1) mod nodes) is SIGKILLed mid-apply (after its first payload
@@ -24,6 +25,15 @@
 # --etcd URLS: keep the commit record in that etcd (keys under dcr/cluster-<pid>/).
 # --s3 URL: keep the objects in bucket dcr-cluster-<pid> there (keys from
 #   DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY).
+# --testbed: run inside `scripts/testbed.sh run -- ...` (docs/testbed.md):
+#   owner k runs in training node t(k mod N_train), rollout node j in r(j mod
+#   N_roll), the coordinator on the storage host; each listens on its node's
+#   address; the objects go to the testbed's S3 and the commit record to its
+#   etcd (unless --s3/--etcd say otherwise), so every payload crosses the
+#   shaped links.
+# --link-down NODE:STEP[:SECONDS] (with --testbed): during step STEP, once
+#   NODE's link has carried payload traffic (or 1 s after the step started),
+#   take the link down for SECONDS (default 3), then bring it back.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${DCR_BIN:-$here/build/examples}
@@ -42,6 +52,8 @@ kill_co_at=""
 etcd=""
 s3=""
 json=0
+testbed=0
+link_down=""
 checkpoints=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -61,10 +73,12 @@ while [ $# -gt 0 ]; do
     --etcd) etcd=$2; shift 2 ;;
     --s3) s3=$2; shift 2 ;;
     --json) json=1; shift ;;
+    --testbed) testbed=1; shift ;;
+    --link-down) link_down=$2; shift 2 ;;
     --checkpoints)
       shift
       while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do checkpoints+=("$1"); shift; done ;;
-    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "cluster.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -87,6 +101,28 @@ mkdir -p "$work/logs" "$work/pids"
 # Ports: BASE+k for owner k, BASE+100+j for node j (by default a range chosen by the PID,
 # below the ephemeral range 32768-60999 so that no outgoing connection holds one).
 [ "$port" -ne 0 ] || port=$((20000 + ($$ % 60) * 200)) # below the ephemeral range
+
+# Where each process runs and listens: loopback, or a testbed node.
+# at NODE: sets `at` to the command prefix that runs a program there.
+at=()
+at_node() { at=(); [ "$testbed" = 1 ] && at=(ip netns exec "$DCR_TB_NAME-$1"); }
+owner_node() { echo "${tb_train[$(($1 % ${#tb_train[@]}))]}"; }
+rollout_node() { echo "${tb_roll[$(($1 % ${#tb_roll[@]}))]}"; }
+tb_addr() { local v="DCR_TB_ADDR_$1"; echo "${!v}"; }
+owner_host() { if [ "$testbed" = 1 ]; then tb_addr "$(owner_node "$1")"; else echo 127.0.0.1; fi; }
+node_host() { if [ "$testbed" = 1 ]; then tb_addr "$(rollout_node "$1")"; else echo 127.0.0.1; fi; }
+if [ "$testbed" = 1 ]; then
+  [ -n "${DCR_TB_NAME:-}" ] || { echo "cluster.sh: --testbed: run it under scripts/testbed.sh run -- ..." >&2; exit 2; }
+  read -r -a tb_train <<<"$DCR_TB_TRAIN"
+  read -r -a tb_roll <<<"$DCR_TB_ROLL"
+  [ -n "$s3" ] || s3=${DCR_TB_S3:-}
+  [ -n "$etcd" ] || etcd=${DCR_TB_ETCD:-}
+  export DCR_S3_ACCESS_KEY=${DCR_S3_ACCESS_KEY:-${DCR_TB_S3_ACCESS_KEY:-}}
+  export DCR_S3_SECRET_KEY=${DCR_S3_SECRET_KEY:-${DCR_TB_S3_SECRET_KEY:-}}
+  [ -n "$s3" ] || { echo "cluster.sh: --testbed: the testbed runs no S3" >&2; exit 2; }
+elif [ -n "$link_down" ]; then
+  echo "cluster.sh: --link-down needs --testbed" >&2; exit 2
+fi
 
 job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
      --receivers-per-node "$ranks")
@@ -127,8 +163,10 @@ owner_flags=()
 for ((k = 0; k < owners; k++)); do
   extra=()
   [ "$kill_owner" -gt 0 ] && [ "$k" -eq 0 ] && extra=(--die-mid-upload "$kill_owner")
-  supervise "owner$k" "$bin/dcr-owner" --rank "$k" --listen "127.0.0.1:$((port + k))" "${job[@]}" "${extra[@]}"
-  owner_flags+=(--owner "127.0.0.1:$((port + k))")
+  h=$(owner_host "$k")
+  [ "$testbed" = 1 ] && at_node "$(owner_node "$k")"
+  supervise "owner$k" "${at[@]}" "$bin/dcr-owner" --rank "$k" --listen "$h:$((port + k))" "${job[@]}" "${extra[@]}"
+  owner_flags+=(--owner "$h:$((port + k))")
 done
 node_flags=()
 for ((j = 0; j < nodes; j++)); do
@@ -138,12 +176,39 @@ for ((j = 0; j < nodes; j++)); do
       if [ $(( (s / kill_rx - 1) % nodes )) -eq "$j" ]; then extra=(--die-mid-apply "$s"); break; fi
     done
   fi
-  supervise "node$j" "$bin/dcr-rollout" --node "$j" --listen "127.0.0.1:$((port + 100 + j))" "${job[@]}" "${extra[@]}"
-  node_flags+=(--node "127.0.0.1:$((port + 100 + j))")
+  h=$(node_host "$j")
+  [ "$testbed" = 1 ] && at_node "$(rollout_node "$j")"
+  supervise "node$j" "${at[@]}" "$bin/dcr-rollout" --node "$j" --listen "$h:$((port + 100 + j))" "${job[@]}" "${extra[@]}"
+  node_flags+=(--node "$h:$((port + 100 + j))")
 done
 say "work directory $work; $owners owners, $nodes nodes x $ranks receivers; $steps steps"
 
+# link_fault NODE:STEP[:SECONDS]: once NODE's link carries traffic (at
+# least 64 KiB more than when the step began, or after 1 s), take it down
+# for SECONDS, then bring it back. Writes $work/faults/link-<NODE>-<STEP>.
+link_fault() {
+  local node step secs rx0 deadline
+  IFS=: read -r node step secs <<<"$1"
+  secs=${secs:-3}
+  stat_of() { ip netns exec "$DCR_TB_NAME-$node" cat /sys/class/net/uplink/statistics/rx_bytes \
+                /sys/class/net/uplink/statistics/tx_bytes | paste -sd+ | bc; }
+  rx0=$(stat_of)
+  deadline=$(($(date +%s%N) + 1000000000))
+  while [ "$(stat_of)" -lt $((rx0 + 65536)) ] && [ "$(date +%s%N)" -lt "$deadline" ]; do sleep 0.02; done
+  say "step $step: link of $node down for $secs s"
+  bash "$here/scripts/testbed.sh" link "$node" down --name "$DCR_TB_NAME" \
+    --subnet "${DCR_TB_SUBNET:-10.77}"
+  sleep "$secs"
+  bash "$here/scripts/testbed.sh" link "$node" up --name "$DCR_TB_NAME" --subnet "${DCR_TB_SUBNET:-10.77}"
+  say "step $step: link of $node up again"
+  mkdir -p "$work/faults" && touch "$work/faults/link-$node-$step"
+}
+
 points=(after_prepare mid_delivery before_commit after_commit)
+# The coordinator runs on the storage host (its link is not a node's link).
+at=()
+[ "$testbed" = 1 ] && at_node st
+co_at=("${at[@]}")
 t0=$(date +%s.%N)
 co_runs=0
 # One coordinator run per step, so that each can be armed to die at that
@@ -155,18 +220,24 @@ for ((s = 1; s <= steps; s++)); do
     extra=(--die-at "${points[$(( (s / kill_co - 1) % 4 ))]}:$s")
   fi
   [ -n "$kill_co_at" ] && [ "${kill_co_at#*:}" = "$s" ] && extra=(--die-at "$kill_co_at")
+  fault=""
+  if [ -n "$link_down" ] && [ "$(echo "$link_down" | cut -d: -f2)" = "$s" ]; then
+    link_fault "$link_down" &
+    fault=$!
+  fi
   for attempt in 1 2 3 4 5; do
     co_runs=$((co_runs + 1))
-    "$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$s" \
+    "${co_at[@]}" "$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$s" \
       --rows "$work/rows.jsonl" "${extra[@]}" >>"$work/logs/coordinator.log" 2>&1
     rc=$?
     [ "$rc" -eq 0 ] && break
     say "step $s: coordinator exited ($rc); starting a new one"
     extra=()
   done
+  [ -z "$fault" ] || wait "$fault"
   [ "$rc" -eq 0 ] || { say "step $s failed; logs in $work/logs"; DCR_CLUSTER_KEEP=1; break; }
 done
-verdict=$("$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$steps" \
+verdict=$("${co_at[@]}" "$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$steps" \
   --verify 2>>"$work/logs/coordinator.log")
 vrc=$?
 t1=$(date +%s.%N)

@@ -196,6 +196,7 @@ cmd_up() {
   {
     echo "DCR_TB_NAME=$name"
     echo "DCR_TB_RATE=$rate"
+    echo "DCR_TB_SUBNET=$subnet"
     echo "DCR_TB_DELAY_MS=$delay"
     echo "DCR_TB_LOSS_PCT=$loss"
     echo "DCR_TB_TRAIN='$(nodes | grep '^t' | tr '\n' ' ' | sed 's/ $//')'"

@@ -270,8 +270,8 @@ reference_row full_checkpoint_reference(const testbed& tb,
                                         const std::string& prefix) {
   const auto self = self_exe();
   auto worker_argv = [&](const std::string& node, const std::string& what) {
-    std::vector<std::string> v{"ip", "netns", "exec", tb.ns(node), self, "--worker", what,
-                               "--prefix", prefix};
+    std::vector<std::string> v{"ip",       "netns", "exec",     tb.ns(node), self,
+                               "--worker", what,    "--prefix", prefix};
     for (auto& [k, val] : s3) {
       v.push_back("--" + k);
       v.push_back(val);
@@ -313,8 +313,8 @@ reference_row full_checkpoint_reference(const testbed& tb,
   }
   for (auto& d : down) {
     if (d.bytes != bytes)
-      die("a rollout node downloaded " + std::to_string(d.bytes) + " of " +
-          std::to_string(bytes) + " bytes");
+      die("a rollout node downloaded " + std::to_string(d.bytes) + " of " + std::to_string(bytes) +
+          " bytes");
     t1 = std::max(t1, d.end_ns);
   }
   row.upload_s = double(t_up - t0) / 1e9;
@@ -377,8 +377,9 @@ int main(int argc, char** argv) {
               << ", \"ratio_to_floor\": " << ref.total_s / ref.floor_s
               << ", \"checkpoint_bytes\": " << ref.checkpoint_bytes
               << ", \"v_cross_bytes\": " << ref.v_cross
-              << ", \"link_mbit_s\": " << tb.link_bits / 1e6 << ", \"train_nodes\": "
-              << tb.train.size() << ", \"rollout_nodes\": " << tb.roll.size() << "}]}\n";
+              << ", \"link_mbit_s\": " << tb.link_bits / 1e6
+              << ", \"train_nodes\": " << tb.train.size()
+              << ", \"rollout_nodes\": " << tb.roll.size() << "}]}\n";
     return 0;
   }
   std::cout << dcr::bench::machine_description() << "\n";
