@@ -459,3 +459,56 @@ TEST_CASE("control server: a bad frame or a malformed call gets its typed error 
     CHECK(c.call(control_type::node_hello, 0, {}, out).ok());
   }
 }
+
+TEST_CASE("owner service: the baseline moves only after the commit it can verify") {
+  cluster_rig s(9, 1, {1});
+  auto& link = *s.owner_links[0];
+  memory_commit_store commits;
+  int moved = 0;
+  owner_hooks hooks;
+  hooks.verify_commit = [&](std::uint64_t tau, std::uint64_t v) -> status {
+    stored_record r;
+    DCR_TRY(commits.load(r));
+    DCR_RETURN_ERROR_IF(r.revision == 0 || r.record.version != v || r.record.attempt != tau,
+                        verification, "not committed");
+    return status::success();
+  };
+  hooks.committed = [&](std::uint64_t) { ++moved; };
+  owner_service<cluster_rig::owner_link_t> service(link, hooks);
+  control_server server([&](const control_frame& f, const std::atomic<bool>& st,
+                            body_writer& out) { return service(f, st, out); },
+                        fast_channel());
+  REQUIRE(server.listen("127.0.0.1", 0).ok());
+  remote_owner_link owner(0, peer_address{"127.0.0.1", server.port()}, fast_channel());
+  REQUIRE(owner.connect().ok());
+  remote_owner_link wrong(1, peer_address{"127.0.0.1", server.port()}, fast_channel());
+  CHECK(wrong.connect().code == errc::verification);
+
+  s.trainer.step(0.05, 3);
+  digest128 before{}, cand{}, after{};
+  REQUIRE(owner.baseline_digest(before).ok());
+  REQUIRE(owner.candidate_digest(cand).ok());
+  REQUIRE(before != cand);
+  // No record: refused, baseline unchanged.
+  CHECK(owner.commit_baseline(2, 1).code == errc::verification);
+  REQUIRE(owner.baseline_digest(after).ok());
+  CHECK(after == before);
+  CHECK(moved == 0);
+  // K^1 committed by attempt 2: a commit of another attempt is refused, the right one moves it.
+  std::uint64_t epoch = 0, tau = 0;
+  REQUIRE(commits.take_over(epoch).ok());
+  REQUIRE(commits.prepare(epoch, tau).ok());
+  REQUIRE(commits.prepare(epoch, tau).ok());
+  commit_record k;
+  k.version = 1;
+  k.attempt = tau;
+  k.incarnation = new_incarnation();
+  REQUIRE(commits.compare_and_set(epoch, tau, 0, k).ok());
+  CHECK(owner.commit_baseline(tau - 1, 1).code == errc::verification);
+  REQUIRE(owner.baseline_digest(after).ok());
+  CHECK(after == before);
+  REQUIRE(owner.commit_baseline(tau, 1).ok());
+  REQUIRE(owner.baseline_digest(after).ok());
+  CHECK(after == cand);
+  CHECK(moved == 1);
+}
