@@ -1,7 +1,8 @@
 // Conformance with docs/wire-format.md: a second, deliberately plain encoder
 // written from the spec (byte pushes only, no codec helpers) must produce the
 // same header fields and the same decompressed body as the library, for
-// every location scheme and value filter.
+// every location scheme and value filter, in both format versions (v2: the
+// digest is BLAKE2b-128 of header bytes 0..79 then the body; v1: of the body).
 #include <doctest/doctest.h>
 
 #include <random>
@@ -123,16 +124,20 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
       const std::uint64_t numel = 1 + rng() % (r % 3 == 0 ? 200000 : 300);
       auto idx = test::random_indices(rng, numel, std::array{0.0, 0.003, 0.05, 0.6}[rng() % 4],
                                       rng() % 5 == 0);
-      items.push_back(test::make_item(
-          "w" + std::to_string(i), {numel}, dts[rng() % 5],
-          rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite, idx, rng));
+      const value_encoding encs[] = {value_encoding::xor_mask, value_encoding::overwrite,
+                                     value_encoding::add};
+      items.push_back(test::make_item("w" + std::to_string(i), {numel}, dts[rng() % 5],
+                                      encs[rng() % (r % 2 ? 2 : 3)], idx, rng));
     }
+    // Odd rounds have no add items, so they are written as v1 too.
+    const std::uint16_t version = r % 2 ? 1 : 2;
     for (auto scheme : {location_scheme::gaps, location_scheme::planes, location_scheme::varint,
                         location_scheme::escape_u8})
       for (auto filter : {value_filter::none, value_filter::byte_planes}) {
         encode_options opt;
         opt.locations = scheme;
         opt.filter = filter;
+        opt.format_version = version;
         const payload_id id{rng(), rng(), static_cast<std::uint32_t>(rng()),
                             static_cast<std::uint32_t>(rng())};
         const auto p = encode_payload(id, items, opt);
@@ -143,7 +148,7 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
         // Header, field by field (section 1).
         REQUIRE(p.size() >= 96);
         CHECK(rd(p, 0, 4) == 0x50524344u);
-        CHECK(rd(p, 4, 2) == 1);
+        CHECK(rd(p, 4, 2) == version);
         CHECK(rd(p, 6, 2) == 96);
         CHECK(rd(p, 8, 8) == id.attempt);
         CHECK(rd(p, 16, 8) == id.source_version);
@@ -157,7 +162,9 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
         CHECK(rd(p, 64, 8) == body.size());
         CHECK(rd(p, 72, 8) == p.size() - 96);
         const auto frame = std::span(p).subspan(96);
-        const auto d = digest(frame);
+        blake2b_128 signer;
+        if (version == 2) signer.update(std::span(p).first(80));
+        const auto d = signer.update(frame).final();
         CHECK(std::memcmp(d.data(), p.data() + 80, 16) == 0);
         // Body: the frame decompresses to exactly the spec's bytes.
         std::vector<std::byte> got(body.size());
