@@ -37,7 +37,8 @@ constexpr DCR_HOST_DEVICE W zigzag_delta(W old_w, W new_w) noexcept {
 template <class W>
 requires std::is_unsigned_v<W>
 constexpr DCR_HOST_DEVICE W apply_zigzag_delta(W resident, W v) noexcept {
-  const W d = static_cast<W>(static_cast<W>(v >> 1) ^ static_cast<W>(W{0} - static_cast<W>(v & 1u)));
+  const W d =
+      static_cast<W>(static_cast<W>(v >> 1) ^ static_cast<W>(W{0} - static_cast<W>(v & 1u)));
   return static_cast<W>(resident + d);
 }
 
