@@ -174,3 +174,33 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
       }
   }
 }
+
+TEST_CASE("the annotated example of docs/wire-format.md, in v1 and v2") {
+  // Section 6: two bf16 items; the body is the same in both versions, the
+  // version field and the digest differ (v2 signs header bytes 0..79 too).
+  item a{{"a", {2, 4}, dtype_id::bf16}, value_encoding::xor_mask, {5, 6}, {}};
+  for (std::uint16_t w : {0x0001, 0x0003}) {
+    a.values.push_back(static_cast<std::byte>(w & 0xFF));
+    a.values.push_back(static_cast<std::byte>(w >> 8));
+  }
+  item b{{"b", {300}, dtype_id::bf16}, value_encoding::overwrite, {0, 5, 299}, {}};
+  for (std::uint16_t w : {0x3f80, 0x4000, 0x7fc0}) {
+    b.values.push_back(static_cast<std::byte>(w & 0xFF));
+    b.values.push_back(static_cast<std::byte>(w >> 8));
+  }
+  const std::vector<item> items = {a, b};
+  encode_options v1;
+  v1.format_version = 1;
+  const auto p1 = encode_payload({42, 7, 3, 1}, items, v1);
+  const auto p2 = encode_payload({42, 7, 3, 1}, items);
+  REQUIRE(p1.size() == 96 + 77);
+  REQUIRE(p2.size() == 96 + 77);
+  CHECK(to_hex(std::span(reinterpret_cast<const std::uint8_t*>(p1.data()) + 80, 16)) ==
+        "c2e4267eb9ac6d997875b8480e626580");
+  CHECK(to_hex(std::span(reinterpret_cast<const std::uint8_t*>(p2.data()) + 80, 16)) ==
+        "70fadf38fde9b442b9a9a9792309636b");
+  CHECK(rd(p1, 4, 2) == 1);
+  CHECK(rd(p2, 4, 2) == 2);
+  CHECK(std::equal(p1.begin() + 96, p1.end(), p2.begin() + 96));
+  CHECK(decode_payload_or_throw(p1) == decode_payload_or_throw(p2));
+}
