@@ -338,7 +338,7 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
                           : sizeof(W) == 2 ? dtype_id::f16
                                            : dtype_id::f32;
       for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite,
-                        copy_mode::overwrite_mask, copy_mode::overwrite_nan}) {
+                        copy_mode::overwrite_mask, copy_mode::overwrite_nan, copy_mode::add}) {
         CAPTURE(dc.name);
         CAPTURE(static_cast<int>(mode));
         auto ref = init;
@@ -346,6 +346,9 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
           W& r = ref[static_cast<std::size_t>(dc.base + naive_offset(dc.l, k))];
           if (mode == copy_mode::dense) r = src[k];
           if (mode == copy_mode::xor_mask) r = static_cast<W>(r ^ src[k]);
+          if (mode == copy_mode::add) // plain arithmetic: resident + unzigzag(src)
+            r = static_cast<W>(
+                r + static_cast<W>((src[k] >> 1) ^ static_cast<W>(W{0} - (src[k] & 1u))));
           if ((mode == copy_mode::overwrite || mode == copy_mode::overwrite_mask) && active[k])
             r = src[k];
           if (mode == copy_mode::overwrite_nan) {

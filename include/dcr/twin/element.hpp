@@ -187,6 +187,7 @@ enum class copy_mode : std::uint8_t {
   overwrite = 2,      ///< dst = src where src != placeholder
   overwrite_mask = 3, ///< dst = src where mask != 0 (NaN-valued items)
   overwrite_nan = 4, ///< dst = src where src is not a NaN of the dtype (any NaN is the placeholder)
+  add = 5,           ///< dst += unzigzag(src) mod 2^w (add items; 0 at inactive positions)
 };
 
 /// NaN test of a dtype as two masks: a word is NaN when all `exponent` bits
