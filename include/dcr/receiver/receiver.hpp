@@ -86,7 +86,7 @@ public:
   /// Bytes of the one scratch buffer (the largest canonical tensor).
   std::uint64_t scratch_bytes() const noexcept { return plan_.scratch_bytes; }
 
-  /// Whether XOR items for `name` can be applied here (representation
+  /// Whether XOR (and add) items for `name` can be applied here (representation
   /// preserving path, destinations written once); false for unknown names.
   bool xor_allowed(std::string_view name) const {
     auto* t = plan_.find(name);
@@ -110,7 +110,7 @@ public:
     }
   }
 
-  /// Apply one decoded item (XOR or overwrite) through scratch -> loader ->
+  /// Apply one decoded item (XOR, add or overwrite) through scratch -> loader ->
   /// sink: one table lookup selects scatter<D> -> apply<E> for the item's
   /// dtype and encoding.
   status apply_item(const item& it) {
