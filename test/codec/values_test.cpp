@@ -178,4 +178,10 @@ TEST_CASE("estimate_value_bytes: zeroth-order entropy of the byte planes") {
   }
   CHECK(estimate_value_bytes(low, 2, value_filter::byte_planes) == doctest::Approx(2560.0));
   CHECK(estimate_value_bytes(low, 2, value_filter::none) > 2560.0);
+  // A strided sample (every 3rd word) is scaled back to all words.
+  CHECK(estimate_value_bytes(low, 2, value_filter::byte_planes, 3) ==
+        doctest::Approx(2560.0).epsilon(0.01));
+  CHECK(estimate_value_bytes(zeros, 2, value_filter::byte_planes, 7) == 0.0);
+  CHECK(estimate_value_bytes(two, 2, value_filter::none, 1) ==
+        estimate_value_bytes(two, 2, value_filter::none));
 }

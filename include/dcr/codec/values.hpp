@@ -149,24 +149,26 @@ inline void apply_filter(value_filter f, std::span<const std::byte> words, std::
 /// plane (`byte_planes`, width > 1) or of the whole byte stream (`none`),
 /// summed. What zstd's literal coder approaches on these streams; used to
 /// pick between two exact encodings of an item without compressing both.
+/// With `stride` > 1 only every `stride`-th word is counted and the result
+/// scaled to all words (a sample, so that the estimate of a large item costs
+/// a bounded number of histogram updates).
 inline double estimate_value_bytes(std::span<const std::byte> words, std::size_t width,
-                                   value_filter f) {
+                                   value_filter f, std::size_t stride = 1) {
   if (words.empty() || width == 0) return 0.0;
+  if (stride == 0) stride = 1;
   const std::size_t planes = (f == value_filter::byte_planes && width > 1) ? width : 1;
+  const std::size_t n_words = words.size() / width;
   std::array<std::array<std::uint64_t, 256>, 8> hist{};
   const auto* p = reinterpret_cast<const std::uint8_t*>(words.data());
-  if (planes == 1) {
-    for (std::size_t i = 0; i < words.size(); ++i) ++hist[0][p[i]];
-  } else {
-    for (std::size_t i = 0; i < words.size(); i += width)
-      for (std::size_t b = 0; b < width; ++b) ++hist[b][p[i + b]];
-  }
-  const double n = static_cast<double>(words.size() / planes);
+  std::uint64_t counted = 0;
+  for (std::size_t i = 0; i < n_words; i += stride, ++counted)
+    for (std::size_t b = 0; b < width; ++b) ++hist[planes == 1 ? 0 : b][p[i * width + b]];
+  const double symbols = static_cast<double>(counted * (planes == 1 ? width : 1));
   double bits = 0.0;
   for (std::size_t b = 0; b < planes; ++b)
     for (auto c : hist[b])
-      if (c) bits += static_cast<double>(c) * std::log2(n / static_cast<double>(c));
-  return bits / 8.0;
+      if (c) bits += static_cast<double>(c) * std::log2(symbols / static_cast<double>(c));
+  return bits / 8.0 * static_cast<double>(n_words) / static_cast<double>(counted);
 }
 
 /// Inverse of `apply_filter`: restore little-endian words from filtered bytes.

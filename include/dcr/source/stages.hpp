@@ -219,19 +219,25 @@ void changes_to_records(const Project& proj, std::span<const typename Compare::w
           [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }});
 }
 
+/// Words of each encoding `choose_smaller` estimates (evenly strided sample).
+inline constexpr std::size_t choice_sample_words = std::size_t{1} << 16;
+
 /// Keeps the smaller of two exact codings of one item: its values, or the
 /// same records' words `alt` of encoding `alt_id` (both relative, so both
 /// exact under the same conditions). Smaller by `codec::estimate_value_bytes`
 /// under `filter` (zeroth-order entropy of the byte planes: a histogram pass,
 /// cheaper than compressing both; dcr-bench-payload measures how close its
-/// picks come to compressing each way). Ties keep the item's encoding.
-/// `alt` is consumed (left empty).
+/// picks come to compressing each way), over at most `choice_sample_words`
+/// words of each, the same evenly strided words of both. Ties keep the
+/// item's encoding. `alt` is consumed (left empty).
 inline void choose_smaller(item& it, std::vector<std::byte>& alt, value_encoding alt_id,
                            codec::value_filter filter) {
   if (alt.size() == it.values.size() && !alt.empty()) {
     const std::size_t w = width_of(it.tensor.dtype);
-    if (codec::estimate_value_bytes(alt, w, filter) <
-        codec::estimate_value_bytes(it.values, w, filter)) {
+    const std::size_t n = it.values.size() / w;
+    const std::size_t stride = (n + choice_sample_words - 1) / choice_sample_words;
+    if (codec::estimate_value_bytes(alt, w, filter, stride) <
+        codec::estimate_value_bytes(it.values, w, filter, stride)) {
       it.values.swap(alt);
       it.encoding = alt_id;
     }
