@@ -1,4 +1,4 @@
-// Device copy modes (dense, XOR, masked overwrite with placeholder or
+// Device copy modes (dense, XOR, add, masked overwrite with placeholder or
 // explicit mask) and the device copy sink against the host twin
 // dcr/twin/copy.hpp, byte for byte over the whole destination storage.
 
@@ -175,8 +175,8 @@ void run_case(const pair_case& c, double density, std::uint64_t seed) {
   dbuf<std::uint8_t> d_mask(mask);
   const std::string what =
       c.name + " W=" + std::to_string(sizeof(W)) + " density=" + std::to_string(density);
-  for (auto mode :
-       {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_mask}) {
+  for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite,
+                    copy_mode::overwrite_mask, copy_mode::add}) {
     d_dst.upload(init);
     auto host = init;
     const twin::view<W> hd{host.data() + c.dst_base, c.dst};
@@ -230,8 +230,8 @@ void loader_sink_case() {
   const auto init = random_words<std::uint16_t>(2 * rows * cols, 31);
   const auto a = random_words<std::uint16_t>(rows * cols, 32);
   const auto b = random_words<std::uint16_t>(rows * cols, 33);
-  for (auto mode :
-       {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite, copy_mode::overwrite_nan}) {
+  for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite,
+                    copy_mode::overwrite_nan, copy_mode::add}) {
     dbuf<std::uint16_t> d_param(init), d_a(a), d_b(b);
     auto host = init;
     auto as_bytes = [](std::uint16_t* p) { return reinterpret_cast<std::byte*>(p); };

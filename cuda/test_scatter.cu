@@ -1,4 +1,4 @@
-// Device scatter (decoded, run, fused gap decode; XOR and overwrite) against
+// Device scatter (decoded, run, fused gap decode; XOR, add and overwrite) against
 // its host twin dcr/twin/scatter.hpp, byte for byte over the whole
 // storage, across word types, densities, lengths and strided layouts.
 
@@ -141,7 +141,9 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
   const auto val = random_words<W>(loc.size(), seed + 2);
   const std::string what = c.name + " W=" + std::to_string(sizeof(W)) +
                            " density=" + std::to_string(density) +
-                           (op == scatter_op::xor_mask ? " xor" : " overwrite");
+                           (op == scatter_op::xor_mask ? " xor"
+                            : op == scatter_op::add    ? " add"
+                                                       : " overwrite");
 
   dbuf<W> d_store(init);
   dbuf<std::uint64_t> d_loc(loc);
@@ -157,6 +159,28 @@ void run_case(const dst_case& c, double density, scatter_op op, std::uint64_t se
     DCR_EXPECT(hs.ok() && ds.ok(), what + ": decoded status " + hs.message + ds.message);
     DCR_EXPECT(dcr::gpu::synchronize().ok(), what + ": sync");
     DCR_EXPECT(same_bytes(d_store.download(), host), what + ": decoded bytes");
+  }
+  // The named add scatter: device and twin, and the twin adds the zigzag
+  // differences modulo 2^w (checked against plain arithmetic here).
+  if (op == scatter_op::add) {
+    d_store.upload(init);
+    auto host = init;
+    const twin::view<W> hv{host.data() + c.base, c.shape};
+    const status hs = twin::add_scatter<W>(hv, loc, val);
+    const status ds = dcr::gpu::add_scatter(dv, d_loc.get(), d_val.get(), loc.size(), ws);
+    DCR_EXPECT(hs.ok() && ds.ok(), what + ": add_scatter status " + hs.message + ds.message);
+    DCR_EXPECT(dcr::gpu::synchronize().ok() && same_bytes(d_store.download(), host),
+               what + ": add_scatter bytes");
+    for (std::size_t k = 0; k < loc.size(); ++k) {
+      const W before =
+          twin::view<const W>{init.data() + c.base, c.shape}.at(static_cast<std::int64_t>(loc[k]));
+      const W v = val[k];
+      const W d = static_cast<W>((v >> 1) ^ static_cast<W>(0u - (v & 1u)));
+      if (hv.at(static_cast<std::int64_t>(loc[k])) != static_cast<W>(before + d)) {
+        DCR_EXPECT(false, what + ": add_scatter is not resident + unzigzag(value)");
+        break;
+      }
+    }
   }
   // Fused gap decode, minimal width and the widest width.
   for (unsigned width : {max_gap_width(loc), 8u}) {
@@ -334,7 +358,7 @@ int main() {
   std::uint64_t seed = 1;
   for (const auto& c : destinations())
     for (double d : densities)
-      for (auto op : {scatter_op::xor_mask, scatter_op::overwrite}) {
+      for (auto op : {scatter_op::xor_mask, scatter_op::overwrite, scatter_op::add}) {
         run_case<std::uint8_t>(c, d, op, seed++, ws);
         run_case<std::uint16_t>(c, d, op, seed++, ws);
         run_case<std::uint32_t>(c, d, op, seed++, ws);

@@ -1,8 +1,9 @@
 // libFuzzer target past the digest: the input is a raw body preceded by
 // 16 bytes giving the table and location lengths (the value length is the
-// rest) and 4 bytes of item count. The target compresses it, seals a valid
-// header with the right digest, and decodes; so every fuzz input reaches the
-// item table and location checks.
+// rest) and 4 bytes of item count (bit 31: seal as format v1, else v2). The
+// target compresses it, seals a valid header with the right digest of that
+// version, and decodes; so every fuzz input reaches the item table and
+// location checks of both versions.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::memcpy(&table, data, 8);
   std::memcpy(&locs, data + 8, 8);
   std::memcpy(&count, data + 16, 4);
+  const std::uint16_t version = (count >> 31) ? 1 : 2;
+  count &= 0x7FFFFFFFu;
   const auto body = std::as_bytes(std::span(data + 20, size - 20));
   table %= body.size() + 1;
   locs %= body.size() - table + 1;
@@ -27,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::byte> p;
   codec::detail::writer h{p};
   h.put(codec::payload_magic.data(), 4);
-  h.u16(1);
+  h.u16(version);
   h.u16(96);
   h.u64(1);
   h.u64(2);
@@ -42,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   h.u64(vals);
   h.u64(body.size());
   h.u64(frame.size());
-  const auto d = digest(frame);
+  const auto d = codec::payload_digest(version, p, frame);
   h.put(d.data(), d.size());
   h.put(frame.data(), frame.size());
   decoded_payload out;

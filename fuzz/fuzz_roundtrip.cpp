@@ -1,5 +1,6 @@
 // libFuzzer round trip: the input describes items (dtype, encoding, shape,
-// gaps, values) and options; encode -> decode must give the items back.
+// gaps, values) and options (format v1 or v2); encode -> decode must give
+// the items back, except that v1 refuses add items (bad_encoding).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -26,13 +27,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   encode_options opt;
   opt.locations = static_cast<codec::location_scheme>(s.u8() % 4);
   opt.filter = static_cast<codec::value_filter>(s.u8() % 2);
+  const std::uint8_t flags = s.u8();
+  opt.format_version = (flags & 1) ? 1 : 2;
+  bool any_add = false;
   std::vector<item> items;
   const int n = s.u8() % 8;
   for (int i = 0; i < n && s.more(); ++i) {
     item it;
     it.tensor.name = "t" + std::to_string(i);
     it.tensor.dtype = static_cast<dtype_id>(1 + s.u8() % 5);
-    it.encoding = static_cast<value_encoding>(1 + s.u8() % 2);
+    it.encoding = static_cast<value_encoding>(1 + s.u8() % 3);
+    any_add = any_add || it.encoding == value_encoding::add;
     const int rank = s.u8() % 3; // numel stays below 2^64
     std::uint64_t numel = 1;
     for (int r = 0; r < rank; ++r) {
@@ -52,7 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (auto& b : it.values) b = static_cast<std::byte>(s.u8());
     items.push_back(std::move(it));
   }
-  const auto bytes = encode_payload({1, 2, 3, 4}, items, opt);
+  std::vector<std::byte> bytes;
+  const status st = codec::encode_payload({1, 2, 3, 4}, items, opt, bytes);
+  if (opt.format_version == 1 && any_add) {
+    if (st.code != errc::bad_encoding) std::abort();
+    return 0;
+  }
+  if (!st.ok()) std::abort();
   if (!(decode_payload_or_throw(bytes).items == items)) std::abort();
   return 0;
 }

@@ -17,13 +17,20 @@ ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuz
 out=build-fuzz/fuzz
 seeds=$out/seeds
 mkdir -p "$seeds"
-for s in $(seq 1 24); do "$out/fuzz_make_seed" "$seeds/payload-$s.bin" "$s" $((1 + s % 7)); done
-# The body target's input: 16 bytes of section lengths, 4 of item count, then the raw body.
+# Seeds of both format versions: v2 (header in the digest, add items) and v1.
+for s in $(seq 1 24); do
+  "$out/fuzz_make_seed" "$seeds/payload-$s.bin" "$s" $((1 + s % 7)) 2
+  "$out/fuzz_make_seed" "$seeds/payload-v1-$s.bin" "$s" $((1 + s % 7)) 1
+done
+# The body target's input: 16 bytes of section lengths, 4 of item count (bit 31 set:
+# seal as v1), then the raw body.
 mkdir -p "$out/seeds-body"
 for f in "$seeds"/payload-*.bin; do
   b=$out/seeds-body/$(basename "$f")
   # Header bytes 40..55 (table, location lengths) and 32..35 (item count), then the decompressed body.
-  { dd if="$f" bs=1 skip=40 count=16 status=none; dd if="$f" bs=1 skip=32 count=4 status=none
+  v1=$(case "$f" in *payload-v1-*) echo 1 ;; *) echo 0 ;; esac)
+  { dd if="$f" bs=1 skip=40 count=16 status=none; dd if="$f" bs=1 skip=32 count=3 status=none
+    if [ "$v1" = 1 ]; then printf '\x80'; else printf '\x00'; fi
     tail -c +97 "$f" | zstd -q -d -c; } > "$b"
 done
 run() { # TARGET SECONDS CORPUS SEEDS

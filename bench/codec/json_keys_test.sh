@@ -3,7 +3,8 @@
 set -euo pipefail
 table2=$1 payload=$2 detect=$3 apply=$4 construct=$5
 t=$("$table2" --quick --json)
-for k in a changed_pct overwrite_bytes xor_bytes ratio xor_filtered_bytes ratio_filtered; do
+for k in a changed_pct overwrite_bytes xor_bytes ratio xor_filtered_bytes ratio_filtered \
+  add_bytes ratio_add add_filtered_bytes ratio_add_planes; do
   grep -q "\"$k\":" <<<"$t" || { echo "dcr-bench-table2: missing key $k"; exit 1; }
 done
 [ "$(grep -o '"a":' <<<"$t" | wc -l)" -eq 3 ]
@@ -11,7 +12,8 @@ p=$("$payload" --quick --json)
 for k in workload coding payload_pct bytes_per_change; do
   grep -q "\"$k\":" <<<"$p" || { echo "dcr-bench-payload: missing key $k"; exit 1; }
 done
-for c in v1 default full_xor_zstd index_value_zstd entropy_bound; do
+for c in v1 default xor_default add_default best_per_item full_xor_zstd index_value_zstd \
+  entropy_bound entropy_bound_add; do
   [ "$(grep -o "\"coding\":\"$c\"" <<<"$p" | wc -l)" -eq 4 ] || { echo "dcr-bench-payload: coding $c not in every workload"; exit 1; }
 done
 # Every row of the detection, apply and construction benches carries its floor.

@@ -62,7 +62,9 @@ void print_json(const codec::payload_info& pi) {
             << ",\"location_length\":" << h.location_length
             << ",\"value_length\":" << h.value_length << ",\"raw_length\":" << h.raw_length
             << ",\"compressed_length\":" << h.compressed_length << ",\"digest\":\""
-            << to_hex(h.digest) << "\",\"digest_ok\":true},\"items\":[";
+            << to_hex(h.digest) << "\",\"digest_covers\":\""
+            << (h.version >= 2 ? "header_and_body" : "body")
+            << "\",\"digest_ok\":true},\"items\":[";
   for (std::size_t i = 0; i < pi.rows.size(); ++i) {
     const auto& r = pi.rows[i];
     std::cout << (i ? "," : "") << "{\"name\":" << json_str(r.tensor.name)
@@ -83,7 +85,8 @@ void print_text(const std::string& file, std::size_t size, const codec::payload_
   std::cout << "payload " << file << " (" << size << " bytes)\n";
   const std::pair<const char*, std::string> fields[] = {
       {"magic", "DCRP"},
-      {"version", std::to_string(h.version)},
+      {"version", std::to_string(h.version) + (h.version >= 2 ? " (digest covers header and body)"
+                                                              : " (digest covers the body)")},
       {"attempt", std::to_string(h.id.attempt)},
       {"source version", std::to_string(h.id.source_version)},
       {"owner", std::to_string(h.id.owner)},

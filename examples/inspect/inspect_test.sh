@@ -10,8 +10,17 @@ trap 'rm -rf "$dir"' EXIT
 grep -q '^  digest  *[0-9a-f]\{32\} (ok)$' "$dir/text.out"
 [ "$(grep -c 'model.layers' "$dir/text.out")" -eq 6 ]
 "$inspect" --json "$dir/p.bin" --extract-body "$dir/body.zst" > "$dir/json.out"
-digest=$(b2sum -l 128 "$dir/body.zst" | cut -d' ' -f1)
+# v2: the digest is b2sum -l 128 of header bytes 0..79 followed by the body.
+digest=$({ head -c 80 "$dir/p.bin"; cat "$dir/body.zst"; } | b2sum -l 128 | cut -d' ' -f1)
 grep -q "\"digest\":\"$digest\"" "$dir/json.out"
+grep -q '"version":2,' "$dir/json.out"
+grep -q '^  version  *2 (digest covers header and body)$' "$dir/text.out"
+# A v1 payload still inspects; its digest is b2sum -l 128 of the body alone.
+"$make" "$dir/v1.bin" 5 6 1
+"$inspect" --json "$dir/v1.bin" --extract-body "$dir/body1.zst" > "$dir/json1.out"
+digest1=$(b2sum -l 128 "$dir/body1.zst" | cut -d' ' -f1)
+grep -q "\"digest\":\"$digest1\"" "$dir/json1.out"
+grep -q '"version":1,' "$dir/json1.out"
 grep -q '^{"header":{.*},"items":\[{.*}\]}$' "$dir/json.out"
 zstd -q -d -c "$dir/body.zst" > "$dir/body.raw"
 raw=$(grep -o '"raw_length":[0-9]*' "$dir/json.out" | cut -d: -f2)
@@ -33,6 +42,10 @@ expect_fail "$dir/c1.bin" digest_mismatch
 cp "$dir/p.bin" "$dir/c2.bin"
 printf 'X' | dd of="$dir/c2.bin" bs=1 seek=0 conv=notrunc status=none
 expect_fail "$dir/c2.bin" bad_magic
+# v2: a flipped id byte (owner, payload byte 24) fails the digest before decompression.
+cp "$dir/p.bin" "$dir/c6.bin"
+printf '\x7f' | dd of="$dir/c6.bin" bs=1 seek=24 conv=notrunc status=none
+expect_fail "$dir/c6.bin" digest_mismatch
 cp "$dir/p.bin" "$dir/c3.bin"
 printf 'Z' >> "$dir/c3.bin"
 expect_fail "$dir/c3.bin" trailing_bytes

@@ -1,7 +1,8 @@
 // Conformance with docs/wire-format.md: a second, deliberately plain encoder
 // written from the spec (byte pushes only, no codec helpers) must produce the
 // same header fields and the same decompressed body as the library, for
-// every location scheme and value filter.
+// every location scheme and value filter, in both format versions (v2: the
+// digest is BLAKE2b-128 of header bytes 0..79 then the body; v1: of the body).
 #include <doctest/doctest.h>
 
 #include <random>
@@ -123,16 +124,20 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
       const std::uint64_t numel = 1 + rng() % (r % 3 == 0 ? 200000 : 300);
       auto idx = test::random_indices(rng, numel, std::array{0.0, 0.003, 0.05, 0.6}[rng() % 4],
                                       rng() % 5 == 0);
-      items.push_back(test::make_item(
-          "w" + std::to_string(i), {numel}, dts[rng() % 5],
-          rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite, idx, rng));
+      const value_encoding encs[] = {value_encoding::xor_mask, value_encoding::overwrite,
+                                     value_encoding::add};
+      items.push_back(test::make_item("w" + std::to_string(i), {numel}, dts[rng() % 5],
+                                      encs[rng() % (r % 2 ? 2 : 3)], idx, rng));
     }
+    // Odd rounds have no add items, so they are written as v1 too.
+    const std::uint16_t version = r % 2 ? 1 : 2;
     for (auto scheme : {location_scheme::gaps, location_scheme::planes, location_scheme::varint,
                         location_scheme::escape_u8})
       for (auto filter : {value_filter::none, value_filter::byte_planes}) {
         encode_options opt;
         opt.locations = scheme;
         opt.filter = filter;
+        opt.format_version = version;
         const payload_id id{rng(), rng(), static_cast<std::uint32_t>(rng()),
                             static_cast<std::uint32_t>(rng())};
         const auto p = encode_payload(id, items, opt);
@@ -143,7 +148,7 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
         // Header, field by field (section 1).
         REQUIRE(p.size() >= 96);
         CHECK(rd(p, 0, 4) == 0x50524344u);
-        CHECK(rd(p, 4, 2) == 1);
+        CHECK(rd(p, 4, 2) == version);
         CHECK(rd(p, 6, 2) == 96);
         CHECK(rd(p, 8, 8) == id.attempt);
         CHECK(rd(p, 16, 8) == id.source_version);
@@ -157,7 +162,9 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
         CHECK(rd(p, 64, 8) == body.size());
         CHECK(rd(p, 72, 8) == p.size() - 96);
         const auto frame = std::span(p).subspan(96);
-        const auto d = digest(frame);
+        blake2b_128 signer;
+        if (version == 2) signer.update(std::span(p).first(80));
+        const auto d = signer.update(frame).final();
         CHECK(std::memcmp(d.data(), p.data() + 80, 16) == 0);
         // Body: the frame decompresses to exactly the spec's bytes.
         std::vector<std::byte> got(body.size());
@@ -166,4 +173,34 @@ TEST_CASE("an encoder written from the spec produces the library's header and bo
         CHECK((body.empty() || std::memcmp(got.data(), body.data(), body.size()) == 0));
       }
   }
+}
+
+TEST_CASE("the annotated example of docs/wire-format.md, in v1 and v2") {
+  // Section 6: two bf16 items; the body is the same in both versions, the
+  // version field and the digest differ (v2 signs header bytes 0..79 too).
+  item a{{"a", {2, 4}, dtype_id::bf16}, value_encoding::xor_mask, {5, 6}, {}};
+  for (std::uint16_t w : {0x0001, 0x0003}) {
+    a.values.push_back(static_cast<std::byte>(w & 0xFF));
+    a.values.push_back(static_cast<std::byte>(w >> 8));
+  }
+  item b{{"b", {300}, dtype_id::bf16}, value_encoding::overwrite, {0, 5, 299}, {}};
+  for (std::uint16_t w : {0x3f80, 0x4000, 0x7fc0}) {
+    b.values.push_back(static_cast<std::byte>(w & 0xFF));
+    b.values.push_back(static_cast<std::byte>(w >> 8));
+  }
+  const std::vector<item> items = {a, b};
+  encode_options v1;
+  v1.format_version = 1;
+  const auto p1 = encode_payload({42, 7, 3, 1}, items, v1);
+  const auto p2 = encode_payload({42, 7, 3, 1}, items);
+  REQUIRE(p1.size() == 96 + 77);
+  REQUIRE(p2.size() == 96 + 77);
+  CHECK(to_hex(std::span(reinterpret_cast<const std::uint8_t*>(p1.data()) + 80, 16)) ==
+        "c2e4267eb9ac6d997875b8480e626580");
+  CHECK(to_hex(std::span(reinterpret_cast<const std::uint8_t*>(p2.data()) + 80, 16)) ==
+        "70fadf38fde9b442b9a9a9792309636b");
+  CHECK(rd(p1, 4, 2) == 1);
+  CHECK(rd(p2, 4, 2) == 2);
+  CHECK(std::equal(p1.begin() + 96, p1.end(), p2.begin() + 96));
+  CHECK(decode_payload_or_throw(p1) == decode_payload_or_throw(p2));
 }

@@ -53,6 +53,7 @@ struct sealed_fields {
   payload_id id{7, 8, 9, 10};
   std::uint32_t item_count = 0;
   std::uint64_t table_length = 0, location_length = 0, value_length = 0;
+  std::uint16_t version = codec::payload_version;
 };
 
 inline std::vector<std::byte> seal(const sealed_fields& f, std::span<const std::byte> body) {
@@ -60,7 +61,7 @@ inline std::vector<std::byte> seal(const sealed_fields& f, std::span<const std::
   std::vector<std::byte> out;
   codec::detail::writer h{out};
   h.put(codec::payload_magic.data(), 4);
-  h.u16(1);
+  h.u16(f.version);
   h.u16(96);
   h.u64(f.id.attempt);
   h.u64(f.id.source_version);
@@ -75,7 +76,7 @@ inline std::vector<std::byte> seal(const sealed_fields& f, std::span<const std::
   h.u64(f.value_length);
   h.u64(f.table_length + f.location_length + f.value_length);
   h.u64(frame.size());
-  auto d = digest(frame);
+  auto d = codec::payload_digest(f.version, out, frame);
   h.put(d.data(), 16);
   h.put(frame.data(), frame.size());
   return out;
@@ -90,7 +91,7 @@ inline opened open_payload(std::span<const std::byte> payload) {
   codec::payload_info pi;
   throw_if_failed(codec::inspect_payload(payload, pi));
   return {{pi.header.id, pi.header.item_count, pi.header.table_length, pi.header.location_length,
-           pi.header.value_length},
+           pi.header.value_length, pi.header.version},
           pi.body};
 }
 

@@ -1,5 +1,6 @@
 // Interop with the reference CLIs: the body is a plain zstd frame that
-// `zstd -d` decompresses to our body, and the digest equals `b2sum -l 128`.
+// `zstd -d` decompresses to our body, and the digest equals `b2sum -l 128` of
+// header bytes 0..79 and the body (v2) or of the body alone (v1).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -55,6 +56,8 @@ TEST_CASE("zstd -d and b2sum -l 128 agree with the payload body and digest") {
     }
     encode_options opt;
     opt.zstd_level = 1 + r;
+    opt.format_version = r % 3 == 2 ? 1 : 2;
+    CAPTURE(opt.format_version);
     const auto payload = encode_payload({1, 2, 3, static_cast<std::uint32_t>(r)}, items, opt);
     codec::payload_info pi;
     REQUIRE(codec::inspect_payload(payload, pi).ok());
@@ -62,15 +65,21 @@ TEST_CASE("zstd -d and b2sum -l 128 agree with the payload body and digest") {
     run("zstd -q -d -f '" + (dir / "body.zst").string() + "' -o '" + (dir / "body.raw").string() +
         "'");
     CHECK(read_all(dir / "body.raw") == pi.body);
-    const auto sum = run("b2sum -l 128 '" + (dir / "body.zst").string() + "'");
+    // v2 signs header bytes 0..79 then the body; v1 the body alone.
+    std::vector<std::byte> signed_bytes;
+    if (opt.format_version == 2) signed_bytes.assign(payload.begin(), payload.begin() + 80);
+    signed_bytes.insert(signed_bytes.end(), payload.begin() + 96, payload.end());
+    write_all(dir / "signed.bin", signed_bytes);
+    const auto sum = run("b2sum -l 128 '" + (dir / "signed.bin").string() + "'");
     CHECK(sum.substr(0, 32) == to_hex(pi.header.digest));
+    CHECK(pi.header.version == opt.format_version);
     // And the other way: a frame made by the CLI is a body we accept.
     run("zstd -q -1 -f '" + (dir / "body.raw").string() + "' -o '" + (dir / "cli.zst").string() +
         "'");
     const auto cli = read_all(dir / "cli.zst");
     std::vector<std::byte> p(payload.begin(), payload.begin() + 96);
     test::poke<std::uint64_t>(p, 72, cli.size());
-    const auto d = digest(cli);
+    const auto d = codec::payload_digest(opt.format_version, p, cli);
     std::memcpy(p.data() + 80, d.data(), 16);
     p.insert(p.end(), cli.begin(), cli.end());
     CHECK(decode_payload_or_throw(p).items == items);

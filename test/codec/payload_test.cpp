@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "codec/fixtures.hpp"
@@ -21,7 +22,9 @@ std::vector<item> random_items(std::mt19937_64& rng, int n) {
   std::vector<item> items;
   for (int i = 0; i < n; ++i) {
     const auto dt = all_dtypes[rng() % 5];
-    const auto enc = rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite;
+    const value_encoding encs[] = {value_encoding::xor_mask, value_encoding::overwrite,
+                                   value_encoding::add};
+    const auto enc = encs[rng() % 3];
     std::vector<std::uint64_t> shape;
     const auto rank = rng() % 4;
     for (std::uint64_t r = 0; r < rank; ++r) shape.push_back(1 + rng() % 40);
@@ -169,7 +172,9 @@ TEST_CASE("every header field is validated before use") {
     return decode(b).code;
   };
   CHECK(with([](auto& b) { b[0] = std::byte{'X'}; }) == errc::bad_magic);
-  CHECK(with([](auto& b) { poke<std::uint16_t>(b, 4, 2); }) == errc::unsupported_version);
+  CHECK(with([](auto& b) { poke<std::uint16_t>(b, 4, 3); }) == errc::unsupported_version);
+  // v2 -> v1 passes the version check, then fails the v1 digest (body only).
+  CHECK(with([](auto& b) { poke<std::uint16_t>(b, 4, 1); }) == errc::digest_mismatch);
   CHECK(with([](auto& b) { poke<std::uint16_t>(b, 4, 0); }) == errc::unsupported_version);
   CHECK(with([](auto& b) { poke<std::uint16_t>(b, 6, 97); }) == errc::unsupported_version);
   CHECK(with([](auto& b) { b[36] = std::byte{2}; }) == errc::compression);
@@ -223,7 +228,7 @@ TEST_CASE("a resealed body with a bad frame or wrong lengths is rejected") {
     both.insert(both.end(), frame.begin(), frame.end());
     std::vector<std::byte> p(sealed.begin(), sealed.begin() + 96);
     poke<std::uint64_t>(p, 72, both.size());
-    auto d = digest(both);
+    auto d = payload_digest(payload_version, p, both);
     std::memcpy(p.data() + 80, d.data(), 16);
     p.insert(p.end(), both.begin(), both.end());
     CHECK(decode(p).code == errc::trailing_bytes);
@@ -233,7 +238,7 @@ TEST_CASE("a resealed body with a bad frame or wrong lengths is rejected") {
     std::vector<std::byte> p(good.begin(), good.begin() + 96);
     std::vector<std::byte> junk(64, std::byte{0x5A});
     poke<std::uint64_t>(p, 72, junk.size());
-    auto d = digest(junk);
+    auto d = payload_digest(payload_version, p, junk);
     std::memcpy(p.data() + 80, d.data(), 16);
     p.insert(p.end(), junk.begin(), junk.end());
     CHECK(decode(p).code == errc::compression);
@@ -335,13 +340,29 @@ TEST_CASE("single-byte corruption and truncation anywhere never crash and always
   std::mt19937_64 rng(14);
   auto items = random_items(rng, 3);
   const auto good = encode_payload({5, 6, 7, 8}, items);
+  // v2: every header byte is covered by the digest or checked before it,
+  // so every flip fails, and every flip of an id byte fails as a digest
+  // mismatch, i.e. before decompression.
   for (std::size_t i = 0; i < good.size(); ++i) {
     auto b = good;
     b[i] ^= static_cast<std::byte>(1u << (i % 8));
     auto s = decode(b);
-    // Header id fields are not covered by the digest; every other byte is.
+    CHECK_FALSE(s.ok());
+    if (i >= 8 && i < 32) CHECK(s.code == errc::digest_mismatch);
+  }
+  // v1 (still read): the id fields are outside the digest, every other byte is covered.
+  std::vector<item> v1_items;
+  for (auto& it : items)
+    if (it.encoding != value_encoding::add) v1_items.push_back(it);
+  encode_options v1;
+  v1.format_version = 1;
+  const auto old = encode_payload({5, 6, 7, 8}, v1_items, v1);
+  REQUIRE(decode(old).ok());
+  for (std::size_t i = 0; i < old.size(); ++i) {
+    auto b = old;
+    b[i] ^= static_cast<std::byte>(1u << (i % 8));
     const bool id_field = i >= 8 && i < 32;
-    CHECK(s.ok() == id_field);
+    CHECK(decode(b).ok() == id_field);
   }
   for (std::size_t n = 0; n < good.size(); ++n) {
     CHECK_FALSE(decode(std::span(good).first(n)).ok());
@@ -372,4 +393,65 @@ TEST_CASE("resealed random body mutations give a typed error or equal re-encodab
       }
     }
   }
+}
+
+TEST_CASE("format v1 payloads still decode; v2 is the default; add items need v2") {
+  std::mt19937_64 rng(16);
+  for (int r = 0; r < 30; ++r) {
+    auto items = random_items(rng, 1 + static_cast<int>(rng() % 5));
+    const payload_id id{rng(), rng(), static_cast<std::uint32_t>(rng()),
+                        static_cast<std::uint32_t>(rng())};
+    const auto v2 = encode_payload(id, items);
+    codec::payload_header h;
+    REQUIRE(read_payload_header(v2, h).ok());
+    CHECK(h.version == 2);
+    CHECK(decode_payload_or_throw(v2).items == items);
+    encode_options o1;
+    o1.format_version = 1;
+    const bool has_add = std::any_of(items.begin(), items.end(), [](const item& it) {
+      return it.encoding == value_encoding::add;
+    });
+    std::vector<std::byte> v1;
+    const auto s = codec::encode_payload(id, items, o1, v1);
+    if (has_add) {
+      CHECK(s.code == errc::bad_encoding);
+      continue;
+    }
+    REQUIRE(s.ok());
+    REQUIRE(read_payload_header(v1, h).ok());
+    CHECK(h.version == 1);
+    // Same body, same items, same id; only the version and the digest differ.
+    CHECK(std::equal(v1.begin() + 96, v1.end(), v2.begin() + 96, v2.end()));
+    CHECK(std::equal(v1.begin() + 6, v1.begin() + 80, v2.begin() + 6));
+    const auto d1 = decode_payload_or_throw(v1);
+    CHECK(d1 == decode_payload_or_throw(v2));
+  }
+  // A v1 header over a body with an add row: the row is unknown in v1.
+  std::vector<item> one = {make_item("a", {10}, dtype_id::bf16, value_encoding::add, {1, 2}, rng)};
+  auto o = test::open_payload(encode_payload({}, one));
+  o.fields.version = 1;
+  const auto s = decode(test::seal(o.fields, o.body));
+  CHECK(s.code == errc::bad_encoding);
+  CHECK(s.message.find("format v1") != std::string::npos);
+  o.fields.version = 2;
+  CHECK(decode(test::seal(o.fields, o.body)).ok());
+  encode_options o3;
+  o3.format_version = 3;
+  std::vector<std::byte> out;
+  CHECK(codec::encode_payload({}, one, o3, out).code == errc::unsupported_version);
+}
+
+TEST_CASE("v2: a header field changed and resealed by v1 rules is refused before decompression") {
+  // An attacker-free model of a damaged id: the body and its v1 digest are
+  // intact, only the owner changed. v1 accepted it; v2 refuses it.
+  std::mt19937_64 rng(17);
+  auto items = random_items(rng, 2);
+  auto p = encode_payload({1, 2, 3, 4}, items);
+  poke<std::uint32_t>(p, 24, 99);
+  const auto d1 = digest(std::span(p).subspan(96));
+  std::memcpy(p.data() + 80, d1.data(), 16);
+  codec::payload_header h;
+  CHECK(read_payload_header(p, h).code == errc::digest_mismatch);
+  payload_id pid;
+  CHECK(read_payload_id(p, pid).code == errc::digest_mismatch);
 }

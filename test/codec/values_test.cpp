@@ -4,6 +4,7 @@
 
 #include "codec/fixtures.hpp"
 #include "dcr/codec/values.hpp"
+#include "dcr/twin/element.hpp"
 
 using namespace dcr;
 using namespace dcr::codec;
@@ -39,9 +40,148 @@ TEST_CASE(
   }
   CHECK(is_known_encoding(1));
   CHECK(is_known_encoding(2));
+  CHECK(is_known_encoding(3));
   CHECK_FALSE(is_known_encoding(0));
-  CHECK_FALSE(is_known_encoding(3));
+  CHECK_FALSE(is_known_encoding(4));
+  // add (3) is new in format v2.
+  CHECK(is_encoding_of_version(1, 1));
+  CHECK(is_encoding_of_version(2, 1));
+  CHECK_FALSE(is_encoding_of_version(3, 1));
+  CHECK(is_encoding_of_version(3, 2));
+  CHECK_FALSE(is_encoding_of_version(0, 2));
+  CHECK(is_relative(value_encoding::xor_mask));
+  CHECK(is_relative(value_encoding::add));
+  CHECK_FALSE(is_relative(value_encoding::overwrite));
   CHECK(is_known_filter(0));
   CHECK(is_known_filter(1));
   CHECK_FALSE(is_known_filter(2));
+}
+
+namespace {
+
+/// Pairs (old, new) of 16-bit words with old in `olds` and every new word
+/// for which `apply(old, make(old, new)) != new`, for the add encoding, its
+/// twin scatter op and the sink's `apply`. A plain loop over arrays (the
+/// compiler vectorises it), so 2^16 new words per old word cost microseconds.
+std::uint64_t add_failures_16(std::span<const std::uint16_t> olds) {
+  std::uint64_t bad = 0;
+  for (const std::uint16_t o : olds)
+    for (std::uint32_t n = 0; n < 0x10000u; ++n) {
+      const auto nw = static_cast<std::uint16_t>(n);
+      const std::uint16_t v = add_delta::make(o, nw);
+      bad += add_delta::apply(o, v) != nw;
+      bad += twin::scatter_word<std::uint16_t>(o, v, twin::scatter_op::add) != nw;
+    }
+  return bad;
+}
+
+} // namespace
+
+TEST_CASE("add: apply(old, make(old, new)) == new for every 8-bit pair") {
+  std::uint64_t bad = 0;
+  for (std::uint32_t o = 0; o < 256; ++o)
+    for (std::uint32_t n = 0; n < 256; ++n) {
+      const auto ow = static_cast<std::uint8_t>(o), nw = static_cast<std::uint8_t>(n);
+      const std::uint8_t v = add_delta::make(ow, nw);
+      bad += add_delta::apply(ow, v) != nw;
+      bad += twin::scatter_word<std::uint8_t>(ow, v, twin::scatter_op::add) != nw;
+    }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("add: every new 16-bit word from 1,032 old words (BF16/F16 patterns)") {
+  // Every 64th old word plus the edges of the BF16 and F16 encodings: zeros,
+  // the largest finite, infinities, NaNs, the smallest normal and subnormal,
+  // and their neighbours, so that every carry and wrap case is reached. The
+  // slow suite runs all 2^32 pairs.
+  std::vector<std::uint16_t> olds;
+  for (std::uint32_t o = 0; o < 0x10000u; o += 64) olds.push_back(static_cast<std::uint16_t>(o));
+  for (std::uint16_t e : {0x0000, 0x0001, 0x007F, 0x0080, 0x03FF, 0x0400, 0x3F80, 0x3C00,
+                          0x7BFF, 0x7C00, 0x7C01, 0x7E00, 0x7F7F, 0x7F80, 0x7F81, 0x7FC0,
+                          0x7FFF, 0x8000, 0x8001, 0xFC00, 0xFF80, 0xFFC0, 0xFFFE, 0xFFFF})
+    olds.push_back(e);
+  CHECK(olds.size() == 1024 + 24);
+  CHECK(add_failures_16(olds) == 0);
+}
+
+TEST_CASE("add: every 16-bit old -> new pair (2^32)" * doctest::test_suite("slow")) {
+  std::vector<std::uint16_t> all(0x10000);
+  for (std::uint32_t o = 0; o < 0x10000u; ++o) all[o] = static_cast<std::uint16_t>(o);
+  CHECK(add_failures_16(all) == 0);
+}
+
+TEST_CASE("add: random and edge 32-bit pairs round-trip") {
+  std::mt19937_64 rng(78);
+  std::uint64_t bad = 0;
+  const std::uint32_t edges[] = {0u,          1u,          0x7F7FFFFFu, 0x7F800000u, 0x7FC00000u,
+                                 0x80000000u, 0xFFFFFFFFu, 0x3F800000u, 0x00800000u};
+  for (auto o : edges)
+    for (auto n : edges) {
+      bad += add_delta::apply(o, add_delta::make(o, n)) != n;
+      bad +=
+          twin::scatter_word<std::uint32_t>(o, add_delta::make(o, n), twin::scatter_op::add) != n;
+    }
+  for (int r = 0; r < 2000000; ++r) {
+    const auto o = static_cast<std::uint32_t>(rng()), n = static_cast<std::uint32_t>(rng());
+    bad += add_delta::apply(o, add_delta::make(o, n)) != n;
+    // Small moves, the case add is for.
+    const auto near = static_cast<std::uint32_t>(o + static_cast<std::uint32_t>(rng() % 64) - 32u);
+    bad += add_delta::apply(o, add_delta::make(o, near)) != near;
+  }
+  CHECK(bad == 0);
+  // 64-bit words (gap words share the element code) obey the same law.
+  for (int r = 0; r < 1000; ++r) {
+    const std::uint64_t o = rng(), n = rng();
+    CHECK(apply_zigzag_delta(o, zigzag_delta(o, n)) == n);
+  }
+}
+
+TEST_CASE("add: the word is the zigzag of the signed difference (small moves, small words)") {
+  // d = new - old (mod 2^w, read as w-bit two's complement) -> 2|d| - (d < 0).
+  for (int d = -300; d <= 300; ++d) {
+    const std::uint16_t o = 0x3F80; // bf16 1.0
+    const auto n = static_cast<std::uint16_t>(o + d);
+    const auto want = static_cast<std::uint16_t>(d >= 0 ? 2 * d : -2 * d - 1);
+    CHECK(add_delta::make(o, n) == want);
+  }
+  // One unit in the last place is word 2 up and 1 down, whatever the carry
+  // chain of the old bits; the XOR mask of the same move depends on it.
+  for (std::uint16_t o : {0x3F80, 0x3F81, 0x3F83, 0x3F87, 0x3FFF}) {
+    CHECK(add_delta::make(o, static_cast<std::uint16_t>(o + 1)) == 2);
+    CHECK(add_delta::make(o, static_cast<std::uint16_t>(o - 1)) == 1);
+  }
+  CHECK(xor_mask::make<std::uint16_t>(0x3F87, 0x3F88) == 0x000F);
+  // Modular wrap: the largest word plus one is zero, a difference of +1.
+  CHECK(add_delta::make<std::uint8_t>(0xFF, 0x00) == 2);
+  CHECK(add_delta::make<std::uint8_t>(0x00, 0xFF) == 1);
+  CHECK(add_delta::make<std::uint8_t>(0x00, 0x80) == 0xFF); // -128: the most negative
+  CHECK(add_delta::make<std::uint8_t>(0x00, 0x7F) == 0xFE); // +127: the most positive
+  // Applying 0 changes nothing (inactive positions of a scratch hold 0).
+  CHECK(add_delta::apply<std::uint16_t>(0x1234, 0) == 0x1234);
+}
+
+TEST_CASE("estimate_value_bytes: zeroth-order entropy of the byte planes") {
+  std::vector<std::byte> zeros(2000, std::byte{0});
+  CHECK(estimate_value_bytes(zeros, 2, value_filter::byte_planes) == 0.0);
+  CHECK(estimate_value_bytes({}, 2, value_filter::byte_planes) == 0.0);
+  // Two equiprobable bytes in each plane: 1 bit per byte.
+  std::vector<std::byte> two(4000);
+  for (std::size_t i = 0; i < two.size(); ++i) two[i] = static_cast<std::byte>((i / 2) % 2);
+  CHECK(estimate_value_bytes(two, 2, value_filter::byte_planes) == doctest::Approx(500.0));
+  // Unfiltered: one histogram over all bytes (values 0 and 1, equiprobable).
+  CHECK(estimate_value_bytes(two, 2, value_filter::none) == doctest::Approx(500.0));
+  // High plane constant, low plane uniform over 256 values: 8 bits per low byte only.
+  std::vector<std::byte> low(2 * 2560);
+  for (std::size_t i = 0; i < 2560; ++i) {
+    low[2 * i] = static_cast<std::byte>(i % 256);
+    low[2 * i + 1] = std::byte{0x3F};
+  }
+  CHECK(estimate_value_bytes(low, 2, value_filter::byte_planes) == doctest::Approx(2560.0));
+  CHECK(estimate_value_bytes(low, 2, value_filter::none) > 2560.0);
+  // A strided sample (every 3rd word) is scaled back to all words.
+  CHECK(estimate_value_bytes(low, 2, value_filter::byte_planes, 3) ==
+        doctest::Approx(2560.0).epsilon(0.01));
+  CHECK(estimate_value_bytes(zeros, 2, value_filter::byte_planes, 7) == 0.0);
+  CHECK(estimate_value_bytes(two, 2, value_filter::none, 1) ==
+        estimate_value_bytes(two, 2, value_filter::none));
 }

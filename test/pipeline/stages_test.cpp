@@ -23,25 +23,37 @@ static_assert(index_map<table_map>);
 template <class E>
 using pipeline_for = stages::refit_pipeline<stages::compare<dcr::bf16>, stages::project<table_map>,
                                             stages::encode<E, codec::by_scheme>>;
+/// XOR masks with add differences alongside; the item takes the smaller.
+using either_pipeline = stages::refit_pipeline<
+    stages::compare<dcr::bf16>, stages::project<table_map>,
+    stages::encode_either<codec::xor_mask, codec::add_delta, codec::by_scheme>>;
 
-/// Every shard's records into one buffer, then one item.
+/// Every shard's records into one buffer, then one item (pipeline `P`).
+template <class P>
+item run_pipeline(const tensor_meta& meta, std::span<const table_map> maps,
+                  std::span<const std::vector<std::uint16_t>> olds,
+                  std::span<const std::vector<std::uint16_t>> news,
+                  stages::record_buffer* raw = nullptr) {
+  stages::record_buffer b;
+  for (std::size_t s = 0; s < maps.size(); ++s)
+    stages::shard_records<P>(maps[s], olds[s], news[s],
+                             [&](std::uint32_t t) -> stages::record_buffer& {
+                               CHECK(t == 0);
+                               return b;
+                             });
+  if (raw) *raw = b;
+  return stages::to_item<P>(meta, std::move(b));
+}
 template <class E>
 item run_shards(const tensor_meta& meta, std::span<const table_map> maps,
                 std::span<const std::vector<std::uint16_t>> olds,
                 std::span<const std::vector<std::uint16_t>> news) {
-  stages::record_buffer b;
-  for (std::size_t s = 0; s < maps.size(); ++s)
-    stages::shard_records<pipeline_for<E>>(maps[s], olds[s], news[s],
-                                           [&](std::uint32_t t) -> stages::record_buffer& {
-                                             CHECK(t == 0);
-                                             return b;
-                                           });
-  return stages::to_item<pipeline_for<E>>(meta, std::move(b));
+  return run_pipeline<pipeline_for<E>>(meta, maps, olds, news);
 }
 } // namespace
 
-TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and overwrite, any "
-          "permutation") {
+TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR, add and overwrite, "
+          "any permutation") {
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     std::mt19937_64 rng(seed);
     const std::uint64_t n = 1 + rng() % 700;
@@ -68,23 +80,44 @@ TEST_CASE("compare -> project -> encode equals a brute-force diff, for XOR and o
                                                        local(maps[1], old_c)};
     const std::vector<std::vector<std::uint16_t>> news{local(maps[0], new_c),
                                                        local(maps[1], new_c)};
-    for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite}) {
-      const item got = enc == value_encoding::xor_mask
-                           ? run_shards<codec::xor_mask>(meta, maps, olds, news)
-                           : run_shards<codec::overwrite>(meta, maps, olds, news);
+    item by_enc[4];
+    for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite, value_encoding::add}) {
+      const item got =
+          enc == value_encoding::xor_mask ? run_shards<codec::xor_mask>(meta, maps, olds, news)
+          : enc == value_encoding::add    ? run_shards<codec::add_delta>(meta, maps, olds, news)
+                                          : run_shards<codec::overwrite>(meta, maps, olds, news);
+      by_enc[static_cast<int>(enc)] = got;
       item want;
       want.tensor = meta;
       want.encoding = enc;
       for (std::uint64_t k = 0; k < n; ++k)
         if (old_c[k] != new_c[k]) {
           want.indices.push_back(k);
-          const std::uint16_t v = enc == value_encoding::xor_mask ? old_c[k] ^ new_c[k] : new_c[k];
+          // add: zigzag of the 16-bit difference, written out here.
+          const auto d = static_cast<std::int16_t>(static_cast<std::uint16_t>(new_c[k] - old_c[k]));
+          const auto zz = static_cast<std::uint16_t>(d >= 0 ? 2 * d : -2 * d - 1);
+          const std::uint16_t v = enc == value_encoding::xor_mask ? old_c[k] ^ new_c[k]
+                                  : enc == value_encoding::add    ? zz
+                                                                  : new_c[k];
           want.values.push_back(static_cast<std::byte>(v & 0xFF));
           want.values.push_back(static_cast<std::byte>(v >> 8));
         }
       CHECK(got == want);
       CHECK(codec::validate_item(got).ok());
     }
+    // encode_either records both value sets in one pass; the item is the
+    // XOR item or the add item, whichever the estimate says is smaller.
+    stages::record_buffer raw;
+    const item either = run_pipeline<either_pipeline>(meta, maps, olds, news, &raw);
+    const auto& x = by_enc[1];
+    const auto& a = by_enc[3];
+    const double ex = codec::estimate_value_bytes(x.values, 2, codec::value_filter::byte_planes);
+    const double ea = codec::estimate_value_bytes(a.values, 2, codec::value_filter::byte_planes);
+    CHECK(either == (ea < ex ? a : x));
+    stages::sort_records<std::uint16_t>(raw);
+    CHECK(raw.indices == x.indices);
+    CHECK(raw.values == x.values);
+    CHECK(raw.alt_values == a.values);
   }
 }
 
@@ -124,10 +157,10 @@ TEST_CASE(
     "the dispatch table selects the instantiation of every dtype x encoding, and nothing else") {
   constexpr pipeline::dispatch_table<which, int(int), pipeline::dtype_list, pipeline::encoding_list>
       t{};
-  static_assert(decltype(t)::size == 10);
+  static_assert(decltype(t)::size == 15);
   for (auto d :
        {dtype_id::bf16, dtype_id::f16, dtype_id::f32, dtype_id::f8e4m3fn, dtype_id::f8e5m2})
-    for (auto e : {value_encoding::xor_mask, value_encoding::overwrite}) {
+    for (auto e : {value_encoding::xor_mask, value_encoding::overwrite, value_encoding::add}) {
       auto* f = t(pipeline::position_of<pipeline::dtype_list>(d),
                   pipeline::position_of<pipeline::encoding_list>(e));
       const bool found = f != nullptr;

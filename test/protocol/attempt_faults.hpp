@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 
@@ -15,11 +16,17 @@ namespace dcr::test_models {
 
 using namespace dcr::protocol;
 
-/// A copy of a valid payload with another sequence number in its header
-/// (the digest covers only the body, so it stays valid): what a stray copy
-/// under the attempt prefix looks like to a receiver.
+/// A copy of a valid payload with another sequence number in its header,
+/// resealed (a v2 digest covers the sequence, so a copy renumbered without
+/// resealing is refused at the digest): a self-consistent stray payload
+/// under the attempt prefix, what the manifest check must catch.
 std::vector<std::byte> with_sequence(std::vector<std::byte> p, std::uint32_t seq) {
   for (int i = 0; i < 4; ++i) p[28 + i] = static_cast<std::byte>((seq >> (8 * i)) & 0xFF);
+  const auto version = static_cast<std::uint16_t>(std::to_integer<unsigned>(p[4]) |
+                                                  (std::to_integer<unsigned>(p[5]) << 8));
+  const auto d =
+      codec::payload_digest(version, p, std::span(p).subspan(codec::payload_header_size));
+  std::memcpy(p.data() + codec::payload_digest_offset, d.data(), d.size());
   return p;
 }
 

@@ -198,7 +198,8 @@ TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") 
     auto v = test::random_model(metas, seed);
     auto v1 = test::clone(v);
     test::stress(v1, 0.03, 0.05, seed + 1);
-    for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only}) {
+    for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only,
+                      delta_mode::add_only}) {
       INFO("tp " << L.p.tensor_parallel_size << " pp " << L.p.pipeline_parallel_size << " dp "
                  << L.p.data_parallel_size << " ep " << L.p.enable_expert_parallel << " mode "
                  << static_cast<int>(mode));
@@ -207,6 +208,8 @@ TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") 
       CHECK(st.changed > 0);
       if (mode == delta_mode::overwrite_only) CHECK(st.xor_items == 0);
       if (mode == delta_mode::xor_only) CHECK(st.xor_items == st.items);
+      if (mode == delta_mode::add_only) CHECK(st.add_items == st.items);
+      if (mode == delta_mode::mixed) CHECK(st.add_items > 0);
     }
     ++seed;
   }
@@ -279,6 +282,48 @@ TEST_CASE("item errors are typed") {
   bad = it; // XOR through a cast path
   bad.encoding = value_encoding::xor_mask;
   CHECK(r.apply_item(bad).code == errc::unsupported_loader);
+  bad.encoding = value_encoding::add; // add reads the resident word too
+  const auto s = r.apply_item(bad);
+  CHECK(s.code == errc::unsupported_loader);
+  CHECK(s.message.find("add item") != std::string::npos);
+}
+
+TEST_CASE("an add item applied twice moves storage off target; verify sees it; the overwrite "
+          "retry repairs it") {
+  auto c = tiny_llama();
+  auto metas = canonical_tensors(c);
+  auto v = test::random_model(metas, 23);
+  auto v1 = test::clone(v);
+  test::stress(v1, 0.05, 0.05, 24);
+  loaders::vllm_style_loader l(c, loaders::vllm_layout::of_rank(test::vllm_deployment(2), 0));
+  auto all = [](const std::string&) { return true; };
+  auto items = test::diff_items(v, v1, delta_mode::add_only, all);
+  receiver<loaders::vllm_style_loader> r(l, metas), ref(l, metas);
+  ref.dense_refit(v1);
+  r.dense_refit(v);
+  CHECK(r.apply_items(items).ok());
+  CHECK(r.state_digest() == ref.state_digest());
+  CHECK(r.apply_item(items[0]).ok()); // a duplicate add item: the difference lands twice
+  CHECK(r.state_digest() != ref.state_digest());
+  auto vs = r.verify(v1);
+  CHECK(vs.code == errc::verification);
+  CHECK(vs.message.find(items[0].tensor.name) != std::string::npos);
+  // Unlike XOR, a second duplicate does not revert it: only an overwrite repairs.
+  CHECK(r.apply_item(items[0]).ok());
+  CHECK(r.state_digest() != ref.state_digest());
+  // Partial failure: only some items of the first attempt landed (and one
+  // twice); the overwrite-all retry against the same base version writes
+  // every changed element absolutely and equals the dense refit.
+  receiver<loaders::vllm_style_loader> partial(l, metas);
+  partial.dense_refit(v);
+  for (std::size_t i = 0; i < items.size(); i += 2) CHECK(partial.apply_item(items[i]).ok());
+  CHECK(partial.apply_item(items[0]).ok());
+  CHECK(partial.state_digest() != ref.state_digest());
+  for (auto& it : test::diff_items(v, v1, delta_mode::overwrite_only, all))
+    CHECK(partial.apply_item(it).ok());
+  CHECK(first_difference(partial.storage(), ref.storage()) == "");
+  CHECK(partial.state_digest() == ref.state_digest());
+  CHECK(partial.verify(v1).ok());
 }
 
 TEST_CASE("applying an XOR item twice reverts it; verify and digest see it") {

@@ -36,7 +36,7 @@ inline loaders::vllm_parallel_config vllm_deployment(std::uint64_t tp, std::uint
 
 /// Result counters so callers can assert the check did real work.
 struct refit_stats {
-  std::uint64_t receivers = 0, items = 0, changed = 0, xor_items = 0;
+  std::uint64_t receivers = 0, items = 0, changed = 0, xor_items = 0, add_items = 0;
 };
 
 template <class L>
@@ -56,6 +56,7 @@ refit_stats check_delta_equals_dense(const std::vector<L>& loaders,
   st.items = items.size();
   st.changed = changed_count(items);
   for (auto& it : items) st.xor_items += it.encoding == value_encoding::xor_mask;
+  for (auto& it : items) st.add_items += it.encoding == value_encoding::add;
   for (std::size_t k = 0; k < rs.size(); ++k) {
     auto& r = rs[k];
     r.dense_refit(v);

@@ -53,7 +53,9 @@ struct fixture {
 
 TEST_CASE("staged payloads in any order, duplicates suppressed, equal dense refit") {
   fixture f;
-  for (auto mode : {delta_mode::xor_only, delta_mode::mixed, delta_mode::overwrite_only}) {
+  for (auto mode : {delta_mode::xor_only, delta_mode::mixed, delta_mode::overwrite_only,
+                    delta_mode::add_only}) {
+    CAPTURE(static_cast<int>(mode));
     auto ps = f.payloads(1, mode);
     REQUIRE(ps.size() > 4);
     std::mt19937_64 rng(33);

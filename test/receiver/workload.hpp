@@ -4,6 +4,7 @@
 // built from the bitwise canonical diff of two versions.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "dcr/codec/item.hpp"
 #include "dcr/core/hash.hpp"
 #include "dcr/core/rounding.hpp"
+#include "dcr/core/word_delta.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/simulator.hpp"
 
@@ -81,12 +83,34 @@ inline void inject_nans(tensor_set& s, int per_tensor, std::uint64_t seed) {
 }
 
 /// Which items a test emits.
-enum class delta_mode { mixed, xor_only, overwrite_only };
+enum class delta_mode { mixed, xor_only, overwrite_only, add_only };
+
+/// Value word of `enc` for one changed element (`w` bytes at `x` -> `y`).
+inline void delta_word(value_encoding enc, const std::byte* x, const std::byte* y, std::size_t w,
+                       std::vector<std::byte>& out) {
+  if (enc == value_encoding::add) {
+    std::uint64_t o = 0, n = 0;
+    std::memcpy(&o, x, w);
+    std::memcpy(&n, y, w);
+    std::uint64_t v = 0;
+    if (w == 1)
+      v = zigzag_delta<std::uint8_t>(static_cast<std::uint8_t>(o), static_cast<std::uint8_t>(n));
+    if (w == 2)
+      v = zigzag_delta<std::uint16_t>(static_cast<std::uint16_t>(o), static_cast<std::uint16_t>(n));
+    if (w == 4)
+      v = zigzag_delta<std::uint32_t>(static_cast<std::uint32_t>(o), static_cast<std::uint32_t>(n));
+    for (std::size_t b = 0; b < w; ++b) out.push_back(static_cast<std::byte>(v >> (8 * b)));
+    return;
+  }
+  for (std::size_t b = 0; b < w; ++b)
+    out.push_back(enc == value_encoding::xor_mask ? (x[b] ^ y[b]) : y[b]);
+}
 
 /// Items from the bitwise diff of two versions: each tensor's changed indices
 /// are split among `owners` contiguous index ranges (one item per owner with
-/// entries). XOR where `xor_ok(name)` allows it (in mixed mode for about half
-/// of those tensors), overwrite elsewhere.
+/// entries). XOR (or add) where `xor_ok(name)` allows it (in mixed mode XOR
+/// for about a third of those tensors, add for another third), overwrite
+/// elsewhere.
 inline std::vector<item> diff_items(const tensor_set& from, const tensor_set& to, delta_mode mode,
                                     const std::function<bool(const std::string&)>& xor_ok,
                                     int owners = 2) {
@@ -96,8 +120,13 @@ inline std::vector<item> diff_items(const tensor_set& from, const tensor_set& to
     const auto* B = reinterpret_cast<const std::byte*>(bt->data);
     const auto w = width_of(a.meta.dtype);
     const auto n = a.meta.numel();
-    bool use_xor = mode != delta_mode::overwrite_only && xor_ok(a.meta.name);
-    if (mode == delta_mode::mixed && use_xor) use_xor = name_hash(a.meta.name) % 2 == 0;
+    const bool relative_ok = mode != delta_mode::overwrite_only && xor_ok(a.meta.name);
+    value_encoding enc = !relative_ok                   ? value_encoding::overwrite
+                         : mode == delta_mode::add_only ? value_encoding::add
+                                                        : value_encoding::xor_mask;
+    if (mode == delta_mode::mixed && relative_ok)
+      enc = std::array{value_encoding::xor_mask, value_encoding::add,
+                       value_encoding::overwrite}[name_hash(a.meta.name) % 3];
     for (int o = 0; o < owners; ++o) {
       const std::uint64_t lo =
           n * static_cast<std::uint64_t>(o) / static_cast<std::uint64_t>(owners);
@@ -105,13 +134,13 @@ inline std::vector<item> diff_items(const tensor_set& from, const tensor_set& to
           n * static_cast<std::uint64_t>(o + 1) / static_cast<std::uint64_t>(owners);
       item it;
       it.tensor = a.meta;
-      it.encoding = use_xor ? value_encoding::xor_mask : value_encoding::overwrite;
+      it.encoding = enc;
       for (std::uint64_t i = lo; i < hi; ++i) {
         const std::byte* x = a.bytes.data() + i * w;
         const std::byte* y = B + i * w;
         if (std::memcmp(x, y, w) == 0) continue;
         it.indices.push_back(i);
-        for (std::size_t b = 0; b < w; ++b) it.values.push_back(use_xor ? (x[b] ^ y[b]) : y[b]);
+        delta_word(enc, x, y, w, it.values);
       }
       if (!it.indices.empty()) out.push_back(std::move(it));
     }

@@ -580,8 +580,10 @@ TEST_CASE("coordinator over the relay tree: a copy of a payload with another seq
   for (bool tcp : {false, true}) {
     CAPTURE(tcp);
     // Just before owner 0 finishes the first attempt of the transition, a
-    // copy of its first payload, renumbered 77 (the body digest stays
-    // valid), arrives at the root on a link of its own.
+    // copy of its first payload, renumbered 77 and resealed (format v2's
+    // digest covers the sequence, so a renumbered copy that is not resealed
+    // is refused at the digest; this models a self-consistent payload under
+    // a number its owner never sent), arrives at the root on a link of its own.
     struct plant {
       std::atomic<bool> armed{false};
       std::function<void(std::uint64_t)> act;
@@ -609,6 +611,10 @@ TEST_CASE("coordinator over the relay tree: a copy of a payload with another seq
       auto copy = built[0];
       for (int i = 0; i < 4; ++i) copy[28 + i] = static_cast<std::byte>((77u >> (8 * i)) & 0xFF);
       payload_id pid;
+      REQUIRE(read_payload_id(copy, pid).code == errc::digest_mismatch);
+      const auto sealed = codec::payload_digest(
+          codec::payload_version, copy, std::span(copy).subspan(codec::payload_header_size));
+      std::memcpy(copy.data() + codec::payload_digest_offset, sealed.data(), sealed.size());
       REQUIRE(read_payload_id(copy, pid).ok());
       REQUIRE(pid.sequence == 77);
       REQUIRE(s.tree->network().dial(0, planted).ok());

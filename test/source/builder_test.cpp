@@ -1,8 +1,10 @@
 // Delta construction (include/dcr/source/builder.hpp) against brute force:
 // for random configs x layouts x modes, the union of all owners' emitted
 // destinations equals the bitwise diff of the full canonical tensors before
-// and after, each destination is emitted once, and applying the items (XOR or
-// overwrite) to the old canonical tensors gives the new ones byte for byte.
+// and after, each destination is emitted once, and applying the items (XOR,
+// add or overwrite) to the old canonical tensors gives the new ones byte for
+// byte. Every relative choice (per-item smallest, XOR only, add only) is in
+// the mix.
 // The 400-config sweep is in the test suite "slow": the 'unit' registration
 // excludes it, the 'slow' registration runs only it (test/source/meson.build).
 #include "training_fixture.hpp"
@@ -72,6 +74,8 @@ trainer_layout random_layout(std::mt19937_64& rng, const model_config& c) {
   }
 }
 
+std::size_t add_items = 0, xor_items = 0; // over a sweep: both encodings are reached
+
 /// Runs one case and checks everything; returns the emitted destination count.
 std::size_t run_case(const sweep_case& k, std::uint64_t seed) {
   auto plan = std::make_shared<const source_plan>(megatron_plan(k.c, k.l, k.o));
@@ -97,9 +101,18 @@ std::size_t run_case(const sweep_case& k, std::uint64_t seed) {
             return std::any_of(t.outputs.begin(), t.outputs.end(),
                                [&](auto o) { return plan->canonical[o].name == it.tensor.name; });
           });
-      const auto expect = (k.b.mode == refit_mode::mixed && !residual) ? value_encoding::xor_mask
-                                                                       : value_encoding::overwrite;
-      CHECK(it.encoding == expect);
+      if (k.b.mode == refit_mode::mixed && !residual) {
+        if (k.b.relative == relative_choice::xor_only)
+          CHECK(it.encoding == value_encoding::xor_mask);
+        else if (k.b.relative == relative_choice::add_only)
+          CHECK(it.encoding == value_encoding::add);
+        else
+          CHECK(codec::is_relative(it.encoding));
+      } else {
+        CHECK(it.encoding == value_encoding::overwrite); // overwrite_all stays overwrite-only
+      }
+      if (it.encoding == value_encoding::add) ++add_items;
+      if (it.encoding == value_encoding::xor_mask) ++xor_items;
     }
   }
   auto canon = v0;
@@ -152,6 +165,8 @@ std::size_t sweep(int n) {
     k.b.chunk_bytes = std::vector<std::size_t>{1, 512, 4096, std::size_t{64} << 20}[rng() % 4];
     k.b.bucket_bytes = std::vector<std::size_t>{1, 2048, 65536, std::size_t{512} << 20}[rng() % 4];
     k.fraction = std::vector<double>{0.0, 0.012, 0.05, 0.5, 1.0}[rng() % 5];
+    k.b.relative = std::array{relative_choice::smallest, relative_choice::xor_only,
+                              relative_choice::add_only}[i % 3];
     CAPTURE(i);
     CAPTURE(k.l.tp);
     CAPTURE(k.l.pp);
@@ -172,7 +187,10 @@ std::size_t sweep(int n) {
 } // namespace
 
 TEST_CASE("delta construction == brute-force diff over random configs and layouts") {
+  add_items = xor_items = 0;
   CHECK(sweep(36) > 0);
+  CHECK(add_items > 0);
+  CHECK(xor_items > 0);
 }
 
 TEST_CASE("delta construction == brute-force diff over 400 random configs and layouts" *
@@ -319,4 +337,66 @@ TEST_CASE("AdamW-trained versions (lr 1e-6, BF16 RNE storage): several steps, ea
     canon = std::move(next);
   }
   CHECK(emitted_total > 0);
+}
+
+TEST_CASE("relative items: per item the smaller of XOR and add, and a v1 build offers XOR only") {
+  model_config c;
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.ffn = 64;
+  c.vocab = 99;
+  c.layers = 2;
+  auto plan = std::make_shared<const source_plan>(megatron_plan(c, {2, 1, 1, 1, 1, 8}));
+  auto v0 = test::random_checkpoint(plan->canonical, 31);
+  auto v1 = v0;
+  test::stress(v1, 0.05, 1e-2, 32);
+  auto s0 = source_from_canonical(*plan, v0), s1 = source_from_canonical(*plan, v1);
+  training_side side(plan, s0.view());
+  auto flat = [&](const builder_options& o) {
+    std::vector<item> all;
+    for (auto& b : side.build_items(s1.view(), o))
+      for (auto& it : b.items) all.push_back(std::move(it));
+    return all;
+  };
+  builder_options best, xors, adds, v1_opt;
+  xors.relative = relative_choice::xor_only;
+  adds.relative = relative_choice::add_only;
+  v1_opt.encoding.format_version = 1;
+  const auto b = flat(best), x = flat(xors), a = flat(adds), old = flat(v1_opt);
+  REQUIRE(b.size() == x.size());
+  REQUIRE(b.size() == a.size());
+  CHECK(old == x); // v1 cannot carry add items: the choice is XOR
+  std::size_t chose_add = 0, chose_xor = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    CHECK(b[i].indices == x[i].indices);
+    CHECK(b[i].indices == a[i].indices);
+    const auto w = width_of(b[i].tensor.dtype);
+    const auto f = best.encoding.filter;
+    const double ex = codec::estimate_value_bytes(x[i].values, w, f);
+    const double ea = codec::estimate_value_bytes(a[i].values, w, f);
+    if (b[i].encoding == value_encoding::add) {
+      CHECK(b[i] == a[i]);
+      CHECK(ea < ex);
+      ++chose_add;
+    } else {
+      CHECK(b[i] == x[i]);
+      CHECK(ex <= ea);
+      ++chose_xor;
+    }
+  }
+  // Stress updates move values by a few units in the last place: add wins
+  // on most items, and the payloads are no larger than either fixed choice.
+  CHECK(chose_add > chose_xor);
+  auto bytes = [&](const builder_options& o) {
+    std::size_t n = 0;
+    for (auto& owner : side.build(s1.view(), payload_id{1, 1, 0, 0}, o))
+      for (auto& p : owner) n += p.size();
+    return n;
+  };
+  const auto nb = bytes(best), nx = bytes(xors), na = bytes(adds);
+  MESSAGE("payload bytes: smallest " << nb << ", xor " << nx << ", add " << na);
+  CHECK(nb <= std::min(nx, na) + std::min(nx, na) / 100);
+  CHECK(nb < nx);
 }

@@ -5,6 +5,14 @@
 // stages. Any change of a payload byte for the same inputs and options fails
 // here: the wire format and the builder's choices (bucketing, encodings,
 // location codings, record order) are part of what a receiver relies on.
+//
+// Format v2 changed every payload's bytes (version field, digest over the
+// header) and the builder's relative items (XOR or add, per item), so the
+// recorded v1 digests are kept for builds that ask for v1 and XOR only
+// (`format_version = 1`, `relative_choice::xor_only`): those bytes must not
+// change, and those v1 payloads must decode to exactly the items of the
+// same build written as v2. The v2 digests of the default build were
+// recorded when v2 and the add encoding were introduced.
 #include "training_fixture.hpp"
 
 #include <xxhash.h>
@@ -123,7 +131,7 @@ struct digests {
   std::size_t payloads = 0;
 };
 
-digests run_case(const golden_case& k) {
+digests run_case(const golden_case& k, bool as_v1) {
   auto plan = std::make_shared<const source_plan>(megatron_plan(k.c, k.l, k.o));
   auto v0 = test::random_checkpoint(plan->canonical, k.seed);
   auto v1 = v0;
@@ -137,6 +145,13 @@ digests run_case(const golden_case& k) {
   XXH3_state_t* x3 = XXH3_createState();
   XXH3_64bits_reset(x3);
   digests d;
+  builder_options opt = k.b;
+  builder_options v2_xor = k.b; // v1's choices written as v2: same items
+  if (as_v1) {
+    opt.encoding.format_version = 1;
+    opt.relative = relative_choice::xor_only;
+    v2_xor.relative = relative_choice::xor_only;
+  }
   auto add = [&](const std::vector<std::byte>& p) {
     const std::uint64_t n = p.size();
     b2.update(std::as_bytes(std::span(&n, 1)));
@@ -145,11 +160,23 @@ digests run_case(const golden_case& k) {
     XXH3_64bits_update(x3, p.data(), p.size());
     ++d.payloads;
   };
-  for (auto& owner : side.build(s1.view(), payload_id{1, 1, 0, 0}, k.b))
-    for (auto& p : owner) add(p);
+  auto attempt = [&](const source_view& cand, const payload_id& id) {
+    const auto got = side.build(cand, id, opt);
+    if (as_v1) {
+      const auto same = side.build(cand, id, v2_xor);
+      REQUIRE(same.size() == got.size());
+      for (std::size_t o = 0; o < got.size(); ++o) {
+        REQUIRE(same[o].size() == got[o].size());
+        for (std::size_t q = 0; q < got[o].size(); ++q)
+          CHECK(decode_payload_or_throw(got[o][q]) == decode_payload_or_throw(same[o][q]));
+      }
+    }
+    for (auto& owner : got)
+      for (auto& p : owner) add(p);
+  };
+  attempt(s1.view(), payload_id{1, 1, 0, 0});
   side.commit(s1.view());
-  for (auto& owner : side.build(s2.view(), payload_id{2, 2, 0, 0}, k.b))
-    for (auto& p : owner) add(p);
+  attempt(s2.view(), payload_id{2, 2, 0, 0});
   d.blake2b = to_hex(b2.final());
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx",
@@ -165,8 +192,9 @@ struct recorded {
   std::size_t payloads;
 };
 
-// Recorded from the builder before the refactor onto the pipeline stages.
-const recorded golden[] = {
+// Format v1, XOR only: recorded from the builder before the refactor onto the
+// pipeline stages.
+const recorded golden_v1[] = {
     // The four PP = 2 cases were re-recorded when Megatron plans started naming
     // layers by their stage-local index (docs/training-side.md): shard keys and
     // with them owners and payload names changed; the stage refactor itself was
@@ -188,15 +216,33 @@ const recorded golden[] = {
     {"cae66941d9efbd404e4d88758ea67670", "2d06800538d394c2", 0},  // bf16 no change
 };
 
-} // namespace
+// Format v2, the default build (relative items XOR or add per item):
+// recorded when format v2 was introduced.
+const recorded golden_v2[] = {
+    {"36fe527cdd7b983e83428dd9b9c253f5", "4c00d280db9f83a2", 40}, // bf16 affine mixed escape_u8
+    {"c03899d4f5b051aaa258949b4038e3d6", "4baf5edac985d702", 8},  // bf16 affine overwrite gaps
+    {"c219219c82de23dd31dc55aa9d00b7c9", "8ac5cfb5e75cf8d8", 26}, // bf16 qkv residual mixed planes
+    {"4f4563ba3bddb47b87b0bfe6f1a0dd15", "114ba964fea76bab", 8},  // bf16 full conversion varint
+    {"37e012876fd1e896f3bbc8eef2e163b0", "637ebaa788ad4656", 54}, // f16 affine mixed gaps
+    {"303e40d742672fd7576927d0c102db62", "14f6176fd5f23f0c",
+     20}, // f32 affine mixed escape_u8, all changed
+    {"201a7c965ae70cbd2c0b5a63f754f9d6", "d367d329ec95a568",
+     4}, // f32 qkv residual overwrite planes
+    {"fcff49d92832e6e24c46b7e41376f9ee", "e7b36b5b3f87b5fc",
+     12}, // bf16 moe mixed escape_u8 balanced
+    {"61c062405a0bd6d4868d5127ebb8b0db", "5a3b97daa67ea824",
+     8}, // bf16 moe qkv residual overwrite varint
+    {"19d2d2c01f34c10e1637e4c64d1189b5", "94d32af40d06a131", 20}, // f8e4m3fn affine mixed gaps
+    {"cae66941d9efbd404e4d88758ea67670", "2d06800538d394c2", 0},  // bf16 no change
+};
 
-TEST_CASE("payload bytes equal the recorded golden digests") {
+void check_against(std::span<const recorded> golden, bool v1) {
   const auto cs = cases();
-  REQUIRE(cs.size() == std::size(golden));
+  REQUIRE(cs.size() == golden.size());
   for (std::size_t i = 0; i < cs.size(); ++i) {
     const std::string name = cs[i].name;
     CAPTURE(name);
-    const auto d = run_case(cs[i]);
+    const auto d = run_case(cs[i], v1);
     if (d.blake2b != golden[i].blake2b || d.xxh3 != golden[i].xxh3 ||
         d.payloads != golden[i].payloads)
       std::printf("    {\"%s\", \"%s\", %zu}, // %s\n", d.blake2b.c_str(), d.xxh3.c_str(),
@@ -205,4 +251,14 @@ TEST_CASE("payload bytes equal the recorded golden digests") {
     CHECK(d.xxh3 == std::string(golden[i].xxh3));
     CHECK(d.payloads == golden[i].payloads);
   }
+}
+
+} // namespace
+
+TEST_CASE("format v1, XOR only: payload bytes equal the digests recorded before v2") {
+  check_against(golden_v1, true);
+}
+
+TEST_CASE("format v2, default build: payload bytes equal the recorded v2 digests") {
+  check_against(golden_v2, false);
 }

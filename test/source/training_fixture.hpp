@@ -105,6 +105,19 @@ inline std::set<dest> apply_items(std::span<const item> items, std::vector<host_
         FAIL_CHECK("destination emitted twice: " << it.tensor.name << "[" << it.indices[k] << "]");
       std::byte* dst = t.bytes.data() + it.indices[k] * w;
       const std::byte* src = it.values.data() + k * w;
+      if (it.encoding == value_encoding::add) {
+        // Whole little-endian words, added modulo 2^w (written out here, not
+        // through codec::add_delta, so the test does not trust the codec).
+        std::uint64_t o = 0, v = 0;
+        for (std::size_t b = 0; b < w; ++b) {
+          o |= std::uint64_t(std::to_integer<unsigned>(dst[b])) << (8 * b);
+          v |= std::uint64_t(std::to_integer<unsigned>(src[b])) << (8 * b);
+        }
+        const std::uint64_t d = (v & 1) ? ~(v >> 1) : (v >> 1); // unzigzag, 64-bit
+        const std::uint64_t n = o + d;
+        for (std::size_t b = 0; b < w; ++b) dst[b] = static_cast<std::byte>(n >> (8 * b));
+        continue;
+      }
       for (std::size_t b = 0; b < w; ++b)
         dst[b] = it.encoding == value_encoding::xor_mask ? dst[b] ^ src[b] : src[b];
     }

@@ -179,9 +179,10 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
   std::uint64_t seed = 1;
   for (const auto& c : layouts())
     for (double d : densities)
-      for (auto op : {scatter_op::xor_mask, scatter_op::overwrite}) {
+      for (auto op : {scatter_op::xor_mask, scatter_op::overwrite, scatter_op::add}) {
         CAPTURE(c.name);
         CAPTURE(d);
+        CAPTURE(static_cast<int>(op));
         const auto size = static_cast<std::uint64_t>(c.l.size());
         const auto init = words<W>(c.storage, seed++);
         const auto loc = locations(size, d, seed++);
@@ -189,7 +190,11 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
         auto ref = init;
         for (std::size_t k = 0; k < loc.size(); ++k) {
           W& r = ref[static_cast<std::size_t>(c.base + naive_offset(c.l, loc[k]))];
-          r = op == scatter_op::xor_mask ? static_cast<W>(r ^ val[k]) : val[k];
+          // add: resident + unzigzag(value), written out in plain arithmetic.
+          const W diff = static_cast<W>((val[k] >> 1) ^ static_cast<W>(W{0} - (val[k] & 1u)));
+          r = op == scatter_op::xor_mask ? static_cast<W>(r ^ val[k])
+              : op == scatter_op::add    ? static_cast<W>(r + diff)
+                                         : val[k];
         }
         auto got = init;
         const strided_view<W> sv{got.data() + c.base, c.l};
@@ -207,6 +212,25 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
         if (op == scatter_op::xor_mask) {
           REQUIRE(twin::xor_scatter<W>(sv, loc, val).ok());
           CHECK(same(got, init));
+        }
+        // Law: add scatter of make(old, new) gives new; the named form equals scatter(add).
+        if (op == scatter_op::add) {
+          auto target = words<W>(c.storage, seed++);
+          auto g = init;
+          const strided_view<W> gv{g.data() + c.base, c.l};
+          std::vector<W> deltas(loc.size());
+          for (std::size_t k = 0; k < loc.size(); ++k) {
+            const auto at = static_cast<std::size_t>(c.base + naive_offset(c.l, loc[k]));
+            deltas[k] = codec::add_delta::make(init[at], target[at]);
+          }
+          REQUIRE(twin::add_scatter<W>(gv, loc, deltas).ok());
+          for (std::size_t k = 0; k < loc.size(); ++k) {
+            const auto at = static_cast<std::size_t>(c.base + naive_offset(c.l, loc[k]));
+            CHECK(g[at] == target[at]);
+          }
+          auto h = init;
+          REQUIRE(twin::add_scatter<W>(strided_view<W>{h.data() + c.base, c.l}, loc, val).ok());
+          CHECK(same(h, ref));
         }
         // Run form equals scatter over the run's locations.
         const std::uint64_t start = size / 4, count = (size - start) / 2;
@@ -314,7 +338,7 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
                           : sizeof(W) == 2 ? dtype_id::f16
                                            : dtype_id::f32;
       for (auto mode : {copy_mode::dense, copy_mode::xor_mask, copy_mode::overwrite,
-                        copy_mode::overwrite_mask, copy_mode::overwrite_nan}) {
+                        copy_mode::overwrite_mask, copy_mode::overwrite_nan, copy_mode::add}) {
         CAPTURE(dc.name);
         CAPTURE(static_cast<int>(mode));
         auto ref = init;
@@ -322,6 +346,9 @@ TEST_CASE_TEMPLATE("copy twin equals naive copies in every mode", W, std::uint8_
           W& r = ref[static_cast<std::size_t>(dc.base + naive_offset(dc.l, k))];
           if (mode == copy_mode::dense) r = src[k];
           if (mode == copy_mode::xor_mask) r = static_cast<W>(r ^ src[k]);
+          if (mode == copy_mode::add) // plain arithmetic: resident + unzigzag(src)
+            r = static_cast<W>(
+                r + static_cast<W>((src[k] >> 1) ^ static_cast<W>(W{0} - (src[k] & 1u))));
           if ((mode == copy_mode::overwrite || mode == copy_mode::overwrite_mask) && active[k])
             r = src[k];
           if (mode == copy_mode::overwrite_nan) {
@@ -398,7 +425,7 @@ TEST_CASE_TEMPLATE("detect twin equals a naive comparison and appends", W, std::
 }
 
 TEST_CASE("scatter_item applies an item's little-endian words by its encoding") {
-  for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite}) {
+  for (auto enc : {value_encoding::xor_mask, value_encoding::overwrite, value_encoding::add}) {
     item it;
     it.tensor = {"w", {6, 7}, dtype_id::f16};
     it.encoding = enc;
@@ -412,11 +439,14 @@ TEST_CASE("scatter_item applies an item's little-endian words by its encoding") 
     REQUIRE(twin::scatter_item<std::uint16_t>({got.data(), twin::to_device(l)}, it).ok());
     for (std::size_t k = 0; k < it.indices.size(); ++k) {
       auto& r = ref[static_cast<std::size_t>(naive_offset(l, it.indices[k]))];
-      r = enc == value_encoding::xor_mask ? static_cast<std::uint16_t>(r ^ w[k]) : w[k];
+      r = enc == value_encoding::xor_mask ? static_cast<std::uint16_t>(r ^ w[k])
+          : enc == value_encoding::add    ? codec::add_delta::apply(r, w[k])
+                                          : w[k];
     }
     CHECK(same(got, ref));
-    CHECK(twin::op_of(enc) ==
-          (enc == value_encoding::xor_mask ? scatter_op::xor_mask : scatter_op::overwrite));
+    CHECK(twin::op_of(enc) == (enc == value_encoding::xor_mask ? scatter_op::xor_mask
+                               : enc == value_encoding::add    ? scatter_op::add
+                                                               : scatter_op::overwrite));
   }
   item it;
   it.tensor = {"w", {4}, dtype_id::bf16};

@@ -59,6 +59,11 @@ __global__ void copy_strided_kernel(twin::view<W> dst, twin::view<const W> src,
     case twin::copy_mode::overwrite_nan:
       if (!twin::is_nan_by(s, nan)) dst.at(i) = s;
       break;
+    case twin::copy_mode::add: {
+      W& d = dst.at(i);
+      d = apply_zigzag_delta(d, s);
+      break;
+    }
     }
   }
 }
@@ -77,7 +82,7 @@ __device__ inline bool is_active(W s, twin::copy_mode mode, W placeholder, twin:
 }
 
 /// Contiguous, 16-byte aligned copy over `chunks` 16-byte chunks (dense,
-/// XOR, overwrite, overwrite_nan); the tail of fewer than one chunk goes to
+/// XOR, add, overwrite, overwrite_nan); the tail of fewer than one chunk goes to
 /// the strided kernel.
 template <twin::word W>
 __global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT src,
@@ -95,6 +100,12 @@ __global__ void copy_vector_kernel(W* DCR_RESTRICT dst, const W* DCR_RESTRICT sr
       uint4 d = d4[c];
       d.x ^= s.v.x, d.y ^= s.v.y, d.z ^= s.v.z, d.w ^= s.v.w;
       d4[c] = d;
+    } else if (mode == twin::copy_mode::add) {
+      chunk<W> d;
+      d.v = d4[c];
+#pragma unroll
+      for (int j = 0; j < per; ++j) d.w[j] = apply_zigzag_delta(d.w[j], s.w[j]);
+      d4[c] = d.v;
     } else {
       int active = 0;
 #pragma unroll

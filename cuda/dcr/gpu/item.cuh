@@ -6,7 +6,7 @@
 ///
 /// Apply one decoded `dcr::item` (codec/item.hpp) to a device view: its
 /// indices and little-endian value words are copied to the device and
-/// scattered (XOR or overwrite by the item's encoding). Same checks and
+/// scattered (XOR, add or overwrite by the item's encoding). Same checks and
 /// errors as the twin `dcr::twin::scatter_item`.
 
 #include <cuda_runtime.h>

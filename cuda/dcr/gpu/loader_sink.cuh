@@ -7,7 +7,7 @@
 /// `device_loader_sink`: the rollout side's `dcr::copy_sink` interface
 /// (receiver/loader.hpp) over device storage, so a native loader's copies
 /// into GPU-resident parameters are intercepted and applied by the device
-/// kernels (dense, XOR, overwrite with the dtype's placeholder, or overwrite
+/// kernels (dense, XOR, add, overwrite with the dtype's placeholder, or overwrite
 /// where the source is not NaN). Like every sink it never throws from
 /// `copy`: the first failure is kept and reported by `finish()`, and later
 /// copies are not applied (the attempt fails anyway).
@@ -30,12 +30,12 @@ namespace dcr::gpu {
 /// Intercepting sink for a native loader writing device storage from device scratch.
 class device_loader_sink final : public copy_sink {
 public:
-  /// `mode` is dense, xor_mask, overwrite (placeholder: the default of
+  /// `mode` is dense, xor_mask, add, overwrite (placeholder: the default of
   /// `dtype`) or overwrite_nan; overwrite_mask needs a mask per copy and is
   /// refused (`invalid_argument`, thrown).
   device_loader_sink(twin::copy_mode mode, dtype_id dtype, cudaStream_t stream = 0)
       : sink_(mode, placeholder_of(dtype), stream, dtype) {
-    if (mode == twin::copy_mode::overwrite_mask || static_cast<unsigned>(mode) > 4)
+    if (mode == twin::copy_mode::overwrite_mask || static_cast<unsigned>(mode) > 5)
       throw error(errc::invalid_argument,
                   "device_loader_sink: mode needs a per-copy mask or is unknown");
   }

@@ -5,7 +5,8 @@
 /// `dcr::twin`) with the same semantics, and the GPU tests compare them.
 ///
 /// Device scatter of one item's records into a strided device view: XOR
-/// masks in (`xor_scatter`) or write values (`scatter_op::overwrite`), from
+/// masks in (`xor_scatter`), add zigzag integer differences (`add_scatter`,
+/// `scatter_op::add`) or write values (`scatter_op::overwrite`), from
 /// decoded locations, from a run, or fused with the gap decode (a CUB
 /// `DeviceScan` over `gap + 1`) so that only the item's compressed-then-
 /// decoded buffers need to cross PCIe. Host twin: `dcr/twin/scatter.hpp`
@@ -148,6 +149,14 @@ template <twin::word W>
 status xor_scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_masks,
                    std::uint64_t count, workspace& ws, cudaStream_t stream = 0) {
   return scatter(dst, d_locations, d_masks, count, twin::scatter_op::xor_mask, ws, stream);
+}
+
+/// Add zigzag differences `d_deltas[k]` (`dcr::zigzag_delta`) into `dst` at
+/// `d_locations[k]`, modulo 2^w: the device twin of `twin::add_scatter`.
+template <twin::word W>
+status add_scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_deltas,
+                   std::uint64_t count, workspace& ws, cudaStream_t stream = 0) {
+  return scatter(dst, d_locations, d_deltas, count, twin::scatter_op::add, ws, stream);
 }
 
 /// Scatter onto the run `[start, start + count)` (checked on the host).

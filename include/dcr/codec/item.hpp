@@ -18,6 +18,7 @@ namespace dcr {
 enum class value_encoding : std::uint8_t {
   xor_mask = 1,  ///< value = old ^ new; applied by XOR into resident storage
   overwrite = 2, ///< value = new; applied by writing, repairs any earlier state
+  add = 3,       ///< value = zigzag(new - old mod 2^w); applied by adding (format v2)
 };
 
 constexpr std::string_view to_string(value_encoding e) noexcept {
@@ -26,6 +27,8 @@ constexpr std::string_view to_string(value_encoding e) noexcept {
     return "xor";
   case value_encoding::overwrite:
     return "overwrite";
+  case value_encoding::add:
+    return "add";
   }
   return "unknown";
 }
@@ -33,7 +36,7 @@ constexpr std::string_view to_string(value_encoding e) noexcept {
 /// How an attempt encodes its records (the builder's option and the
 /// coordinator's build request).
 enum class refit_mode : std::uint8_t {
-  mixed,         ///< XOR where representation-preserving, overwrite elsewhere (first attempt)
+  mixed, ///< XOR or add where representation-preserving, overwrite elsewhere (first attempt)
   overwrite_all, ///< every record an absolute overwrite (retries: repairs any partial writes)
 };
 

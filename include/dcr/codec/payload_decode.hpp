@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Payload decoding (wire format v1, docs/wire-format.md): header, digest,
+/// Payload decoding (wire formats v1 and v2, docs/wire-format.md): header, digest,
 /// zstd body, table, locations and values, every field checked before use
 /// (see payload_format.hpp for the order of checks).
 

@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Payload encoding (wire format v1, docs/wire-format.md): items in, one
+/// Payload encoding (wire format v2 by default, v1 on request;
+/// docs/wire-format.md): items in, one
 /// header and one zstd-compressed body out. Deterministic: the same items and
 /// options give the same bytes (for a given zstd library version).
 
@@ -21,6 +22,9 @@ struct encode_options {
   int zstd_level = 1;
   codec::location_scheme locations = codec::location_scheme::escape_u8;
   codec::value_filter filter = codec::value_filter::byte_planes;
+  /// Format version written: 2 (digest over header and body), or 1 for
+  /// readers that predate v2 (no `add` items; the ids are outside the digest).
+  std::uint16_t format_version = codec::payload_version;
 };
 
 namespace codec {
@@ -33,10 +37,20 @@ inline status encode_payload_with(const payload_id& id, std::span<const item> it
                                   const encode_options& opt, const L& locate,
                                   std::vector<std::byte>& out) {
   DCR_RETURN_ERROR_IF(items.size() > 0xFFFFFFFFu, length_overflow, "more than 2^32-1 items");
+  const std::uint16_t version = opt.format_version;
+  DCR_RETURN_ERROR_IF(
+      version < oldest_payload_version || version > payload_version, unsupported_version,
+      "format version " + std::to_string(version) + ", this build writes " +
+          std::to_string(oldest_payload_version) + " to " + std::to_string(payload_version));
   std::vector<std::byte> table, locs, vals;
   std::size_t value_bytes = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {
     DCR_TRY(validate_item(items[i], i));
+    DCR_RETURN_ERROR_IF(
+        !is_encoding_of_version(static_cast<std::uint8_t>(items[i].encoding), version),
+        bad_encoding,
+        detail::item_where(i, items[i].tensor.name) + ": " +
+            std::string(to_string(items[i].encoding)) + " items need format v2");
     value_bytes += items[i].values.size();
   }
   vals.resize(value_bytes);
@@ -72,13 +86,12 @@ inline status encode_payload_with(const payload_id& id, std::span<const item> it
   body.insert(body.end(), vals.begin(), vals.end());
   std::vector<std::byte> frame;
   DCR_TRY(zstd_compress(body, opt.zstd_level, frame));
-  const digest128 dg = digest(frame);
 
   out.clear();
   out.reserve(payload_header_size + frame.size());
   detail::writer h{out};
   h.put(payload_magic.data(), payload_magic.size());
-  h.u16(payload_version);
+  h.u16(version);
   h.u16(static_cast<std::uint16_t>(payload_header_size));
   h.u64(id.attempt);
   h.u64(id.source_version);
@@ -93,6 +106,7 @@ inline status encode_payload_with(const payload_id& id, std::span<const item> it
   h.u64(vals.size());
   h.u64(body.size());
   h.u64(frame.size());
+  const digest128 dg = payload_digest(version, out, frame);
   h.put(dg.data(), dg.size());
   h.put(frame.data(), frame.size());
   return status::success();

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Payload wire format v1, the format itself (normative spec:
+/// Payload wire format (versions 1 and 2), the format itself (normative spec:
 /// docs/wire-format.md): identities, the 96-byte little-endian header, item
 /// table rows, and the checks that parse them; row locations and values
 /// decoded from an already decompressed body. No compression here, so device
@@ -9,8 +9,10 @@
 ///
 /// A payload is a fixed 96-byte little-endian header followed by one zstd
 /// frame, the body. The body holds the item table, then the location buffer,
-/// then the value buffer. The header carries the BLAKE2b-128 digest of the
-/// compressed body (`b2sum -l 128` of it).
+/// then the value buffer. The header carries a BLAKE2b-128 digest: in v2 of
+/// header bytes 0..79 followed by the compressed body, so every header id and
+/// length is covered and a payload verifies on its own; in v1 (still read) of
+/// the compressed body only (`b2sum -l 128` of it).
 ///
 /// The decoder trusts nothing: every header and table field is checked before
 /// it is used, allocations are bounded by what the input can express, and
@@ -54,17 +56,22 @@ namespace codec {
 
 /// First four payload bytes: "DCRP".
 inline constexpr std::array<std::uint8_t, 4> payload_magic = {0x44, 0x43, 0x52, 0x50};
-/// Format version this build writes and reads.
-inline constexpr std::uint16_t payload_version = 1;
-/// Bytes of the v1 header.
+/// Format version this build writes by default.
+inline constexpr std::uint16_t payload_version = 2;
+/// Oldest format version this build reads (every version up to
+/// `payload_version` is read).
+inline constexpr std::uint16_t oldest_payload_version = 1;
+/// Bytes of the header (the same 96 bytes in v1 and v2).
 inline constexpr std::size_t payload_header_size = 96;
+/// Header bytes before the digest field: what the v2 digest covers, then the body.
+inline constexpr std::size_t payload_digest_offset = 80;
 /// Smallest item table row: empty name, rank 0.
 inline constexpr std::size_t min_row_size = 2 + 5 + 6 * 8;
 
 /// Body compression ids (header byte 36).
 enum class compression_id : std::uint8_t { zstd = 1 };
 
-/// Every field of a v1 header.
+/// Every field of a header.
 struct payload_header {
   std::uint16_t version = payload_version;
   payload_id id;
@@ -209,9 +216,10 @@ inline status parse_header(std::span<const std::byte> bytes, payload_header& h,
   DCR_RETURN_ERROR_IF(std::memcmp(p, payload_magic.data(), 4) != 0, bad_magic,
                       "payload byte 0: magic is not \"DCRP\"");
   h.version = load_le<std::uint16_t>(p + 4);
-  DCR_RETURN_ERROR_IF(h.version != payload_version, unsupported_version,
-                      "payload byte 4: format version " + std::to_string(h.version) +
-                          ", this build reads " + std::to_string(payload_version));
+  DCR_RETURN_ERROR_IF(
+      h.version < oldest_payload_version || h.version > payload_version, unsupported_version,
+      "payload byte 4: format version " + std::to_string(h.version) + ", this build reads " +
+          std::to_string(oldest_payload_version) + " to " + std::to_string(payload_version));
   const std::uint16_t hsize = load_le<std::uint16_t>(p + 6);
   DCR_RETURN_ERROR_IF(hsize != payload_header_size, unsupported_version,
                       "payload byte 6: header size " + std::to_string(hsize) + " is not " +
@@ -267,14 +275,26 @@ inline std::span<const std::byte> compressed_body(std::span<const std::byte> byt
   return bytes.subspan(payload_header_size);
 }
 
-/// Parse the header and check the body digest, without decompressing.
+/// The digest a payload of format `version` must carry: v1, BLAKE2b-128 of
+/// the compressed body; v2, BLAKE2b-128 of header bytes 0..79 (magic,
+/// version, ids, lengths; not the digest field itself) followed by the
+/// compressed body. `header` holds at least those 80 bytes.
+inline digest128 payload_digest(std::uint16_t version, std::span<const std::byte> header,
+                                std::span<const std::byte> body) {
+  blake2b_128 h;
+  if (version >= 2) h.update(header.first(payload_digest_offset));
+  return h.update(body).final();
+}
+
+/// Parse the header and check the digest (v2: header and body; v1: body),
+/// without decompressing.
 inline status read_payload_header(std::span<const std::byte> bytes, payload_header& h,
                                   const decode_limits& limits = {}) {
   DCR_TRY(parse_header(bytes, h, limits));
-  const digest128 d = digest(compressed_body(bytes));
+  const digest128 d = payload_digest(h.version, bytes, compressed_body(bytes));
   DCR_RETURN_ERROR_IF(d != h.digest, digest_mismatch,
-                      "payload byte 80: header digest " + to_hex(h.digest) +
-                          " != BLAKE2b-128 of body " + to_hex(d));
+                      "payload byte 80: header digest " + to_hex(h.digest) + " != BLAKE2b-128 of " +
+                          (h.version >= 2 ? "header bytes 0..79 and body " : "body ") + to_hex(d));
   return status::success();
 }
 
@@ -304,8 +324,9 @@ inline status parse_table(std::span<const std::byte> body, const payload_header&
     const std::uint8_t dt = r.u8(), enc = r.u8(), loc = r.u8(), filt = r.u8(), rank = r.u8();
     DCR_RETURN_ERROR_IF(!is_known_dtype(dt), bad_dtype,
                         where(ids) + ": unknown dtype id " + std::to_string(dt));
-    DCR_RETURN_ERROR_IF(!is_known_encoding(enc), bad_encoding,
-                        where(ids + 1) + ": unknown value encoding " + std::to_string(enc));
+    DCR_RETURN_ERROR_IF(!is_encoding_of_version(enc, h.version), bad_encoding,
+                        where(ids + 1) + ": unknown value encoding " + std::to_string(enc) +
+                            " (format v" + std::to_string(h.version) + ")");
     DCR_RETURN_ERROR_IF(!is_known_location(loc), bad_location,
                         where(ids + 2) + ": unknown location coding " + std::to_string(loc));
     DCR_RETURN_ERROR_IF(!is_known_filter(filt), bad_encoding,

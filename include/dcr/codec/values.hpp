@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Value coding: what an item's words mean (XOR mask or overwrite value) and
+/// Value coding: what an item's words mean (XOR mask, zigzag integer
+/// difference or overwrite value) and
 /// how they are laid out before compression (optionally byte planes).
 ///
 /// XOR masks of small updates have an almost-always-zero high byte (sign and
@@ -8,6 +9,8 @@
 /// lets zstd see one long near-constant stream and one noisy stream instead
 /// of interleaved bytes. This header avoids Boost (host twins include it).
 
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,14 +21,19 @@
 #include "dcr/codec/item.hpp"
 #include "dcr/core/config.hpp"
 #include "dcr/core/error.hpp"
+#include "dcr/core/word_delta.hpp"
 
 namespace dcr::codec {
 
 /// A delta encoding policy: how a value is made from (old, new) words and
 /// applied to resident words. Law: `apply(old, make(old, new)) == new`.
+/// `relative` is true when `apply` reads the resident word (the value is
+/// exact only where the resident word is `old`: version-aligned storage,
+/// representation-preserving copies, no duplicate application).
 template <class E>
 concept delta_encoding = requires(std::uint16_t w) {
   { E::id } -> std::convertible_to<value_encoding>;
+  { E::relative } -> std::convertible_to<bool>;
   { E::make(w, w) } -> std::same_as<std::uint16_t>;
   { E::apply(w, w) } -> std::same_as<std::uint16_t>;
 };
@@ -33,6 +41,7 @@ concept delta_encoding = requires(std::uint16_t w) {
 /// value = old ^ new; applying XORs it in (needs the resident word to be `old`).
 struct xor_mask {
   static constexpr value_encoding id = value_encoding::xor_mask;
+  static constexpr bool relative = true;
   template <class W>
   static constexpr DCR_HOST_DEVICE W make(W old_w, W new_w) noexcept {
     return old_w ^ new_w;
@@ -47,6 +56,7 @@ static_assert(delta_encoding<xor_mask>);
 /// value = new; applying writes it, whatever was resident.
 struct overwrite {
   static constexpr value_encoding id = value_encoding::overwrite;
+  static constexpr bool relative = false;
   template <class W>
   static constexpr DCR_HOST_DEVICE W make(W, W new_w) noexcept {
     return new_w;
@@ -58,8 +68,38 @@ struct overwrite {
 };
 static_assert(delta_encoding<overwrite>);
 
-/// True when `raw` is a value encoding id this build knows.
-constexpr bool is_known_encoding(std::uint8_t raw) noexcept { return raw == 1 || raw == 2; }
+/// value = zigzag(new - old mod 2^w) (`dcr::zigzag_delta`); applying adds the
+/// difference back modulo 2^w (needs the resident word to be `old`, like XOR).
+/// Integer arithmetic on stored words, not on the floats they encode, so it
+/// is exact for every pair of words, NaN and infinity included. For a value
+/// that moved a few units in the last place the word is small and centred on
+/// zero, where the XOR mask carries the old bits' carry chain (0x0001,
+/// 0x0003, 0x0007, ...).
+struct add_delta {
+  static constexpr value_encoding id = value_encoding::add;
+  static constexpr bool relative = true;
+  template <class W>
+  static constexpr DCR_HOST_DEVICE W make(W old_w, W new_w) noexcept {
+    return zigzag_delta(old_w, new_w);
+  }
+  template <class W>
+  static constexpr DCR_HOST_DEVICE W apply(W resident, W v) noexcept {
+    return apply_zigzag_delta(resident, v);
+  }
+};
+static_assert(delta_encoding<add_delta>);
+
+/// True when `raw` is a value encoding id this build knows (any format version).
+constexpr bool is_known_encoding(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 3; }
+
+/// True when value encoding `raw` may appear in a payload of format `version`:
+/// `add` (3) is new in v2.
+constexpr bool is_encoding_of_version(std::uint8_t raw, std::uint16_t version) noexcept {
+  return raw == 1 || raw == 2 || (raw == 3 && version >= 2);
+}
+
+/// True when applying encoding `e` reads the resident word (XOR, add).
+constexpr bool is_relative(value_encoding e) noexcept { return e != value_encoding::overwrite; }
 
 /// Wire id of the layout of an item's values in the value buffer.
 enum class value_filter : std::uint8_t {
@@ -102,6 +142,33 @@ inline void apply_filter(value_filter f, std::span<const std::byte> words, std::
     const std::size_t byte = width - 1 - p;
     for (std::size_t i = 0; i < n; ++i) o[p * n + i] = in[i * width + byte];
   }
+}
+
+/// Estimated compressed size in bytes of `words` (little-endian words of
+/// `width` bytes) under filter `f`: the zeroth-order entropy of each byte
+/// plane (`byte_planes`, width > 1) or of the whole byte stream (`none`),
+/// summed. What zstd's literal coder approaches on these streams; used to
+/// pick between two exact encodings of an item without compressing both.
+/// With `stride` > 1 only every `stride`-th word is counted and the result
+/// scaled to all words (a sample, so that the estimate of a large item costs
+/// a bounded number of histogram updates).
+inline double estimate_value_bytes(std::span<const std::byte> words, std::size_t width,
+                                   value_filter f, std::size_t stride = 1) {
+  if (words.empty() || width == 0) return 0.0;
+  if (stride == 0) stride = 1;
+  const std::size_t planes = (f == value_filter::byte_planes && width > 1) ? width : 1;
+  const std::size_t n_words = words.size() / width;
+  std::array<std::array<std::uint64_t, 256>, 8> hist{};
+  const auto* p = reinterpret_cast<const std::uint8_t*>(words.data());
+  std::uint64_t counted = 0;
+  for (std::size_t i = 0; i < n_words; i += stride, ++counted)
+    for (std::size_t b = 0; b < width; ++b) ++hist[planes == 1 ? 0 : b][p[i * width + b]];
+  const double symbols = static_cast<double>(counted * (planes == 1 ? width : 1));
+  double bits = 0.0;
+  for (std::size_t b = 0; b < planes; ++b)
+    for (auto c : hist[b])
+      if (c) bits += static_cast<double>(c) * std::log2(symbols / static_cast<double>(c));
+  return bits / 8.0 * static_cast<double>(n_words) / static_cast<double>(counted);
 }
 
 /// Inverse of `apply_filter`: restore little-endian words from filtered bytes.

@@ -12,7 +12,7 @@
 /// position_of<encoding_list>(it.encoding))(rx, it);
 /// ```
 /// The table holds one function pointer per element of the cartesian product
-/// of the lists (only those lists: 5 dtypes x 2 encodings is 10 entries), so
+/// of the lists (only those lists: 5 dtypes x 3 encodings is 15 entries), so
 /// the cost of an item's dispatch is one index computation and one indirect
 /// call, and the per-item work inside is the statically composed pipeline.
 /// An application that knows its configuration composes that pipeline
@@ -46,7 +46,7 @@ namespace hana = boost::hana;
 /// The policy type lists of the wire: every dtype, value encoding and
 /// location coding.
 using dtype_list = decltype(hana::tuple_t<bf16, f16, f32, f8e4m3fn, f8e5m2>);
-using encoding_list = decltype(hana::tuple_t<codec::xor_mask, codec::overwrite>);
+using encoding_list = decltype(hana::tuple_t<codec::xor_mask, codec::overwrite, codec::add_delta>);
 using location_list =
     decltype(hana::tuple_t<codec::run, codec::gap_u8, codec::gap_u16, codec::gap_u32,
                            codec::gap_u64, codec::planes_u16, codec::planes_u32, codec::planes_u64,

@@ -86,7 +86,7 @@ public:
   /// Bytes of the one scratch buffer (the largest canonical tensor).
   std::uint64_t scratch_bytes() const noexcept { return plan_.scratch_bytes; }
 
-  /// Whether XOR items for `name` can be applied here (representation
+  /// Whether XOR (and add) items for `name` can be applied here (representation
   /// preserving path, destinations written once); false for unknown names.
   bool xor_allowed(std::string_view name) const {
     auto* t = plan_.find(name);
@@ -110,7 +110,7 @@ public:
     }
   }
 
-  /// Apply one decoded item (XOR or overwrite) through scratch -> loader ->
+  /// Apply one decoded item (XOR, add or overwrite) through scratch -> loader ->
   /// sink: one table lookup selects scatter<D> -> apply<E> for the item's
   /// dtype and encoding.
   status apply_item(const item& it) {
@@ -301,10 +301,12 @@ private:
     tp = plan_.find(it.tensor.name);
     DCR_RETURN_ERROR_IF(!tp, not_found, "item for unknown tensor " + it.tensor.name);
     DCR_TRY(codec::validate_item(it, tp->meta));
-    DCR_RETURN_ERROR_IF(it.encoding == value_encoding::xor_mask && !tp->xor_allowed && !tp->skipped,
-                        unsupported_loader,
-                        "XOR item for " + tp->meta.name +
-                            ", whose loader path is not representation preserving");
+    // XOR and add read the resident word: both need every copy to preserve
+    // the stored representation and to write each destination once.
+    DCR_RETURN_ERROR_IF(
+        codec::is_relative(it.encoding) && !tp->xor_allowed && !tp->skipped, unsupported_loader,
+        std::string(it.encoding == value_encoding::add ? "add" : "XOR") + " item for " +
+            tp->meta.name + ", whose loader path is not representation preserving");
     return status::success();
   }
 
@@ -331,10 +333,10 @@ private:
       delta_sink<E, W> sink(store_, tp, input, active);
       return run(tp, input, sink);
     }
-    if constexpr (E::id == value_encoding::xor_mask) {
+    if constexpr (E::relative) {
       // `xor_allowed` implies `direct`; `admit` refused this item already.
-      return fail(errc::unsupported_loader,
-                  "XOR item for " + tp.meta.name + " through unmapped copies");
+      return fail(errc::unsupported_loader, std::string(to_string(E::id)) + " item for " +
+                                                tp.meta.name + " through unmapped copies");
     } else {
       // Unmapped copies read whole (transformed) tensors: inactive positions
       // must hold a placeholder distinct from every value.

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// The intercepting sinks used after prewarm: dense (plain strided copy),
-/// delta (`delta_sink<E, W>`: XOR masks XORed into storage through aliasing
-/// views, or overwrites of only the active positions, each through
+/// delta (`delta_sink<E, W>`: XOR masks XORed or zigzag differences added
+/// into storage through aliasing views, or overwrites of only the active
+/// positions, each through
 /// `codec::delta_encoding::apply`) and compare (post-apply check). Each one first
 /// checks that the loader repeats its planned path: the k-th copy must have
 /// the k-th planned destination, layouts and aliasing. A copy that does not
@@ -216,8 +217,9 @@ enum class overwrite_pass {
 /// destinations of the item's active indices with `E::apply(resident, value)`
 /// (`codec::delta_encoding`; `W` is the tensor's stored word).
 ///
-/// XOR (`codec::xor_mask`) requires `xor_allowed`: every copy mapped, no
-/// destination written twice. Overwrite (`codec::overwrite`): mapped copies
+/// XOR (`codec::xor_mask`) and add (`codec::add_delta`), the relative
+/// encodings, require `xor_allowed`: every copy mapped, no destination
+/// written twice. Overwrite (`codec::overwrite`): mapped copies
 /// write the values at the item's active indices (no placeholder involved,
 /// so any value, NaN included, is exact). Unmapped copies (loader
 /// temporaries) see the placeholder at inactive positions: with
@@ -256,8 +258,8 @@ public:
                         [&](std::size_t j, std::int64_t e) { D[e] = E::apply(D[e], V[j]); });
       return;
     }
-    if constexpr (E::id == value_encoding::xor_mask) {
-      violate("XOR through a copy whose source is not the scratch");
+    if constexpr (E::relative) {
+      violate(std::string(to_string(E::id)) + " through a copy whose source is not the scratch");
     } else {
       unmapped(*c, k, dst, src);
     }
@@ -311,9 +313,11 @@ private:
   std::vector<std::vector<std::byte>>* captures_;
 };
 
-/// The two sinks of the wire's encodings.
+/// The sinks of the wire's encodings.
 template <class W>
 using xor_sink = delta_sink<codec::xor_mask, W>;
+template <class W>
+using add_sink = delta_sink<codec::add_delta, W>;
 template <class W>
 using overwrite_sink = delta_sink<codec::overwrite, W>;
 

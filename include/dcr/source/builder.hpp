@@ -19,10 +19,13 @@
 ///     baseline. Records become `dcr::item`s (one per canonical tensor and
 ///     encoding in a bucket); chunks that emit records fill buckets (byte
 ///     target: full input bytes of those chunks); each bucket is one payload.
-/// Encodings: `mixed` uses XOR masks for affine items whose map is unique (the
-/// map preserves stored words, so old^new of the source is old^new of the
-/// canonical element) and overwrites for residual items; `overwrite_all`
-/// (retries) uses overwrites everywhere. Same candidate, baseline and options
+/// Encodings: `mixed` uses a relative encoding for affine items whose map is
+/// unique (the map preserves stored words, so old^new, or new - old, of the
+/// source is that of the canonical element) and overwrites for residual
+/// items; `overwrite_all` (retries) uses overwrites everywhere. The relative
+/// encoding is, per item, the smaller of XOR masks and zigzag integer
+/// differences (`add`, format v2) by `stages::choose_smaller`, or the one
+/// `builder_options::relative` names. Same candidate, baseline and options
 /// give byte-identical payloads.
 ///
 /// Per-item work: the stages of source/stages.hpp, compare<Dtype> ->
@@ -48,12 +51,20 @@
 
 namespace dcr {
 
+/// Which relative encoding `mixed` uses where one is exact.
+enum class relative_choice : std::uint8_t {
+  smallest, ///< per item, XOR or add, whichever codes smaller (add needs format v2)
+  xor_only, ///< XOR masks (what format v1 readers understand)
+  add_only, ///< zigzag integer differences
+};
+
 /// Chunk and bucket targets (bytes; tasks and chunks are never split, so a
 /// chunk or bucket can exceed its target) and the encoding policy.
 struct builder_options {
   std::size_t chunk_bytes = std::size_t{64} << 20, bucket_bytes = std::size_t{512} << 20;
-  refit_mode mode =
-      refit_mode::mixed; ///< mixed: XOR for unique affine maps, overwrite for residual items
+  refit_mode mode = refit_mode::mixed; ///< mixed: relative encodings for unique affine maps,
+                                       ///< overwrite for residual items
+  relative_choice relative = relative_choice::smallest; ///< (mixed only)
   encode_options encoding{};
 };
 
@@ -139,7 +150,10 @@ public:
   /// shards, overwrites for residual outputs. Throws `errc::bad_dtype` for a
   /// shard or output of another dtype and `errc::invalid_argument` for an
   /// affine shard whose encoding under `opt.mode` is not P's, so a result is
-  /// always the bytes `build_buckets` gives.
+  /// always the bytes `build_buckets` gives. A pipeline encoding XOR stands
+  /// for the relative encoding: under `relative_choice::smallest` it records
+  /// add differences too and each item takes the smaller, as `build_buckets`
+  /// does; one encoding add needs `relative_choice::add_only`.
   template <class P, class Sink>
   void build_buckets(const source_view& candidate, const required_set& req,
                      const builder_options& opt, Sink&& sink) const {
@@ -220,8 +234,10 @@ private:
   };
   struct state {
     const builder_options& opt;
-    std::vector<builder> chunk; // records of the open chunk
-    std::vector<item> bucket;   // items of the open bucket
+    std::vector<builder> chunk;                     // records of the open chunk
+    std::vector<item> bucket;                       // items of the open bucket
+    std::vector<std::vector<std::byte>> bucket_alt; // per bucket item: add words (XOR items
+                                                    // under relative_choice::smallest)
     std::unordered_map<std::uint64_t, std::size_t> bucket_slot;
     std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
     std::uint32_t sequence = 0;
@@ -260,14 +276,20 @@ private:
   template <class Select, class Sink>
   void build_with(const Select& select, const source_view& candidate, const required_set& req,
                   const builder_options& opt, Sink& sink) const {
-    state st{opt, {}, {}, {}};
+    state st{opt, {}, {}, {}, {}};
+    // add items need format v2: a v1 payload offers XOR only.
+    const bool either =
+        opt.relative == relative_choice::smallest && opt.encoding.format_version >= 2;
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const auto& sh = plan_->shards[shards_[i]];
       if (!sh.affine()) continue;
       auto cand = view_of(candidate, shards_[i]);
-      const bool xor_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
-      select.affine(sh, trackers_[i], cand,
-                    xor_ok ? value_encoding::xor_mask : value_encoding::overwrite, st);
+      const bool relative_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
+      const value_encoding e = !relative_ok ? value_encoding::overwrite
+                               : opt.relative == relative_choice::add_only
+                                   ? value_encoding::add
+                                   : value_encoding::xor_mask;
+      select.affine(sh, trackers_[i], cand, e, relative_ok && either, st);
       st.chunk_bytes += sh.nbytes();
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
@@ -292,13 +314,16 @@ private:
     flush(st, sink);
   }
 
-  /// compare<D> -> project<M> -> encode<E> of one shard into the open chunk.
-  template <class D, class M, class E>
+  /// compare<D> -> project<M> -> encode<E> (or encode_either<E, A> when `A`
+  /// is not void) of one shard into the open chunk.
+  template <class D, class M, class E, class A = void>
   static void project_shard(const M& map, std::span<const std::byte> old_b,
                             std::span<const std::byte> new_b, state& st) {
     using W = word_t<D>;
-    stages::changes_to_records<stages::compare<D>, stages::project<M>,
-                               stages::encode<E, codec::by_scheme>>(
+    using Enc = std::conditional_t<
+        std::is_void_v<A>, stages::encode<E, codec::by_scheme>,
+        stages::encode_either<E, std::conditional_t<std::is_void_v<A>, E, A>, codec::by_scheme>>;
+    stages::changes_to_records<stages::compare<D>, stages::project<M>, Enc>(
         stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b),
         [&](std::uint32_t tensor) -> builder& { return st.get(tensor, E::id); });
   }
@@ -308,6 +333,14 @@ private:
     static void call(const piecewise_map& m, std::span<const std::byte> o,
                      std::span<const std::byte> c, state& st) {
       project_shard<D, piecewise_map, E>(m, o, c, st);
+    }
+  };
+  /// XOR masks with add differences alongside (the per-item choice).
+  struct affine_either_fn {
+    template <class D>
+    static void call(const piecewise_map& m, std::span<const std::byte> o,
+                     std::span<const std::byte> c, state& st) {
+      project_shard<D, piecewise_map, codec::xor_mask, codec::add_delta>(m, o, c, st);
     }
   };
   struct residual_fn {
@@ -322,7 +355,19 @@ private:
   /// residual output (dtype).
   struct dispatched {
     void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c,
-                value_encoding e, state& st) const {
+                value_encoding e, bool either, state& st) const {
+      if (either) {
+        static constexpr pipeline::dispatch_table<affine_either_fn,
+                                                  void(const piecewise_map&,
+                                                       std::span<const std::byte>,
+                                                       std::span<const std::byte>, state&),
+                                                  pipeline::dtype_list>
+            either_table{};
+        auto* f = either_table(pipeline::position_of<pipeline::dtype_list>(sh.dtype));
+        if (!f) throw error(errc::bad_dtype, sh.key + ": no pipeline for its dtype");
+        f(*sh.map, o, c, st);
+        return;
+      }
       static constexpr pipeline::dispatch_table<affine_fn,
                                                 void(const piecewise_map&,
                                                      std::span<const std::byte>,
@@ -355,7 +400,7 @@ private:
     using D = typename P::dtype;
     using E = typename P::encoding;
     void affine(const source_shard& sh, std::span<const std::byte> o, std::span<const std::byte> c,
-                value_encoding e, state& st) const {
+                value_encoding e, bool either, state& st) const {
       if (sh.dtype != dtype_traits<D>::id)
         throw error(errc::bad_dtype, sh.key + ": " + std::string(name_of(sh.dtype)) +
                                          " shard, pipeline for " +
@@ -364,6 +409,11 @@ private:
         throw error(errc::invalid_argument, sh.key + ": needs " + std::string(to_string(e)) +
                                                 " items, pipeline encodes " +
                                                 std::string(to_string(E::id)));
+      if constexpr (E::id == value_encoding::xor_mask)
+        if (either) {
+          project_shard<D, piecewise_map, E, codec::add_delta>(*sh.map, o, c, st);
+          return;
+        }
       project_shard<D, piecewise_map, E>(*sh.map, o, c, st);
     }
     void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
@@ -378,31 +428,38 @@ private:
   };
 
   /// Merges two sorted record lists of one tensor (disjoint by construction:
-  /// each destination has one owner).
-  static void merge_into(item& dst, builder& src, std::size_t w) {
+  /// each destination has one owner); `dst_alt` and `src.alt_values` (add
+  /// words, when recorded) follow the same order.
+  static void merge_into(item& dst, std::vector<std::byte>& dst_alt, builder& src, std::size_t w) {
     if (dst.indices.empty() || src.indices.front() > dst.indices.back()) {
       dst.indices.insert(dst.indices.end(), src.indices.begin(), src.indices.end());
       dst.values.insert(dst.values.end(), src.values.begin(), src.values.end());
+      dst_alt.insert(dst_alt.end(), src.alt_values.begin(), src.alt_values.end());
       return;
     }
     item m{dst.tensor, dst.encoding, {}, {}};
+    std::vector<std::byte> m_alt;
     m.indices.reserve(dst.indices.size() + src.indices.size());
     m.values.reserve(dst.values.size() + src.values.size());
+    m_alt.reserve(dst_alt.size() + src.alt_values.size());
     std::size_t a = 0, b = 0;
     auto take = [&](const std::vector<std::uint64_t>& ii, const std::vector<std::byte>& vv,
-                    std::size_t& k) {
+                    const std::vector<std::byte>& aa, std::size_t& k) {
       m.indices.push_back(ii[k]);
-      m.values.insert(m.values.end(), vv.begin() + static_cast<std::ptrdiff_t>(k * w),
-                      vv.begin() + static_cast<std::ptrdiff_t>((k + 1) * w));
+      const auto lo = static_cast<std::ptrdiff_t>(k * w),
+                 hi = static_cast<std::ptrdiff_t>((k + 1) * w);
+      m.values.insert(m.values.end(), vv.begin() + lo, vv.begin() + hi);
+      if (!aa.empty()) m_alt.insert(m_alt.end(), aa.begin() + lo, aa.begin() + hi);
       ++k;
     };
     while (a < dst.indices.size() || b < src.indices.size()) {
       if (b == src.indices.size() || (a < dst.indices.size() && dst.indices[a] < src.indices[b]))
-        take(dst.indices, dst.values, a);
+        take(dst.indices, dst.values, dst_alt, a);
       else
-        take(src.indices, src.values, b);
+        take(src.indices, src.values, src.alt_values, b);
     }
     dst = std::move(m);
+    dst_alt = std::move(m_alt);
   }
 
   template <class Sink>
@@ -416,10 +473,12 @@ private:
       visit_dtype(meta.dtype, [&](auto tag) { stages::sort_records<word_t<decltype(tag)>>(b); });
       const std::uint64_t key = (std::uint64_t{b.tensor} << 8) | static_cast<std::uint8_t>(b.enc);
       auto [pos, fresh] = st.bucket_slot.try_emplace(key, st.bucket.size());
-      if (fresh)
+      if (fresh) {
         st.bucket.push_back(item{meta, b.enc, std::move(b.indices), std::move(b.values)});
-      else
-        merge_into(st.bucket[pos->second], b, w);
+        st.bucket_alt.push_back(std::move(b.alt_values));
+      } else {
+        merge_into(st.bucket[pos->second], st.bucket_alt[pos->second], b, w);
+      }
     }
     st.chunk.clear();
     if (emitted) st.bucket_bytes += st.chunk_bytes;
@@ -430,8 +489,14 @@ private:
   template <class Sink>
   void flush(state& st, Sink& sink) const {
     if (st.bucket.empty()) return;
+    // The per-item choice, on whole items (after every chunk's records of a
+    // tensor are merged), so it is the choice for exactly what travels.
+    for (std::size_t i = 0; i < st.bucket.size(); ++i)
+      stages::choose_smaller(st.bucket[i], st.bucket_alt[i], value_encoding::add,
+                             st.opt.encoding.filter);
     delta_bucket b{id_, st.sequence++, std::move(st.bucket), st.bucket_bytes};
     st.bucket.clear();
+    st.bucket_alt.clear();
     st.bucket_slot.clear();
     st.bucket_bytes = 0;
     sink(std::move(b));

@@ -8,7 +8,11 @@
 ///   encode<Encoding, Locations>
 ///                   the value of a changed element (`Encoding::make(old, new)`,
 ///                   a `codec::delta_encoding`) and how an item's locations
-///                   travel (a `codec::location_policy`).
+///                   travel (a `codec::location_policy`);
+///   encode_either<Encoding, Alternative, Locations>
+///                   as encode, recording the values of a second encoding
+///                   too, so the item can take whichever codes smaller
+///                   (`choose_smaller`: XOR or add where both are exact).
 ///
 /// `changes_to_records` composes the three over one shard; the owner's
 /// builder (builder.hpp) runs exactly this, selecting the instantiation for
@@ -105,6 +109,24 @@ struct encode {
   }
 };
 
+/// encode_either<E, A, L>: values of both `E` and `A` for every record (the
+/// second set in `record_buffer::alt_values`); `choose_smaller` keeps one.
+template <codec::delta_encoding E, codec::delta_encoding A, codec::location_policy L>
+struct encode_either : encode<E, L> {
+  using alternative = A;
+};
+
+/// The alternative encoding of an encode stage, or void.
+template <class Encode>
+struct alternative_of {
+  using type = void;
+};
+template <class Encode>
+requires requires { typename Encode::alternative; }
+struct alternative_of<Encode> {
+  using type = typename Encode::alternative;
+};
+
 /// A statically composed training-side pipeline.
 template <class Compare, class Project, class Encode>
 struct refit_pipeline {
@@ -118,10 +140,12 @@ struct refit_pipeline {
 };
 
 /// Records of one (tensor, encoding) under construction: canonical indices
-/// and little-endian value words, in the order they were found.
+/// and little-endian value words, in the order they were found; with an
+/// `encode_either` stage also the alternative encoding's words (else empty).
 struct record_buffer {
   std::vector<std::uint64_t> indices;
   std::vector<std::byte> values;
+  std::vector<std::byte> alt_values;
 };
 
 namespace detail {
@@ -132,12 +156,14 @@ struct target_ref {
   record_buffer& (*get)(void*, std::uint32_t);
 };
 
-template <class W, class Project, class E>
+template <class W, class Project, class E, class A = void>
 void changes_to_records(const Project& proj, std::span<const W> old_w, std::span<const W> new_w,
                         target_ref target) {
+  constexpr bool either = !std::is_void_v<A>;
   constexpr std::size_t cap = 1024;
   std::uint64_t ib[cap];
   W vb[cap];
+  W ab[either ? cap : 1];
   std::size_t k = 0;
   record_buffer* b = nullptr;
   const W* o = old_w.data();
@@ -146,6 +172,10 @@ void changes_to_records(const Project& proj, std::span<const W> old_w, std::span
     b->indices.insert(b->indices.end(), ib, ib + k);
     const auto* vp = reinterpret_cast<const std::byte*>(vb);
     b->values.insert(b->values.end(), vp, vp + k * sizeof(W));
+    if constexpr (either) {
+      const auto* ap = reinterpret_cast<const std::byte*>(ab);
+      b->alt_values.insert(b->alt_values.end(), ap, ap + k * sizeof(W));
+    }
     k = 0;
   };
   proj.runs([&](const canonical_run& r) {
@@ -161,6 +191,7 @@ void changes_to_records(const Project& proj, std::span<const W> old_w, std::span
             mask &= mask - 1;
             ib[k] = j + shift;
             vb[k] = E::make(o[j], c[j]);
+            if constexpr (either) ab[k] = A::make(o[j], c[j]);
             ++k;
           }
         });
@@ -180,11 +211,38 @@ template <class Compare, class Project, class Encode, class Target>
 void changes_to_records(const Project& proj, std::span<const typename Compare::word> old_w,
                         std::span<const typename Compare::word> new_w, Target&& target) {
   using T = std::remove_reference_t<Target>;
-  detail::changes_to_records<typename Compare::word, Project, typename Encode::encoding>(
+  detail::changes_to_records<typename Compare::word, Project, typename Encode::encoding,
+                             typename alternative_of<Encode>::type>(
       proj, old_w, new_w,
       detail::target_ref{
           const_cast<void*>(static_cast<const void*>(&target)),
           [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }});
+}
+
+/// Words of each encoding `choose_smaller` estimates (evenly strided sample).
+inline constexpr std::size_t choice_sample_words = std::size_t{1} << 16;
+
+/// Keeps the smaller of two exact codings of one item: its values, or the
+/// same records' words `alt` of encoding `alt_id` (both relative, so both
+/// exact under the same conditions). Smaller by `codec::estimate_value_bytes`
+/// under `filter` (zeroth-order entropy of the byte planes: a histogram pass,
+/// cheaper than compressing both; dcr-bench-payload measures how close its
+/// picks come to compressing each way), over at most `choice_sample_words`
+/// words of each, the same evenly strided words of both. Ties keep the
+/// item's encoding. `alt` is consumed (left empty).
+inline void choose_smaller(item& it, std::vector<std::byte>& alt, value_encoding alt_id,
+                           codec::value_filter filter) {
+  if (alt.size() == it.values.size() && !alt.empty()) {
+    const std::size_t w = width_of(it.tensor.dtype);
+    const std::size_t n = it.values.size() / w;
+    const std::size_t stride = (n + choice_sample_words - 1) / choice_sample_words;
+    if (codec::estimate_value_bytes(alt, w, filter, stride) <
+        codec::estimate_value_bytes(it.values, w, filter, stride)) {
+      it.values.swap(alt);
+      it.encoding = alt_id;
+    }
+  }
+  alt.clear();
 }
 
 /// Sorts `b`'s records (words of type `W`) by canonical index when a map
@@ -197,22 +255,29 @@ void sort_records(record_buffer& b) {
   std::sort(order.begin(), order.end(),
             [&](std::size_t x, std::size_t y) { return b.indices[x] < b.indices[y]; });
   std::vector<std::uint64_t> ii(order.size());
-  std::vector<std::byte> vv(b.values.size());
+  std::vector<std::byte> vv(b.values.size()), aa(b.alt_values.size());
   for (std::size_t k = 0; k < order.size(); ++k) {
     ii[k] = b.indices[order[k]];
     std::memcpy(vv.data() + k * sizeof(W), b.values.data() + order[k] * sizeof(W), sizeof(W));
+    if (!aa.empty())
+      std::memcpy(aa.data() + k * sizeof(W), b.alt_values.data() + order[k] * sizeof(W), sizeof(W));
   }
   b.indices = std::move(ii);
   b.values = std::move(vv);
+  b.alt_values = std::move(aa);
 }
 
 /// The records of one tensor as an item of pipeline `P`'s encoding, sorted
 /// by canonical index (the encoder validates the rest: a map that leaves
 /// the tensor or writes an element twice fails `codec::validate_item`).
 template <class P>
-item to_item(const tensor_meta& meta, record_buffer&& b) {
+item to_item(const tensor_meta& meta, record_buffer&& b,
+             codec::value_filter filter = codec::value_filter::byte_planes) {
   sort_records<word_t<typename P::dtype>>(b);
-  return item{meta, P::encoding::id, std::move(b.indices), std::move(b.values)};
+  item it{meta, P::encoding::id, std::move(b.indices), std::move(b.values)};
+  if constexpr (requires { typename P::encode_stage::alternative; })
+    choose_smaller(it, b.alt_values, P::encode_stage::alternative::id, filter);
+  return it;
 }
 
 /// compare -> project -> encode of pipeline `P` over one shard (see

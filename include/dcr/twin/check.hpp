@@ -82,7 +82,7 @@ inline status check_copy_pair(const layout& dst, const void* dst_data, const lay
 template <word W>
 status check_copy(const view<W>& dst, const view<const W>& src, copy_mode mode,
                   const view<const std::uint8_t>& mask, dtype_id nan_dtype) {
-  DCR_RETURN_ERROR_IF(static_cast<unsigned>(mode) > 4, invalid_argument,
+  DCR_RETURN_ERROR_IF(static_cast<unsigned>(mode) > 5, invalid_argument,
                       "unknown copy mode " + std::to_string(static_cast<unsigned>(mode)));
   DCR_TRY(check_copy_pair(dst.shape, dst.data, src.shape, src.data, sizeof(W)));
   if (mode == copy_mode::overwrite_mask) {

@@ -16,6 +16,7 @@
 /// | `overwrite`      | `dst[k] = src[k]` only where `src[k] != placeholder` |
 /// | `overwrite_mask` | `dst[k] = src[k]` only where `mask[k] != 0`         |
 /// | `overwrite_nan`  | `dst[k] = src[k]` only where `src[k]` is not NaN    |
+/// | `add`            | `dst[k] = dst[k] + unzigzag(src[k])` mod 2^w        |
 ///
 /// Inactive positions are never written. `masked_overwrite` is the rollout
 /// side's overwrite path: scratch holds values and placeholders; the
@@ -64,6 +65,9 @@ status copy(view<W> dst, std::type_identity_t<view<const W>> src, copy_mode mode
       if (const W s = src.at(k); !is_nan_by(s, r)) dst.at(k) = s;
     break;
   }
+  case copy_mode::add: // scratch holds add words, 0 (no change) at inactive positions
+    for (std::int64_t k = 0; k < n; ++k) dst.at(k) = apply_zigzag_delta(dst.at(k), src.at(k));
+    break;
   }
   return status::success();
 }

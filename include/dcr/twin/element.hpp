@@ -10,7 +10,8 @@
 /// in kernels without relaxed-constexpr), the word operations, and the gap
 /// location decode. Everything here is `constexpr DCR_HOST_DEVICE`,
 /// allocation-free and exception-free, so a kernel and its twin run the same
-/// code per element. Includes only core/config.hpp and core/dtype.hpp.
+/// code per element. Includes only core headers (config, dtype, endian,
+/// word_delta).
 
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "dcr/core/config.hpp"
 #include "dcr/core/dtype.hpp"
 #include "dcr/core/endian.hpp"
+#include "dcr/core/word_delta.hpp"
 
 namespace dcr::twin {
 
@@ -174,6 +176,7 @@ concept word = std::is_same_v<W, std::uint8_t> || std::is_same_v<W, std::uint16_
 enum class scatter_op : std::uint8_t {
   xor_mask = 1,  ///< dst ^= value
   overwrite = 2, ///< dst = value
+  add = 3,       ///< dst += unzigzag(value) mod 2^w (`dcr::apply_zigzag_delta`)
 };
 
 /// How a copy from a source view into a destination view lands (the three
@@ -184,6 +187,7 @@ enum class copy_mode : std::uint8_t {
   overwrite = 2,      ///< dst = src where src != placeholder
   overwrite_mask = 3, ///< dst = src where mask != 0 (NaN-valued items)
   overwrite_nan = 4, ///< dst = src where src is not a NaN of the dtype (any NaN is the placeholder)
+  add = 5,           ///< dst += unzigzag(src) mod 2^w (add items; 0 at inactive positions)
 };
 
 /// NaN test of a dtype as two masks: a word is NaN when all `exponent` bits
@@ -221,7 +225,14 @@ constexpr DCR_HOST_DEVICE bool is_nan_by(W w, nan_rule r) noexcept {
 /// Result of scattering `value` onto resident word `dst`.
 template <word W>
 constexpr DCR_HOST_DEVICE W scatter_word(W dst, W value, scatter_op op) noexcept {
-  return op == scatter_op::xor_mask ? static_cast<W>(dst ^ value) : value;
+  switch (op) {
+  case scatter_op::xor_mask:
+    return static_cast<W>(dst ^ value);
+  case scatter_op::add:
+    return apply_zigzag_delta(dst, value);
+  default:
+    return value;
+  }
 }
 
 /// Width in bytes of gap words (1, 2, 4 or 8); anything else is not a width.

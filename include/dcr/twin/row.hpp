@@ -39,9 +39,9 @@ status row_sections(std::span<const std::byte> body, const codec::payload_header
   DCR_RETURN_ERROR_IF(width_of(row.tensor.dtype) != sizeof(W), bad_dtype,
                       name + ": dtype " + std::string(name_of(row.tensor.dtype)) + " is not " +
                           std::to_string(sizeof(W)) + "-byte words");
-  DCR_RETURN_ERROR_IF(row.encoding != value_encoding::xor_mask &&
-                          row.encoding != value_encoding::overwrite,
-                      bad_encoding, name + ": unknown value encoding");
+  DCR_RETURN_ERROR_IF(
+      !codec::is_encoding_of_version(static_cast<std::uint8_t>(row.encoding), h.version),
+      bad_encoding, name + ": unknown value encoding");
   DCR_RETURN_ERROR_IF(dst_size != row.tensor.numel(), shape_mismatch,
                       name + ": view of " + std::to_string(dst_size) + " elements, tensor of " +
                           std::to_string(row.tensor.numel()));

@@ -6,8 +6,9 @@
 /// CI, and the GPU tests compare the two.
 ///
 /// Host twin of the CUDA scatter kernels (`cuda/dcr/gpu/scatter.cuh`):
-/// records (location, value) of one item land in a destination view, either
-/// XORed in (`scatter_op::xor_mask`) or written (`scatter_op::overwrite`). A
+/// records (location, value) of one item land in a destination view, XORed
+/// in (`scatter_op::xor_mask`), added as zigzag integer differences
+/// (`scatter_op::add`, "add scatter") or written (`scatter_op::overwrite`). A
 /// location is a row-major flat index into the view's own extents.
 ///
 /// Semantics shared with the kernels: the destination is checked first
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "dcr/codec/item.hpp"
+#include "dcr/codec/values.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/twin/check.hpp"
 #include "dcr/twin/element.hpp"
@@ -80,6 +82,14 @@ status xor_scatter(view<W> dst, std::span<const std::uint64_t> locations,
   return scatter(dst, locations, masks, scatter_op::xor_mask);
 }
 
+/// Add zigzag differences `deltas[k]` (`dcr::zigzag_delta`) into `dst` at
+/// row-major location `locations[k]`, modulo 2^w.
+template <word W>
+status add_scatter(view<W> dst, std::span<const std::uint64_t> locations,
+                   std::type_identity_t<std::span<const W>> deltas) {
+  return scatter(dst, locations, deltas, scatter_op::add);
+}
+
 /// Scatter onto the run `[start, start + values.size())`.
 template <word W>
 status scatter_run(view<W> dst, std::uint64_t start,
@@ -121,9 +131,16 @@ status scatter_gaps(view<W> dst, std::uint64_t first, unsigned width,
   return status::success();
 }
 
-/// Scatter op of a value encoding (`xor_mask` → XOR, `overwrite` → write).
+/// Scatter op of a value encoding (`xor_mask` → XOR, `add` → add, `overwrite` → write).
 constexpr scatter_op op_of(value_encoding e) noexcept {
-  return e == value_encoding::overwrite ? scatter_op::overwrite : scatter_op::xor_mask;
+  switch (e) {
+  case value_encoding::overwrite:
+    return scatter_op::overwrite;
+  case value_encoding::add:
+    return scatter_op::add;
+  default:
+    return scatter_op::xor_mask;
+  }
 }
 
 /// Checks that item `it` fits words of `W` over a view of `size` elements:
@@ -134,8 +151,7 @@ status check_item(const item& it) {
   DCR_RETURN_ERROR_IF(width_of(it.tensor.dtype) != sizeof(W), bad_dtype,
                       it.tensor.name + ": dtype " + std::string(name_of(it.tensor.dtype)) +
                           " is not " + std::to_string(sizeof(W)) + "-byte words");
-  DCR_RETURN_ERROR_IF(it.encoding != value_encoding::xor_mask &&
-                          it.encoding != value_encoding::overwrite,
+  DCR_RETURN_ERROR_IF(!codec::is_known_encoding(static_cast<std::uint8_t>(it.encoding)),
                       bad_encoding, it.tensor.name + ": unknown value encoding");
   DCR_RETURN_ERROR_IF(it.values.size() != it.indices.size() * sizeof(W), length_overflow,
                       it.tensor.name + ": " + std::to_string(it.values.size()) +
@@ -181,6 +197,11 @@ template <word W>
 status xor_scatter(const strided_view<W>& dst, std::span<const std::uint64_t> locations,
                    std::type_identity_t<std::span<const W>> masks) {
   return scatter(to_device(dst), locations, masks, scatter_op::xor_mask);
+}
+template <word W>
+status add_scatter(const strided_view<W>& dst, std::span<const std::uint64_t> locations,
+                   std::type_identity_t<std::span<const W>> deltas) {
+  return scatter(to_device(dst), locations, deltas, scatter_op::add);
 }
 
 } // namespace dcr::twin
