@@ -54,6 +54,11 @@ struct builder_options {
   std::size_t chunk_bytes = std::size_t{64} << 20, bucket_bytes = std::size_t{512} << 20;
   refit_mode mode =
       refit_mode::mixed; ///< mixed: XOR for unique affine maps, overwrite for residual items
+  /// In mixed mode, residual outputs become XOR masks too (old ^ new of the
+  /// converted words against the residual baseline) instead of overwrites:
+  /// for receivers whose paths for those tensors are XOR-allowed (an FP8
+  /// rollout's codes and scales placed by plain copies). Off by default.
+  bool residual_xor = false;
   encode_options encoding{};
 };
 
@@ -272,6 +277,9 @@ private:
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
     std::vector<host_tensor> produced;
+    const auto residual_enc = opt.mode == refit_mode::mixed && opt.residual_xor
+                                  ? value_encoding::xor_mask
+                                  : value_encoding::overwrite;
     for (std::size_t i = 0; i < tasks_.size(); ++i) {
       if (!req.contains(tasks_[i])) continue;
       const auto& task = plan_->tasks[tasks_[i]];
@@ -283,7 +291,7 @@ private:
           throw error(errc::shape_mismatch,
                       task.rule.name + ": output " + meta.name + " has the wrong size");
         select.residual(plan_->canonical[task.outputs[k]], task.outputs[k], residual_[i][k].bytes,
-                        produced[k].bytes, st);
+                        produced[k].bytes, residual_enc, st);
       }
       st.chunk_bytes += task.output_bytes;
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
@@ -311,11 +319,11 @@ private:
     }
   };
   struct residual_fn {
-    template <class D>
+    template <class D, class E>
     static void call(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
                      std::span<const std::byte> c, state& st) {
-      project_shard<D, stages::identity_map, codec::overwrite>(
-          stages::identity_map{tensor, meta.numel()}, o, c, st);
+      project_shard<D, stages::identity_map, E>(stages::identity_map{tensor, meta.numel()}, o, c,
+                                                st);
     }
   };
   /// The general path: one table lookup per shard (dtype x encoding) and per
@@ -335,14 +343,15 @@ private:
       f(*sh.map, o, c, st);
     }
     void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
-                  std::span<const std::byte> c, state& st) const {
+                  std::span<const std::byte> c, value_encoding e, state& st) const {
       static constexpr pipeline::dispatch_table<residual_fn,
                                                 void(const tensor_meta&, std::uint32_t,
                                                      std::span<const std::byte>,
                                                      std::span<const std::byte>, state&),
-                                                pipeline::dtype_list>
+                                                pipeline::dtype_list, pipeline::encoding_list>
           table{};
-      auto* f = table(pipeline::position_of<pipeline::dtype_list>(meta.dtype));
+      auto* f = table(pipeline::position_of<pipeline::dtype_list>(meta.dtype),
+                      pipeline::position_of<pipeline::encoding_list>(e));
       if (!f) throw error(errc::bad_dtype, meta.name + ": no pipeline for its dtype");
       f(meta, tensor, o, c, st);
     }
@@ -367,7 +376,11 @@ private:
       project_shard<D, piecewise_map, E>(*sh.map, o, c, st);
     }
     void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
-                  std::span<const std::byte> c, state& st) const {
+                  std::span<const std::byte> c, value_encoding e, state& st) const {
+      if (e != value_encoding::overwrite)
+        throw error(errc::invalid_argument,
+                    meta.name + ": residual_xor needs the dispatched builder (a composed "
+                                "pipeline encodes residual outputs as overwrites)");
       if (meta.dtype != dtype_traits<D>::id)
         throw error(errc::bad_dtype, meta.name + ": " + std::string(name_of(meta.dtype)) +
                                          " output, pipeline for " +
