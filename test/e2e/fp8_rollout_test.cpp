@@ -144,8 +144,8 @@ std::string describe(const model_config& c, const trainer_layout& t,
     << " block [" << c.fp8->block_n << "," << c.fp8->block_k << "] skip "
     << (c.fp8->modules_to_not_convert.empty() ? "-" : c.fp8->modules_to_not_convert[0])
     << " | megatron tp" << t.tp << " pp" << t.pp << " ep" << t.ep << " etp" << t.etp << " dp"
-    << t.dp << " | vllm tp" << p.tensor_parallel_size << " pp" << p.pipeline_parallel_size
-    << " dp" << p.data_parallel_size << (p.enable_expert_parallel ? " ep" : "");
+    << t.dp << " | vllm tp" << p.tensor_parallel_size << " pp" << p.pipeline_parallel_size << " dp"
+    << p.data_parallel_size << (p.enable_expert_parallel ? " ep" : "");
   return o.str();
 }
 
@@ -164,7 +164,8 @@ void count_entries(const source_plan& plan, std::span<const std::vector<std::byt
     for (auto& it : d.items) {
       const auto& m = plan.canonical[plan.tensor_id(it.tensor.name)];
       if (m.dtype == dtype_id::f8e4m3fn) st.code_entries += it.indices.size();
-      if (m.name.size() > 10 && m.name.ends_with("_scale_inv")) st.scale_entries += it.indices.size();
+      if (m.name.size() > 10 && m.name.ends_with("_scale_inv"))
+        st.scale_entries += it.indices.size();
       st.xor_items += it.encoding == value_encoding::xor_mask;
     }
   }

@@ -43,7 +43,8 @@ namespace dcr {
 template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
 source_plan megatron_fp8_plan(const model_config& c, const trainer_layout& l,
                               const megatron_options& o = {}, Quantizer quantizer = {}) {
-  if (!c.fp8) throw error(errc::invalid_argument, "megatron_fp8_plan: config has no fp8 block quantization");
+  if (!c.fp8)
+    throw error(errc::invalid_argument, "megatron_fp8_plan: config has no fp8 block quantization");
   if (o.qkv_residual || o.full_conversion)
     throw error(errc::invalid_argument,
                 "megatron_fp8_plan: qkv_residual / full_conversion do not apply to an FP8 rollout");
@@ -114,14 +115,18 @@ template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
 std::vector<host_tensor> quantize_fp8_checkpoint(const model_config& c,
                                                  std::span<const host_tensor> bf16,
                                                  Quantizer quantizer = {}) {
-  if (!c.fp8) throw error(errc::invalid_argument, "quantize_fp8_checkpoint: config has no fp8 block quantization");
+  if (!c.fp8)
+    throw error(errc::invalid_argument,
+                "quantize_fp8_checkpoint: config has no fp8 block quantization");
   std::unordered_map<std::string, const host_tensor*> by_name;
   for (auto& t : bf16) by_name[t.meta.name] = &t;
   auto find = [&](const tensor_meta& m) -> const host_tensor& {
     auto it = by_name.find(m.name);
-    if (it == by_name.end()) throw error(errc::not_found, "quantize_fp8_checkpoint: no tensor " + m.name);
+    if (it == by_name.end())
+      throw error(errc::not_found, "quantize_fp8_checkpoint: no tensor " + m.name);
     if (it->second->meta != m)
-      throw error(errc::shape_mismatch, "quantize_fp8_checkpoint: " + m.name + " differs from the config");
+      throw error(errc::shape_mismatch,
+                  "quantize_fp8_checkpoint: " + m.name + " differs from the config");
     return *it->second;
   };
   const auto plain = canonical_tensors(c);
@@ -133,10 +138,10 @@ std::vector<host_tensor> quantize_fp8_checkpoint(const model_config& c,
     if (m.dtype == dtype_id::f8e4m3fn && fp8_quantized(c, m.name)) {
       const auto& src = find(*plain_meta.at(m.name));
       out.emplace_back(m);
-      out.emplace_back(tensor_meta{fp8_scale_name(m.name),
-                                   {(m.shape[0] + block.rows - 1) / block.rows,
-                                    (m.shape[1] + block.cols - 1) / block.cols},
-                                   dtype_id::f32});
+      out.emplace_back(tensor_meta{
+          fp8_scale_name(m.name),
+          {(m.shape[0] + block.rows - 1) / block.rows, (m.shape[1] + block.cols - 1) / block.cols},
+          dtype_id::f32});
       auto& codes = out[out.size() - 2];
       quantize_fp8_blocks(src.meta.dtype, src.bytes.data(), m.shape[0], m.shape[1], block,
                           codes.bytes.data(), reinterpret_cast<float*>(out.back().bytes.data()),
