@@ -189,7 +189,7 @@ TEST_CASE("vllm fp8: fused MoE w13 / w2 scales under EP and under expert TP") {
                                    fp8_checkpoint_tensors(c));
     rx.dense_refit(ckpt);
     const auto& w13 = param(rx.storage(), L + "w13_weight_scale_inv");
-    CHECK(w13.meta.shape == std::vector<std::uint64_t>{4, 4, 4}); // 2 x 16/8, 64/16
+    CHECK(w13.meta.shape == std::vector<std::uint64_t>{4, 4, 4});        // 2 x 16/8, 64/16
     CHECK(param_f32(rx.storage(), w13.meta.name, (0 * 4 + 1) * 4 + 3) == // expert 0 gate tile 2+1
           scale_at(ckpt, "model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv", 3, 3));
     const auto& w2 = param(rx.storage(), L + "w2_weight_scale_inv");
@@ -202,7 +202,8 @@ TEST_CASE("vllm fp8: fused MoE w13 / w2 scales under EP and under expert TP") {
 TEST_CASE("vllm fp8: layouts vLLM refuses are rejected at prewarm naming the tensor and reason") {
   vllm_parallel_config tp2;
   tp2.tensor_parallel_size = 2;
-  { // K/V partition of one 16-row head over 32-row tiles: k's and v's scale rows would share a tile.
+  { // K/V partition of one 16-row head over 32-row tiles: k's and v's scale rows would share a
+    // tile.
     const auto why = prewarm_error(qwen3_like(32, 16), tp2);
     CHECK(why.find("model.layers.0.self_attn.qkv_proj.weight_scale_inv") != std::string::npos);
     CHECK(why.find("output partition k of 16 rows is not divisible by weight quantization "
@@ -236,8 +237,9 @@ TEST_CASE("vllm fp8: layouts vLLM refuses are rejected at prewarm naming the ten
     c.ffn = 0;
     const auto why = prewarm_error(c, vllm_parallel_config{});
     CHECK(why.find("mlp.experts.w13_weight_scale_inv") != std::string::npos);
-    CHECK(why.find("gate's and up's weight 24 is not divisible by weight quantization block_n 16") !=
-          std::string::npos);
+    CHECK(
+        why.find("gate's and up's weight 24 is not divisible by weight quantization block_n 16") !=
+        std::string::npos);
   }
   { // a fused module quantised in part is refused like vLLM's is_layer_skipped.
     auto c = qwen3_like(16, 16);
@@ -300,8 +302,11 @@ TEST_CASE("vllm fp8: overwrite items of 1-byte codes through a transform stay ex
   ref.dense_refit(v1);
   for (bool with_nan : {false, true}) {
     item it{metas[0], value_encoding::overwrite, {3, 20}, {std::byte{0x80}, std::byte{0x11}}};
-    if (with_nan) it = item{metas[0], value_encoding::overwrite, {3, 9, 20},
-                            {std::byte{0x80}, std::byte{0x7F}, std::byte{0x11}}};
+    if (with_nan)
+      it = item{metas[0],
+                value_encoding::overwrite,
+                {3, 9, 20},
+                {std::byte{0x80}, std::byte{0x7F}, std::byte{0x11}}};
     receiver<fnuz_loader> r2(fnuz_loader{}, metas);
     r2.dense_refit(v0);
     REQUIRE(r2.apply_item(it).ok());
