@@ -302,10 +302,11 @@ struct fp8_block_shape {
 /// ceil(cols/block.cols)]` row-major. This is the one quantiser both the
 /// delta path (residual rules) and a dense FP8 checkpoint use, so their bits
 /// agree by construction of the function, not by accident of two copies.
-template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
-void quantize_fp8_blocks(dtype_id source_dtype, const std::byte* x, std::uint64_t rows,
-                         std::uint64_t cols, fp8_block_shape block, std::byte* codes, float* scales,
-                         const Quantizer& quantizer = {}) {
+namespace detail {
+/// `quantize_fp8_blocks` for one source dtype: `load(k)` widens element k.
+template <class Load, class Quantizer>
+void quantize_fp8_tiles(Load load, std::uint64_t rows, std::uint64_t cols, fp8_block_shape block,
+                        std::byte* codes, float* scales, const Quantizer& quantizer) {
   const std::uint64_t br = (rows + block.rows - 1) / block.rows,
                       bc = (cols + block.cols - 1) / block.cols;
   for (std::uint64_t bi = 0; bi < br; ++bi)
@@ -315,13 +316,51 @@ void quantize_fp8_blocks(dtype_id source_dtype, const std::byte* x, std::uint64_
       float amax = 0;
       for (std::uint64_t i = r0; i < r1; ++i)
         for (std::uint64_t j = c0; j < c1; ++j)
-          amax = std::max(amax, std::fabs(detail::load_f32(source_dtype, x, i * cols + j)));
+          amax = std::max(amax, std::fabs(load(i * cols + j)));
       scales[bi * bc + bj] = quantizer.scale_inv(amax);
       for (std::uint64_t i = r0; i < r1; ++i)
         for (std::uint64_t j = c0; j < c1; ++j)
-          codes[i * cols + j] = static_cast<std::byte>(f32_to_e4m3_rne(
-              quantizer.scaled(detail::load_f32(source_dtype, x, i * cols + j), amax)));
+          codes[i * cols + j] =
+              static_cast<std::byte>(f32_to_e4m3_rne(quantizer.scaled(load(i * cols + j), amax)));
     }
+}
+} // namespace detail
+
+/// Block-wise FP8 quantisation of one `rows x cols` matrix `x` (stored words
+/// of `source_dtype`, row-major): per tile, with `amax` the largest |x| of the
+/// tile in FP32, `scales[tile] = quantizer.scale_inv(amax)` and each
+/// `codes[i] = e4m3_rne(quantizer.scaled(x[i], amax))`. Tiles are `block`
+/// sized, edge tiles partial; `scales` is `[ceil(rows/block.rows),
+/// ceil(cols/block.cols)]` row-major. This is the one quantiser both the
+/// delta path (residual rules) and a dense FP8 checkpoint use, so their bits
+/// agree by construction of the function, not by accident of two copies.
+/// The source dtype is dispatched once per call, not per element.
+template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
+void quantize_fp8_blocks(dtype_id source_dtype, const std::byte* x, std::uint64_t rows,
+                         std::uint64_t cols, fp8_block_shape block, std::byte* codes, float* scales,
+                         const Quantizer& quantizer = {}) {
+  auto words16 = [x](auto widen) {
+    return [x, widen](std::uint64_t k) {
+      std::uint16_t w;
+      std::memcpy(&w, x + 2 * k, 2);
+      return widen(w);
+    };
+  };
+  switch (source_dtype) {
+  case dtype_id::bf16:
+    detail::quantize_fp8_tiles(words16([](std::uint16_t w) { return bf16_to_f32(w); }), rows, cols,
+                               block, codes, scales, quantizer);
+    break;
+  case dtype_id::f16:
+    detail::quantize_fp8_tiles(words16([](std::uint16_t w) { return f16_to_f32(w); }), rows, cols,
+                               block, codes, scales, quantizer);
+    break;
+  default:
+    detail::quantize_fp8_tiles(
+        [&](std::uint64_t k) { return detail::load_f32(source_dtype, x, k); }, rows, cols, block,
+        codes, scales, quantizer);
+    break;
+  }
 }
 
 /// FP8 E4M3 block quantisation of a `rows x cols` weight with one f32
