@@ -1,15 +1,14 @@
 // dcr-bench-fp8-rollout: the same BF16 training steps refitted to a BF16
 // rollout and to a block-FP8 rollout (quantize-then-diff).
 //
-// Input: a Llama-style model (8 layers, hidden 2048, head_dim 128, GQA 16/4,
-// ffn 5632, vocab 32000: 1.03 GB of BF16 weights; --quick: 2 layers, hidden
-// 256, head_dim 64) on a Megatron layout (TP 4, 4 owners). Version 0 is
-// N(0, 0.02²); each step is one AdamW step of every tensor in BF16
+// Input: a Llama-style model (8 layers, hidden 1024, head_dim 128, GQA 8/2,
+// ffn 2816, vocab 32000: 0.31 GB of BF16 weights, and 12 bytes per weight of
+// AdamW state; --quick: 2 layers, hidden 256, head_dim 64) on a Megatron layout (TP 4, 4 owners).
+// Version 0 is N(0, 0.02²); each step is one AdamW step of every tensor in BF16
 // (`sim::adamw_trainer`, lr 1e-6, the RL fine-tuning default; the last step
-// restarts the optimiser state at lr 1e-5, a larger update). The FP8 checkpoint is the block-quantised
-// form (e4m3, weight_block_size [128, 128], every projection quantised;
-// embedding, norms and lm_head BF16), as `megatron_fp8_plan` /
-// `quantize_fp8_checkpoint` define it.
+// restarts the optimiser state at lr 1e-5, a larger update). The FP8 checkpoint is the
+// block-quantised form (e4m3, weight_block_size [128, 128], every projection quantised; embedding,
+// norms and lm_head BF16), as `megatron_fp8_plan` / `quantize_fp8_checkpoint` define it.
 //
 // Per step, both rollouts from the same committed baseline and candidate:
 //  changed    canonical elements whose stored bits changed (the records the
@@ -40,12 +39,12 @@ using namespace dcr;
 model_config bench_model(bool quick) {
   model_config c;
   c.family = "llama";
-  c.hidden = quick ? 256 : 2048;
+  c.hidden = quick ? 256 : 1024;
   c.layers = quick ? 2 : 8;
-  c.heads = 16;
-  c.kv_heads = 4;
+  c.heads = quick ? 16 : 8;
+  c.kv_heads = quick ? 4 : 2;
   c.head_dim = quick ? 64 : 128;
-  c.ffn = quick ? 704 : 5632;
+  c.ffn = quick ? 704 : 2816;
   c.vocab = quick ? 1000 : 32000;
   c.fp8 = fp8_block_quantization{128, 128, {}};
   return c;
@@ -68,7 +67,8 @@ measured refit(const training_side& side, const source_view& candidate, bool res
     std::vector<delta_bucket> buckets;
     m.construct_s += bench::best_seconds(1, [&] {
       buckets.clear();
-      o.build_buckets(candidate, req, opt, [&](delta_bucket&& b) { buckets.push_back(std::move(b)); });
+      o.build_buckets(candidate, req, opt,
+                      [&](delta_bucket&& b) { buckets.push_back(std::move(b)); });
     });
     for (auto& b : buckets) {
       for (auto& it : b.items) {
@@ -78,9 +78,9 @@ measured refit(const training_side& side, const source_view& candidate, bool res
           m.rescaled += it.size();
       }
       std::vector<std::byte> out;
-      throw_if_failed(codec::encode_payload_with(
-          {1, 0, o.id(), b.sequence}, b.items, opt.encoding,
-          pipeline::dispatched_locations{opt.encoding.locations}, out));
+      throw_if_failed(
+          codec::encode_payload_with({1, 0, o.id(), b.sequence}, b.items, opt.encoding,
+                                     pipeline::dispatched_locations{opt.encoding.locations}, out));
       m.payload += out.size();
     }
   }
@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
     double memcpy_s;
   };
   std::vector<row> rows;
-  const std::vector<float> lrs = opt.quick ? std::vector<float>{1e-6f, 1e-5f}
-                                           : std::vector<float>{1e-6f, 1e-6f, 1e-6f, 1e-5f};
+  const std::vector<float> lrs =
+      opt.quick ? std::vector<float>{1e-6f, 1e-5f} : std::vector<float>{1e-6f, 1e-6f, 1e-6f, 1e-5f};
   for (std::size_t k = 0; k < lrs.size(); ++k) {
     for (std::size_t i = 0; i < trainers.size(); ++i) {
       if (trainers[i].options().lr != lrs[k]) {
@@ -174,12 +174,12 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  bench::table t({"step", "lr", "BF16 changed", "FP8 changed", "tiles re-scaled",
-                  "BF16 payload MB", "% of BF16", "FP8 payload MB", "% of FP8", "FP8 % of BF16",
-                  "BF16 build s", "FP8 build s", "BF16 / memcpy", "FP8 / memcpy"});
+  bench::table t({"step", "lr", "BF16 changed", "FP8 changed", "tiles re-scaled", "BF16 payload MB",
+                  "% of BF16", "FP8 payload MB", "% of FP8", "FP8 % of BF16", "BF16 build s",
+                  "FP8 build s", "BF16 / memcpy", "FP8 / memcpy"});
   for (auto& r : rows)
-    t.add({std::to_string(r.step), bench::fmt(r.lr * 1e6, 0) + "e-6", std::to_string(r.bf16.changed),
-           std::to_string(r.fp8.changed),
+    t.add({std::to_string(r.step), bench::fmt(r.lr * 1e6, 0) + "e-6",
+           std::to_string(r.bf16.changed), std::to_string(r.fp8.changed),
            std::to_string(r.fp8.rescaled) + " (" + bench::fmt(pct(r.fp8.rescaled, tiles), 2) + "%)",
            bench::fmt(r.bf16.payload / 1e6, 2), bench::fmt(pct(r.bf16.payload, bf16_ckpt), 3),
            bench::fmt(r.fp8.payload / 1e6, 2), bench::fmt(pct(r.fp8.payload, fp8_ckpt), 3),

@@ -7,7 +7,10 @@
 // receiver, and every receiver's storage must equal a dense FP8 refit: the
 // full BF16 candidate quantized whole by the same reference quantizer and
 // loaded through the same FP8 loader. Some attempts fail part-way on some
-// receivers and are repaired by an overwrite_all retry. Fixed seeds.
+// receivers and are repaired by an overwrite_all retry. The same payloads
+// also go through the host twin of the device scatter (1-byte FP8 codes,
+// 4-byte scales, 2-byte BF16) into a canonical FP8 copy, which must equal the
+// dense FP8 checkpoint. Fixed seeds.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -24,6 +27,7 @@
 #include "dcr/source/fp8_plan.hpp"
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
+#include "dcr/twin/scatter.hpp"
 
 using namespace dcr;
 
@@ -152,6 +156,7 @@ std::string describe(const model_config& c, const trainer_layout& t,
 struct sweep_stats {
   int cases = 0, rejected_layouts = 0, retries = 0;
   std::uint64_t receivers = 0, scale_entries = 0, code_entries = 0, xor_items = 0;
+  std::uint64_t twin_code_items = 0;
   bool tp_gt1 = false, pp_gt1 = false, ep = false, unconverted = false;
 };
 
@@ -169,6 +174,43 @@ void count_entries(const source_plan& plan, std::span<const std::vector<std::byt
       st.xor_items += it.encoding == value_encoding::xor_mask;
     }
   }
+}
+
+/// Applies every item of `payloads` to `canon` through the host twin of the
+/// device scatter, with the tensor's own word width.
+void twin_apply(tensor_set& canon, std::span<const std::vector<std::byte>> payloads,
+                sweep_stats& st) {
+  for (auto& p : payloads) {
+    decoded_payload d;
+    REQUIRE(codec::decode_payload(p, d).ok());
+    for (auto& it : d.items) {
+      auto v = canon.find(it.tensor.name);
+      REQUIRE(v);
+      status s;
+      switch (width_of(it.tensor.dtype)) {
+      case 1:
+        s = twin::scatter_item<std::uint8_t>(twin::to_device_as<std::uint8_t>(*v), it);
+        ++st.twin_code_items;
+        break;
+      case 2:
+        s = twin::scatter_item<std::uint16_t>(twin::to_device_as<std::uint16_t>(*v), it);
+        break;
+      default:
+        s = twin::scatter_item<std::uint32_t>(twin::to_device_as<std::uint32_t>(*v), it);
+        break;
+      }
+      REQUIRE_MESSAGE(s.ok(), s.message);
+    }
+  }
+}
+
+/// First tensor of `a` whose bytes differ from `b`'s, or "".
+std::string first_tensor_difference(const tensor_set& a, const tensor_set& b) {
+  for (auto& t : a.tensors()) {
+    auto v = b.find(t.meta.name);
+    if (!v || std::memcmp(v->data, t.bytes.data(), t.bytes.size()) != 0) return t.meta.name;
+  }
+  return "";
 }
 
 sweep_stats sweep(int n, std::uint64_t seed) {
@@ -207,6 +249,7 @@ sweep_stats sweep(int n, std::uint64_t seed) {
     training_side trainer(plan, state.view());
     const auto lds = loaders::vllm_style_loaders(c, vp->p);
     std::vector<receiver<loaders::vllm_style_loader>> rs;
+    tensor_set twin_canon = dense_fp8(c, train, state);
     {
       const tensor_set v0 = dense_fp8(c, train, state);
       for (auto& l : lds) {
@@ -234,6 +277,7 @@ sweep_stats sweep(int n, std::uint64_t seed) {
       for (auto& op : trainer.build(state.view(), id, bo))
         for (auto& p : op) all.push_back(std::move(p));
       count_entries(*plan, all, st);
+      twin_apply(twin_canon, all, st);
       for (std::size_t k = 0; k < rs.size(); ++k) {
         // An injected failure: this receiver gets only a prefix of the
         // payloads and applies them (partial state), then the attempt fails.
@@ -247,9 +291,12 @@ sweep_stats sweep(int n, std::uint64_t seed) {
         builder_options retry = bo;
         retry.mode = refit_mode::overwrite_all;
         id.attempt = ++attempt;
+        std::vector<std::vector<std::byte>> again;
         for (auto& op : trainer.build(state.view(), id, retry))
-          for (auto& p : op)
-            for (auto& r : rs) REQUIRE(r.stage(p).ok());
+          for (auto& p : op) again.push_back(std::move(p));
+        twin_apply(twin_canon, again, st); // overwrites repeat what is already right
+        for (auto& p : again)
+          for (auto& r : rs) REQUIRE(r.stage(p).ok());
         for (auto& r : rs) {
           auto s = r.apply_staged();
           REQUIRE_MESSAGE(s.ok(), s.message);
@@ -257,6 +304,7 @@ sweep_stats sweep(int n, std::uint64_t seed) {
       }
       trainer.commit(state.view());
       const tensor_set next = dense_fp8(c, train, state);
+      CHECK(first_tensor_difference(next, twin_canon) == "");
       for (std::size_t k = 0; k < rs.size(); ++k) {
         receiver<loaders::vllm_style_loader> dense(lds[k], plan->canonical);
         dense.dense_refit(next);
@@ -292,6 +340,7 @@ TEST_CASE("fp8 rollout sweep: AdamW in BF16, refit to block-FP8 vLLM receivers e
   CHECK(st.scale_entries > 0); // tiles re-scaled, so whole tiles were re-encoded
   CHECK(st.xor_items > 0);
   CHECK(st.rejected_layouts > 0);
+  CHECK(st.twin_code_items > 0);
 }
 
 TEST_CASE("fp8 rollout sweep: 120 random cases" * doctest::test_suite("slow")) {
