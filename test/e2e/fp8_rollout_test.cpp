@@ -156,7 +156,8 @@ std::string describe(const model_config& c, const trainer_layout& t,
 struct sweep_stats {
   int cases = 0, rejected_layouts = 0, retries = 0;
   std::uint64_t receivers = 0, scale_entries = 0, code_entries = 0, xor_items = 0;
-  std::uint64_t twin_code_items = 0;
+  std::uint64_t twin_code_items = 0, blockwise_shards = 0;
+  bool mixed_paths = false; ///< a plan with shard-local and assembled weights
   bool tp_gt1 = false, pp_gt1 = false, ep = false, unconverted = false;
 };
 
@@ -225,7 +226,15 @@ sweep_stats sweep(int n, std::uint64_t seed) {
     st.rejected_layouts += vp->rejected;
     INFO(describe(c, *tl, vp->p));
     const source_plan train = megatron_plan(c, *tl);
-    auto plan = std::make_shared<const source_plan>(megatron_fp8_plan(c, *tl));
+    fp8_plan_options po;
+    po.shard_local = rng() % 4 != 0;
+    auto plan = std::make_shared<const source_plan>(megatron_fp8_plan(c, *tl, po));
+    std::size_t local_shards = 0;
+    for (auto& sh : plan->shards) local_shards += sh.blockwise.has_value();
+    if (!po.shard_local) REQUIRE(local_shards == 0);
+    st.blockwise_shards += local_shards;
+    st.mixed_paths = st.mixed_paths || (local_shards > 0 && !plan->tasks.empty());
+
     REQUIRE(plan->shards.size() == train.shards.size());
     for (std::size_t s = 0; s < train.shards.size(); ++s) {
       REQUIRE(plan->shards[s].key == train.shards[s].key);
@@ -246,6 +255,11 @@ sweep_stats sweep(int n, std::uint64_t seed) {
       canon.push_back(std::move(t));
     }
     source_state state = source_from_canonical(train, canon);
+    { // full conversion of the FP8 plan (shard-local and assembled weights) = the dense checkpoint
+      std::vector<host_tensor> got;
+      throw_if_failed(export_canonical(*plan, state.view(), got));
+      CHECK(first_tensor_difference(as_set(std::move(got)), dense_fp8(c, train, state)) == "");
+    }
     training_side trainer(plan, state.view());
     const auto lds = loaders::vllm_style_loaders(c, vp->p);
     std::vector<receiver<loaders::vllm_style_loader>> rs;
@@ -329,9 +343,10 @@ sweep_stats sweep(int n, std::uint64_t seed) {
 TEST_CASE("fp8 rollout sweep: AdamW in BF16, refit to block-FP8 vLLM receivers equals a dense "
           "FP8 refit") {
   auto st = sweep(24, 20261204);
-  MESSAGE("cases " << st.cases << ", receivers compared " << st.receivers << ", code entries "
-                   << st.code_entries << ", scale entries " << st.scale_entries << ", retries "
-                   << st.retries << ", layouts rejected " << st.rejected_layouts);
+  MESSAGE("cases " << st.cases << ", receivers compared " << st.receivers << ", shard-local shards "
+                   << st.blockwise_shards << ", code entries " << st.code_entries
+                   << ", scale entries " << st.scale_entries << ", retries " << st.retries
+                   << ", layouts rejected " << st.rejected_layouts);
   CHECK(st.tp_gt1);
   CHECK(st.pp_gt1);
   CHECK(st.ep);
@@ -341,6 +356,8 @@ TEST_CASE("fp8 rollout sweep: AdamW in BF16, refit to block-FP8 vLLM receivers e
   CHECK(st.xor_items > 0);
   CHECK(st.rejected_layouts > 0);
   CHECK(st.twin_code_items > 0);
+  CHECK(st.blockwise_shards > 0);
+  CHECK(st.mixed_paths);
 }
 
 TEST_CASE("fp8 rollout sweep: 120 random cases" * doctest::test_suite("slow")) {

@@ -105,7 +105,7 @@ public:
   owner(std::shared_ptr<const source_plan> plan, std::uint32_t id, const source_view& committed)
       : plan_(std::move(plan)), id_(id), shards_(plan_->owned_shards(id)),
         tasks_(plan_->owned_tasks(id)) {
-    for (auto s : shards_) trackers_.emplace_back(copy_of(committed, s));
+    for (auto s : shards_) trackers_.emplace_back(tracked(committed, s));
     residual_.resize(tasks_.size());
     for (std::size_t i = 0; i < tasks_.size(); ++i)
       throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
@@ -202,6 +202,10 @@ public:
         throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
                                  task_inputs(*plan_, tasks_[i], candidate), next[i]));
     for (std::size_t i = 0; i < shards_.size(); ++i) {
+      if (plan_->shards[shards_[i]].blockwise) {
+        trackers_[i] = tracked(candidate, shards_[i]);
+        continue;
+      }
       auto c = view_of(candidate, shards_[i]);
       std::memcpy(trackers_[i].data(), c.data(), c.size());
     }
@@ -254,6 +258,16 @@ private:
     auto b = view_of(v, s);
     return {b.begin(), b.end()};
   }
+  /// What the tracker of shard `s` holds: its stored bytes, or for a
+  /// blockwise shard its converted FP8 scales and codes (the BF16 bits are
+  /// not kept: only converted changes are ever sent).
+  std::vector<std::byte> tracked(const source_view& v, std::uint32_t s) const {
+    const auto& sh = plan_->shards[s];
+    if (!sh.blockwise) return copy_of(v, s);
+    std::vector<std::byte> out(sh.blockwise->converted_bytes());
+    sh.blockwise->convert(view_of(v, s), out);
+    return out;
+  }
   template <class W>
   static std::span<const W> as_words(std::span<const std::byte> b) noexcept {
     return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
@@ -266,8 +280,24 @@ private:
   void build_with(const Select& select, const source_view& candidate, const required_set& req,
                   const builder_options& opt, Sink& sink) const {
     state st{opt, {}, {}, {}};
+    std::vector<std::byte> converted;
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const auto& sh = plan_->shards[shards_[i]];
+      if (sh.blockwise) {
+        // Shard-local FP8: quantise the candidate shard, diff codes and
+        // scales against the converted tracker, project both directly.
+        const auto& b = *sh.blockwise;
+        converted.resize(b.converted_bytes());
+        b.convert(view_of(candidate, shards_[i]), converted);
+        const auto enc =
+            opt.mode == refit_mode::mixed ? value_encoding::xor_mask : value_encoding::overwrite;
+        std::span<const std::byte> old_b = trackers_[i], new_b = converted;
+        select.blockwise(sh, b.code_part(old_b), b.code_part(new_b), b.scale_part(old_b),
+                         b.scale_part(new_b), enc, st);
+        st.chunk_bytes += sh.nbytes();
+        if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
+        continue;
+      }
       if (!sh.affine()) continue;
       auto cand = view_of(candidate, shards_[i]);
       const bool xor_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
@@ -355,7 +385,25 @@ private:
       if (!f) throw error(errc::bad_dtype, meta.name + ": no pipeline for its dtype");
       f(meta, tensor, o, c, st);
     }
+    void blockwise(const source_shard& sh, std::span<const std::byte> oc,
+                   std::span<const std::byte> nc, std::span<const std::byte> os,
+                   std::span<const std::byte> ns, value_encoding e, state& st) const {
+      blockwise_items(sh, oc, nc, os, ns, e, st);
+    }
   };
+  /// Codes (E4M3) and scales (F32) of a blockwise shard, each through its map.
+  static void blockwise_items(const source_shard& sh, std::span<const std::byte> oc,
+                              std::span<const std::byte> nc, std::span<const std::byte> os,
+                              std::span<const std::byte> ns, value_encoding e, state& st) {
+    const auto& b = *sh.blockwise;
+    if (e == value_encoding::xor_mask) {
+      project_shard<f8e4m3fn, piecewise_map, codec::xor_mask>(b.codes, oc, nc, st);
+      project_shard<f32, piecewise_map, codec::xor_mask>(b.scales, os, ns, st);
+    } else {
+      project_shard<f8e4m3fn, piecewise_map, codec::overwrite>(b.codes, oc, nc, st);
+      project_shard<f32, piecewise_map, codec::overwrite>(b.scales, os, ns, st);
+    }
+  }
   /// A statically composed pipeline: P's instantiation or a typed error.
   template <class P>
   struct composed {
@@ -387,6 +435,13 @@ private:
                                          std::string(name_of(dtype_traits<D>::id)));
       project_shard<D, stages::identity_map, codec::overwrite>(
           stages::identity_map{tensor, meta.numel()}, o, c, st);
+    }
+    void blockwise(const source_shard& sh, std::span<const std::byte>, std::span<const std::byte>,
+                   std::span<const std::byte>, std::span<const std::byte>, value_encoding,
+                   state&) const {
+      throw error(errc::invalid_argument,
+                  sh.key + ": a blockwise FP8 shard emits codes and scales of two dtypes; "
+                           "build it with the dispatched builder");
     }
   };
 

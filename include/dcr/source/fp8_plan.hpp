@@ -23,12 +23,15 @@
 /// ones of this plan; `quantize_fp8_checkpoint` of its exported BF16
 /// canonical tensors is the dense FP8 checkpoint a full reload would load.
 
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "dcr/core/error.hpp"
 #include "dcr/core/tensor.hpp"
+#include "dcr/map/blockwise.hpp"
 #include "dcr/map/fp8.hpp"
 #include "dcr/map/residual.hpp"
 #include "dcr/model/config.hpp"
@@ -37,17 +40,23 @@
 
 namespace dcr {
 
+/// Options of `megatron_fp8_plan`.
+struct fp8_plan_options {
+  ownership_policy ownership = ownership_policy::key_hash;
+  /// Shards holding whole tiles of their weights quantise locally and
+  /// project directly (`blockwise_fp8`), for weights all of whose shards do;
+  /// false: residual assembly for every quantised weight.
+  bool shard_local = true;
+};
+
 /// Source plan of a Megatron-style BF16 trainer refitting an FP8 rollout
-/// (see the file comment). `c.fp8` must be set; `o.qkv_residual` and
-/// `o.full_conversion` are not combined with it (`invalid_argument`).
+/// (see the file comment). `c.fp8` must be set. The shard-local path needs
+/// the reference quantizer; with another one every weight is assembled.
 template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
 source_plan megatron_fp8_plan(const model_config& c, const trainer_layout& l,
-                              const megatron_options& o = {}, Quantizer quantizer = {}) {
+                              const fp8_plan_options& o = {}, Quantizer quantizer = {}) {
   if (!c.fp8)
     throw error(errc::invalid_argument, "megatron_fp8_plan: config has no fp8 block quantization");
-  if (o.qkv_residual || o.full_conversion)
-    throw error(errc::invalid_argument,
-                "megatron_fp8_plan: qkv_residual / full_conversion do not apply to an FP8 rollout");
   megatron_options bo;
   bo.ownership = o.ownership;
   const source_plan train = megatron_plan(c, l, bo);
@@ -63,6 +72,46 @@ source_plan megatron_fp8_plan(const model_config& c, const trainer_layout& l,
     else
       slot[id] = p.tensor_id(train.canonical[id].name);
   }
+  const fp8_block_shape block{c.fp8->block_n, c.fp8->block_k};
+  // Shard-local path: a shard whose pieces all hold whole tiles, for weights
+  // all of whose shards do (a fixpoint: one cut shard sends its weights, and
+  // with them their other shards, to residual assembly).
+  std::vector<std::optional<blockwise_fp8>> local(train.shards.size());
+  if (o.shard_local && std::is_same_v<Quantizer, per_block_cast_to_fp8>) {
+    auto codes_shape = [&](std::uint32_t id) {
+      const auto& m = p.canonical[id];
+      return std::pair<std::uint64_t, std::uint64_t>{m.shape[0], m.shape[1]};
+    };
+    auto scale_id = [&](std::uint32_t id) {
+      return p.tensor_id(fp8_scale_name(p.canonical[id].name));
+    };
+    std::vector<std::uint32_t> fp8_id(train.canonical.size(), 0);
+    for (std::uint32_t id = 0; id < train.canonical.size(); ++id)
+      if (quantized[id]) fp8_id[id] = p.tensor_id(train.canonical[id].name);
+    std::vector<std::uint8_t> cut(train.canonical.size(), 0);
+    for (std::uint32_t s = 0; s < train.shards.size(); ++s) {
+      const auto& m = *train.shards[s].map;
+      bool all_q = !m.pieces().empty();
+      for (auto& pc : m.pieces()) all_q = all_q && quantized[pc.tensor];
+      if (all_q)
+        local[s] = blockwise_fp8::make(m.retargeted(fp8_id), train.shards[s].dtype, block,
+                                       codes_shape, scale_id);
+      if (!local[s])
+        for (auto& pc : m.pieces()) cut[pc.tensor] = 1;
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (std::uint32_t s = 0; s < train.shards.size(); ++s) {
+        if (!local[s]) continue;
+        bool ok = true;
+        for (auto& pc : train.shards[s].map->pieces()) ok = ok && !cut[pc.tensor];
+        if (ok) continue;
+        local[s].reset();
+        for (auto& pc : train.shards[s].map->pieces()) cut[pc.tensor] = 1;
+        changed = true;
+      }
+    }
+  }
   std::vector<std::vector<std::uint32_t>> holders(train.canonical.size()); // shards writing W
   for (std::uint32_t s = 0; s < train.shards.size(); ++s) {
     const auto& sh = train.shards[s];
@@ -75,6 +124,11 @@ source_plan megatron_fp8_plan(const model_config& c, const trainer_layout& l,
     if (!any_q) map = sh.map->retargeted(slot);
     const auto id = p.add_shard(sh.key, sh.param, sh.shape, sh.dtype, sh.replicas, std::move(map));
     p.shards[id].renamed = sh.renamed;
+    if (local[s]) {
+      p.shards[id].direct = false;
+      p.shards[id].blockwise = std::move(local[s]);
+      continue;
+    }
     if (any_q) {
       p.shards[id].direct = false;
       for (auto& pc : sh.map->pieces())
@@ -82,9 +136,8 @@ source_plan megatron_fp8_plan(const model_config& c, const trainer_layout& l,
           holders[pc.tensor].push_back(s);
     }
   }
-  const fp8_block_shape block{c.fp8->block_n, c.fp8->block_k};
   for (std::uint32_t id = 0; id < train.canonical.size(); ++id) {
-    if (!quantized[id]) continue;
+    if (!quantized[id] || holders[id].empty()) continue; // shard-local weights have no task
     const auto& m = train.canonical[id];
     std::vector<piecewise_map> maps;
     for (auto s : holders[id]) {
