@@ -217,8 +217,8 @@ int main(int argc, char** argv) {
   const auto mb = bf16_side.memory(), mf = fp8_side.memory(), ma = asm_side.memory();
   std::cout << "\nBaseline memory: BF16 rollout " << bench::fmt(mb.total() / 1e9, 3) << " GB ("
             << bench::fmt(mb.total() / bf16_ckpt, 3) << "x the BF16 checkpoint); FP8 rollout "
-            << bench::fmt(mf.total() / 1e9, 3) << " GB (BF16 trackers "
-            << bench::fmt(mf.tracker_bytes / 1e9, 3) << " GB + converted FP8 baseline "
+            << bench::fmt(mf.total() / 1e9, 3) << " GB (trackers "
+            << bench::fmt(mf.tracker_bytes / 1e9, 3) << " GB + residual FP8 baseline "
             << bench::fmt(mf.residual_bytes / 1e9, 3) << " GB; "
             << bench::fmt(mf.total() / bf16_ckpt, 3) << "x the BF16 checkpoint; " << local_shards
             << " of " << fp8_shards << " quantised shards take the shard-local path, whose "
