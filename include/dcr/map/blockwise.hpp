@@ -10,9 +10,11 @@
 /// grid that maps onto the canonical `weight_scale_inv`. Both maps are
 /// `piecewise_map`s, so changed codes and scales are projected directly.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "dcr/core/tensor.hpp"
@@ -27,8 +29,8 @@ namespace dcr {
 struct blockwise_fp8 {
   fp8_block_shape block;
   dtype_id source_dtype = dtype_id::bf16;
-  piecewise_map codes;  ///< local element -> canonical codes tensor (plan ids)
-  piecewise_map scales; ///< local tile -> canonical scale tensor (plan ids)
+  piecewise_map codes;           ///< local element -> canonical codes tensor (plan ids)
+  piecewise_map scales;          ///< local tile -> canonical scale tensor (plan ids)
   std::vector<map_piece> pieces; ///< the shard's BF16 pieces (local rows, canonical ids unused)
   std::vector<std::uint64_t> scale_row; ///< per piece: its first row in the local scale grid
 

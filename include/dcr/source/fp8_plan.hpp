@@ -5,11 +5,14 @@
 /// (`model_config::fp8`), and that checkpoint computed densely from BF16
 /// canonical tensors.
 ///
-/// Quantize-then-diff by residual assembly: the trainer's shards are those
-/// of `megatron_plan` (same keys, same ids, same owners). Shards whose map
-/// writes only unquantised tensors (embedding, norms, router, `lm_head`, and
-/// linears listed in `modules_to_not_convert`) stay affine and are projected
-/// directly. Every FP8-quantised weight W becomes one residual task: its
+/// Quantize-then-diff: the trainer's shards are those of `megatron_plan`
+/// (same keys, same ids, same owners). Shards whose map writes only
+/// unquantised tensors (embedding, norms, router, `lm_head`, and linears
+/// listed in `modules_to_not_convert`) stay affine and are projected
+/// directly. A quantised weight all of whose shards hold whole tiles takes
+/// the shard-local path: each shard is quantised by its owner alone
+/// (`blockwise_fp8`) and its codes and scales are projected directly. Every
+/// other FP8-quantised weight W becomes one residual task: its
 /// inputs are the shards that hold parts of W (a fused QKV or fc1 shard
 /// feeds the q, k and v or the gate and up tasks), the rule assembles W in
 /// BF16, quantises it tile by tile with the reference quantizer and outputs
@@ -24,9 +27,11 @@
 /// canonical tensors is the dense FP8 checkpoint a full reload would load.
 
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dcr/core/error.hpp"
