@@ -22,7 +22,7 @@ tmp=$(mktemp)
   echo "word in every 64-byte line of the rank's storage that holds a change, plus a streaming read of"
   echo "the items' value bytes (not their indices). Construction floor = the detection floor over every"
   echo "source shard plus a memcpy of the value bytes emitted."
-  for b in dcr-bench-table2 dcr-bench-payload dcr-bench-detect dcr-bench-construct \
+  for b in dcr-bench-table2 dcr-bench-payload dcr-bench-detect dcr-bench-construct dcr-bench-fp8-rollout \
            dcr-bench-apply dcr-bench-cuda dcr-bench-refit; do
     exe=$(find build/bench -name "$b" -type f -perm -u+x 2>/dev/null | head -n1)
     if [ -z "$exe" ]; then

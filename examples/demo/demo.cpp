@@ -10,6 +10,7 @@
 //
 //   dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]
 //            [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]
+//            [--rollout-dtype bf16|fp8]
 
 #include <algorithm>
 #include <atomic>
@@ -38,6 +39,7 @@
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
+#include "dcr/source/fp8_plan.hpp"
 #include "dcr/source/plan.hpp"
 #include "dcr/source/row_split_plan.hpp"
 #include "dcr/source/simulator.hpp"
@@ -62,6 +64,7 @@ struct options {
   std::string workdir;
   std::string save_checkpoint;
   std::uint64_t seed = 42;
+  std::string rollout_dtype = "bf16"; ///< "fp8": the rollout serves block-FP8
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -70,7 +73,8 @@ struct options {
       << "usage: dcr-demo [--size small|N[KB|MB|GB]] [--steps N] [--checkpoint FILE.safetensors]\n"
       << "                [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]\n"
       << "                [--save-checkpoint FILE.safetensors]   (write the initial weights and "
-         "exit)\n";
+         "exit)\n"
+      << "                [--rollout-dtype bf16|fp8]   (fp8: train in BF16, serve block-FP8)\n";
   std::exit(2);
 }
 
@@ -104,7 +108,11 @@ options parse(int argc, char** argv) {
       o.save_checkpoint = value();
     else if (a == "--seed")
       o.seed = static_cast<std::uint64_t>(integer(value()));
-    else if (a == "--help" || a == "-h")
+    else if (a == "--rollout-dtype") {
+      o.rollout_dtype = value();
+      if (o.rollout_dtype != "bf16" && o.rollout_dtype != "fp8")
+        usage("--rollout-dtype: bf16 or fp8, not " + o.rollout_dtype);
+    } else if (a == "--help" || a == "-h")
       usage("help");
     else
       usage("unknown argument " + a);
@@ -142,10 +150,18 @@ struct rollout {
   std::string description;
 };
 
+/// An FP8 rollout: the model (with its block quantisation) and the BF16
+/// training plan whose shards the refit plan shares (same ids).
+struct fp8_rollout {
+  model_config cfg;
+  std::shared_ptr<const source_plan> training;
+};
+
 template <class Loader>
 int run_demo(const options& opt, const progress& say, clk::time_point t_start,
              std::shared_ptr<const source_plan> plan, std::vector<host_tensor> initial,
-             rollout<Loader> ro, const std::string& model_desc, const std::string& trainer_desc) {
+             rollout<Loader> ro, const std::string& model_desc, const std::string& trainer_desc,
+             const fp8_rollout* fp8 = nullptr) {
   using rank_receiver = receiver<Loader>;
   using staged = protocol::receiver_role_adapter<rank_receiver>;
   using endpoint_t = protocol::receiver_endpoint<staged>;
@@ -158,7 +174,9 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
   auto& layouts = ro.layouts;
 
   auto t0 = clk::now();
-  source_state state = source_from_canonical(*plan, initial);
+  // BF16 training state; with an FP8 rollout it comes from the training plan,
+  // whose shards are the refit plan's.
+  source_state state = source_from_canonical(fp8 ? *fp8->training : *plan, initial);
   initial.clear();
   initial.shrink_to_fit();
   // AdamW on every BF16 shard (other dtypes are carried unchanged).
@@ -228,7 +246,8 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
   tensor_set committed_canon;
   auto export_committed = [&] {
     std::vector<host_tensor> canon;
-    throw_if_failed(export_canonical(*plan, state.view(), canon));
+    throw_if_failed(export_canonical(fp8 ? *fp8->training : *plan, state.view(), canon));
+    if (fp8) canon = quantize_fp8_checkpoint(fp8->cfg, canon); // the served FP8 checkpoint
     tensor_set s;
     for (auto& t : canon) s.add(std::move(t));
     return s;
@@ -441,7 +460,8 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
                 << ",\"change_pct\":" << support::fmt(rows[i].change_pct, 4)
                 << ",\"payload_pct\":" << support::fmt(rows[i].payload_pct, 4)
                 << ",\"speedup_vs_dense\":" << support::fmt(rows[i].speedup, 3) << "}";
-    std::cout << "],\"bit_exact\":" << (exact ? "true" : "false")
+    std::cout << "],\"rollout_dtype\":\"" << opt.rollout_dtype << "\""
+              << ",\"bit_exact\":" << (exact ? "true" : "false")
               << ",\"receivers_checked\":" << checked << "}\n";
   } else {
     std::cout << "\ndcr-demo: " << model_desc << ", " << fmt_bytes(ckpt_bytes) << " checkpoint ("
@@ -475,6 +495,8 @@ int main(int argc, char** argv) try {
   progress say{opt.json};
   const auto t_start = clk::now();
 
+  if (!opt.checkpoint.empty() && opt.rollout_dtype != "bf16")
+    usage("--rollout-dtype fp8 needs a model config (--size), not --checkpoint");
   if (!opt.checkpoint.empty()) {
     // A real checkpoint: its tensors are the initial weights.
     std::vector<host_tensor> initial = examples::read_checkpoint(opt.checkpoint);
@@ -494,15 +516,32 @@ int main(int argc, char** argv) try {
                     "checkpoint " + opt.checkpoint, "4 trainer owners (TP2 x DP2)");
   }
 
-  const model_config cfg = model_for(parse_size(opt.size));
+  model_config cfg = model_for(parse_size(opt.size));
   const trainer_layout tl{2, 1, cfg.is_moe() ? 2u : 1u, 1, 2};
-  auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
-  const auto& metas = plan->canonical;
   // Receivers as vLLM is started: MoE "TP 4, DP 2, expert parallel" (8 ranks), dense TP 4.
   loaders::vllm_parallel_config vp;
   vp.tensor_parallel_size = 4;
   vp.data_parallel_size = cfg.is_moe() ? 2 : 1;
   vp.enable_expert_parallel = cfg.is_moe();
+  std::optional<fp8_rollout> fp8;
+  if (opt.rollout_dtype == "fp8") {
+    // The largest square tile (128 as published, else smaller) vLLM accepts
+    // for this model on this deployment: the demo's heads are narrower than
+    // a 128-row tile per rank.
+    for (std::uint64_t b : {128u, 64u, 32u, 16u}) {
+      cfg.fp8 = fp8_block_quantization{b, b, {}};
+      bool ok = true;
+      for (std::uint64_t k = 0; k < vp.world_size() && ok; ++k)
+        ok = loaders::vllm_style_loader(cfg, loaders::vllm_layout::of_rank(vp, k))
+                 .fp8_unsupported()
+                 .empty();
+      if (ok) break;
+    }
+    fp8 = fp8_rollout{cfg, std::make_shared<const source_plan>(megatron_plan(cfg, tl))};
+  }
+  auto plan = std::make_shared<const source_plan>(fp8 ? megatron_fp8_plan(cfg, tl)
+                                                      : megatron_plan(cfg, tl));
+  const auto& metas = fp8 ? fp8->training->canonical : plan->canonical;
   rollout<loaders::vllm_style_loader> ro;
   for (std::uint64_t k = 0; k < vp.world_size(); ++k) {
     const auto rl = loaders::vllm_layout::of_rank(vp, k);
@@ -518,8 +557,12 @@ int main(int argc, char** argv) try {
                                    " x DP" + std::to_string(tl.dp) + ")";
   say("model: " + cfg.family + ", " + std::to_string(cfg.layers) + " layers, " +
       std::to_string(cfg.experts) + " experts, " + std::to_string(metas.size()) + " tensors, " +
-      fmt_bytes(plan->checkpoint_bytes()) + " BF16");
+      fmt_bytes((fp8 ? *fp8->training : *plan).checkpoint_bytes()) + " BF16");
   say("trainer: " + trainer_desc + "; rollout: " + ro.description);
+  if (fp8)
+    say("rollout serves block-FP8 (e4m3, weight_block_size [" + std::to_string(cfg.fp8->block_n) +
+        ", " + std::to_string(cfg.fp8->block_k) + "]): " + fmt_bytes(plan->checkpoint_bytes()) +
+        " checkpoint, refit by quantize-then-diff");
 
   auto t0 = clk::now();
   std::vector<host_tensor> initial = examples::synthetic_weights(metas, opt.seed);
@@ -531,8 +574,9 @@ int main(int argc, char** argv) try {
     say("wrote " + opt.save_checkpoint);
     return 0;
   }
-  return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro), cfg.family + " model",
-                  trainer_desc);
+  return run_demo(opt, say, t_start, plan, std::move(initial), std::move(ro),
+                  cfg.family + (fp8 ? " model served in FP8" : " model"), trainer_desc,
+                  fp8 ? &*fp8 : nullptr);
 } catch (const std::exception& e) {
   std::cerr << "dcr-demo: " << e.what() << "\n";
   return 1;

@@ -14,6 +14,18 @@ for key in '"steps":[' '"step":1' '"step":2' '"change_pct":' '"payload_pct":' '"
 done
 [ "$(grep -c . <<<"$out")" -eq 1 ] || { echo "--json must print one line on stdout"; exit 1; }
 
+# FP8 rollout: BF16 training, block-FP8 receivers, the same --json keys and verdict.
+out=$("$demo" --size small --steps 2 --rollout-dtype fp8 --json 2>"$tmp/err")
+echo "$out"
+for key in '"step":2' '"payload_pct":' '"rollout_dtype":"fp8"' '"bit_exact":true' '"receivers_checked":8'; do
+  grep -qF -- "$key" <<<"$out" || { echo "missing $key in --rollout-dtype fp8 --json output"; exit 1; }
+done
+set +e
+"$demo" --rollout-dtype fp16 >/dev/null 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || { echo "--rollout-dtype fp16 was not refused as a usage error"; exit 1; }
+
 "$demo" --size small --save-checkpoint "$tmp/ck.safetensors" 2>/dev/null
 [ -s "$tmp/ck.safetensors" ] || { echo "no checkpoint written"; exit 1; }
 "$demo" --checkpoint "$tmp/ck.safetensors" --steps 2 --kill-receiver-every 1 --workdir "$tmp/work" >"$tmp/table" 2>/dev/null

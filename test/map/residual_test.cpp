@@ -1,4 +1,4 @@
-// Residual rules (include/dcr/map/residual.hpp, fp8.hpp) against independent
+// Residual rules (include/dcr/map/residual.hpp, fp8.hpp, blockwise.hpp) against independent
 // references written here, and every failure path of part assembly.
 #include <doctest/doctest.h>
 
@@ -7,6 +7,7 @@
 #include <random>
 
 #include "dcr/core/rounding.hpp"
+#include "dcr/map/blockwise.hpp"
 #include "dcr/map/fp8.hpp"
 #include "dcr/map/residual.hpp"
 
@@ -293,4 +294,58 @@ TEST_CASE("tied, stack and custom rules") {
   for (std::size_t i = 0; i < 3; ++i)
     for (std::size_t j = 0; j < 4; ++j)
       CHECK(bf16_at(out[0].bytes, j * 3 + i) == bf16_at(e, i * 4 + j));
+}
+
+TEST_CASE("blockwise fp8: a row-parallel shard holding whole tiles quantises like the whole "
+          "tensor; a shard cutting a tile is refused") {
+  // W [20, 48] with [8, 16] tiles: 3 x 3 tiles, the last tile row partial.
+  const std::uint64_t n = 20, k = 48;
+  const fp8_block_shape block{8, 16};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<std::uint16_t> w(n * k);
+  for (auto& x : w) x = f32_to_bf16_rne(nd(rng));
+  std::vector<std::byte> codes(n * k);
+  std::vector<float> scales(3 * 3);
+  quantize_fp8_blocks(dtype_id::bf16, reinterpret_cast<const std::byte*>(w.data()), n, k, block,
+                      codes.data(), scales.data());
+  auto shape = [&](std::uint32_t) { return std::pair<std::uint64_t, std::uint64_t>{n, k}; };
+  auto scale_id = [](std::uint32_t) { return std::uint32_t{1}; };
+  for (std::uint64_t t : {1u, 3u}) // 48 / 3 = 16 columns per rank: whole tiles
+    for (std::uint64_t r = 0; r < t; ++r) {
+      const piecewise_map m = row_parallel_map(0, n, k, t, r).pieces();
+      auto b = blockwise_fp8::make(m, dtype_id::bf16, block, shape, scale_id);
+      REQUIRE(b);
+      const std::uint64_t lc = k / t;
+      std::vector<std::uint16_t> shard(n * lc);
+      for (std::uint64_t i = 0; i < n; ++i)
+        for (std::uint64_t j = 0; j < lc; ++j) shard[i * lc + j] = w[i * k + r * lc + j];
+      std::vector<std::byte> out(b->converted_bytes());
+      b->convert(std::as_bytes(std::span(shard)), out);
+      const auto c = b->code_part(out), s = b->scale_part(out);
+      b->codes.map_run(0, b->codes.domain_size(), [&](const canonical_run& run) {
+        CHECK(run.tensor == 0);
+        for (std::uint64_t o = 0; o < run.count; ++o)
+          CHECK(c[run.local_start + o] == codes[run.canonical_start + o]);
+      });
+      std::uint64_t mapped = 0;
+      b->scales.map_run(0, b->scales.domain_size(), [&](const canonical_run& run) {
+        CHECK(run.tensor == 1);
+        for (std::uint64_t o = 0; o < run.count; ++o, ++mapped) {
+          float f;
+          std::memcpy(&f, s.data() + 4 * (run.local_start + o), 4);
+          CHECK(f == scales[run.canonical_start + o]);
+        }
+      });
+      CHECK(mapped == 3 * 3 / t);
+    }
+  // 48 / 2 = 24 columns per rank: rank 0's last tile column would be cut.
+  CHECK_FALSE(blockwise_fp8::make(row_parallel_map(0, n, k, 2, 0).pieces(), dtype_id::bf16, block,
+                                  shape, scale_id));
+  // A column-parallel shard of 10 rows cuts the second tile row.
+  const piecewise_map rows10(10, k, {map_piece{0, 10, 0, 10, 0, k}});
+  CHECK_FALSE(blockwise_fp8::make(rows10, dtype_id::bf16, block, shape, scale_id));
+  // ... while the last 4 rows (16..19) reach the tensor's end: accepted.
+  const piecewise_map tail(4, k, {map_piece{0, 4, 0, 16, 0, k}});
+  CHECK(blockwise_fp8::make(tail, dtype_id::bf16, block, shape, scale_id));
 }

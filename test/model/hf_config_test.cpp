@@ -207,7 +207,7 @@ TEST_CASE("hf config: unsupported or malformed fields are named in a typed error
   CHECK(code_of(with(llama31_8b, "\"use_cache\": true",
                      "\"use_cache\": true, \"quantization_config\": {}"),
                 &msg) == errc::invalid_argument);
-  CHECK(msg.find("'quantization_config'") != std::string::npos);
+  CHECK(msg.find("'quantization_config.quant_method'") != std::string::npos);
   CHECK(code_of(with(qwen3_30b_a3b, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [48]"),
                 &msg) == errc::invalid_argument);
   CHECK(msg.find("'mlp_only_layers'") != std::string::npos);
@@ -216,4 +216,92 @@ TEST_CASE("hf config: unsupported or malformed fields are named in a typed error
   CHECK(msg.find("'architectures'") != std::string::npos);
   CHECK(code_of("{\"model_type\": ", &msg) == errc::bad_format);
   CHECK(code_of("[1]", &msg) == errc::bad_format);
+}
+
+namespace {
+// The quantization_config form of the block-FP8 Qwen3 / DeepSeek-V3 checkpoints.
+const std::string fp8_qc = R"("quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+  "quant_method": "fp8", "weight_block_size": [128, 128],
+  "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]}, "use_cache": true)";
+std::string with(std::string j, const std::string& from, const std::string& to) {
+  j.replace(j.find(from), from.size(), to);
+  return j;
+}
+} // namespace
+
+TEST_CASE("hf config: block-FP8 quantization_config and the checkpoint tensors it implies") {
+  const auto c = model_config_from_hf_json(with(qwen3_30b_a3b, "\"use_cache\": true", fp8_qc));
+  REQUIRE(c.fp8);
+  CHECK(c.fp8->block_n == 128);
+  CHECK(c.fp8->block_k == 128);
+  CHECK(c.fp8->modules_to_not_convert ==
+        std::vector<std::string>{"lm_head", "model.layers.0.mlp.gate"});
+  CHECK(c.dtype == dtype_id::bf16);
+  CHECK(fp8_quantized(c, "model.layers.3.self_attn.k_proj.weight"));
+  CHECK(fp8_quantized(c, "model.layers.3.mlp.experts.7.down_proj.weight"));
+  CHECK_FALSE(fp8_quantized(c, "model.layers.3.mlp.gate.weight")); // router
+  CHECK_FALSE(fp8_quantized(c, "lm_head.weight"));
+  CHECK_FALSE(fp8_quantized(c, "model.embed_tokens.weight"));
+  CHECK_FALSE(fp8_quantized(c, "model.layers.3.input_layernorm.weight"));
+  const auto t = fp8_checkpoint_tensors(c);
+  // Per layer: q, k, v, o and 3 x 128 expert projections get codes + scales.
+  CHECK(t.size() == canonical_tensors(c).size() + 48 * (4 + 3 * 128));
+  auto find = [&](const std::string& n) {
+    for (auto& m : t)
+      if (m.name == n) return m;
+    FAIL("missing " << n);
+    return tensor_meta{};
+  };
+  // k_proj: 4 KV heads x 128 = 512 rows over hidden 2048.
+  CHECK(find("model.layers.0.self_attn.k_proj.weight") ==
+        tensor_meta{"model.layers.0.self_attn.k_proj.weight", {512, 2048}, dtype_id::f8e4m3fn});
+  CHECK(find("model.layers.0.self_attn.k_proj.weight_scale_inv") ==
+        tensor_meta{"model.layers.0.self_attn.k_proj.weight_scale_inv", {4, 16}, dtype_id::f32});
+  // Experts' down_proj [2048, 768]: 768 / 128 = 6 tile columns.
+  CHECK(find("model.layers.5.mlp.experts.9.down_proj.weight_scale_inv").shape ==
+        std::vector<std::uint64_t>{16, 6});
+  CHECK(find("lm_head.weight").dtype == dtype_id::bf16);
+
+  // Edge tiles are partial: [100, 130] over [64, 64] tiles is [2, 3].
+  model_config small = tiny_llama();
+  small.fp8 = fp8_block_quantization{64, 64, {}};
+  small.ffn = 100;
+  small.hidden = 130;
+  small.heads = 2;
+  small.kv_heads = 1;
+  small.head_dim = 65;
+  for (auto& m : fp8_checkpoint_tensors(small))
+    if (m.name == "model.layers.0.mlp.gate_proj.weight_scale_inv")
+      CHECK(m.shape == std::vector<std::uint64_t>{2, 3});
+  // A module listed by suffix stays unquantised.
+  small.fp8->modules_to_not_convert = {"mlp.down_proj"};
+  CHECK_FALSE(fp8_quantized(small, "model.layers.1.mlp.down_proj.weight"));
+  CHECK(fp8_quantized(small, "model.layers.1.mlp.up_proj.weight"));
+}
+
+TEST_CASE("hf config: unsupported quantization configs are named in a typed error") {
+  std::string msg;
+  auto qc = [&](const std::string& body) {
+    return with(llama31_8b, "\"use_cache\": true",
+                "\"quantization_config\": " + body + ", \"use_cache\": true");
+  };
+  CHECK(code_of(qc(R"({"quant_method": "awq"})"), &msg) == errc::invalid_argument);
+  CHECK(msg.find("quantization_config.quant_method") != std::string::npos);
+  CHECK(code_of(qc(R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})"),
+                &msg) == errc::invalid_argument);
+  CHECK(msg.find("quantization_config.fmt") != std::string::npos);
+  CHECK(code_of(qc(R"({"quant_method": "fp8"})"), &msg) == errc::invalid_argument);
+  CHECK(msg.find("per-tensor FP8") != std::string::npos);
+  CHECK(code_of(qc(R"({"quant_method": "fp8", "weight_block_size": [128]})"), &msg) ==
+        errc::bad_format);
+  CHECK(code_of(qc(R"({"quant_method": "fp8", "weight_block_size": [0, 128]})"), &msg) ==
+        errc::invalid_argument);
+  CHECK(code_of(qc(R"({"quant_method": "fp8", "activation_scheme": "static",
+                       "weight_block_size": [128, 128]})"),
+                &msg) == errc::invalid_argument);
+  CHECK(msg.find("activation_scheme") != std::string::npos);
+  CHECK(code_of(qc(R"({"quant_method": "fp8", "weight_block_size": [128, 128],
+                       "modules_to_not_convert": [1]})"),
+                &msg) == errc::bad_format);
+  CHECK(code_of(qc("[]"), &msg) == errc::bad_format);
 }

@@ -35,8 +35,26 @@
 ///   class's choice: Llama / Qwen2 / Qwen3 hold the embedding on the first
 ///   stage (and on the last when tied), the norm and `lm_head` on the last;
 ///   Qwen3-MoE holds all three on every stage.
+/// Block-FP8 checkpoints (`model_config::fp8`, vLLM's `Fp8LinearMethod` and
+/// `Fp8MoEMethod` with `weight_block_size = [bn, bk]`): the canonical tensors
+/// are `fp8_checkpoint_tensors`. Each quantised linear's E4M3 codes are placed
+/// exactly like its BF16 weight (its parameter declared F8_E4M3), and its F32
+/// `weight_scale_inv` like vLLM's `BlockQuantScaleParameter`: the fused
+/// parameter `qkv_proj.weight_scale_inv` / `gate_up_proj.weight_scale_inv` has
+/// [ceil(rows/bn), ceil(cols/bk)] of the rank's fused weight; shard `s` of it
+/// starts at scale row ceil(offset_s/bn), spans ceil(size_s/bn) rows and reads
+/// canonical scale rows [shard_rank·that, +that) (`adjust_block_scale_shard`,
+/// `load_qkv_weight` / `load_merged_column_weight`); row-parallel scales split
+/// their columns (`load_row_parallel_weight`). Fused MoE:
+/// `w13_weight_scale_inv` [E_l, 2·ceil(I_l/bn), ceil(H/bk)] with gate rows
+/// first, `w2_weight_scale_inv` [E_l, ceil(H/bn), ceil(I_l/bk)]
+/// (`FusedMoE._load_w13` / `_load_w2`). The shape conditions of vLLM's
+/// `Fp8LinearMethod.create_weights` / `validate_fp8_block_shape` and
+/// `Fp8MoEMethod.create_weights` are checked at prewarm (`fp8_unsupported`):
+/// where they fail, a fused shard's scale tiles would straddle two tensors,
+/// and `declare` throws `unsupported_loader` naming the parameter and why.
 /// Every copy's source is a view of the canonical input, so every path is
-/// representation preserving (XOR allowed everywhere).
+/// representation preserving (XOR allowed everywhere, codes and scales too).
 
 #include <algorithm>
 #include <cstdint>
@@ -278,6 +296,30 @@ public:
     }
     std::tie(first_layer_, end_layer_) =
         get_pp_indices(c_.layers, l_.pp_rank, p.pipeline_parallel_size, p.pp_layer_partition);
+    if (c_.fp8) {
+      need(c_.fp8->block_n > 0 && c_.fp8->block_k > 0, "fp8 weight_block_size must be positive");
+      // vLLM's `is_layer_skipped`: the shards of a fused module are all
+      // quantised or none; a FusedMoE layer quantises every expert or none.
+      for (std::uint64_t i = 0; i < c_.layers; ++i) {
+        auto q = [&](const std::string& n) { return fp8_quantized(c_, layer_name(i, n)); };
+        need(q("self_attn.q_proj.weight") == q("self_attn.k_proj.weight") &&
+                 q("self_attn.k_proj.weight") == q("self_attn.v_proj.weight"),
+             "some but not all of q_proj, k_proj, v_proj of layer " + std::to_string(i) +
+                 " are quantised (qkv_proj is one layer)");
+        if (!c_.is_moe_layer(i)) {
+          need(q("mlp.gate_proj.weight") == q("mlp.up_proj.weight"),
+               "some but not all of gate_proj, up_proj of layer " + std::to_string(i) +
+                   " are quantised (gate_up_proj is one layer)");
+          continue;
+        }
+        const bool first = fp8_quantized(c_, expert_name(i, 0, "gate_proj.weight"));
+        for (std::uint64_t e = 0; e < c_.experts; ++e)
+          for (auto* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
+            need(fp8_quantized(c_, expert_name(i, e, n)) == first,
+                 "some but not all experts of layer " + std::to_string(i) +
+                     " are quantised (FusedMoE is one layer)");
+      }
+    }
     const bool first = l_.pp_rank == 0, last = l_.pp_rank + 1 == p.pipeline_parallel_size;
     if (c_.family == "qwen3_moe") {
       has_embed_ = has_norm_ = has_lm_head_ = true; // Qwen3MoeModel builds them on every stage
@@ -307,17 +349,106 @@ public:
   }
   std::uint64_t local_experts() const noexcept { return local_experts_; }
 
+  /// Why vLLM would refuse this rank's block-FP8 shapes (the conditions of
+  /// `Fp8LinearMethod.create_weights` / `validate_fp8_block_shape` and
+  /// `Fp8MoEMethod.create_weights`), naming the parameter; empty when it
+  /// accepts them or the checkpoint is not FP8. `declare` throws it.
+  std::string fp8_unsupported() const {
+    if (!c_.fp8) return {};
+    const auto t = l_.parallel.tensor_parallel_size, d = c_.head_dim;
+    const auto bn = c_.fp8->block_n, bk = c_.fp8->block_k;
+    auto out_parts = [&](const std::string& param,
+                         std::vector<std::pair<const char*, std::uint64_t>> parts) -> std::string {
+      // Column-parallel (t > 1): every partition; merged on one rank: all but the last.
+      const std::size_t n = t > 1 ? parts.size() : parts.size() - 1;
+      for (std::size_t k = 0; k < n; ++k)
+        if (parts[k].second % bn != 0)
+          return param + ": output partition " + parts[k].first + " of " +
+                 std::to_string(parts[k].second) +
+                 " rows is not divisible by weight quantization "
+                 "block_n " +
+                 std::to_string(bn) +
+                 " (its scale rows would share a tile with the "
+                 "next tensor's)";
+      return {};
+    };
+    auto row_parallel = [&](const std::string& param, std::uint64_t k_local) -> std::string {
+      if (t > 1 && k_local % bk != 0)
+        return param + ": input partition of " + std::to_string(k_local) +
+               " columns is not divisible by weight quantization block_k " + std::to_string(bk) +
+               " (a scale tile would straddle two ranks)";
+      return {};
+    };
+    for (std::uint64_t i = first_layer_; i < end_layer_; ++i) {
+      auto L = [&](const char* x) { return layer_name(i, x); };
+      if (fp8_quantized(c_, L("self_attn.q_proj.weight")))
+        if (auto w = out_parts(L("self_attn.qkv_proj.weight_scale_inv"),
+                               {{"q", nq_l_ * d}, {"k", nkv_l_ * d}, {"v", nkv_l_ * d}});
+            !w.empty())
+          return w;
+      if (fp8_quantized(c_, L("self_attn.o_proj.weight")))
+        if (auto w = row_parallel(L("self_attn.o_proj.weight_scale_inv"), c_.heads * d / t);
+            !w.empty())
+          return w;
+      if (c_.is_moe_layer(i)) {
+        if (!fp8_quantized(c_, expert_name(i, 0, "gate_proj.weight"))) continue;
+        const auto im = c_.moe_ffn / moe_.tp_size;
+        if (im % bn != 0)
+          return L("mlp.experts.w13_weight_scale_inv") +
+                 ": the output size of gate's and up's "
+                 "weight " +
+                 std::to_string(im) +
+                 " is not divisible by weight quantization "
+                 "block_n " +
+                 std::to_string(bn);
+        // Row-parallel inside the experts: split when the MoE TP size (TP
+        // flattened over DP) is > 1, where vLLM's narrow of the down scale
+        // would otherwise cut a tile.
+        if (moe_.tp_size > 1 && im % bk != 0)
+          return L("mlp.experts.w2_weight_scale_inv") + ": the input size of down's weight " +
+                 std::to_string(im) + " is not divisible by weight quantization block_k " +
+                 std::to_string(bk);
+        continue;
+      }
+      if (fp8_quantized(c_, L("mlp.gate_proj.weight")))
+        if (auto w = out_parts(L("mlp.gate_up_proj.weight_scale_inv"),
+                               {{"gate", c_.ffn / t}, {"up", c_.ffn / t}});
+            !w.empty())
+          return w;
+      if (fp8_quantized(c_, L("mlp.down_proj.weight")))
+        if (auto w = row_parallel(L("mlp.down_proj.weight_scale_inv"), c_.ffn / t); !w.empty())
+          return w;
+    }
+    return {};
+  }
+
   void declare(parameter_store& s, std::span<const tensor_meta>) const {
+    if (auto why = fp8_unsupported(); !why.empty())
+      throw error(errc::unsupported_loader, "tensor " + why);
     const auto t = l_.parallel.tensor_parallel_size, d = c_.head_dim, h = c_.hidden;
     const auto dt = c_.dtype;
     const auto vrows = padded_vocab_ / t;
+    const auto bn = c_.fp8 ? c_.fp8->block_n : 1, bk = c_.fp8 ? c_.fp8->block_k : 1;
+    auto tiles = [](std::uint64_t n, std::uint64_t b) { return (n + b - 1) / b; };
+    // A linear's weight: F8_E4M3 codes plus its block scales when quantised.
+    auto linear = [&](const std::string& param, const std::string& canonical, std::uint64_t rows,
+                      std::uint64_t cols) {
+      if (!fp8_quantized(c_, canonical)) {
+        s.add(param, {rows, cols}, dt);
+        return;
+      }
+      s.add(param, {rows, cols}, dtype_id::f8e4m3fn);
+      s.add(fp8_scale_name(param), {tiles(rows, bn), tiles(cols, bk)}, dtype_id::f32);
+    };
     if (has_embed_) s.add("model.embed_tokens.weight", {vrows, h}, dt);
     for (std::uint64_t i = first_layer_; i < end_layer_; ++i) {
+      auto L = [&](const char* x) { return layer_name(i, x); };
       s.add(layer_name(i, "input_layernorm.weight"), {h}, dt);
-      s.add(layer_name(i, "self_attn.qkv_proj.weight"), {(nq_l_ + 2 * nkv_l_) * d, h}, dt);
+      linear(L("self_attn.qkv_proj.weight"), L("self_attn.q_proj.weight"), (nq_l_ + 2 * nkv_l_) * d,
+             h);
       if (c_.attention_bias)
         s.add(layer_name(i, "self_attn.qkv_proj.bias"), {(nq_l_ + 2 * nkv_l_) * d}, dt);
-      s.add(layer_name(i, "self_attn.o_proj.weight"), {h, c_.heads * d / t}, dt);
+      linear(L("self_attn.o_proj.weight"), L("self_attn.o_proj.weight"), h, c_.heads * d / t);
       if (c_.qk_norm) {
         s.add(layer_name(i, "self_attn.q_norm.weight"), {d}, dt);
         s.add(layer_name(i, "self_attn.k_norm.weight"), {d}, dt);
@@ -326,11 +457,20 @@ public:
       if (c_.is_moe_layer(i)) {
         const auto im = c_.moe_ffn / moe_.tp_size;
         s.add(layer_name(i, "mlp.gate.weight"), {c_.experts, h}, dt);
-        s.add(layer_name(i, "mlp.experts.w13_weight"), {local_experts_, 2 * im, h}, dt);
-        s.add(layer_name(i, "mlp.experts.w2_weight"), {local_experts_, h, im}, dt);
+        if (fp8_quantized(c_, expert_name(i, 0, "gate_proj.weight"))) {
+          s.add(L("mlp.experts.w13_weight"), {local_experts_, 2 * im, h}, dtype_id::f8e4m3fn);
+          s.add(L("mlp.experts.w2_weight"), {local_experts_, h, im}, dtype_id::f8e4m3fn);
+          s.add(L("mlp.experts.w13_weight_scale_inv"),
+                {local_experts_, 2 * tiles(im, bn), tiles(h, bk)}, dtype_id::f32);
+          s.add(L("mlp.experts.w2_weight_scale_inv"), {local_experts_, tiles(h, bn), tiles(im, bk)},
+                dtype_id::f32);
+        } else {
+          s.add(layer_name(i, "mlp.experts.w13_weight"), {local_experts_, 2 * im, h}, dt);
+          s.add(layer_name(i, "mlp.experts.w2_weight"), {local_experts_, h, im}, dt);
+        }
       } else {
-        s.add(layer_name(i, "mlp.gate_up_proj.weight"), {2 * c_.ffn / t, h}, dt);
-        s.add(layer_name(i, "mlp.down_proj.weight"), {h, c_.ffn / t}, dt);
+        linear(L("mlp.gate_up_proj.weight"), L("mlp.gate_proj.weight"), 2 * c_.ffn / t, h);
+        linear(L("mlp.down_proj.weight"), L("mlp.down_proj.weight"), h, c_.ffn / t);
       }
     }
     if (has_norm_) s.add("model.norm.weight", {h}, dt);
@@ -349,6 +489,7 @@ public:
       sink.copy(s.view(p), src);
       return load_report{{p}};
     };
+    if (r.scale) return load_scale(r, src, s, sink);
     switch (r.what) {
     case kind::absent:
       sink.skip(name);
@@ -431,19 +572,91 @@ private:
     kind what;
     std::string param;
     std::uint64_t expert = 0;
+    bool scale = false;    ///< a `weight_scale_inv` tensor (see `load_scale`)
+    std::string canonical; ///< the canonical name (for skips of scale routes)
   };
 
+  /// A `weight_scale_inv` tensor, placed as vLLM places `BlockQuantScaleParameter`s
+  /// (see the file comment): row counts in tiles of `bn`, columns in tiles of `bk`.
+  load_report load_scale(const route& r, const tensor_view& src, parameter_store& s,
+                         copy_sink& sink) const {
+    using i64 = std::int64_t;
+    const auto t = static_cast<i64>(l_.parallel.tensor_parallel_size);
+    const auto rk = static_cast<i64>(l_.tp_rank);
+    const auto d = static_cast<i64>(c_.head_dim);
+    const auto bn = static_cast<i64>(c_.fp8->block_n);
+    auto tiles = [bn](i64 n) { return (n + bn - 1) / bn; };
+    auto dst = s.view(r.param);
+    // `adjust_block_scale_shard` then `narrow(output_dim, shard_rank * size, size)`.
+    auto rows = [&](tensor_view into, i64 offset, i64 size, i64 shard_rank) {
+      const i64 off_t = tiles(offset), size_t_ = tiles(size);
+      sink.copy(into.slice(0, off_t, size_t_), src.slice(0, shard_rank * size_t_, size_t_));
+    };
+    switch (r.what) {
+    case kind::q:
+    case kind::k:
+    case kind::v: {
+      const auto nq = static_cast<i64>(nq_l_) * d, nkv = static_cast<i64>(nkv_l_) * d;
+      const auto kv_rank =
+          t >= static_cast<i64>(c_.kv_heads) ? rk / (t / static_cast<i64>(c_.kv_heads)) : rk;
+      if (r.what == kind::q)
+        rows(dst, 0, nq, rk);
+      else if (r.what == kind::k)
+        rows(dst, nq, nkv, kv_rank);
+      else
+        rows(dst, nq + nkv, nkv, kv_rank);
+      return {{r.param}};
+    }
+    case kind::gate:
+    case kind::up: {
+      const auto i = static_cast<i64>(c_.ffn) / t;
+      rows(dst, r.what == kind::gate ? 0 : i, i, rk);
+      return {{r.param}};
+    }
+    case kind::row_parallel: {
+      const auto k = dst.layout.extents[1];
+      sink.copy(dst, src.slice(1, rk * k, k));
+      return {{r.param}};
+    }
+    case kind::expert_gate:
+    case kind::expert_up:
+    case kind::expert_down: {
+      auto local = local_expert(r.expert);
+      if (!local) {
+        sink.skip(r.canonical);
+        return {};
+      }
+      const auto mt = static_cast<i64>(moe_.tp_rank);
+      auto e = select(dst, 0, static_cast<i64>(*local));
+      if (r.what == kind::expert_down) {
+        const auto k = e.layout.extents[1]; // `_load_w2`: shard size = the parameter's columns
+        sink.copy(e, src.slice(1, mt * k, k));
+      } else {
+        const auto n = e.layout.extents[0] / 2; // `_load_w13`: half the parameter's rows
+        sink.copy(e.slice(0, r.what == kind::expert_gate ? 0 : n, n), src.slice(0, mt * n, n));
+      }
+      return {{r.param}};
+    }
+    default:
+      break;
+    }
+    return {};
+  }
+
   void add(std::string canonical, kind k, std::string param, std::uint64_t expert = 0) {
-    routes_.emplace(std::move(canonical), route{k, std::move(param), expert});
+    routes_.emplace(std::move(canonical), route{k, std::move(param), expert, false, {}});
   }
 
   void build_routes() {
     // Every canonical tensor gets a route; those this rank does not hold are
     // skipped explicitly, as vLLM's `is_pp_missing_parameter` skips them.
-    for (auto& m : canonical_tensors(c_)) add(m.name, kind::absent, {});
+    for (auto& m : fp8_checkpoint_tensors(c_)) add(m.name, kind::absent, {});
     auto set = [&](const std::string& canonical, kind k, std::string param,
                    std::uint64_t expert = 0) {
-      routes_[canonical] = route{k, std::move(param), expert};
+      if (fp8_quantized(c_, canonical))
+        routes_[fp8_scale_name(canonical)] =
+            route{k, fp8_scale_name(param), expert, true, fp8_scale_name(canonical)};
+      routes_[canonical] = route{k, std::move(param), expert, false, {}};
     };
     if (has_embed_) set("model.embed_tokens.weight", kind::vocab, "model.embed_tokens.weight");
     if (has_norm_) set("model.norm.weight", kind::replicated, "model.norm.weight");

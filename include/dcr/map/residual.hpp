@@ -289,50 +289,119 @@ inline residual_rule scale_cast_rule(std::string name, tensor_meta output, dtype
 /// Name of the FP8 inverse-scale tensor of a weight ("x.weight" -> "x.weight_scale_inv").
 inline std::string scale_inv_name(const std::string& weight) { return weight + "_scale_inv"; }
 
+/// Tile shape of block-wise FP8 quantisation (`weight_block_size = [rows, cols]`).
+struct fp8_block_shape {
+  std::uint64_t rows = 128, cols = 128;
+};
+
+/// Block-wise FP8 quantisation of one `rows x cols` matrix `x` (stored words
+/// of `source_dtype`, row-major): per tile, with `amax` the largest |x| of the
+/// tile in FP32, `scales[tile] = quantizer.scale_inv(amax)` and each
+/// `codes[i] = e4m3_rne(quantizer.scaled(x[i], amax))`. Tiles are `block`
+/// sized, edge tiles partial; `scales` is `[ceil(rows/block.rows),
+/// ceil(cols/block.cols)]` row-major. This is the one quantiser both the
+/// delta path (residual rules) and a dense FP8 checkpoint use, so their bits
+/// agree by construction of the function, not by accident of two copies.
+namespace detail {
+/// `quantize_fp8_blocks` for one source dtype: `load(k)` widens element k.
+template <class Load, class Quantizer>
+void quantize_fp8_tiles(Load load, std::uint64_t rows, std::uint64_t cols, fp8_block_shape block,
+                        std::byte* codes, float* scales, const Quantizer& quantizer) {
+  const std::uint64_t br = (rows + block.rows - 1) / block.rows,
+                      bc = (cols + block.cols - 1) / block.cols;
+  for (std::uint64_t bi = 0; bi < br; ++bi)
+    for (std::uint64_t bj = 0; bj < bc; ++bj) {
+      const std::uint64_t r0 = bi * block.rows, r1 = std::min(rows, r0 + block.rows),
+                          c0 = bj * block.cols, c1 = std::min(cols, c0 + block.cols);
+      float amax = 0;
+      for (std::uint64_t i = r0; i < r1; ++i)
+        for (std::uint64_t j = c0; j < c1; ++j)
+          amax = std::max(amax, std::fabs(load(i * cols + j)));
+      scales[bi * bc + bj] = quantizer.scale_inv(amax);
+      for (std::uint64_t i = r0; i < r1; ++i)
+        for (std::uint64_t j = c0; j < c1; ++j)
+          codes[i * cols + j] =
+              static_cast<std::byte>(f32_to_e4m3_rne(quantizer.scaled(load(i * cols + j), amax)));
+    }
+}
+} // namespace detail
+
+/// Block-wise FP8 quantisation of one `rows x cols` matrix `x` (stored words
+/// of `source_dtype`, row-major): per tile, with `amax` the largest |x| of the
+/// tile in FP32, `scales[tile] = quantizer.scale_inv(amax)` and each
+/// `codes[i] = e4m3_rne(quantizer.scaled(x[i], amax))`. Tiles are `block`
+/// sized, edge tiles partial; `scales` is `[ceil(rows/block.rows),
+/// ceil(cols/block.cols)]` row-major. This is the one quantiser both the
+/// delta path (residual rules) and a dense FP8 checkpoint use, so their bits
+/// agree by construction of the function, not by accident of two copies.
+/// The source dtype is dispatched once per call, not per element.
+template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
+void quantize_fp8_blocks(dtype_id source_dtype, const std::byte* x, std::uint64_t rows,
+                         std::uint64_t cols, fp8_block_shape block, std::byte* codes, float* scales,
+                         const Quantizer& quantizer = {}) {
+  auto words16 = [x](auto widen) {
+    return [x, widen](std::uint64_t k) {
+      std::uint16_t w;
+      std::memcpy(&w, x + 2 * k, 2);
+      return widen(w);
+    };
+  };
+  switch (source_dtype) {
+  case dtype_id::bf16:
+    detail::quantize_fp8_tiles(words16([](std::uint16_t w) { return bf16_to_f32(w); }), rows, cols,
+                               block, codes, scales, quantizer);
+    break;
+  case dtype_id::f16:
+    detail::quantize_fp8_tiles(words16([](std::uint16_t w) { return f16_to_f32(w); }), rows, cols,
+                               block, codes, scales, quantizer);
+    break;
+  default:
+    detail::quantize_fp8_tiles(
+        [&](std::uint64_t k) { return detail::load_f32(source_dtype, x, k); }, rows, cols, block,
+        codes, scales, quantizer);
+    break;
+  }
+}
+
 /// FP8 E4M3 block quantisation of a `rows x cols` weight with one f32
-/// `scale_inv` per `block x block` tile (DeepSeek-V3 style). Per tile, with
-/// `amax` the largest |x| of the tile: `scale_inv = quantizer.scale_inv(amax)`
-/// and `q = e4m3_rne(quantizer.scaled(x, amax))`; the default quantizer is the
-/// reference `per_block_cast_to_fp8` (amax clamped at 1e-4, x · 448/amax,
-/// amax/448 stored). Parts of x (dtype `source_dtype`) are placed through
-/// `maps`. One changed element can rescale its whole tile.
+/// `scale_inv` per `block.rows x block.cols` tile (DeepSeek-V3 style), by
+/// `quantize_fp8_blocks`; the default quantizer is the reference
+/// `per_block_cast_to_fp8` (amax clamped at 1e-4, x · 448/amax, amax/448
+/// stored). Parts of x (dtype `source_dtype`) are placed through `maps`.
+/// One changed element can rescale its whole tile, and a tile whose scale
+/// changes re-encodes all of its codes.
+template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
+residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, std::uint64_t rows,
+                                   std::uint64_t cols, dtype_id source_dtype,
+                                   std::vector<piecewise_map> maps, fp8_block_shape block,
+                                   Quantizer quantizer = {}) {
+  if (!detail::castable(source_dtype) || block.rows == 0 || block.cols == 0)
+    throw error(errc::invalid_argument, name + ": bad dtype or block");
+  const std::uint64_t br = (rows + block.rows - 1) / block.rows,
+                      bc = (cols + block.cols - 1) / block.cols;
+  std::vector<tensor_meta> outs{{weight_name, {rows, cols}, dtype_id::f8e4m3fn},
+                                {scale_inv_name(weight_name), {br, bc}, dtype_id::f32}};
+  residual_rule r{std::move(name), std::move(outs), maps.size(), {}};
+  r.convert = [maps = std::move(maps), source_dtype, rows, cols, block, quantizer,
+               nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
+    tensor_meta xm{"x", {rows, cols}, source_dtype};
+    host_tensor x(xm);
+    DCR_TRY(detail::assemble_all(nm, maps, in, std::span<host_tensor>(&x, 1)));
+    quantize_fp8_blocks(source_dtype, x.bytes.data(), rows, cols, block, out[0].bytes.data(),
+                        reinterpret_cast<float*>(out[1].bytes.data()), quantizer);
+    return status::success();
+  };
+  return r;
+}
+
+/// Square tiles of `block x block` (the form of DeepSeek-V3's [128, 128]).
 template <fp8_block_quantizer Quantizer = per_block_cast_to_fp8>
 residual_rule fp8_block_quant_rule(std::string name, std::string weight_name, std::uint64_t rows,
                                    std::uint64_t cols, dtype_id source_dtype,
                                    std::vector<piecewise_map> maps, std::uint64_t block = 128,
                                    Quantizer quantizer = {}) {
-  if (!detail::castable(source_dtype) || block == 0)
-    throw error(errc::invalid_argument, name + ": bad dtype or block");
-  const std::uint64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
-  std::vector<tensor_meta> outs{{weight_name, {rows, cols}, dtype_id::f8e4m3fn},
-                                {scale_inv_name(weight_name), {br, bc}, dtype_id::f32}};
-  residual_rule r{std::move(name), std::move(outs), maps.size(), {}};
-  r.convert = [maps = std::move(maps), source_dtype, rows, cols, block, br, bc, quantizer,
-               nm = r.name](std::span<const residual_input> in, std::span<host_tensor> out) {
-    tensor_meta xm{"x", {rows, cols}, source_dtype};
-    host_tensor x(xm);
-    DCR_TRY(detail::assemble_all(nm, maps, in, std::span<host_tensor>(&x, 1)));
-    auto* q = out[0].bytes.data();
-    auto* s = out[1].bytes.data();
-    const auto* xb = x.bytes.data();
-    for (std::uint64_t bi = 0; bi < br; ++bi)
-      for (std::uint64_t bj = 0; bj < bc; ++bj) {
-        const std::uint64_t r0 = bi * block, r1 = std::min(rows, r0 + block), c0 = bj * block,
-                            c1 = std::min(cols, c0 + block);
-        float amax = 0;
-        for (std::uint64_t i = r0; i < r1; ++i)
-          for (std::uint64_t j = c0; j < c1; ++j)
-            amax = std::max(amax, std::fabs(detail::load_f32(source_dtype, xb, i * cols + j)));
-        const float sinv = quantizer.scale_inv(amax);
-        std::memcpy(s + 4 * (bi * bc + bj), &sinv, 4);
-        for (std::uint64_t i = r0; i < r1; ++i)
-          for (std::uint64_t j = c0; j < c1; ++j)
-            q[i * cols + j] = static_cast<std::byte>(f32_to_e4m3_rne(
-                quantizer.scaled(detail::load_f32(source_dtype, xb, i * cols + j), amax)));
-      }
-    return status::success();
-  };
-  return r;
+  return fp8_block_quant_rule(std::move(name), std::move(weight_name), rows, cols, source_dtype,
+                              std::move(maps), fp8_block_shape{block, block}, quantizer);
 }
 
 /// A user-defined rule: `fn` fills `outputs` from `inputs` declared inputs.

@@ -5,12 +5,28 @@
 /// shards, the receiver's native loader its fused parameters.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dcr/core/tensor.hpp"
 
 namespace dcr {
+
+/// Block-wise FP8 quantisation of a checkpoint, as Hugging Face's
+/// `quantization_config = {"quant_method": "fp8", "fmt": "e4m3",
+/// "weight_block_size": [block_n, block_k]}` describes it (DeepSeek-V3,
+/// Qwen3-FP8): each quantised linear weight `x.weight` [N, K] is stored as
+/// E4M3fn codes plus `x.weight_scale_inv` (F32, [ceil(N/block_n),
+/// ceil(K/block_k)], one per tile, edge tiles partial).
+struct fp8_block_quantization {
+  std::uint64_t block_n = 128; ///< tile rows (output dimension)
+  std::uint64_t block_k = 128; ///< tile columns (input dimension)
+  /// Linear modules left unquantised (`modules_to_not_convert`, vLLM's
+  /// `ignored_layers`): a module whose name equals an entry, or ends with
+  /// "." followed by it, keeps its BF16 weight.
+  std::vector<std::string> modules_to_not_convert;
+};
 
 /// Llama-style dense or Qwen3-MoE-style transformer. `experts == 0` means dense.
 /// A MoE model may mix dense layers in (Qwen3-MoE's `decoder_sparse_step` and
@@ -33,6 +49,9 @@ struct model_config {
   std::vector<std::uint64_t> mlp_only_layers; ///< ... and i is not listed here
   std::uint64_t expert_groups = 0; ///< grouped top-k groups (0: none; Qwen3-MoE has none)
   dtype_id dtype = dtype_id::bf16;
+  /// Set when the published checkpoint is block-quantised FP8 (see
+  /// `fp8_checkpoint_tensors`); training still holds `dtype` weights.
+  std::optional<fp8_block_quantization> fp8;
 
   bool is_moe() const noexcept { return experts > 0; }
   /// Whether layer `i` has a routed-expert MLP, by the rule of vLLM's and
@@ -104,6 +123,55 @@ inline std::vector<tensor_meta> canonical_tensors(const model_config& c) {
   add("model.norm.weight", {c.hidden});
   if (!c.tied_embeddings) add("lm_head.weight", {c.vocab, c.hidden});
   return t;
+}
+
+/// Whether canonical tensor `name` of `c` is an FP8-quantised linear weight
+/// in the checkpoint: `c.fp8` is set, the tensor is the weight of an
+/// attention or MLP projection (q/k/v/o, gate/up/down, routed experts) and
+/// its module is not listed in `modules_to_not_convert`. Embeddings,
+/// `lm_head`, norms, biases and the MoE router always stay unquantised.
+inline bool fp8_quantized(const model_config& c, const std::string& name) {
+  if (!c.fp8) return false;
+  static constexpr const char* projections[] = {
+      "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+      "self_attn.o_proj.weight", "gate_proj.weight",        "up_proj.weight",
+      "down_proj.weight"};
+  auto ends_with = [](const std::string& s, const std::string& x) {
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+  };
+  bool linear = false;
+  for (auto* p : projections) linear = linear || ends_with(name, std::string(".") + p);
+  if (!linear || name.rfind("model.layers.", 0) != 0) return false;
+  const std::string module = name.substr(0, name.size() - 7); // drop ".weight"
+  for (auto& m : c.fp8->modules_to_not_convert)
+    if (!m.empty() && (module == m || ends_with(module, "." + m))) return false;
+  return true;
+}
+
+/// Name of the FP8 inverse-scale tensor of a quantised weight
+/// ("x.weight" -> "x.weight_scale_inv").
+inline std::string fp8_scale_name(const std::string& weight) { return weight + "_scale_inv"; }
+
+/// Tensors of the checkpoint as published (the rollout's canonical form): the
+/// `canonical_tensors` of `c`, where each FP8-quantised weight (see
+/// `fp8_quantized`) becomes its E4M3fn codes followed by its F32
+/// `weight_scale_inv` tile scales. Without `c.fp8` this is `canonical_tensors(c)`.
+inline std::vector<tensor_meta> fp8_checkpoint_tensors(const model_config& c) {
+  if (c.fp8 && (c.fp8->block_n == 0 || c.fp8->block_k == 0))
+    throw error(errc::invalid_argument, "fp8 weight_block_size must be positive");
+  std::vector<tensor_meta> out;
+  for (auto& m : canonical_tensors(c)) {
+    if (!fp8_quantized(c, m.name)) {
+      out.push_back(m);
+      continue;
+    }
+    const auto bn = c.fp8->block_n, bk = c.fp8->block_k;
+    out.push_back({m.name, m.shape, dtype_id::f8e4m3fn});
+    out.push_back({fp8_scale_name(m.name),
+                   {(m.shape[0] + bn - 1) / bn, (m.shape[1] + bk - 1) / bk},
+                   dtype_id::f32});
+  }
+  return out;
 }
 
 /// Small Llama-style dense config for tests (GQA: 8 query heads, 2 KV heads).

@@ -5,8 +5,9 @@
 /// Qwen3 dense and Qwen3-MoE. The fields read are the ones that decide which
 /// tensors exist and their shapes; fields that would change the set of
 /// tensors or their shapes in a way dcr does not model (an MLP bias, shared
-/// experts, a quantised checkpoint, another activation) are refused with an
-/// error naming the field. Fields that change only the computation (RoPE,
+/// experts, a quantisation other than block-wise FP8 E4M3, another
+/// activation) are refused with an error naming the field. A block-wise FP8
+/// `quantization_config` sets `model_config::fp8`. Fields that change only the computation (RoPE,
 /// eps, sliding window) are ignored.
 ///
 /// Errors: `errc::bad_format` for malformed JSON or a field of the wrong JSON
@@ -69,6 +70,52 @@ private:
   const json_value& root_;
 };
 
+/// `quantization_config`: only block-wise FP8 E4M3 with dynamic activation
+/// scales (the form vLLM's `Fp8Config` accepts with `weight_block_size`).
+inline fp8_block_quantization fp8_from_hf(const json_value& q) {
+  const std::string qc = "quantization_config";
+  if (!q.is_object()) hf_fields::bad(errc::bad_format, qc, "must be an object");
+  hf_fields f(q);
+  const auto method = f.text_or("quant_method", "");
+  if (method != "fp8")
+    hf_fields::bad(errc::invalid_argument, qc + ".quant_method",
+                   "= \"" + method + "\" is not supported (fp8)");
+  if (const auto fmt = f.text_or("fmt", "e4m3"); fmt != "e4m3")
+    hf_fields::bad(errc::invalid_argument, qc + ".fmt",
+                   "= \"" + fmt + "\" is not supported (e4m3)");
+  if (const auto act = f.text_or("activation_scheme", "dynamic"); act != "dynamic")
+    hf_fields::bad(errc::invalid_argument, qc + ".activation_scheme",
+                   "= \"" + act +
+                       "\" is not supported: block-wise FP8 needs dynamic activation "
+                       "scales");
+  const auto* b = f.find("weight_block_size");
+  if (!b)
+    hf_fields::bad(errc::invalid_argument, qc + ".weight_block_size",
+                   "is absent: per-tensor FP8 is not supported");
+  fp8_block_quantization out;
+  std::uint64_t dims[2] = {0, 0};
+  if (!b->is_array() || b->items.size() != 2)
+    hf_fields::bad(errc::bad_format, qc + ".weight_block_size", "must be [block_n, block_k]");
+  for (int i = 0; i < 2; ++i)
+    if (b->items[i].type != json_value::kind::number || !b->items[i].as_u64(dims[i]) ||
+        dims[i] == 0)
+      hf_fields::bad(errc::invalid_argument, qc + ".weight_block_size",
+                     "holds '" + b->items[i].text + "', not a positive integer");
+  out.block_n = dims[0];
+  out.block_k = dims[1];
+  for (const char* key : {"modules_to_not_convert", "ignored_layers"}) {
+    const auto* m = f.find(key);
+    if (!m) continue;
+    if (!m->is_array()) hf_fields::bad(errc::bad_format, qc + "." + key, "must be an array");
+    for (auto& x : m->items) {
+      if (!x.is_string())
+        hf_fields::bad(errc::bad_format, qc + "." + key, "must hold module names");
+      out.modules_to_not_convert.push_back(x.text);
+    }
+  }
+  return out;
+}
+
 } // namespace detail
 
 /// Parse a Hugging Face `config.json`. Throws `dcr::error` (see file comment).
@@ -96,9 +143,6 @@ inline model_config model_config_from_hf_json(std::string_view json) {
                        "lists \"" + x.text + "\", which is not supported");
     }
   }
-  if (f.find("quantization_config"))
-    hf_fields::bad(errc::invalid_argument, "quantization_config",
-                   "is present: quantised checkpoints are not supported");
   if (const auto act = f.text_or("hidden_act", "silu"); act != "silu")
     hf_fields::bad(errc::invalid_argument, "hidden_act",
                    "= \"" + act + "\" is not supported (silu)");
@@ -160,6 +204,7 @@ inline model_config model_config_from_hf_json(std::string_view json) {
   }
   if (c.has_dense_layer() && c.ffn == 0)
     hf_fields::bad(errc::invalid_argument, "intermediate_size", "must be > 0");
+  if (const auto* q = f.find("quantization_config")) c.fp8 = detail::fp8_from_hf(*q);
   const auto dt = f.text_or("torch_dtype", f.text_or("dtype", "bfloat16"));
   if (dt == "bfloat16")
     c.dtype = dtype_id::bf16;

@@ -342,7 +342,11 @@ private:
       // must hold a placeholder distinct from every value.
       const std::size_t nbytes = tp.meta.nbytes();
       status st;
-      if (!scatter::any_nan(it)) {
+      // 1-byte codes (FP8) always take the two-fill path: its activity test
+      // compares transformed bits of two fills and never asks whether a word
+      // is NaN, which for 256 codes depends on the format a transform writes
+      // (E4M3fn and E4M3fnuz name different NaNs).
+      if (sizeof(W) > 1 && !scatter::any_nan(it)) {
         scatter::fill_placeholder(tp.meta, s);
         scatter::entries(it, s);
         delta_sink<E, W> sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr);

@@ -65,6 +65,11 @@ struct builder_options {
   refit_mode mode = refit_mode::mixed; ///< mixed: relative encodings for unique affine maps,
                                        ///< overwrite for residual items
   relative_choice relative = relative_choice::smallest; ///< (mixed only)
+  /// In mixed mode, residual outputs become XOR masks too (old ^ new of the
+  /// converted words against the residual baseline) instead of overwrites:
+  /// for receivers whose paths for those tensors are XOR-allowed (an FP8
+  /// rollout's codes and scales placed by plain copies). Off by default.
+  bool residual_xor = false;
   encode_options encoding{};
 };
 
@@ -111,7 +116,7 @@ public:
   owner(std::shared_ptr<const source_plan> plan, std::uint32_t id, const source_view& committed)
       : plan_(std::move(plan)), id_(id), shards_(plan_->owned_shards(id)),
         tasks_(plan_->owned_tasks(id)) {
-    for (auto s : shards_) trackers_.emplace_back(copy_of(committed, s));
+    for (auto s : shards_) trackers_.emplace_back(tracked(committed, s));
     residual_.resize(tasks_.size());
     for (std::size_t i = 0; i < tasks_.size(); ++i)
       throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
@@ -211,6 +216,10 @@ public:
         throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
                                  task_inputs(*plan_, tasks_[i], candidate), next[i]));
     for (std::size_t i = 0; i < shards_.size(); ++i) {
+      if (plan_->shards[shards_[i]].blockwise) {
+        trackers_[i] = tracked(candidate, shards_[i]);
+        continue;
+      }
       auto c = view_of(candidate, shards_[i]);
       std::memcpy(trackers_[i].data(), c.data(), c.size());
     }
@@ -265,6 +274,16 @@ private:
     auto b = view_of(v, s);
     return {b.begin(), b.end()};
   }
+  /// What the tracker of shard `s` holds: its stored bytes, or for a
+  /// blockwise shard its converted FP8 scales and codes (the BF16 bits are
+  /// not kept: only converted changes are ever sent).
+  std::vector<std::byte> tracked(const source_view& v, std::uint32_t s) const {
+    const auto& sh = plan_->shards[s];
+    if (!sh.blockwise) return copy_of(v, s);
+    std::vector<std::byte> out(sh.blockwise->converted_bytes());
+    sh.blockwise->convert(view_of(v, s), out);
+    return out;
+  }
   template <class W>
   static std::span<const W> as_words(std::span<const std::byte> b) noexcept {
     return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
@@ -280,8 +299,24 @@ private:
     // add items need format v2: a v1 payload offers XOR only.
     const bool either =
         opt.relative == relative_choice::smallest && opt.encoding.format_version >= 2;
+    std::vector<std::byte> converted;
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const auto& sh = plan_->shards[shards_[i]];
+      if (sh.blockwise) {
+        // Shard-local FP8: quantise the candidate shard, diff codes and
+        // scales against the converted tracker, project both directly.
+        const auto& b = *sh.blockwise;
+        converted.resize(b.converted_bytes());
+        b.convert(view_of(candidate, shards_[i]), converted);
+        const auto enc =
+            opt.mode == refit_mode::mixed ? value_encoding::xor_mask : value_encoding::overwrite;
+        std::span<const std::byte> old_b = trackers_[i], new_b = converted;
+        select.blockwise(sh, b.code_part(old_b), b.code_part(new_b), b.scale_part(old_b),
+                         b.scale_part(new_b), enc, st);
+        st.chunk_bytes += sh.nbytes();
+        if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
+        continue;
+      }
       if (!sh.affine()) continue;
       auto cand = view_of(candidate, shards_[i]);
       const bool relative_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
@@ -294,6 +329,9 @@ private:
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
     std::vector<host_tensor> produced;
+    const auto residual_enc = opt.mode == refit_mode::mixed && opt.residual_xor
+                                  ? value_encoding::xor_mask
+                                  : value_encoding::overwrite;
     for (std::size_t i = 0; i < tasks_.size(); ++i) {
       if (!req.contains(tasks_[i])) continue;
       const auto& task = plan_->tasks[tasks_[i]];
@@ -305,7 +343,7 @@ private:
           throw error(errc::shape_mismatch,
                       task.rule.name + ": output " + meta.name + " has the wrong size");
         select.residual(plan_->canonical[task.outputs[k]], task.outputs[k], residual_[i][k].bytes,
-                        produced[k].bytes, st);
+                        produced[k].bytes, residual_enc, st);
       }
       st.chunk_bytes += task.output_bytes;
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
@@ -344,11 +382,11 @@ private:
     }
   };
   struct residual_fn {
-    template <class D>
+    template <class D, class E>
     static void call(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
                      std::span<const std::byte> c, state& st) {
-      project_shard<D, stages::identity_map, codec::overwrite>(
-          stages::identity_map{tensor, meta.numel()}, o, c, st);
+      project_shard<D, stages::identity_map, E>(stages::identity_map{tensor, meta.numel()}, o, c,
+                                                st);
     }
   };
   /// The general path: one table lookup per shard (dtype x encoding) and per
@@ -380,18 +418,37 @@ private:
       f(*sh.map, o, c, st);
     }
     void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
-                  std::span<const std::byte> c, state& st) const {
+                  std::span<const std::byte> c, value_encoding e, state& st) const {
       static constexpr pipeline::dispatch_table<residual_fn,
                                                 void(const tensor_meta&, std::uint32_t,
                                                      std::span<const std::byte>,
                                                      std::span<const std::byte>, state&),
-                                                pipeline::dtype_list>
+                                                pipeline::dtype_list, pipeline::encoding_list>
           table{};
-      auto* f = table(pipeline::position_of<pipeline::dtype_list>(meta.dtype));
+      auto* f = table(pipeline::position_of<pipeline::dtype_list>(meta.dtype),
+                      pipeline::position_of<pipeline::encoding_list>(e));
       if (!f) throw error(errc::bad_dtype, meta.name + ": no pipeline for its dtype");
       f(meta, tensor, o, c, st);
     }
+    void blockwise(const source_shard& sh, std::span<const std::byte> oc,
+                   std::span<const std::byte> nc, std::span<const std::byte> os,
+                   std::span<const std::byte> ns, value_encoding e, state& st) const {
+      blockwise_items(sh, oc, nc, os, ns, e, st);
+    }
   };
+  /// Codes (E4M3) and scales (F32) of a blockwise shard, each through its map.
+  static void blockwise_items(const source_shard& sh, std::span<const std::byte> oc,
+                              std::span<const std::byte> nc, std::span<const std::byte> os,
+                              std::span<const std::byte> ns, value_encoding e, state& st) {
+    const auto& b = *sh.blockwise;
+    if (e == value_encoding::xor_mask) {
+      project_shard<f8e4m3fn, piecewise_map, codec::xor_mask>(b.codes, oc, nc, st);
+      project_shard<f32, piecewise_map, codec::xor_mask>(b.scales, os, ns, st);
+    } else {
+      project_shard<f8e4m3fn, piecewise_map, codec::overwrite>(b.codes, oc, nc, st);
+      project_shard<f32, piecewise_map, codec::overwrite>(b.scales, os, ns, st);
+    }
+  }
   /// A statically composed pipeline: P's instantiation or a typed error.
   template <class P>
   struct composed {
@@ -417,13 +474,24 @@ private:
       project_shard<D, piecewise_map, E>(*sh.map, o, c, st);
     }
     void residual(const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
-                  std::span<const std::byte> c, state& st) const {
+                  std::span<const std::byte> c, value_encoding e, state& st) const {
+      if (e != value_encoding::overwrite)
+        throw error(errc::invalid_argument,
+                    meta.name + ": residual_xor needs the dispatched builder (a composed "
+                                "pipeline encodes residual outputs as overwrites)");
       if (meta.dtype != dtype_traits<D>::id)
         throw error(errc::bad_dtype, meta.name + ": " + std::string(name_of(meta.dtype)) +
                                          " output, pipeline for " +
                                          std::string(name_of(dtype_traits<D>::id)));
       project_shard<D, stages::identity_map, codec::overwrite>(
           stages::identity_map{tensor, meta.numel()}, o, c, st);
+    }
+    void blockwise(const source_shard& sh, std::span<const std::byte>, std::span<const std::byte>,
+                   std::span<const std::byte>, std::span<const std::byte>, value_encoding,
+                   state&) const {
+      throw error(errc::invalid_argument,
+                  sh.key + ": a blockwise FP8 shard emits codes and scales of two dtypes; "
+                           "build it with the dispatched builder");
     }
   };
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dcr/core/tensor.hpp"
+#include "dcr/map/blockwise.hpp"
 #include "dcr/map/index_map.hpp"
 #include "dcr/map/residual.hpp"
 #include "dcr/model/config.hpp"
@@ -40,6 +41,10 @@ struct source_shard {
       map; ///< geometry: local -> canonical (plan tensor ids), when it has one
   std::vector<std::uint32_t> feeds; ///< residual tasks this shard is an input of
   bool direct = true;               ///< affine task: changes are projected through `map`
+  /// Shard-local block-FP8 conversion (an FP8 rollout's shard holding whole
+  /// tiles): the owner quantises the shard itself and projects its codes and
+  /// scales directly (`map` is then empty and the shard is not affine).
+  std::optional<blockwise_fp8> blockwise;
   /// Replicas that hold this shard under another parameter name (Megatron's
   /// last stage holds a tied embedding as `output_layer.weight`).
   std::vector<std::pair<std::uint32_t, std::string>> renamed;
@@ -107,6 +112,7 @@ public:
                       std::move(map),
                       {},
                       true,
+                      {},
                       {}});
     return static_cast<std::uint32_t>(shards.size() - 1);
   }
@@ -151,6 +157,21 @@ public:
       }
       if (sh.replicas.empty()) throw error(errc::invalid_argument, sh.key + ": no replicas");
       if (ownership == ownership_policy::key_hash) sh.owner = owner_of(sh.key, sh.replicas);
+      if (sh.blockwise) {
+        const auto& b = *sh.blockwise;
+        if (sh.map || b.codes.domain_size() != sh.numel())
+          throw error(errc::invalid_argument,
+                      sh.key + ": blockwise shard with a map or of another size");
+        for (auto* m : {&b.codes, &b.scales})
+          for (auto& pc : m->pieces()) {
+            if (pc.tensor >= canonical.size())
+              throw error(errc::invalid_argument, sh.key + ": blockwise tensor id out of range");
+            const auto want = m == &b.codes ? dtype_id::f8e4m3fn : dtype_id::f32;
+            if (canonical[pc.tensor].dtype != want)
+              throw error(errc::bad_dtype, sh.key + ": blockwise output " +
+                                               canonical[pc.tensor].name + " has the wrong dtype");
+          }
+      }
       if (!sh.map) continue;
       if (sh.map->domain_size() != sh.numel())
         throw error(errc::shape_mismatch, sh.key + ": map domain " +

@@ -146,8 +146,20 @@ inline status export_canonical(const source_plan& p, const source_view& v,
   std::vector<host_tensor> work;
   for (auto id : affine_ids) work.push_back(std::move(out[id]));
   part_assembler a(work);
+  std::vector<std::byte> converted;
   for (std::uint32_t s = 0; s < p.shards.size(); ++s) {
     const auto& sh = p.shards[s];
+    if (sh.blockwise) { // shard-local FP8: its own codes and scales
+      const auto& b = *sh.blockwise;
+      DCR_RETURN_ERROR_IF(v.shards.at(s).size() != sh.nbytes(), shape_mismatch,
+                          sh.key + ": source view has the wrong size");
+      converted.resize(b.converted_bytes());
+      b.convert(v.shards.at(s), converted);
+      DCR_TRY(
+          a.add(b.codes.retargeted(slot), {b.code_part(converted), dtype_id::f8e4m3fn}, sh.key));
+      DCR_TRY(a.add(b.scales.retargeted(slot), {b.scale_part(converted), dtype_id::f32}, sh.key));
+      continue;
+    }
     if (!sh.affine()) continue;
     for (auto& pc : sh.map->pieces())
       DCR_RETURN_ERROR_IF(slot[pc.tensor] == nowhere, parts_disagree,
