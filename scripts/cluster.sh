@@ -31,9 +31,9 @@
 #   address; the objects go to the testbed's S3 and the commit record to its
 #   etcd (unless --s3/--etcd say otherwise), so every payload crosses the
 #   shaped links.
-# --link-down NODE:STEP[:SECONDS] (with --testbed): during step STEP, once
-#   NODE's link has carried payload traffic (or 1 s after the step started),
-#   take the link down for SECONDS (default 3), then bring it back.
+# --link-down NODE:STEP[:SECONDS] (with --testbed; may be repeated): as step
+#   STEP's transition starts (its coordinator has taken over), take NODE's
+#   link down for SECONDS (default 3), then bring it back.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${DCR_BIN:-$here/build/examples}
@@ -53,7 +53,7 @@ etcd=""
 s3=""
 json=0
 testbed=0
-link_down=""
+link_downs=()
 checkpoints=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -74,7 +74,7 @@ while [ $# -gt 0 ]; do
     --s3) s3=$2; shift 2 ;;
     --json) json=1; shift ;;
     --testbed) testbed=1; shift ;;
-    --link-down) link_down=$2; shift 2 ;;
+    --link-down) link_downs+=("$2"); shift 2 ;;
     --checkpoints)
       shift
       while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do checkpoints+=("$1"); shift; done ;;
@@ -120,7 +120,7 @@ if [ "$testbed" = 1 ]; then
   export DCR_S3_ACCESS_KEY=${DCR_S3_ACCESS_KEY:-${DCR_TB_S3_ACCESS_KEY:-}}
   export DCR_S3_SECRET_KEY=${DCR_S3_SECRET_KEY:-${DCR_TB_S3_SECRET_KEY:-}}
   [ -n "$s3" ] || { echo "cluster.sh: --testbed: the testbed runs no S3" >&2; exit 2; }
-elif [ -n "$link_down" ]; then
+elif [ ${#link_downs[@]} -gt 0 ]; then
   echo "cluster.sh: --link-down needs --testbed" >&2; exit 2
 fi
 
@@ -183,18 +183,22 @@ for ((j = 0; j < nodes; j++)); do
 done
 say "work directory $work; $owners owners, $nodes nodes x $ranks receivers; $steps steps"
 
-# link_fault NODE:STEP[:SECONDS]: once NODE's link carries traffic (at
-# least 64 KiB more than when the step began, or after 1 s), take it down
-# for SECONDS, then bring it back. Writes $work/faults/link-<NODE>-<STEP>.
+# link_fault NODE:STEP[:SECONDS]: once the step's coordinator has taken over
+# (its "epoch" line in the log; the transition starts right after), take
+# NODE's link down for SECONDS, then bring it back. Every receiver and owner
+# is needed for the attempt, so the cut always overlaps it. Writes
+# $work/faults/link-<NODE>-<STEP>.
 link_fault() {
-  local node step secs rx0 deadline
+  local node step secs epochs0 deadline
   IFS=: read -r node step secs <<<"$1"
   secs=${secs:-3}
-  stat_of() { ip netns exec "$DCR_TB_NAME-$node" cat /sys/class/net/uplink/statistics/rx_bytes \
-                /sys/class/net/uplink/statistics/tx_bytes | paste -sd+ | bc; }
-  rx0=$(stat_of)
-  deadline=$(($(date +%s%N) + 1000000000))
-  while [ "$(stat_of)" -lt $((rx0 + 65536)) ] && [ "$(date +%s%N)" -lt "$deadline" ]; do sleep 0.02; done
+  epochs0=$2
+  deadline=$((SECONDS + 120))
+  until [ "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" -gt "$epochs0" ]; do
+    [ $SECONDS -lt $deadline ] || { say "step $step: no coordinator took over; link fault not fired"; return 1; }
+    sleep 0.05
+  done
+  sleep 0.2
   say "step $step: link of $node down for $secs s"
   bash "$here/scripts/testbed.sh" link "$node" down --name "$DCR_TB_NAME" \
     --subnet "${DCR_TB_SUBNET:-10.77}"
@@ -220,11 +224,13 @@ for ((s = 1; s <= steps; s++)); do
     extra=(--die-at "${points[$(( (s / kill_co - 1) % 4 ))]}:$s")
   fi
   [ -n "$kill_co_at" ] && [ "${kill_co_at#*:}" = "$s" ] && extra=(--die-at "$kill_co_at")
-  fault=""
-  if [ -n "$link_down" ] && [ "$(echo "$link_down" | cut -d: -f2)" = "$s" ]; then
-    link_fault "$link_down" &
-    fault=$!
-  fi
+  faults=()
+  for f in "${link_downs[@]}"; do
+    if [ "$(echo "$f" | cut -d: -f2)" = "$s" ]; then
+      link_fault "$f" "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" &
+      faults+=($!)
+    fi
+  done
   for attempt in 1 2 3 4 5; do
     co_runs=$((co_runs + 1))
     "${co_at[@]}" "$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$s" \
@@ -234,7 +240,7 @@ for ((s = 1; s <= steps; s++)); do
     say "step $s: coordinator exited ($rc); starting a new one"
     extra=()
   done
-  [ -z "$fault" ] || wait "$fault"
+  for f in "${faults[@]}"; do wait "$f"; done
   [ "$rc" -eq 0 ] || { say "step $s failed; logs in $work/logs"; DCR_CLUSTER_KEEP=1; break; }
 done
 verdict=$("${co_at[@]}" "$bin/dcr-coordinator" "${owner_flags[@]}" "${node_flags[@]}" "${job[@]}" --steps "$steps" \

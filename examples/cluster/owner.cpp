@@ -153,6 +153,7 @@ int main(int argc, char** argv) try {
                             std::to_string(base_version));
     return status::success();
   };
+  hooks.at_version = [&](std::uint64_t v) { return v == base_version; };
   hooks.committed = [&](std::uint64_t v) {
     baseline = state;
     base_version = v;

@@ -262,6 +262,11 @@ struct owner_hooks {
   /// Before `commit_baseline(τ, v)`: check that K^v committed attempt τ
   /// (an owner process reads the commit store itself). Empty: trust the caller.
   std::function<status(std::uint64_t attempt, std::uint64_t version)> verify_commit;
+  /// True when the baseline is at `version` already: `commit_baseline` of it
+  /// is then a no-op that succeeds. A baseline update whose reply was lost
+  /// (the link went down after the owner moved) is retried by the next
+  /// coordinator; it must not move the baseline a second time.
+  std::function<bool(std::uint64_t version)> at_version;
   /// After the baseline moved to version v (e.g. train the next candidate).
   std::function<void(std::uint64_t version)> committed;
   /// Dense export of the committed baseline (restores); empty: unsupported.
@@ -315,6 +320,7 @@ public:
       std::uint64_t v = 0;
       DCR_TRY(r.u64(v));
       DCR_TRY(r.done());
+      if (h_.at_version && h_.at_version(v)) return status::success();
       if (h_.verify_commit) DCR_TRY(h_.verify_commit(call.attempt, v));
       DCR_TRY(l_->commit_baseline(call.attempt, v));
       if (h_.committed) h_.committed(v);
