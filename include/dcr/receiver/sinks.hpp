@@ -73,6 +73,11 @@ class checked_sink : public copy_sink {
 public:
   checked_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input)
       : store_(store), plan_(plan), input_(input) {}
+  checked_sink(const checked_sink&) = delete;
+  checked_sink& operator=(const checked_sink&) = delete;
+  /// Every write this sink made reaches the store's state digest, also when
+  /// the load failed part way (storage then holds exactly those writes).
+  ~checked_sink() { store_.add_digest(digest_delta_); }
 
   void skip(std::string_view canonical) override {
     if (canonical != plan_.meta.name)
@@ -130,6 +135,17 @@ protected:
   }
   std::byte* param_data(std::size_t p) { return store_[p].bytes.data(); }
 
+  /// The one place a sink stores a word: element `e` of parameter `p`
+  /// (whose words start at `base`) becomes `w`, and the state digest sees
+  /// the word before and after.
+  template <class W>
+  void store(W* base, std::size_t p, std::int64_t e, W w) noexcept {
+    const W before = base[e];
+    if (before == w) return;
+    digest_delta_.replace(store_.digest_key(p), static_cast<std::uint64_t>(e), before, w);
+    base[e] = w;
+  }
+
   /// Write word `w` at element `e` of parameter `p`; for tensors whose copies
   /// overlap, a second write of the same element must carry the same bits.
   template <class W>
@@ -143,7 +159,7 @@ protected:
         return;
       }
     }
-    base[e] = w;
+    store(base, p, e, w);
   }
 
   parameter_store& store_;
@@ -153,9 +169,12 @@ protected:
   bool skipped_ = false;
   std::string error_;
   std::unordered_map<std::uint64_t, std::uint64_t> written_;
+  set_digest digest_delta_;
 };
 
-/// Dense refit: every planned copy is a plain strided copy.
+/// Dense refit: every planned copy is a plain strided copy. Its writes do
+/// not go through `store` (a dense refit rewrites everything, so the caller
+/// recomputes the digest once: `parameter_store::recompute_digest`).
 class dense_sink final : public checked_sink {
 public:
   using checked_sink::checked_sink;
@@ -252,8 +271,9 @@ public:
         for_each_active(active_, *c,
                         [&](std::size_t j, std::int64_t e) { put(D, p, e, E::apply(D[e], V[j])); });
       else
-        for_each_active(active_, *c,
-                        [&](std::size_t j, std::int64_t e) { D[e] = E::apply(D[e], V[j]); });
+        for_each_active(active_, *c, [&](std::size_t j, std::int64_t e) {
+          store(D, p, e, E::apply(D[e], V[j]));
+        });
       return;
     }
     if constexpr (E::id == value_encoding::xor_mask) {

@@ -40,6 +40,7 @@
 
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
+#include "dcr/core/set_digest.hpp"
 #include "dcr/pipeline/dispatch.hpp"
 #include "dcr/source/detect.hpp"
 #include "dcr/source/plan.hpp"
@@ -90,6 +91,21 @@ struct delta_bucket {
 struct baseline_memory {
   std::uint64_t tracker_bytes = 0, residual_bytes = 0;
   std::uint64_t total() const noexcept { return tracker_bytes + residual_bytes; }
+};
+
+/// The words of an owner's shards that differ between its baseline and a
+/// candidate (`owner::changes`): what the candidate's state digest and a
+/// sparse baseline update need, O(changes) in size.
+struct owner_changes {
+  /// Per owned shard (in `owner::owned_shards()` order): changed local word indices, sorted.
+  std::vector<std::vector<std::uint64_t>> changed;
+  /// Set digest of the candidate's owned shards minus the baseline's.
+  set_digest delta;
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (auto& c : changed) n += c.size();
+    return n;
+  }
 };
 
 /// One owner: its baseline and its delta builder (see the file comment).
@@ -204,6 +220,79 @@ public:
       if (req.contains(tasks_[i])) residual_[i] = std::move(next[i]);
   }
 
+  /// Element-hash key of owned shard `s` (a plan shard id) in state digests.
+  set_digest_key shard_key(std::uint32_t s) const {
+    const auto& sh = plan_->shards.at(s);
+    return region_key(sh.key, sh.dtype, sh.shape);
+  }
+  /// Set digest of the owned shards of the baseline (trackers), recomputed
+  /// from every byte: O(owned bytes), at construction and as a check.
+  set_digest baseline_set() const {
+    set_digest d;
+    for (std::size_t i = 0; i < shards_.size(); ++i)
+      d.add_bytes(shard_key(shards_[i]), trackers_[i], width_of(plan_->shards[shards_[i]].dtype));
+    return d;
+  }
+  /// Set digest of the owned shards of `v`, recomputed from every byte.
+  set_digest state_set(const source_view& v) const {
+    set_digest d;
+    for (auto s : shards_)
+      d.add_bytes(shard_key(s), view_of(v, s), width_of(plan_->shards[s].dtype));
+    return d;
+  }
+  /// The changed words of `candidate` against the baseline (change detection
+  /// over the owned shards, the one O(model) step) and the change of the set
+  /// digest they make (O(changes)).
+  owner_changes changes(const source_view& candidate) const {
+    owner_changes ch;
+    ch.changed.resize(shards_.size());
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const auto s = shards_[i];
+      const auto key = shard_key(s);
+      auto cand = view_of(candidate, s);
+      visit_width(plan_->shards[s].dtype, [&](auto word) {
+        using W = decltype(word);
+        auto o = as_words<W>(trackers_[i]);
+        auto c = as_words<W>(cand);
+        detect_changes(o, c, 0, ch.changed[i]);
+        for (auto j : ch.changed[i]) ch.delta.replace(key, j, o[j], c[j]);
+      });
+    }
+    return ch;
+  }
+
+  /// `commit_baseline` that copies only the changed words into the trackers:
+  /// O(changes) instead of O(owned bytes). `ch` must be `changes(candidate)`
+  /// against the current baseline (`invalid_argument` when its shape does not fit).
+  void commit_baseline(const source_view& candidate, const required_set& req,
+                       const owner_changes& ch) {
+    if (ch.changed.size() != shards_.size())
+      throw error(errc::invalid_argument, "commit_baseline: changes of another owner");
+    std::vector<std::vector<host_tensor>> next(tasks_.size());
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      if (req.contains(tasks_[i]))
+        throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
+                                 task_inputs(*plan_, tasks_[i], candidate), next[i]));
+    for (std::size_t i = 0; i < shards_.size(); ++i) { // check first: a failure changes nothing
+      const auto n =
+          view_of(candidate, shards_[i]).size() / width_of(plan_->shards[shards_[i]].dtype);
+      if (!ch.changed[i].empty() && ch.changed[i].back() >= n)
+        throw error(errc::invalid_argument,
+                    "commit_baseline: change outside " + plan_->shards[shards_[i]].key);
+    }
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      auto c = view_of(candidate, shards_[i]);
+      visit_width(plan_->shards[shards_[i]].dtype, [&](auto word) {
+        using W = decltype(word);
+        auto* t = reinterpret_cast<W*>(trackers_[i].data());
+        auto cw = as_words<W>(c);
+        for (auto j : ch.changed[i]) t[j] = cw[j];
+      });
+    }
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      if (req.contains(tasks_[i])) residual_[i] = std::move(next[i]);
+  }
+
   /// Bytes of this owner's baseline.
   baseline_memory memory() const noexcept {
     baseline_memory m;
@@ -252,6 +341,24 @@ private:
   template <class W>
   static std::span<const W> as_words(std::span<const std::byte> b) noexcept {
     return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
+  }
+  /// `f(W{})` with the unsigned word type of a dtype.
+  template <class F>
+  static void visit_width(dtype_id d, F&& f) {
+    switch (width_of(d)) {
+    case 1:
+      f(std::uint8_t{});
+      break;
+    case 2:
+      f(std::uint16_t{});
+      break;
+    case 4:
+      f(std::uint32_t{});
+      break;
+    default:
+      f(std::uint64_t{});
+      break;
+    }
   }
 
   /// The walk of one attempt: owned affine shards, then owned required
