@@ -126,7 +126,7 @@ void random_refits(const L& loader, const std::vector<tensor_meta>& metas, std::
     auto next = test::clone(cur);
     test::stress(next, 0.002 + 0.05 * static_cast<double>(rng() % 100) / 100.0, 0.05, rng());
     if (rng() % 3 == 0) test::inject_nans(next, 2, rng());
-    const delta_mode mode = kind == 1 ? delta_mode::overwrite_only
+    const delta_mode mode = kind == 1   ? delta_mode::overwrite_only
                             : rng() % 2 ? delta_mode::mixed
                                         : delta_mode::xor_only;
     auto items = test::diff_items(cur, next, mode, xor_ok, 1 + static_cast<int>(rng() % 3));
@@ -147,8 +147,7 @@ void random_refits(const L& loader, const std::vector<tensor_meta>& metas, std::
       const auto cut = ps.empty() ? 0 : rng() % ps.size();
       r->begin_attempt(attempt);
       for (std::size_t i = 0; i < cut; ++i) REQUIRE(r->stage(ps[i]).ok());
-      auto poison =
-          codec::encode_payload({attempt, 1, 9, 0}, std::span<const item>(&stray, 1));
+      auto poison = codec::encode_payload({attempt, 1, 9, 0}, std::span<const item>(&stray, 1));
       REQUIRE(r->stage(poison).ok());
       for (std::size_t i = cut; i < ps.size(); ++i) REQUIRE(r->stage(ps[i]).ok());
       CHECK_FALSE(r->apply_staged().ok());
@@ -162,9 +161,8 @@ void random_refits(const L& loader, const std::vector<tensor_meta>& metas, std::
       break;
     }
     case 3: { // a duplicate XOR item reverts its words; applying it again restores them
-      auto it = std::find_if(items.begin(), items.end(), [](const item& x) {
-        return x.encoding == value_encoding::xor_mask;
-      });
+      auto it = std::find_if(items.begin(), items.end(),
+                             [](const item& x) { return x.encoding == value_encoding::xor_mask; });
       for (auto& x : items) REQUIRE(r->apply_item(x).ok());
       cur = std::move(next);
       if (it != items.end()) {
@@ -198,8 +196,8 @@ TEST_CASE("receiver digest: incremental equals recomputation over random refits 
   const auto c = tiny_llama();
   const auto metas = canonical_tensors(c);
   for (std::uint64_t seed = 1; seed <= 2; ++seed) {
-    random_refits(loaders::vllm_style_loader(c, loaders::vllm_tp_rank(2, seed % 2)), metas,
-                  seed, 12);
+    random_refits(loaders::vllm_style_loader(c, loaders::vllm_tp_rank(2, seed % 2)), metas, seed,
+                  12);
     random_refits(loaders::cast_transpose_loader(c), metas, 100 + seed, 12);
   }
   const auto m = tiny_qwen3_moe();
@@ -259,6 +257,36 @@ TEST_CASE("owner digests: candidate and baseline digests from the changed set eq
         CHECK(members[r].baseline_digest() == round.full_baseline_digest(r));
       }
       CHECK(changed > 0);
+      // A build from the changed set equals a build that compares, bucket for bucket.
+      for (std::uint32_t r = 0; r < round.size(); ++r)
+        for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all}) {
+          owner o(plan, r, committed.view());
+          const auto ch = o.changes(cand.view());
+          CHECK(ch.count() == round.changes(r).count());
+          builder_options bo;
+          bo.mode = mode;
+          bo.chunk_bytes = 1 << 12;
+          bo.bucket_bytes = 1 << 14;
+          const auto req = training_side(plan, committed.view()).required(cand.view());
+          CHECK(req == round.required());
+          auto scanned = o.build_items(cand.view(), req, bo);
+          std::vector<delta_bucket> sparse;
+          o.build_buckets(ch, cand.view(), req, bo,
+                          [&](delta_bucket&& b) { sparse.push_back(std::move(b)); });
+          REQUIRE(scanned.size() == sparse.size());
+          for (std::size_t b = 0; b < scanned.size(); ++b) {
+            CHECK(scanned[b].sequence == sparse[b].sequence);
+            CHECK(scanned[b].input_bytes == sparse[b].input_bytes);
+            REQUIRE(scanned[b].items.size() == sparse[b].items.size());
+            for (std::size_t k = 0; k < scanned[b].items.size(); ++k) {
+              const auto &x = scanned[b].items[k], &y = sparse[b].items[k];
+              CHECK(x.tensor.name == y.tensor.name);
+              CHECK(x.encoding == y.encoding);
+              CHECK(x.indices == y.indices);
+              CHECK(x.values == y.values);
+            }
+          }
+        }
       if (rng() % 3 == 0) {
         ++abandoned; // this candidate is never committed
         continue;

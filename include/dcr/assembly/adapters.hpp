@@ -54,19 +54,25 @@ public:
   /// The candidate of the next transition (the trainer's current state; must
   /// stay valid and unchanged until the transition ends). Computes U_req and
   /// the owners' candidate digests.
+  /// This is the change detection of the transition, the one pass over the
+  /// owned shards: the changed words give the flags (a residual input is
+  /// flagged when any of its words changed), the candidate digests, and what
+  /// `build` and `commit_baseline` touch.
   void set_candidate(const source_view& candidate) {
     candidate_ = candidate;
-    std::vector<std::uint32_t> flags;
-    for (auto& o : owners_)
-      for (auto s : o.flagged_inputs(candidate_)) flags.push_back(s);
-    req_ = make_required(*plan_, flags);
     changes_.clear();
     candidate_set_.clear();
+    std::vector<std::uint32_t> flags;
     for (std::uint32_t r = 0; r < size(); ++r) {
       changes_.push_back(owners_[r].changes(candidate_));
       candidate_set_.push_back(baseline_set_[r]);
       candidate_set_.back() += changes_.back().delta;
+      const auto owned = owners_[r].owned_shards();
+      for (std::size_t i = 0; i < owned.size(); ++i)
+        if (!plan_->shards[owned[i]].feeds.empty() && !changes_.back().changed[i].empty())
+          flags.push_back(owned[i]);
     }
+    req_ = make_required(*plan_, flags);
   }
   /// Changed words of owner `r`'s candidate against its baseline.
   const owner_changes& changes(std::uint32_t r) const { return changes_.at(r); }
@@ -106,14 +112,16 @@ public:
         ~count_on_exit() { t->add_records(attempt, n); }
       } counter{t_, rq.attempt, records};
       try {
-        t_->owners_[r_].build_buckets(t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
-          for (auto& it : b.items) records += it.indices.size();
-          std::vector<std::byte> bytes;
-          auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence}, b.items,
-                                         opt.encoding, bytes);
-          if (s) s = emit(std::move(bytes));
-          if (!s) throw stop_build{std::move(s)};
-        });
+        // From the changed set `set_candidate` found: no second comparison.
+        t_->owners_[r_].build_buckets(
+            t_->changes_[r_], t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
+              for (auto& it : b.items) records += it.indices.size();
+              std::vector<std::byte> bytes;
+              auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence},
+                                             b.items, opt.encoding, bytes);
+              if (s) s = emit(std::move(bytes));
+              if (!s) throw stop_build{std::move(s)};
+            });
       } catch (stop_build& e) {
         return std::move(e.s);
       } catch (const error& e) {

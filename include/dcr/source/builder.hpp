@@ -148,7 +148,18 @@ public:
   template <class Sink>
   void build_buckets(const source_view& candidate, const required_set& req,
                      const builder_options& opt, Sink&& sink) const {
-    build_with(dispatched{}, candidate, req, opt, sink);
+    build_with(dispatched{}, candidate, req, opt, sink, nullptr);
+  }
+  /// As above with the changed words found already (`changes(candidate)`
+  /// against this baseline): the affine shards are not compared again, so
+  /// the build costs O(changes) outside the required residual tasks. Same
+  /// buckets, byte for byte. `invalid_argument` when `ch` is of another owner.
+  template <class Sink>
+  void build_buckets(const owner_changes& ch, const source_view& candidate, const required_set& req,
+                     const builder_options& opt, Sink&& sink) const {
+    if (ch.changed.size() != shards_.size())
+      throw error(errc::invalid_argument, "build_buckets: changes of another owner");
+    build_with(dispatched{}, candidate, req, opt, sink, &ch);
   }
   /// As above, through the statically composed pipeline `P` only (a
   /// `stages::refit_pipeline` over `piecewise_map`): its encoding for affine
@@ -159,7 +170,7 @@ public:
   template <class P, class Sink>
   void build_buckets(const source_view& candidate, const required_set& req,
                      const builder_options& opt, Sink&& sink) const {
-    build_with(composed<P>{}, candidate, req, opt, sink);
+    build_with(composed<P>{}, candidate, req, opt, sink, nullptr);
   }
 
   /// All buckets of one attempt.
@@ -314,6 +325,8 @@ private:
     std::unordered_map<std::uint64_t, std::size_t> bucket_slot;
     std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
     std::uint32_t sequence = 0;
+    /// Changed local indices of the shard being projected, when known (else compare).
+    const std::vector<std::uint64_t>* changed = nullptr;
     builder& get(std::uint32_t tensor, value_encoding e) {
       for (auto it = chunk.rbegin(); it != chunk.rend(); ++it)
         if (it->tensor == tensor && it->enc == e) return *it;
@@ -366,15 +379,17 @@ private:
   /// per-shard work is `select.affine` / `select.residual`.
   template <class Select, class Sink>
   void build_with(const Select& select, const source_view& candidate, const required_set& req,
-                  const builder_options& opt, Sink& sink) const {
+                  const builder_options& opt, Sink& sink, const owner_changes* ch) const {
     state st{opt, {}, {}, {}};
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       const auto& sh = plan_->shards[shards_[i]];
       if (!sh.affine()) continue;
       auto cand = view_of(candidate, shards_[i]);
       const bool xor_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
+      st.changed = ch ? &ch->changed[i] : nullptr;
       select.affine(sh, trackers_[i], cand,
                     xor_ok ? value_encoding::xor_mask : value_encoding::overwrite, st);
+      st.changed = nullptr;
       st.chunk_bytes += sh.nbytes();
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
@@ -404,10 +419,18 @@ private:
   static void project_shard(const M& map, std::span<const std::byte> old_b,
                             std::span<const std::byte> new_b, state& st) {
     using W = word_t<D>;
-    stages::changes_to_records<stages::compare<D>, stages::project<M>,
-                               stages::encode<E, codec::by_scheme>>(
-        stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b),
-        [&](std::uint32_t tensor) -> builder& { return st.get(tensor, E::id); });
+    auto target = [&](std::uint32_t tensor) -> builder& { return st.get(tensor, E::id); };
+    using pipe = stages::refit_pipeline<stages::compare<D>, stages::project<M>,
+                                        stages::encode<E, codec::by_scheme>>;
+    if (st.changed)
+      stages::changes_to_records<typename pipe::compare_stage, typename pipe::project_stage,
+                                 typename pipe::encode_stage>(
+          stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b),
+          std::span<const std::uint64_t>(*st.changed), target);
+    else
+      stages::changes_to_records<typename pipe::compare_stage, typename pipe::project_stage,
+                                 typename pipe::encode_stage>(
+          stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b), target);
   }
   /// The instantiations a table entry runs.
   struct affine_fn {
