@@ -38,8 +38,8 @@ using rank_t = receiver<loader_t>;
 
 double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 
-const char* const stage_names[] = {"detect",  "construct", "transport", "apply",
-                                   "digest",  "commit",    "full digest"};
+const char* const stage_names[] = {"detect", "construct", "transport",  "apply",
+                                   "digest", "commit",    "full digest"};
 constexpr std::size_t n_stages = std::size(stage_names);
 
 model_config scaled_model(std::uint64_t factor, bool quick) {
@@ -69,7 +69,8 @@ double spread_pct(const std::vector<double>& v) { // (max - min) / median
   return m > 0 ? 100.0 * (*hi - *lo) / m : 0;
 }
 
-result run_factor(std::uint64_t factor, std::uint64_t target_changes, int refits, bool quick) {
+result run_factor(std::uint64_t factor, std::uint64_t target_changes, int refits, bool quick,
+                  bool reference) {
   const auto cfg = scaled_model(factor, quick);
   const trainer_layout tl{2, 1, 1, 1, 2};
   auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
@@ -92,8 +93,8 @@ result run_factor(std::uint64_t factor, std::uint64_t target_changes, int refits
   vp.tensor_parallel_size = 2;
   std::vector<std::unique_ptr<rank_t>> ranks;
   for (std::uint64_t k = 0; k < vp.world_size(); ++k) {
-    ranks.push_back(std::make_unique<rank_t>(loader_t(cfg, loaders::vllm_layout::of_rank(vp, k)),
-                                             metas));
+    ranks.push_back(
+        std::make_unique<rank_t>(loader_t(cfg, loaders::vllm_layout::of_rank(vp, k)), metas));
     ranks.back()->dense_refit(committed);
   }
   committed = tensor_set{};
@@ -120,10 +121,11 @@ result run_factor(std::uint64_t factor, std::uint64_t target_changes, int refits
     std::vector<std::vector<std::byte>> payloads;
     t0 = clk::now();
     for (auto& m : members)
-      throw_if_failed(m.build({attempt, attempt, refit_mode::mixed}, [&](std::vector<std::byte>&& p) {
-        payloads.push_back(std::move(p));
-        return status::success();
-      }));
+      throw_if_failed(
+          m.build({attempt, attempt, refit_mode::mixed}, [&](std::vector<std::byte>&& p) {
+            payloads.push_back(std::move(p));
+            return status::success();
+          }));
     t[1] = since(t0);
 
     std::uint64_t bytes = 0;
@@ -142,7 +144,8 @@ result run_factor(std::uint64_t factor, std::uint64_t target_changes, int refits
     t0 = clk::now();
     for (auto& r : ranks) {
       r->begin_attempt(attempt);
-      for (auto& p : fetched) throw_if_failed(r->stage(p, {.decode_now = true, .exact_attempt = true}));
+      for (auto& p : fetched)
+        throw_if_failed(r->stage(p, {.decode_now = true, .exact_attempt = true}));
       throw_if_failed(r->apply_staged());
     }
     t[3] = since(t0);
@@ -163,6 +166,10 @@ result run_factor(std::uint64_t factor, std::uint64_t target_changes, int refits
     t[5] = since(t0);
 
     // Reference: what the digest stage cost when it hashed every byte.
+    if (!reference) {
+      for (std::size_t k = 0; k < n_stages; ++k) res.seconds[k].push_back(t[k]);
+      continue;
+    }
     t0 = clk::now();
     std::vector<digest128> full;
     for (auto& r : ranks) full.push_back(r->full_state_digest());
@@ -172,7 +179,8 @@ result run_factor(std::uint64_t factor, std::uint64_t target_changes, int refits
     for (std::size_t k = 0; k < ranks.size(); ++k)
       if (full[k] != acks[k]) throw error(errc::verification, "receiver digest differs");
     for (std::uint32_t r = 0; r < round.size(); ++r)
-      if (full[ranks.size() + r] != cand[r]) throw error(errc::verification, "owner digest differs");
+      if (full[ranks.size() + r] != cand[r])
+        throw error(errc::verification, "owner digest differs");
 
     for (std::size_t k = 0; k < n_stages; ++k) res.seconds[k].push_back(t[k]);
     res.changed += changed;
@@ -188,8 +196,16 @@ int main(int argc, char** argv) try {
   const auto o = bench::options::parse(argc, argv);
   const std::uint64_t changes = o.quick ? 20000 : 200000;
   const int refits = o.quick ? 2 : 5;
+  // `--factor N`: only that model factor (profiling one size).
+  std::vector<std::uint64_t> factors{1, 4, 16};
+  // `--no-reference`: skip the full recomputation (and the check of the kept digests).
+  bool reference = true;
+  for (std::size_t i = 0; i < o.rest.size(); ++i) {
+    if (o.rest[i] == "--factor" && i + 1 < o.rest.size()) factors = {std::stoull(o.rest[i + 1])};
+    if (o.rest[i] == "--no-reference") reference = false;
+  }
   std::vector<result> rs;
-  for (std::uint64_t f : {1, 4, 16}) rs.push_back(run_factor(f, changes, refits, o.quick));
+  for (std::uint64_t f : factors) rs.push_back(run_factor(f, changes, refits, o.quick, reference));
 
   if (o.json) {
     std::cout << "{\"bench\":\"scaling\",\"machine\":"
@@ -199,8 +215,8 @@ int main(int argc, char** argv) try {
     for (auto& r : rs)
       for (std::size_t k = 0; k < n_stages; ++k) {
         std::cout << (first ? "" : ",") << "{\"model_factor\":" << r.factor
-                  << ",\"model_bytes\":" << r.model_bytes << ",\"stage\":"
-                  << bench::json_string(stage_names[k])
+                  << ",\"model_bytes\":" << r.model_bytes
+                  << ",\"stage\":" << bench::json_string(stage_names[k])
                   << ",\"seconds\":" << bench::fmt(median(r.seconds[k]), 6)
                   << ",\"spread_pct\":" << bench::fmt(spread_pct(r.seconds[k]), 1)
                   << ",\"vs_1x\":" << bench::fmt(median(r.seconds[k]) / median(rs[0].seconds[k]), 3)
@@ -227,7 +243,8 @@ int main(int argc, char** argv) try {
   std::vector<std::string> head{"stage"};
   for (auto& r : rs) head.push_back(std::to_string(r.factor) + "x ms");
   for (auto& r : rs) head.push_back(std::to_string(r.factor) + "x spread %");
-  for (std::size_t i = 1; i < rs.size(); ++i) head.push_back(std::to_string(rs[i].factor) + "x / 1x");
+  for (std::size_t i = 1; i < rs.size(); ++i)
+    head.push_back(std::to_string(rs[i].factor) + "x / 1x");
   bench::table t(head);
   for (std::size_t k = 0; k < n_stages; ++k) {
     std::vector<std::string> row{stage_names[k]};

@@ -77,7 +77,10 @@ public:
   checked_sink& operator=(const checked_sink&) = delete;
   /// Every write this sink made reaches the store's state digest, also when
   /// the load failed part way (storage then holds exactly those writes).
-  ~checked_sink() { store_.add_digest(digest_delta_); }
+  ~checked_sink() {
+    hash_pending();
+    store_.add_digest(digest_delta_);
+  }
 
   void skip(std::string_view canonical) override {
     if (canonical != plan_.meta.name)
@@ -137,13 +140,25 @@ protected:
 
   /// The one place a sink stores a word: element `e` of parameter `p`
   /// (whose words start at `base`) becomes `w`, and the state digest sees
-  /// the word before and after.
+  /// the word before and after. The hashing is deferred to a batch: a write
+  /// loop whose iterations wait on nothing but their own cache line keeps
+  /// many misses in flight, and the element hashes (~50 instructions each)
+  /// in the same loop would hold it to one or two.
   template <class W>
   void store(W* base, std::size_t p, std::int64_t e, W w) noexcept {
     const W before = base[e];
     if (before == w) return;
-    digest_delta_.replace(store_.digest_key(p), static_cast<std::uint64_t>(e), before, w);
     base[e] = w;
+    if (n_pending_ == pending_cap) hash_pending();
+    pending_[n_pending_++] = {p, static_cast<std::uint64_t>(e), before, w};
+  }
+  /// Fold the pending writes into the sink's digest change.
+  void hash_pending() noexcept {
+    for (std::size_t i = 0; i < n_pending_; ++i) {
+      const auto& w = pending_[i];
+      digest_delta_.replace(store_.digest_key(w.param), w.element, w.before, w.after);
+    }
+    n_pending_ = 0;
   }
 
   /// Write word `w` at element `e` of parameter `p`; for tensors whose copies
@@ -170,6 +185,13 @@ protected:
   std::string error_;
   std::unordered_map<std::uint64_t, std::uint64_t> written_;
   set_digest digest_delta_;
+  struct pending_write {
+    std::size_t param;
+    std::uint64_t element, before, after;
+  };
+  static constexpr std::size_t pending_cap = 256; // 8 KiB: stays in L1
+  std::size_t n_pending_ = 0;
+  pending_write pending_[pending_cap];
 };
 
 /// Dense refit: every planned copy is a plain strided copy. Its writes do
