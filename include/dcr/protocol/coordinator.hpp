@@ -32,6 +32,8 @@
 #include <thread>
 #include <vector>
 
+#include <time.h>
+
 #include "dcr/core/error.hpp"
 #include "dcr/pipeline/stage.hpp"
 #include "dcr/protocol/commit_store.hpp"
@@ -64,6 +66,9 @@ struct attempt_report {
   double upload_seconds = 0;    ///< owners' puts
   double fetch_seconds = 0;     ///< receivers' gets (incl. polling)
   double apply_seconds = 0;     ///< receivers staging + applying
+  /// CPU time of the receivers' threads in staging + applying (max over
+  /// receivers); `apply_seconds` minus this is time spent waiting for a core.
+  double apply_cpu_seconds = 0;
   double wall_seconds = 0;
 };
 
@@ -177,6 +182,12 @@ private:
   using clock = std::chrono::steady_clock;
   static double seconds_since(clock::time_point t) {
     return std::chrono::duration<double>(clock::now() - t).count();
+  }
+  /// CPU time of the calling thread (POSIX), for `attempt_report::apply_cpu_seconds`.
+  static double thread_cpu_seconds() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
   }
 
   status check_alive() const {
@@ -355,7 +366,8 @@ private:
 
     std::vector<std::thread> threads;
     std::vector<double> construct(owners_.size()), upload(owners_.size());
-    std::vector<double> fetch(receivers_.size()), apply(receivers_.size());
+    std::vector<double> fetch(receivers_.size()), apply(receivers_.size()),
+        apply_cpu(receivers_.size());
     std::atomic<std::size_t> payloads{0};
     std::atomic<std::uint64_t> bytes{0};
     std::atomic<std::size_t> acked{0};
@@ -432,8 +444,10 @@ private:
             },
             [&](fetched&& p) {
               const auto ta = clock::now();
+              const double ca = thread_cpu_seconds();
               auto st = e->deliver(tau, p.name, p.bytes, sync);
               apply[r] += seconds_since(ta);
+              apply_cpu[r] += thread_cpu_seconds() - ca;
               throw_if_failed(st);
             },
             opt_.apply_queue);
@@ -462,6 +476,7 @@ private:
           }
         }
         const auto ta = clock::now();
+        const double ca = thread_cpu_seconds();
         if (!sync) {
           // Asynchronous RL: everything is staged; stop serving v, then apply.
           e->close_gate(tau);
@@ -473,6 +488,7 @@ private:
         digest128 d{};
         auto f = e->finish(tau, d);
         apply[r] += seconds_since(ta);
+        apply_cpu[r] += thread_cpu_seconds() - ca;
         if (!f) {
           record(std::move(f));
           return;
@@ -488,6 +504,7 @@ private:
     for (auto v : upload) ar.upload_seconds = std::max(ar.upload_seconds, v);
     for (auto v : fetch) ar.fetch_seconds = std::max(ar.fetch_seconds, v);
     for (auto v : apply) ar.apply_seconds = std::max(ar.apply_seconds, v);
+    for (auto v : apply_cpu) ar.apply_cpu_seconds = std::max(ar.apply_cpu_seconds, v);
     ar.wall_seconds = seconds_since(t0);
     if (dead_) return fail(errc::aborted, "coordinator died");
     return first;
