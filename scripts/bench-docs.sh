@@ -23,7 +23,7 @@ tmp=$(mktemp)
   echo "the items' value bytes (not their indices). Construction floor = the detection floor over every"
   echo "source shard plus a memcpy of the value bytes emitted."
   for b in dcr-bench-table2 dcr-bench-payload dcr-bench-detect dcr-bench-construct dcr-bench-fp8-rollout \
-           dcr-bench-apply dcr-bench-cuda dcr-bench-refit; do
+           dcr-bench-apply dcr-bench-cuda dcr-bench-refit dcr-bench-scaling; do
     exe=$(find build/bench -name "$b" -type f -perm -u+x 2>/dev/null | head -n1)
     if [ -z "$exe" ]; then
       echo; echo "_${b}: not built in build/ (for dcr-bench-cuda: no CUDA; see docs/cuda.md), not measured._"

@@ -71,9 +71,15 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
   CHECK(parse_commit_record("dcr-commit 1\n", out).code == errc::bad_format);
   {
     // A well-digested record of an unknown version.
-    std::string body = "dcr-commit 3\n";
+    std::string body = "dcr-commit 4\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
     CHECK(parse_commit_record(text, out).code == errc::unsupported_version);
+    // The format with whole-storage digests is refused with what to do.
+    body = "dcr-commit 2\nincarnation none\nrevision 1\n";
+    text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+    auto st2 = parse_commit_record(text, out);
+    CHECK(st2.code == errc::unsupported_version);
+    CHECK(st2.message.find("set digests") != std::string::npos);
     // The format before incarnations is refused with what to do.
     body = "dcr-commit 1\nrevision 1\n";
     text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
@@ -83,7 +89,7 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
   }
   {
     // Valid digest over malformed fields.
-    std::string body = "dcr-commit 2\nincarnation none\nrevision x\n";
+    std::string body = "dcr-commit 3\nincarnation none\nrevision x\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
     CHECK(parse_commit_record(text, out).code == errc::bad_format);
   }

@@ -10,9 +10,13 @@
 /// `training_round` holds every in-process owner of one source plan, the
 /// candidate the next transition publishes and its required set U_req (the
 /// union of all owners' flags; a multi-process trainer all-gathers them).
-/// Owner state digests are XXH3-128 fingerprints of the owned shards: the
-/// fault model has no adversary, and the digest of a 1 GB candidate must not
-/// dominate the refit.
+/// Owner state digests are set digests (core/set_digest.hpp) of the owned
+/// shards' (shard, element, word) triples: the baseline's is computed in full
+/// once, at construction; a candidate's is the baseline's plus the change
+/// of its changed words (found by the change detection `set_candidate` runs
+/// anyway), and committing adopts it, so no step after detection reads the
+/// whole model. `full_baseline_digest` / `full_candidate_digest` recompute
+/// them from every byte (checks).
 
 #include <cstdint>
 #include <cstring>
@@ -26,37 +30,14 @@
 #include <vector>
 
 #include "dcr/codec/payload.hpp"
+#include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
+#include "dcr/core/set_digest.hpp"
 #include "dcr/protocol/roles.hpp"
 #include "dcr/source/builder.hpp"
 
 namespace dcr::protocol {
-
-/// XXH3-128 of a sequence of byte spans (as one concatenation).
-class fingerprint {
-public:
-  fingerprint() : s_(XXH3_createState()) {
-    if (!s_ || XXH3_128bits_reset(s_) != XXH_OK) throw error(errc::invalid_argument, "XXH3 state");
-  }
-  ~fingerprint() { XXH3_freeState(s_); }
-  fingerprint(const fingerprint&) = delete;
-  fingerprint& operator=(const fingerprint&) = delete;
-  fingerprint& update(std::span<const std::byte> b) {
-    XXH3_128bits_update(s_, b.data(), b.size());
-    return *this;
-  }
-  digest128 final() const {
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(s_));
-    digest128 d{};
-    std::memcpy(d.data(), c.digest, d.size());
-    return d;
-  }
-
-private:
-  XXH3_state_t* s_;
-};
 
 /// Every owner of one plan in this process, and the candidate being published.
 class training_round {
@@ -66,23 +47,44 @@ public:
                  builder_options opt = {})
       : plan_(std::move(plan)), opt_(opt) {
     for (std::uint32_t r = 0; r < plan_->world; ++r) owners_.emplace_back(plan_, r, committed);
-    for (std::uint32_t r = 0; r < plan_->world; ++r)
-      baseline_digest_.push_back(shard_digest(r, committed));
+    for (auto& o : owners_) baseline_set_.push_back(o.baseline_set());
     set_candidate(committed);
   }
 
   /// The candidate of the next transition (the trainer's current state; must
   /// stay valid and unchanged until the transition ends). Computes U_req and
   /// the owners' candidate digests.
+  /// This is the change detection of the transition, the one pass over the
+  /// owned shards: the changed words give the flags (a residual input is
+  /// flagged when any of its words changed), the candidate digests, and what
+  /// `build` and `commit_baseline` touch.
   void set_candidate(const source_view& candidate) {
     candidate_ = candidate;
+    changes_.clear();
+    candidate_set_.clear();
     std::vector<std::uint32_t> flags;
-    for (auto& o : owners_)
-      for (auto s : o.flagged_inputs(candidate_)) flags.push_back(s);
+    for (std::uint32_t r = 0; r < size(); ++r) {
+      changes_.push_back(owners_[r].changes(candidate_));
+      candidate_set_.push_back(baseline_set_[r]);
+      candidate_set_.back() += changes_.back().delta;
+      const auto owned = owners_[r].owned_shards();
+      for (std::size_t i = 0; i < owned.size(); ++i)
+        if (!plan_->shards[owned[i]].feeds.empty() && !changes_.back().changed[i].empty())
+          flags.push_back(owned[i]);
+    }
     req_ = make_required(*plan_, flags);
-    candidate_digest_.clear();
-    for (std::uint32_t r = 0; r < plan_->world; ++r)
-      candidate_digest_.push_back(shard_digest(r, candidate_));
+  }
+  /// Changed words of owner `r`'s candidate against its baseline.
+  const owner_changes& changes(std::uint32_t r) const { return changes_.at(r); }
+
+  /// Owner `r`'s digests recomputed from every byte of its baseline and of
+  /// the candidate (O(owned bytes)); equal to the kept ones unless a
+  /// baseline or the candidate changed behind the round's back.
+  digest128 full_baseline_digest(std::uint32_t r) const {
+    return seal(r, owners_.at(r).baseline_set());
+  }
+  digest128 full_candidate_digest(std::uint32_t r) const {
+    return seal(r, owners_.at(r).state_set(candidate_));
   }
 
   const source_plan& plan() const noexcept { return *plan_; }
@@ -110,14 +112,16 @@ public:
         ~count_on_exit() { t->add_records(attempt, n); }
       } counter{t_, rq.attempt, records};
       try {
-        t_->owners_[r_].build_buckets(t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
-          for (auto& it : b.items) records += it.indices.size();
-          std::vector<std::byte> bytes;
-          auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence}, b.items,
-                                         opt.encoding, bytes);
-          if (s) s = emit(std::move(bytes));
-          if (!s) throw stop_build{std::move(s)};
-        });
+        // From the changed set `set_candidate` found: no second comparison.
+        t_->owners_[r_].build_buckets(
+            t_->changes_[r_], t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
+              for (auto& it : b.items) records += it.indices.size();
+              std::vector<std::byte> bytes;
+              auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence},
+                                             b.items, opt.encoding, bytes);
+              if (s) s = emit(std::move(bytes));
+              if (!s) throw stop_build{std::move(s)};
+            });
       } catch (stop_build& e) {
         return std::move(e.s);
       } catch (const error& e) {
@@ -126,11 +130,14 @@ public:
       return status::success();
     }
     void commit_baseline() {
-      t_->owners_[r_].commit_baseline(t_->candidate_, t_->req_);
-      t_->baseline_digest_[r_] = t_->candidate_digest_[r_];
+      // Only the changed words move into the trackers (O(changes)).
+      t_->owners_[r_].commit_baseline(t_->candidate_, t_->req_, t_->changes_[r_]);
+      t_->baseline_set_[r_] = t_->candidate_set_[r_];
+      t_->changes_[r_] = owner_changes{}; // the candidate is the baseline now
+      t_->changes_[r_].changed.resize(t_->owners_[r_].owned_shards().size());
     }
-    digest128 baseline_digest() const { return t_->baseline_digest_[r_]; }
-    digest128 candidate_digest() const { return t_->candidate_digest_[r_]; }
+    digest128 baseline_digest() const { return t_->seal(r_, t_->baseline_set_[r_]); }
+    digest128 candidate_digest() const { return t_->seal(r_, t_->candidate_set_[r_]); }
 
   private:
     training_round* t_;
@@ -156,10 +163,16 @@ private:
     std::lock_guard l(m_);
     records_[attempt] += n;
   }
-  digest128 shard_digest(std::uint32_t r, const source_view& v) const {
-    fingerprint f;
-    for (auto s : plan_->owned_shards(r)) f.update(v.shards.at(s));
-    return f.final();
+  /// An owner's set digest sealed with its identity (owner id, owned shard ids).
+  digest128 seal(std::uint32_t r, const set_digest& d) const {
+    std::vector<std::byte> layout(4);
+    store_le(layout.data(), r);
+    for (auto s : owners_[r].owned_shards()) {
+      const auto at = layout.size();
+      layout.resize(at + 4);
+      store_le(layout.data() + at, s);
+    }
+    return d.seal(layout);
   }
 
   std::shared_ptr<const source_plan> plan_;
@@ -167,7 +180,8 @@ private:
   std::vector<owner> owners_;
   source_view candidate_;
   required_set req_;
-  std::vector<digest128> baseline_digest_, candidate_digest_;
+  std::vector<set_digest> baseline_set_, candidate_set_;
+  std::vector<owner_changes> changes_;
   mutable std::mutex m_;
   std::map<std::uint64_t, std::uint64_t> records_;
 };

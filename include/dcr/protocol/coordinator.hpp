@@ -36,6 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include <time.h>
+
 #include "dcr/core/error.hpp"
 #include "dcr/pipeline/stage.hpp"
 #include "dcr/protocol/commit_store.hpp"
@@ -70,6 +72,9 @@ struct attempt_report {
   double upload_seconds = 0;    ///< owners' puts
   double fetch_seconds = 0;     ///< receivers' gets (incl. polling)
   double apply_seconds = 0;     ///< receivers staging + applying
+  /// CPU time of the receivers' threads in staging + applying (max over
+  /// receivers); `apply_seconds` minus this is time spent waiting for a core.
+  double apply_cpu_seconds = 0;
   double wall_seconds = 0;
 };
 
@@ -191,7 +196,6 @@ private:
   static double seconds_since(clock::time_point t) {
     return std::chrono::duration<double>(clock::now() - t).count();
   }
-
   status check_alive() const {
     DCR_RETURN_ERROR_IF(dead_, aborted, "coordinator is dead (crash injected)");
     return status::success();
@@ -457,6 +461,7 @@ private:
     for (auto& f : refits) {
       ar.fetch_seconds = std::max(ar.fetch_seconds, f.fetch_seconds);
       ar.apply_seconds = std::max(ar.apply_seconds, f.apply_seconds);
+      ar.apply_cpu_seconds = std::max(ar.apply_cpu_seconds, f.apply_cpu_seconds);
     }
     ar.wall_seconds = seconds_since(t0);
     if (dead_) return fail(errc::aborted, "coordinator died");

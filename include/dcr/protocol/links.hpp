@@ -24,6 +24,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -78,6 +79,9 @@ struct refit_result {
   std::vector<digest128> acks;
   double fetch_seconds = 0; ///< gets, incl. polling, excluding apply
   double apply_seconds = 0; ///< staging + applying
+  /// CPU time of the busiest receiver in staging + applying + finishing
+  /// (beside the wall time, which on a loaded machine also counts waiting)
+  double apply_cpu_seconds = 0;
 };
 
 /// The committed version a node's dead receivers are restored to:
@@ -145,6 +149,12 @@ namespace detail {
 using link_clock = std::chrono::steady_clock;
 inline double seconds_since(link_clock::time_point t) {
   return std::chrono::duration<double>(link_clock::now() - t).count();
+}
+/// CPU time of the calling thread (POSIX), for `refit_result::apply_cpu_seconds`.
+inline double thread_cpu_seconds() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 /// Run `f(medium)` on `store` seen through incarnation `inc` (object stores),
@@ -350,6 +360,18 @@ private:
     auto reader = transport::open_reader(medium, tau, index_, rq.owners);
     status s = status::success();
     double apply = 0;
+    // CPU time per receiver, measured on whichever thread serves it.
+    std::vector<double> cpu(eps_.size());
+    auto timed = [&](endpoint& e, auto&& f) {
+      const auto k = static_cast<std::size_t>(std::find(eps_.begin(), eps_.end(), &e) - eps_.begin());
+      const double c0 = detail::thread_cpu_seconds();
+      auto st = f();
+      cpu[k] += detail::thread_cpu_seconds() - c0;
+      return st;
+    };
+    auto report_cpu = [&] {
+      for (auto c : cpu) res.apply_cpu_seconds = std::max(res.apply_cpu_seconds, c);
+    };
     const auto tf = link_clock::now();
     status applied = pipeline::run_status<fetched>(
         pipeline::chain<>{},
@@ -364,8 +386,9 @@ private:
         },
         [&](fetched&& p) {
           const auto ta = link_clock::now();
-          throw_if_failed(
-              each_endpoint([&](endpoint& e) { return e.deliver(tau, p.name, p.bytes, sync); }));
+          throw_if_failed(each_endpoint([&](endpoint& e) {
+            return timed(e, [&] { return e.deliver(tau, p.name, p.bytes, sync); });
+          }));
           apply += seconds_since(ta);
         },
         rq.apply_queue);
@@ -393,11 +416,13 @@ private:
     if (!sync) {
       // Asynchronous RL: everything is staged; stop serving v, then apply.
       for (auto* e : eps_) e->close_gate(tau);
-      DCR_TRY(each_endpoint([&](endpoint& e) { return e.apply(tau); }));
+      DCR_TRY(each_endpoint([&](endpoint& e) { return timed(e, [&] { return e.apply(tau); }); }));
     }
     res.acks.assign(eps_.size(), {});
-    for (std::size_t k = 0; k < eps_.size(); ++k) DCR_TRY(eps_[k]->finish(tau, res.acks[k]));
+    for (std::size_t k = 0; k < eps_.size(); ++k)
+      DCR_TRY(timed(*eps_[k], [&] { return eps_[k]->finish(tau, res.acks[k]); }));
     res.apply_seconds += seconds_since(ta);
+    report_cpu();
     return status::success();
   }
 

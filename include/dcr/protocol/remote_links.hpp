@@ -205,6 +205,7 @@ public:
     for (auto& d : res.acks) DCR_TRY(r.dig(d));
     DCR_TRY(r.f64(res.fetch_seconds));
     DCR_TRY(r.f64(res.apply_seconds));
+    DCR_TRY(r.f64(res.apply_cpu_seconds));
     return r.done();
   }
   status acknowledge(std::uint64_t a, std::vector<digest128>& acks) {
@@ -440,7 +441,7 @@ public:
       DCR_TRY(l_->refit(rq, stop, res));
       out.u32(static_cast<std::uint32_t>(res.acks.size()));
       for (auto& d : res.acks) out.dig(d);
-      out.f64(res.fetch_seconds).f64(res.apply_seconds);
+      out.f64(res.fetch_seconds).f64(res.apply_seconds).f64(res.apply_cpu_seconds);
       return status::success();
     }
     case control_type::acknowledge: {

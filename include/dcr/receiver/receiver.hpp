@@ -101,8 +101,14 @@ public:
   /// Load full canonical tensors from `src` through the loader. Throws
   /// `not_found`, `bad_dtype` or `shape_mismatch` for a missing or different
   /// tensor and `loader_condition` when the loader leaves its planned path.
+  /// The state digest is recomputed from all storage afterwards (also when
+  /// it throws part way), the one O(storage) digest of a receiver's life.
   template <canonical_source S>
   void dense_refit(const S& src) {
+    struct recompute_on_exit {
+      parameter_store& s;
+      ~recompute_on_exit() { s.recompute_digest(); }
+    } guard{store_};
     for (auto& tp : plan_.tensors) {
       tensor_view v = source_view(src, tp.meta);
       dense_sink sink(store_, tp, v);
@@ -278,8 +284,19 @@ public:
         });
   }
 
-  /// BLAKE2b-128 of all rank storage (see `parameter_store::digest`).
+  /// Digest of all rank storage, kept incrementally by the sinks: O(1) here,
+  /// O(changes) per refit (see `parameter_store::digest`).
   digest128 state_digest() const { return store_.digest(); }
+  /// The same digest recomputed from every stored byte (O(storage)).
+  digest128 full_state_digest() const { return store_.full_digest(); }
+  /// `verification` when the incremental digest differs from the full
+  /// recomputation (storage written outside the sinks, or a lost update).
+  status check_state_digest() const {
+    DCR_RETURN_ERROR_IF(store_.full_digest() != store_.digest(), verification,
+                        "state digest: incremental " + to_hex(store_.digest()) +
+                            " differs from the recomputation " + to_hex(store_.full_digest()));
+    return status::success();
+  }
 
 private:
   std::byte* scratch() noexcept { return reinterpret_cast<std::byte*>(scratch_.data()); }

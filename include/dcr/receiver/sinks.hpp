@@ -74,6 +74,14 @@ class checked_sink : public copy_sink {
 public:
   checked_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input)
       : store_(store), plan_(plan), input_(input) {}
+  checked_sink(const checked_sink&) = delete;
+  checked_sink& operator=(const checked_sink&) = delete;
+  /// Every write this sink made reaches the store's state digest, also when
+  /// the load failed part way (storage then holds exactly those writes).
+  ~checked_sink() {
+    hash_pending();
+    store_.add_digest(digest_delta_);
+  }
 
   void skip(std::string_view canonical) override {
     if (canonical != plan_.meta.name)
@@ -131,6 +139,29 @@ protected:
   }
   std::byte* param_data(std::size_t p) { return store_[p].bytes.data(); }
 
+  /// The one place a sink stores a word: element `e` of parameter `p`
+  /// (whose words start at `base`) becomes `w`, and the state digest sees
+  /// the word before and after. The hashing is deferred to a batch: a write
+  /// loop whose iterations wait on nothing but their own cache line keeps
+  /// many misses in flight, and the element hashes (~50 instructions each)
+  /// in the same loop would hold it to one or two.
+  template <class W>
+  void store(W* base, std::size_t p, std::int64_t e, W w) noexcept {
+    const W before = base[e];
+    if (before == w) return;
+    base[e] = w;
+    if (n_pending_ == pending_cap) hash_pending();
+    pending_[n_pending_++] = {p, static_cast<std::uint64_t>(e), before, w};
+  }
+  /// Fold the pending writes into the sink's digest change.
+  void hash_pending() noexcept {
+    for (std::size_t i = 0; i < n_pending_; ++i) {
+      const auto& w = pending_[i];
+      digest_delta_.replace(store_.digest_key(w.param), w.element, w.before, w.after);
+    }
+    n_pending_ = 0;
+  }
+
   /// Write word `w` at element `e` of parameter `p`; for tensors whose copies
   /// overlap, a second write of the same element must carry the same bits.
   template <class W>
@@ -144,7 +175,7 @@ protected:
         return;
       }
     }
-    base[e] = w;
+    store(base, p, e, w);
   }
 
   parameter_store& store_;
@@ -154,9 +185,19 @@ protected:
   bool skipped_ = false;
   std::string error_;
   std::unordered_map<std::uint64_t, std::uint64_t> written_;
+  set_digest digest_delta_;
+  struct pending_write {
+    std::size_t param;
+    std::uint64_t element, before, after;
+  };
+  static constexpr std::size_t pending_cap = 256; // 8 KiB: stays in L1
+  std::size_t n_pending_ = 0;
+  pending_write pending_[pending_cap];
 };
 
-/// Dense refit: every planned copy is a plain strided copy.
+/// Dense refit: every planned copy is a plain strided copy. Its writes do
+/// not go through `store` (a dense refit rewrites everything, so the caller
+/// recomputes the digest once: `parameter_store::recompute_digest`).
 class dense_sink final : public checked_sink {
 public:
   using checked_sink::checked_sink;
@@ -254,8 +295,9 @@ public:
         for_each_active(active_, *c,
                         [&](std::size_t j, std::int64_t e) { put(D, p, e, E::apply(D[e], V[j])); });
       else
-        for_each_active(active_, *c,
-                        [&](std::size_t j, std::int64_t e) { D[e] = E::apply(D[e], V[j]); });
+        for_each_active(active_, *c, [&](std::size_t j, std::int64_t e) {
+          store(D, p, e, E::apply(D[e], V[j]));
+        });
       return;
     }
     if constexpr (E::relative) {

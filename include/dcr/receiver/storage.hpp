@@ -4,9 +4,20 @@
 /// loader places canonical tensors into (what a serving runtime holds as its
 /// registered parameters). Storage is zero-initialised, so padding that no
 /// copy writes stays zero, and every byte takes part in the state digest.
+///
+/// State digest: a set digest (core/set_digest.hpp) of the (parameter,
+/// element, stored word) triples, kept incrementally: every write of the
+/// post-prewarm sinks passes the word before and after it to
+/// `set_digest::replace` and the sink adds its sum here (`add_digest`), so
+/// `digest()` costs O(1) and a refit O(changes). `full_digest()` recomputes
+/// it from every stored byte (the check, and what `recompute_digest` installs
+/// after a dense refit). Writes that bypass the sinks are not seen: the full
+/// recomputation is what detects them.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,6 +28,7 @@
 
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
+#include "dcr/core/set_digest.hpp"
 #include "dcr/core/tensor.hpp"
 
 namespace dcr {
@@ -51,6 +63,7 @@ public:
     const auto idx = params_.size();
     by_name_.emplace(p->meta.name, idx);
     if (!p->bytes.empty()) by_address_.emplace(p->bytes.data(), idx);
+    keys_.push_back(region_key(p->meta.name, p->meta.dtype, p->meta.shape));
     params_.push_back(std::move(p));
     return params_.back()->view();
   }
@@ -90,13 +103,22 @@ public:
     return n;
   }
 
-  /// BLAKE2b-128 over the bytes of every parameter, concatenated in
-  /// declaration order (equals `b2sum -l 128` of that concatenation).
-  digest128 digest() const {
-    blake2b_128 h;
-    for (auto& p : params_) h.update(p->bytes);
-    return h.final();
-  }
+  /// The state digest as kept incrementally (see the file comment): the set
+  /// digest of every nonzero stored word by (parameter, element), sealed
+  /// with the layout (names, dtypes and shapes in declaration order).
+  digest128 digest() const { return digest_.seal(layout_bytes()); }
+  /// The same recomputed from every stored byte: O(storage), a check of
+  /// `digest()` (equal unless storage was written outside the sinks).
+  digest128 full_digest() const { return full_set().seal(layout_bytes()); }
+  /// Replace the incremental state by the full recomputation (after a dense
+  /// refit, which writes every stored word).
+  void recompute_digest() { digest_ = full_set(); }
+  /// Add the change of a sink's writes (sums of `set_digest::replace`).
+  void add_digest(const set_digest& delta) noexcept { digest_ += delta; }
+  /// The element-hash key of parameter `i` (what the sinks pass to `replace`).
+  const set_digest_key& digest_key(std::size_t i) const noexcept { return keys_[i]; }
+  /// The incremental set digest itself (unsealed lanes).
+  const set_digest& digest_state() const noexcept { return digest_; }
 
   /// True when both stores hold the same parameters with the same bytes.
   friend bool operator==(const parameter_store& a, const parameter_store& b) {
@@ -107,7 +129,38 @@ public:
   }
 
 private:
+  set_digest full_set() const {
+    set_digest d;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      d.add_bytes(keys_[i], params_[i]->bytes, width_of(params_[i]->meta.dtype));
+    return d;
+  }
+  /// The layout the digest is sealed with: XXH3-128 of every parameter's
+  /// name, dtype and shape in declaration order.
+  std::array<std::byte, 16> layout_bytes() const {
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    for (auto& p : params_) {
+      const std::uint64_t n = p->meta.name.size(), r = p->meta.shape.size();
+      const auto d = static_cast<std::uint8_t>(p->meta.dtype);
+      XXH3_128bits_update(&st, &n, sizeof n);
+      XXH3_128bits_update(&st, p->meta.name.data(), n);
+      XXH3_128bits_update(&st, &d, 1);
+      XXH3_128bits_update(&st, &r, sizeof r);
+      XXH3_128bits_update(&st, p->meta.shape.data(), r * sizeof(std::uint64_t));
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+    std::array<std::byte, 16> out{};
+    std::memcpy(out.data(), c.digest, out.size());
+    return out;
+  }
+
   std::vector<std::unique_ptr<parameter>> params_;
+  std::vector<set_digest_key> keys_;
+  set_digest digest_;
   std::unordered_map<std::string, std::size_t> by_name_;
   std::map<const std::byte*, std::size_t> by_address_;
 };

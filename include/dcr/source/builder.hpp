@@ -43,6 +43,7 @@
 
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/payload.hpp"
+#include "dcr/core/set_digest.hpp"
 #include "dcr/pipeline/dispatch.hpp"
 #include "dcr/source/detect.hpp"
 #include "dcr/source/plan.hpp"
@@ -108,6 +109,21 @@ struct baseline_memory {
   std::uint64_t total() const noexcept { return tracker_bytes + residual_bytes; }
 };
 
+/// The words of an owner's shards that differ between its baseline and a
+/// candidate (`owner::changes`): what the candidate's state digest and a
+/// sparse baseline update need, O(changes) in size.
+struct owner_changes {
+  /// Per owned shard (in `owner::owned_shards()` order): changed local word indices, sorted.
+  std::vector<std::vector<std::uint64_t>> changed;
+  /// Set digest of the candidate's owned shards minus the baseline's.
+  set_digest delta;
+  std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (auto& c : changed) n += c.size();
+    return n;
+  }
+};
+
 /// One owner: its baseline and its delta builder (see the file comment).
 class owner {
 public:
@@ -148,7 +164,18 @@ public:
   template <class Sink>
   void build_buckets(const source_view& candidate, const required_set& req,
                      const builder_options& opt, Sink&& sink) const {
-    build_with(dispatched{}, candidate, req, opt, sink);
+    build_with(dispatched{}, candidate, req, opt, sink, nullptr);
+  }
+  /// As above with the changed words found already (`changes(candidate)`
+  /// against this baseline): the affine shards are not compared again, so
+  /// the build costs O(changes) outside the required residual tasks. Same
+  /// buckets, byte for byte. `invalid_argument` when `ch` is of another owner.
+  template <class Sink>
+  void build_buckets(const owner_changes& ch, const source_view& candidate, const required_set& req,
+                     const builder_options& opt, Sink&& sink) const {
+    if (ch.changed.size() != shards_.size())
+      throw error(errc::invalid_argument, "build_buckets: changes of another owner");
+    build_with(dispatched{}, candidate, req, opt, sink, &ch);
   }
   /// As above, through the statically composed pipeline `P` only (a
   /// `stages::refit_pipeline` over `piecewise_map`): its encoding for affine
@@ -162,7 +189,7 @@ public:
   template <class P, class Sink>
   void build_buckets(const source_view& candidate, const required_set& req,
                      const builder_options& opt, Sink&& sink) const {
-    build_with(composed<P>{}, candidate, req, opt, sink);
+    build_with(composed<P>{}, candidate, req, opt, sink, nullptr);
   }
 
   /// All buckets of one attempt.
@@ -227,6 +254,100 @@ public:
       if (req.contains(tasks_[i])) residual_[i] = std::move(next[i]);
   }
 
+  /// Element-hash key of owned shard `s` (a plan shard id) in state digests.
+  set_digest_key shard_key(std::uint32_t s) const {
+    const auto& sh = plan_->shards.at(s);
+    return region_key(sh.key, sh.dtype, sh.shape);
+  }
+  /// Set digest of the owned shards of the baseline (trackers), recomputed
+  /// from every byte: O(owned bytes), at construction and as a check.
+  set_digest baseline_set() const {
+    set_digest d;
+    for (std::size_t i = 0; i < shards_.size(); ++i)
+      d.add_bytes(shard_key(shards_[i]), trackers_[i], tracked_width(shards_[i]));
+    return d;
+  }
+  /// Set digest of the owned shards of `v`, recomputed from every byte.
+  set_digest state_set(const source_view& v) const {
+    set_digest d;
+    for (auto s : shards_) {
+      if (plan_->shards[s].blockwise)
+        d.add_bytes(shard_key(s), tracked(v, s), tracked_width(s));
+      else
+        d.add_bytes(shard_key(s), view_of(v, s), tracked_width(s));
+    }
+    return d;
+  }
+  /// The changed words of `candidate` against the baseline (change detection
+  /// over the owned shards, the one O(model) step) and the change of the set
+  /// digest they make (O(changes)).
+  owner_changes changes(const source_view& candidate) const {
+    owner_changes ch;
+    ch.changed.resize(shards_.size());
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const auto s = shards_[i];
+      const auto key = shard_key(s);
+      if (plan_->shards[s].blockwise) {
+        // The tracker holds converted codes and scales: compare those bytes.
+        const auto conv = tracked(candidate, s);
+        auto o = as_words<std::uint8_t>(trackers_[i]);
+        auto c = as_words<std::uint8_t>(conv);
+        detect_changes(o, c, 0, ch.changed[i]);
+        for (auto j : ch.changed[i]) ch.delta.replace(key, j, o[j], c[j]);
+        continue;
+      }
+      auto cand = view_of(candidate, s);
+      visit_width(plan_->shards[s].dtype, [&](auto word) {
+        using W = decltype(word);
+        auto o = as_words<W>(trackers_[i]);
+        auto c = as_words<W>(cand);
+        detect_changes(o, c, 0, ch.changed[i]);
+        for (auto j : ch.changed[i]) ch.delta.replace(key, j, o[j], c[j]);
+      });
+    }
+    return ch;
+  }
+
+  /// `commit_baseline` that copies only the changed words into the trackers:
+  /// O(changes) instead of O(owned bytes). `ch` must be `changes(candidate)`
+  /// against the current baseline (`invalid_argument` when its shape does not fit).
+  void commit_baseline(const source_view& candidate, const required_set& req,
+                       const owner_changes& ch) {
+    if (ch.changed.size() != shards_.size())
+      throw error(errc::invalid_argument, "commit_baseline: changes of another owner");
+    std::vector<std::vector<host_tensor>> next(tasks_.size());
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      if (req.contains(tasks_[i]))
+        throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
+                                 task_inputs(*plan_, tasks_[i], candidate), next[i]));
+    for (std::size_t i = 0; i < shards_.size(); ++i) { // check first: a failure changes nothing
+      const auto n = plan_->shards[shards_[i]].blockwise
+                         ? trackers_[i].size()
+                         : view_of(candidate, shards_[i]).size() /
+                               width_of(plan_->shards[shards_[i]].dtype);
+      if (!ch.changed[i].empty() && ch.changed[i].back() >= n)
+        throw error(errc::invalid_argument,
+                    "commit_baseline: change outside " + plan_->shards[shards_[i]].key);
+    }
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      if (plan_->shards[shards_[i]].blockwise) {
+        // Converted codes and scales: converting the shard again is what a
+        // tile's change costs anyway (its scale may move every code).
+        if (!ch.changed[i].empty()) trackers_[i] = tracked(candidate, shards_[i]);
+        continue;
+      }
+      auto c = view_of(candidate, shards_[i]);
+      visit_width(plan_->shards[shards_[i]].dtype, [&](auto word) {
+        using W = decltype(word);
+        auto* t = reinterpret_cast<W*>(trackers_[i].data());
+        auto cw = as_words<W>(c);
+        for (auto j : ch.changed[i]) t[j] = cw[j];
+      });
+    }
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      if (req.contains(tasks_[i])) residual_[i] = std::move(next[i]);
+  }
+
   /// Bytes of this owner's baseline.
   baseline_memory memory() const noexcept {
     baseline_memory m;
@@ -250,6 +371,8 @@ private:
     std::unordered_map<std::uint64_t, std::size_t> bucket_slot;
     std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
     std::uint32_t sequence = 0;
+    /// Changed local indices of the shard being projected, when known (else compare).
+    const std::vector<std::uint64_t>* changed = nullptr;
     builder& get(std::uint32_t tensor, value_encoding e) {
       for (auto it = chunk.rbegin(); it != chunk.rend(); ++it)
         if (it->tensor == tensor && it->enc == e) return *it;
@@ -274,6 +397,12 @@ private:
     auto b = view_of(v, s);
     return {b.begin(), b.end()};
   }
+  /// Word width of what the tracker of shard `s` holds (digests, change
+  /// sets): the shard's dtype, or bytes for a blockwise shard's mixed codes
+  /// and scales.
+  std::size_t tracked_width(std::uint32_t s) const {
+    return plan_->shards[s].blockwise ? 1 : width_of(plan_->shards[s].dtype);
+  }
   /// What the tracker of shard `s` holds: its stored bytes, or for a
   /// blockwise shard its converted FP8 scales and codes (the BF16 bits are
   /// not kept: only converted changes are ever sent).
@@ -288,13 +417,31 @@ private:
   static std::span<const W> as_words(std::span<const std::byte> b) noexcept {
     return {reinterpret_cast<const W*>(b.data()), b.size() / sizeof(W)};
   }
+  /// `f(W{})` with the unsigned word type of a dtype.
+  template <class F>
+  static void visit_width(dtype_id d, F&& f) {
+    switch (width_of(d)) {
+    case 1:
+      f(std::uint8_t{});
+      break;
+    case 2:
+      f(std::uint16_t{});
+      break;
+    case 4:
+      f(std::uint32_t{});
+      break;
+    default:
+      f(std::uint64_t{});
+      break;
+    }
+  }
 
   /// The walk of one attempt: owned affine shards, then owned required
   /// residual tasks, in plan order, grouped into chunks and buckets; the
   /// per-shard work is `select.affine` / `select.residual`.
   template <class Select, class Sink>
   void build_with(const Select& select, const source_view& candidate, const required_set& req,
-                  const builder_options& opt, Sink& sink) const {
+                  const builder_options& opt, Sink& sink, const owner_changes* ch) const {
     state st{opt, {}, {}, {}, {}};
     // add items need format v2: a v1 payload offers XOR only.
     const bool either =
@@ -324,7 +471,9 @@ private:
                                : opt.relative == relative_choice::add_only
                                    ? value_encoding::add
                                    : value_encoding::xor_mask;
+      st.changed = ch ? &ch->changed[i] : nullptr;
       select.affine(sh, trackers_[i], cand, e, relative_ok && either, st);
+      st.changed = nullptr;
       st.chunk_bytes += sh.nbytes();
       if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
@@ -361,9 +510,14 @@ private:
     using Enc = std::conditional_t<
         std::is_void_v<A>, stages::encode<E, codec::by_scheme>,
         stages::encode_either<E, std::conditional_t<std::is_void_v<A>, E, A>, codec::by_scheme>>;
-    stages::changes_to_records<stages::compare<D>, stages::project<M>, Enc>(
-        stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b),
-        [&](std::uint32_t tensor) -> builder& { return st.get(tensor, E::id); });
+    auto target = [&](std::uint32_t tensor) -> builder& { return st.get(tensor, E::id); };
+    if (st.changed)
+      stages::changes_to_records<stages::compare<D>, stages::project<M>, Enc>(
+          stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b),
+          std::span<const std::uint64_t>(*st.changed), target);
+    else
+      stages::changes_to_records<stages::compare<D>, stages::project<M>, Enc>(
+          stages::project<M>{map}, as_words<W>(old_b), as_words<W>(new_b), target);
   }
   /// The instantiations a table entry runs.
   struct affine_fn {

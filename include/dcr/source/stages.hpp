@@ -156,9 +156,13 @@ struct target_ref {
   record_buffer& (*get)(void*, std::uint32_t);
 };
 
+/// `changed`: null to find the changed words by comparing (the compare
+/// stage), or the sorted changed local indices found before (by the same
+/// comparison), so that the work is O(changes + runs) instead of O(shard).
 template <class W, class Project, class E, class A = void>
 void changes_to_records(const Project& proj, std::span<const W> old_w, std::span<const W> new_w,
-                        target_ref target) {
+                        target_ref target,
+                        const std::span<const std::uint64_t>* changed = nullptr) {
   constexpr bool either = !std::is_void_v<A>;
   constexpr std::size_t cap = 1024;
   std::uint64_t ib[cap];
@@ -182,6 +186,20 @@ void changes_to_records(const Project& proj, std::span<const W> old_w, std::span
     b = &target.get(target.ctx, r.tensor);
     const std::uint64_t shift =
         r.canonical_start - r.local_start; // modular: canonical = local + shift
+    if (changed) {
+      auto lo = std::lower_bound(changed->begin(), changed->end(), r.local_start);
+      auto hi = std::lower_bound(lo, changed->end(), r.local_start + r.count);
+      for (; lo != hi; ++lo) {
+        if (k == cap) flush();
+        const std::uint64_t j = *lo;
+        ib[k] = j + shift;
+        vb[k] = E::make(o[j], c[j]);
+        if constexpr (either) ab[k] = A::make(o[j], c[j]);
+        ++k;
+      }
+      if (k) flush();
+      return;
+    }
     compare_words<W>::blocks(
         old_w, new_w, r.local_start, r.count, [&](std::uint64_t first, std::uint64_t mask) {
           if (mask == 0) return;
@@ -217,6 +235,23 @@ void changes_to_records(const Project& proj, std::span<const typename Compare::w
       detail::target_ref{
           const_cast<void*>(static_cast<const void*>(&target)),
           [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }});
+}
+/// As above for a shard whose changed words were found already: `changed`
+/// holds exactly the local indices where `old_w` and `new_w` differ, sorted
+/// (what `detect_changes` returns). The records are the same, in the same
+/// order; the work is O(changes + map runs).
+template <class Compare, class Project, class Encode, class Target>
+void changes_to_records(const Project& proj, std::span<const typename Compare::word> old_w,
+                        std::span<const typename Compare::word> new_w,
+                        std::span<const std::uint64_t> changed, Target&& target) {
+  using T = std::remove_reference_t<Target>;
+  detail::changes_to_records<typename Compare::word, Project, typename Encode::encoding,
+                             typename alternative_of<Encode>::type>(
+      proj, old_w, new_w,
+      detail::target_ref{
+          const_cast<void*>(static_cast<const void*>(&target)),
+          [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }},
+      &changed);
 }
 
 /// Words of each encoding `choose_smaller` estimates (evenly strided sample).

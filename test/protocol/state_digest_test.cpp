@@ -1,0 +1,314 @@
+// State digests kept incrementally (core/set_digest.hpp): the receiver's, updated
+// by its sinks from the words before and after every write, and the owners',
+// updated from the changed set, always equal the full recomputation, over
+// random refits (XOR, overwrite, NaN values, unmapped cast copies), duplicate
+// XOR items, partially failed attempts repaired by an overwrite_all retry,
+// dense restores, abandoned candidates and commits.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dcr/assembly/adapters.hpp"
+#include "dcr/codec/payload.hpp"
+#include "dcr/core/set_digest.hpp"
+#include "dcr/loaders/cast_transpose.hpp"
+#include "dcr/loaders/vllm_style.hpp"
+#include "dcr/model/trainer_layout.hpp"
+#include "dcr/receiver/receiver.hpp"
+#include "dcr/source/simulator.hpp"
+#include "dcr/source/state.hpp"
+#include "receiver/refit_check.hpp"
+#include "receiver/workload.hpp"
+
+using namespace dcr;
+using dcr::test::delta_mode;
+
+TEST_CASE("set digest: order-free, add and remove invert, zero words absent, layout bound") {
+  std::mt19937_64 rng(1);
+  const auto k1 = region_key("a", dtype_id::bf16, std::vector<std::uint64_t>{8, 4});
+  const auto k2 = region_key("b", dtype_id::bf16, std::vector<std::uint64_t>{8, 4});
+  const auto k3 = region_key("a", dtype_id::f16, std::vector<std::uint64_t>{8, 4});
+  const auto k4 = region_key("a", dtype_id::bf16, std::vector<std::uint64_t>{4, 8});
+  CHECK(k1.seed[0] != k2.seed[0]);
+  CHECK(k1.seed[0] != k3.seed[0]);
+  CHECK(k1.seed[0] != k4.seed[0]);
+  struct triple {
+    int region;
+    std::uint64_t pos, word;
+  };
+  const set_digest_key* keys[] = {&k1, &k2};
+  std::vector<triple> ts;
+  for (int i = 0; i < 500; ++i)
+    ts.push_back({static_cast<int>(rng() % 2), rng() % 32, 1 + rng() % 0xFFFF});
+  set_digest a, b;
+  for (auto& t : ts) a.add(*keys[t.region], t.pos, t.word);
+  std::shuffle(ts.begin(), ts.end(), rng);
+  for (auto& t : ts) b.add(*keys[t.region], t.pos, t.word);
+  CHECK(a == b);
+  CHECK_FALSE(a.empty());
+  for (auto& t : ts) b.remove(*keys[t.region], t.pos, t.word);
+  CHECK(b.empty());
+  set_digest z;
+  z.add(k1, 3, 0);
+  CHECK(z.empty());
+  // replace == remove + add, and is a no-op for an unchanged word.
+  set_digest r1, r2;
+  r1.replace(k1, 5, 0x1234, 0x4321);
+  r2.remove(k1, 5, 0x1234);
+  r2.add(k1, 5, 0x4321);
+  CHECK(r1 == r2);
+  set_digest r3;
+  r3.replace(k1, 5, 7, 7);
+  CHECK(r3.empty());
+  // Position, word and region all matter.
+  set_digest p, q, w, g;
+  p.add(k1, 1, 9);
+  q.add(k1, 2, 9);
+  w.add(k1, 1, 10);
+  g.add(k2, 1, 9);
+  CHECK(p != q);
+  CHECK(p != w);
+  CHECK(p != g);
+  // Contiguous words equal single adds; the seal binds the layout.
+  std::vector<std::uint16_t> words(100);
+  for (auto& x : words) x = static_cast<std::uint16_t>(rng() % 4); // zeros included
+  set_digest bulk, one;
+  bulk.add_words(k1, std::span<const std::uint16_t>(words), 10);
+  for (std::size_t j = 0; j < words.size(); ++j) one.add(k1, 10 + j, words[j]);
+  CHECK(bulk == one);
+  const std::byte l1[] = {std::byte{1}}, l2[] = {std::byte{2}};
+  CHECK(bulk.seal(l1) != bulk.seal(l2));
+  CHECK(bulk.seal(l1) == one.seal(l1));
+}
+
+namespace {
+
+/// Payloads of one attempt for the diff from -> to, a few items each.
+std::vector<std::vector<std::byte>> payloads_of(const std::vector<item>& items,
+                                                std::uint64_t attempt, std::size_t per = 3) {
+  std::vector<std::vector<std::byte>> out;
+  for (std::size_t k = 0, seq = 0; k < items.size(); k += per, ++seq) {
+    const auto n = std::min(per, items.size() - k);
+    out.push_back(codec::encode_payload({attempt, 1, 0, static_cast<std::uint32_t>(seq)},
+                                        std::span<const item>(items.data() + k, n)));
+  }
+  return out;
+}
+
+/// Random refits, retries and restores of one receiver; the incremental
+/// digest must equal the recomputation after every step, and a dense refit
+/// of the state the receiver should hold.
+template <class L>
+void random_refits(const L& loader, const std::vector<tensor_meta>& metas, std::uint64_t seed,
+                   int steps) {
+  using rx = receiver<L>;
+  std::mt19937_64 rng(seed);
+  tensor_set cur = test::random_model(metas, seed);
+  auto r = std::make_unique<rx>(loader, metas);
+  r->dense_refit(cur);
+  REQUIRE(r->check_state_digest().ok());
+  auto xor_ok = [&](const std::string& n) { return r->xor_allowed(n); };
+  auto same_as_dense = [&](const tensor_set& want) {
+    rx ref(loader, metas);
+    ref.dense_refit(want);
+    CHECK(first_difference(r->storage(), ref.storage()) == "");
+    CHECK(r->state_digest() == ref.state_digest());
+  };
+  std::uint64_t attempt = 0;
+  int kinds[5] = {};
+  for (int step = 0; step < steps; ++step) {
+    const int kind = step < 5 ? step : static_cast<int>(rng() % 5); // every kind at least once
+    ++kinds[kind];
+    INFO("seed " << seed << " step " << step << " kind " << kind);
+    auto next = test::clone(cur);
+    test::stress(next, 0.002 + 0.05 * static_cast<double>(rng() % 100) / 100.0, 0.05, rng());
+    if (rng() % 3 == 0) test::inject_nans(next, 2, rng());
+    const delta_mode mode = kind == 1   ? delta_mode::overwrite_only
+                            : rng() % 2 ? delta_mode::mixed
+                                        : delta_mode::xor_only;
+    auto items = test::diff_items(cur, next, mode, xor_ok, 1 + static_cast<int>(rng() % 3));
+    std::shuffle(items.begin(), items.end(), rng);
+    switch (kind) {
+    case 0:
+    case 1: // a refit, item by item
+      for (auto& it : items) REQUIRE(r->apply_item(it).ok());
+      cur = std::move(next);
+      break;
+    case 2: { // an attempt that fails part way, then an overwrite_all retry
+      auto ps = payloads_of(items, ++attempt);
+      item stray;
+      stray.tensor = {"model.unknown.weight", {4}, dtype_id::bf16};
+      stray.encoding = value_encoding::overwrite;
+      stray.indices = {1};
+      stray.values = {std::byte{1}, std::byte{2}};
+      const auto cut = ps.empty() ? 0 : rng() % ps.size();
+      r->begin_attempt(attempt);
+      for (std::size_t i = 0; i < cut; ++i) REQUIRE(r->stage(ps[i]).ok());
+      auto poison = codec::encode_payload({attempt, 1, 9, 0}, std::span<const item>(&stray, 1));
+      REQUIRE(r->stage(poison).ok());
+      for (std::size_t i = cut; i < ps.size(); ++i) REQUIRE(r->stage(ps[i]).ok());
+      CHECK_FALSE(r->apply_staged().ok());
+      CHECK(r->check_state_digest().ok()); // partial state: the digest follows what landed
+      auto retry = test::diff_items(cur, next, delta_mode::overwrite_only, xor_ok);
+      // An overwrite_all retry rewrites every changed word, landed or not.
+      r->begin_attempt(++attempt);
+      for (auto& p : payloads_of(retry, attempt)) REQUIRE(r->stage(p).ok());
+      REQUIRE(r->apply_staged().ok());
+      cur = std::move(next);
+      break;
+    }
+    case 3: { // a duplicate XOR item reverts its words; applying it again restores them
+      auto it = std::find_if(items.begin(), items.end(),
+                             [](const item& x) { return x.encoding == value_encoding::xor_mask; });
+      for (auto& x : items) REQUIRE(r->apply_item(x).ok());
+      cur = std::move(next);
+      if (it != items.end()) {
+        REQUIRE(r->apply_item(*it).ok());
+        CHECK(r->check_state_digest().ok());
+        rx ref(loader, metas);
+        ref.dense_refit(cur);
+        // Reverted words (if this rank stores any of them) show in the digest.
+        CHECK((first_difference(r->storage(), ref.storage()) == "") ==
+              (r->state_digest() == ref.state_digest()));
+        REQUIRE(r->apply_item(*it).ok());
+      }
+      break;
+    }
+    case 4: { // the receiver dies and is restored densely
+      r = std::make_unique<rx>(loader, metas);
+      CHECK(r->state_digest() == r->full_state_digest()); // fresh zero storage
+      r->dense_refit(cur);
+      break;
+    }
+    }
+    CHECK(r->check_state_digest().ok());
+    same_as_dense(cur);
+  }
+  for (int k : kinds) CHECK(k > 0); // every kind of step ran
+}
+
+} // namespace
+
+TEST_CASE("receiver digest: incremental equals recomputation over random refits and retries") {
+  const auto c = tiny_llama();
+  const auto metas = canonical_tensors(c);
+  for (std::uint64_t seed = 1; seed <= 2; ++seed) {
+    random_refits(loaders::vllm_style_loader(c, loaders::vllm_tp_rank(2, seed % 2)), metas, seed,
+                  12);
+    random_refits(loaders::cast_transpose_loader(c), metas, 100 + seed, 12);
+  }
+  const auto m = tiny_qwen3_moe();
+  const auto mm = canonical_tensors(m);
+  random_refits(loaders::vllm_style_loader(
+                    m, loaders::vllm_layout::of_rank(test::vllm_deployment(2, 1, 2, true), 3)),
+                mm, 7, 12);
+}
+
+TEST_CASE("receiver digest: a write outside the sinks is caught by the recomputation") {
+  const auto c = tiny_llama();
+  const auto metas = canonical_tensors(c);
+  receiver<loaders::vllm_style_loader> r(loaders::vllm_style_loader(c, {}), metas);
+  r.dense_refit(test::random_model(metas, 5));
+  REQUIRE(r.check_state_digest().ok());
+  const auto kept = r.state_digest();
+  // Storage is the receiver's; a serving runtime that scribbles on it is what
+  // the check exists for.
+  const_cast<parameter_store&>(r.storage())[0].bytes[3] ^= std::byte{0x10};
+  CHECK(r.state_digest() == kept);
+  const auto s = r.check_state_digest();
+  CHECK(s.code == errc::verification);
+  CHECK(r.full_state_digest() != kept);
+}
+
+TEST_CASE("owner digests: candidate and baseline digests from the changed set equal "
+          "recomputation") {
+  for (auto [cfg, tl] : {std::pair{tiny_llama(), trainer_layout{2, 1, 1, 1, 2, 128}},
+                         std::pair{tiny_qwen3_moe(), trainer_layout{2, 1, 2, 1, 2, 128}}}) {
+    auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
+    std::vector<host_tensor> init;
+    for (std::size_t i = 0; i < plan->canonical.size(); ++i) {
+      host_tensor h(plan->canonical[i]);
+      auto w = sim::normal_bf16(h.meta.numel(), 0.02f, 50 + i);
+      std::memcpy(h.bytes.data(), w.data(), h.bytes.size());
+      init.push_back(std::move(h));
+    }
+    source_state committed = source_from_canonical(*plan, init);
+    protocol::training_round round(plan, committed.view());
+    auto members = round.members();
+    std::mt19937_64 rng(9);
+    int commits = 0, abandoned = 0;
+    for (int step = 0; step < 12; ++step) {
+      source_state cand = committed;
+      for (std::size_t s = 0; s < cand.shards.size(); ++s) {
+        if (rng() % 3 == 0) continue; // some shards unchanged
+        auto& b = cand.shards[s];
+        std::span<std::uint16_t> w(reinterpret_cast<std::uint16_t*>(b.data()), b.size() / 2);
+        sim::stress_update(w, 0.001 + 0.03 * static_cast<double>(rng() % 10) / 10.0, 0.01, rng());
+      }
+      round.set_candidate(cand.view());
+      std::uint64_t changed = 0;
+      for (std::uint32_t r = 0; r < round.size(); ++r) {
+        INFO("step " << step << " owner " << r);
+        changed += round.changes(r).count();
+        CHECK(members[r].candidate_digest() == round.full_candidate_digest(r));
+        CHECK(members[r].baseline_digest() == round.full_baseline_digest(r));
+      }
+      CHECK(changed > 0);
+      // A build from the changed set equals a build that compares, bucket for bucket.
+      for (std::uint32_t r = 0; r < round.size(); ++r)
+        for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all}) {
+          owner o(plan, r, committed.view());
+          const auto ch = o.changes(cand.view());
+          CHECK(ch.count() == round.changes(r).count());
+          builder_options bo;
+          bo.mode = mode;
+          bo.chunk_bytes = 1 << 12;
+          bo.bucket_bytes = 1 << 14;
+          const auto req = training_side(plan, committed.view()).required(cand.view());
+          CHECK(req == round.required());
+          auto scanned = o.build_items(cand.view(), req, bo);
+          std::vector<delta_bucket> sparse;
+          o.build_buckets(ch, cand.view(), req, bo,
+                          [&](delta_bucket&& b) { sparse.push_back(std::move(b)); });
+          REQUIRE(scanned.size() == sparse.size());
+          for (std::size_t b = 0; b < scanned.size(); ++b) {
+            CHECK(scanned[b].sequence == sparse[b].sequence);
+            CHECK(scanned[b].input_bytes == sparse[b].input_bytes);
+            REQUIRE(scanned[b].items.size() == sparse[b].items.size());
+            for (std::size_t k = 0; k < scanned[b].items.size(); ++k) {
+              const auto &x = scanned[b].items[k], &y = sparse[b].items[k];
+              CHECK(x.tensor.name == y.tensor.name);
+              CHECK(x.encoding == y.encoding);
+              CHECK(x.indices == y.indices);
+              CHECK(x.values == y.values);
+            }
+          }
+        }
+      if (rng() % 3 == 0) {
+        ++abandoned; // this candidate is never committed
+        continue;
+      }
+      std::vector<digest128> cands;
+      for (auto& m : members) cands.push_back(m.candidate_digest());
+      for (auto& m : members) m.commit_baseline();
+      committed = std::move(cand);
+      ++commits;
+      // A round built afresh at the committed state (full digests) agrees,
+      // and the sparse baseline update left nothing behind.
+      protocol::training_round fresh(plan, committed.view());
+      auto fm = fresh.members();
+      round.set_candidate(committed.view());
+      for (std::uint32_t r = 0; r < round.size(); ++r) {
+        CHECK(members[r].baseline_digest() == cands[r]);
+        CHECK(members[r].baseline_digest() == fm[r].baseline_digest());
+        CHECK(round.changes(r).count() == 0);
+        CHECK(members[r].candidate_digest() == members[r].baseline_digest());
+      }
+    }
+    CHECK(commits > 0);
+    CHECK(abandoned > 0);
+  }
+}
