@@ -363,7 +363,8 @@ private:
     // CPU time per receiver, measured on whichever thread serves it.
     std::vector<double> cpu(eps_.size());
     auto timed = [&](endpoint& e, auto&& f) {
-      const auto k = static_cast<std::size_t>(std::find(eps_.begin(), eps_.end(), &e) - eps_.begin());
+      const auto k =
+          static_cast<std::size_t>(std::find(eps_.begin(), eps_.end(), &e) - eps_.begin());
       const double c0 = detail::thread_cpu_seconds();
       auto st = f();
       cpu[k] += detail::thread_cpu_seconds() - c0;

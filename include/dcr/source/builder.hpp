@@ -321,10 +321,10 @@ public:
         throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
                                  task_inputs(*plan_, tasks_[i], candidate), next[i]));
     for (std::size_t i = 0; i < shards_.size(); ++i) { // check first: a failure changes nothing
-      const auto n = plan_->shards[shards_[i]].blockwise
-                         ? trackers_[i].size()
-                         : view_of(candidate, shards_[i]).size() /
-                               width_of(plan_->shards[shards_[i]].dtype);
+      const auto n =
+          plan_->shards[shards_[i]].blockwise
+              ? trackers_[i].size()
+              : view_of(candidate, shards_[i]).size() / width_of(plan_->shards[shards_[i]].dtype);
       if (!ch.changed[i].empty() && ch.changed[i].back() >= n)
         throw error(errc::invalid_argument,
                     "commit_baseline: change outside " + plan_->shards[shards_[i]].key);
