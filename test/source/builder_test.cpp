@@ -131,6 +131,17 @@ std::size_t run_case(const sweep_case& k, std::uint64_t seed) {
     CHECK(again[i].items == buckets[i].items);
   }
 
+  // Chunks built on several threads (and with the fewest chunks in flight)
+  // give the payload bytes of the one-thread build.
+  {
+    auto one = k.b, many = k.b;
+    one.threads = 1;
+    many.threads = 2 + seed % 3;
+    many.chunks_in_flight = seed % 2 ? 1 : 0;
+    const payload_id base{1, 1, 0, 0};
+    CHECK(side.build(s1.view(), base, one) == side.build(s1.view(), base, many));
+  }
+
   // Commit moves the baseline: the same candidate is then an empty delta,
   // and the next version diffs against the committed one.
   side.commit(s1.view());

@@ -45,6 +45,7 @@
 #include "dcr/codec/payload.hpp"
 #include "dcr/core/set_digest.hpp"
 #include "dcr/pipeline/dispatch.hpp"
+#include "dcr/pipeline/parallel.hpp"
 #include "dcr/source/detect.hpp"
 #include "dcr/source/plan.hpp"
 #include "dcr/source/stages.hpp"
@@ -72,6 +73,14 @@ struct builder_options {
   /// rollout's codes and scales placed by plain copies). Off by default.
   bool residual_xor = false;
   encode_options encoding{};
+  /// Threads that build chunks (0: `std::thread::hardware_concurrency()`;
+  /// 1: the calling thread only). Payload bytes do not depend on it.
+  std::size_t threads = 0;
+  /// Memory bound of a parallel build: at most this many chunks are being
+  /// built or wait, built, for their turn to be merged into a bucket (0:
+  /// twice the threads). With the open bucket, what a build holds beyond its
+  /// inputs is at most this many chunks' records plus one bucket.
+  std::size_t chunks_in_flight = 0;
 };
 
 /// The required set U_req: which residual tasks must be converted this attempt.
@@ -436,18 +445,91 @@ private:
     }
   }
 
+  /// One unit of the walk: an owned shard (affine or blockwise) or an owned
+  /// required residual task, by its position in `shards_` / `tasks_`.
+  struct unit {
+    bool residual;
+    std::uint32_t at;
+  };
+  /// Whole units, in walk order, whose bytes reach the chunk target (the
+  /// last may be short).
+  struct chunk_span {
+    std::size_t first, last;
+    std::uint64_t bytes;
+  };
+
   /// The walk of one attempt: owned affine shards, then owned required
   /// residual tasks, in plan order, grouped into chunks and buckets; the
-  /// per-shard work is `select.affine` / `select.residual`.
+  /// per-shard work is `select.affine` / `select.residual`. Chunk boundaries
+  /// depend on the plan only, so chunks are built independently (on
+  /// `opt.threads` threads, at most `opt.chunks_in_flight` at a time) and
+  /// merged into buckets in chunk order: the same bytes for any thread count.
   template <class Select, class Sink>
   void build_with(const Select& select, const source_view& candidate, const required_set& req,
                   const builder_options& opt, Sink& sink, const owner_changes* ch) const {
+    std::vector<unit> units;
+    std::vector<chunk_span> chunks;
+    auto add = [&](unit u, std::uint64_t b) {
+      if (chunks.empty() || chunks.back().bytes >= opt.chunk_bytes)
+        chunks.push_back({units.size(), units.size(), 0});
+      units.push_back(u);
+      chunks.back().last = units.size();
+      chunks.back().bytes += b;
+    };
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      const auto& sh = plan_->shards[shards_[i]];
+      if (sh.blockwise || sh.affine()) add({false, static_cast<std::uint32_t>(i)}, sh.nbytes());
+    }
+    for (std::size_t i = 0; i < tasks_.size(); ++i)
+      if (req.contains(tasks_[i]))
+        add({true, static_cast<std::uint32_t>(i)}, plan_->tasks[tasks_[i]].output_bytes);
+
     state st{opt, {}, {}, {}, {}};
+    pipeline::for_each_ordered(
+        chunks.size(), pipeline::resolve_threads(opt.threads), opt.chunks_in_flight,
+        [&](std::size_t c) {
+          state local{opt, {}, {}, {}, {}};
+          build_chunk(select, candidate, opt, ch, units, chunks[c], local);
+          return std::move(local.chunk);
+        },
+        [&](std::size_t c, std::vector<builder>&& records) {
+          st.chunk = std::move(records);
+          st.chunk_bytes = chunks[c].bytes;
+          close_chunk(st, sink);
+        });
+    flush(st, sink);
+  }
+
+  /// The records of one chunk, each tensor's sorted (on the worker, so the
+  /// merge in chunk order only concatenates or merges sorted lists).
+  template <class Select>
+  void build_chunk(const Select& select, const source_view& candidate, const builder_options& opt,
+                   const owner_changes* ch, const std::vector<unit>& units, const chunk_span& span,
+                   state& st) const {
     // add items need format v2: a v1 payload offers XOR only.
     const bool either =
         opt.relative == relative_choice::smallest && opt.encoding.format_version >= 2;
     std::vector<std::byte> converted;
-    for (std::size_t i = 0; i < shards_.size(); ++i) {
+    std::vector<host_tensor> produced;
+    const auto residual_enc = opt.mode == refit_mode::mixed && opt.residual_xor
+                                  ? value_encoding::xor_mask
+                                  : value_encoding::overwrite;
+    for (std::size_t u = span.first; u < span.last; ++u) {
+      const std::size_t i = units[u].at;
+      if (units[u].residual) {
+        const auto& task = plan_->tasks[tasks_[i]];
+        throw_if_failed(run_rule(task.rule, task_inputs(*plan_, tasks_[i], candidate), produced));
+        for (std::size_t k = 0; k < produced.size(); ++k) {
+          const auto& meta = plan_->canonical[task.outputs[k]];
+          if (produced[k].bytes.size() != meta.nbytes() ||
+              residual_[i][k].bytes.size() != meta.nbytes())
+            throw error(errc::shape_mismatch,
+                        task.rule.name + ": output " + meta.name + " has the wrong size");
+          select.residual(plan_->canonical[task.outputs[k]], task.outputs[k], residual_[i][k].bytes,
+                          produced[k].bytes, residual_enc, st);
+        }
+        continue;
+      }
       const auto& sh = plan_->shards[shards_[i]];
       if (sh.blockwise) {
         // Shard-local FP8: quantise the candidate shard, diff codes and
@@ -460,11 +542,8 @@ private:
         std::span<const std::byte> old_b = trackers_[i], new_b = converted;
         select.blockwise(sh, b.code_part(old_b), b.code_part(new_b), b.scale_part(old_b),
                          b.scale_part(new_b), enc, st);
-        st.chunk_bytes += sh.nbytes();
-        if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
         continue;
       }
-      if (!sh.affine()) continue;
       auto cand = view_of(candidate, shards_[i]);
       const bool relative_ok = opt.mode == refit_mode::mixed && sh.map->is_unique();
       const value_encoding e = !relative_ok ? value_encoding::overwrite
@@ -474,31 +553,11 @@ private:
       st.changed = ch ? &ch->changed[i] : nullptr;
       select.affine(sh, trackers_[i], cand, e, relative_ok && either, st);
       st.changed = nullptr;
-      st.chunk_bytes += sh.nbytes();
-      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
     }
-    std::vector<host_tensor> produced;
-    const auto residual_enc = opt.mode == refit_mode::mixed && opt.residual_xor
-                                  ? value_encoding::xor_mask
-                                  : value_encoding::overwrite;
-    for (std::size_t i = 0; i < tasks_.size(); ++i) {
-      if (!req.contains(tasks_[i])) continue;
-      const auto& task = plan_->tasks[tasks_[i]];
-      throw_if_failed(run_rule(task.rule, task_inputs(*plan_, tasks_[i], candidate), produced));
-      for (std::size_t k = 0; k < produced.size(); ++k) {
-        const auto& meta = plan_->canonical[task.outputs[k]];
-        if (produced[k].bytes.size() != meta.nbytes() ||
-            residual_[i][k].bytes.size() != meta.nbytes())
-          throw error(errc::shape_mismatch,
-                      task.rule.name + ": output " + meta.name + " has the wrong size");
-        select.residual(plan_->canonical[task.outputs[k]], task.outputs[k], residual_[i][k].bytes,
-                        produced[k].bytes, residual_enc, st);
-      }
-      st.chunk_bytes += task.output_bytes;
-      if (st.chunk_bytes >= opt.chunk_bytes) close_chunk(st, sink);
-    }
-    close_chunk(st, sink);
-    flush(st, sink);
+    for (auto& b : st.chunk)
+      if (!b.indices.empty())
+        visit_dtype(plan_->canonical[b.tensor].dtype,
+                    [&](auto tag) { stages::sort_records<word_t<decltype(tag)>>(b); });
   }
 
   /// compare<D> -> project<M> -> encode<E> (or encode_either<E, A> when `A`
@@ -691,8 +750,7 @@ private:
       if (b.indices.empty()) continue;
       emitted = true;
       const auto& meta = plan_->canonical[b.tensor];
-      const std::size_t w = width_of(meta.dtype);
-      visit_dtype(meta.dtype, [&](auto tag) { stages::sort_records<word_t<decltype(tag)>>(b); });
+      const std::size_t w = width_of(meta.dtype); // records sorted by build_chunk
       const std::uint64_t key = (std::uint64_t{b.tensor} << 8) | static_cast<std::uint8_t>(b.enc);
       auto [pos, fresh] = st.bucket_slot.try_emplace(key, st.bucket.size());
       if (fresh) {
