@@ -21,6 +21,9 @@
 // Timed: compare + project/convert + records + items in buckets (not payload
 // encoding, which dcr-bench-codec measures). ratio_to_memcpy = X / memcpy;
 // direct_speedup_vs_full = F / P (isolates direct projection, as in the paper).
+// Thread scaling: X again with each owner's chunks built on every hardware
+// thread (builder_options::threads = 0), against the 1-thread X; scaling =
+// 1-thread time / all-thread time (`threads`, `scaling` in --json).
 // Also printed: payload bytes (zstd-1) of X and Q, what projecting QKV
 // directly (XOR items) saves over leaving it residual (overwrite items).
 
@@ -30,6 +33,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -80,7 +84,8 @@ auto required_for(const source_plan& plan, const source_view& committed,
 /// best of `reps` per owner); owners are built one at a time to bound memory.
 double time_build(const std::shared_ptr<const source_plan>& plan, const source_view& committed,
                   const source_view& candidate, refit_mode mode, int reps,
-                  std::uint64_t* records = nullptr, std::uint64_t* value_bytes = nullptr) {
+                  std::uint64_t* records = nullptr, std::uint64_t* value_bytes = nullptr,
+                  std::size_t threads = 1) {
   double total = 0;
   if (records) *records = 0;
   if (value_bytes) *value_bytes = 0;
@@ -89,6 +94,7 @@ double time_build(const std::shared_ptr<const source_plan>& plan, const source_v
     owner o(plan, id, committed);
     builder_options opt;
     opt.mode = mode;
+    opt.threads = threads;
     std::uint64_t n = 0, vb = 0;
     total += bench::best_seconds(reps, [&] {
       n = 0;
@@ -115,11 +121,25 @@ std::uint64_t payload_bytes(const std::shared_ptr<const source_plan>& plan,
   const auto req = required_for(*plan, committed, candidate);
   builder_options opt;
   opt.mode = mode;
+  opt.threads = 1;
   for (std::uint32_t id = 0; id < plan->world; ++id) {
     owner o(plan, id, committed);
     for (auto& p : o.build(candidate, req, {1, 1, id, 0}, opt)) total += p.size();
   }
   return total;
+}
+
+/// Thread scaling of X: chunks built on every hardware thread
+/// (`builder_options::threads` = 0) against one thread (row.x_s).
+struct scaling_row {
+  std::size_t threads;
+  double all_s;
+  double scaling(double one_s) const { return one_s / all_s; }
+};
+scaling_row time_scaling(const std::shared_ptr<const source_plan>& plan, const source_view& v0,
+                         const source_view& v1, int reps) {
+  const std::size_t n = pipeline::resolve_threads(0);
+  return {n, time_build(plan, v0, v1, refit_mode::mixed, reps, nullptr, nullptr, n)};
 }
 
 } // namespace
@@ -148,6 +168,7 @@ int main(int argc, char** argv) {
   for (auto& t : qkv->tasks) qkv_bytes += t.output_bytes;
 
   std::vector<row> rows;
+  std::vector<scaling_row> scaling;
   for (double pct : {1.2, 3.0, 5.0}) {
     source_state s1 = s0;
     for (std::size_t s = 0; s < s1.shards.size(); ++s) {
@@ -165,6 +186,7 @@ int main(int argc, char** argv) {
       }
     });
     r.x_s = time_build(direct, v0, v1, refit_mode::mixed, reps, &r.records, &r.value_bytes);
+    scaling.push_back(time_scaling(direct, v0, v1, reps));
     {
       std::vector<std::byte> vsrc(r.value_bytes, std::byte{1}), vdst(r.value_bytes);
       r.floor_s = bench::best_seconds(reps + 1, [&] {
@@ -192,7 +214,10 @@ int main(int argc, char** argv) {
                 << ",\"ratio_to_memcpy\":" << bench::fmt(r.x_s / r.memcpy_s, 3)
                 << ",\"direct_speedup_vs_full\":" << bench::fmt(r.f_s / r.p_s, 3)
                 << ",\"floor_s\":" << r.floor_s
-                << ",\"ratio_to_floor\":" << bench::fmt(r.x_s / r.floor_s, 3) << "}";
+                << ",\"ratio_to_floor\":" << bench::fmt(r.x_s / r.floor_s, 3)
+                << ",\"threads\":" << scaling[i].threads << ",\"one_thread_s\":" << r.x_s
+                << ",\"all_threads_s\":" << scaling[i].all_s
+                << ",\"scaling\":" << bench::fmt(scaling[i].scaling(r.x_s), 3) << "}";
     }
     std::cout << "]}\n";
     return 0;
@@ -229,6 +254,25 @@ int main(int argc, char** argv) {
             << "x (residual QKV baseline " << bench::fmt(static_cast<double>(qkv_bytes) / 1e9, 3)
             << " GB). Projecting QKV directly saves that "
             << "residual baseline and the Q / X construction time above.\n";
+  {
+    // Thread scaling: chunks of each owner built on a pool (see
+    // builder_options::threads); owners still one after another.
+    bench::table ts(
+        {"change %", "X 1 thread s", "GB/s (1)", "X all threads s", "GB/s (all)", "scaling"});
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      ts.add({bench::fmt(rows[i].pct, 1), bench::fmt(rows[i].x_s, 3),
+              bench::fmt(src_bytes / rows[i].x_s / 1e9, 2), bench::fmt(scaling[i].all_s, 3),
+              bench::fmt(src_bytes / scaling[i].all_s / 1e9, 2),
+              bench::fmt(scaling[i].scaling(rows[i].x_s), 2)});
+    std::cout << "\n"
+              << (opt.markdown ? "### Thread scaling\n\n" : "Thread scaling: ")
+              << "X with each owner's chunks (target " << (builder_options{}.chunk_bytes >> 20)
+              << " MiB) built on " << (scaling.empty() ? 1 : scaling.front().threads)
+              << " threads (" << std::thread::hardware_concurrency()
+              << " hardware threads) vs 1 thread; scaling = 1-thread time / all-thread time."
+              << (opt.markdown ? "\n\n" : "\n");
+    ts.print(std::cout, opt.markdown);
+  }
   if (opt.markdown)
     std::cout << "\nX = direct projection, mixed XOR/overwrite; P = direct projection, overwrite "
                  "only; F = full "

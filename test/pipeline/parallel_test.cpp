@@ -41,7 +41,8 @@ TEST_CASE("for_each_ordered: index order and same results for 1..5 threads and a
           });
       REQUIRE(seen.size() == n);
       for (std::size_t i = 0; i < n; ++i) CHECK(seen[i] == i);
-      const std::size_t bound = threads <= 1 ? 1 : std::max(window == 0 ? 2 * threads : window, threads);
+      const std::size_t bound =
+          threads <= 1 ? 1 : std::max(window == 0 ? 2 * threads : window, threads);
       CHECK(most.load() <= std::min(threads, bound));
     }
 }
@@ -74,8 +75,7 @@ TEST_CASE("for_each_ordered: a worker's error is the lowest failing index, after
       for_each_ordered(
           100, threads, 3,
           [&](std::size_t i) -> int {
-            if (i == 41 || i == 57)
-              throw error(errc::coverage, "index " + std::to_string(i));
+            if (i == 41 || i == 57) throw error(errc::coverage, "index " + std::to_string(i));
             return static_cast<int>(i);
           },
           [&](std::size_t i, int) { seen.push_back(i); });

@@ -66,7 +66,8 @@ void for_each_ordered(std::size_t n, std::size_t threads, std::size_t window, Wo
       std::size_t i;
       {
         std::unique_lock l(m);
-        claimable.wait(l, [&] { return stop || next >= n || next >= fail_at || next < consumed + window; });
+        claimable.wait(
+            l, [&] { return stop || next >= n || next >= fail_at || next < consumed + window; });
         if (stop || next >= n || next >= fail_at) return;
         i = next++;
       }
