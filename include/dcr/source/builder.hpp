@@ -74,7 +74,9 @@ struct builder_options {
   bool residual_xor = false;
   encode_options encoding{};
   /// Threads that build chunks (0: `std::thread::hardware_concurrency()`;
-  /// 1: the calling thread only). Payload bytes do not depend on it.
+  /// 1: the calling thread only). Payload bytes do not depend on it. With
+  /// more than one, residual rules (`residual_rule::convert`) of different
+  /// tasks run concurrently, so a rule must not share mutable state.
   std::size_t threads = 0;
   /// Memory bound of a parallel build: at most this many chunks are being
   /// built or wait, built, for their turn to be merged into a bucket (0:
