@@ -32,8 +32,8 @@ namespace dcr::cluster {
 /// listens only for its own node (`self`; none in an owner).
 class process_relay_network final : public transport::relay_network {
 public:
-  process_relay_network(std::vector<protocol::peer_address> addrs, std::optional<std::uint32_t> self,
-                        transport::tcp_link_options opt)
+  process_relay_network(std::vector<protocol::peer_address> addrs,
+                        std::optional<std::uint32_t> self, transport::tcp_link_options opt)
       : addrs_(std::move(addrs)), self_(self), opt_(opt) {}
   process_relay_network(const process_relay_network&) = delete;
   process_relay_network& operator=(const process_relay_network&) = delete;
@@ -158,9 +158,8 @@ public:
                                                    transport::tcp_link_options{});
     if (node) {
       node_ = std::make_unique<transport::relay_node>(*node, topo, opt_, net_.get(), 1);
-      throw_if_failed(net_->listen(opt_.nodes, [this](std::uint32_t, auto c) {
-        node_->accept(std::move(c));
-      }));
+      throw_if_failed(
+          net_->listen(opt_.nodes, [this](std::uint32_t, auto c) { node_->accept(std::move(c)); }));
     }
   }
   process_relay(const process_relay&) = delete;
@@ -192,9 +191,9 @@ public:
   transport::relay_reader open_reader(std::uint64_t attempt, std::size_t,
                                       std::vector<std::uint32_t> owners) {
     if (!node_)
-      return transport::relay_reader(nullptr, 0, attempt, std::move(owners),
-                                     fail(errc::invalid_argument,
-                                          "relay_tree: this process hosts no relay node"));
+      return transport::relay_reader(
+          nullptr, 0, attempt, std::move(owners),
+          fail(errc::invalid_argument, "relay_tree: this process hosts no relay node"));
     return transport::relay_reader(node_.get(), 0, attempt, std::move(owners));
   }
   /// A node holds only the current attempt, which the next one replaces.
