@@ -13,7 +13,13 @@
 #                      [--kill-coordinator-every K] [--kill-coordinator-at POINT:STEP]
 #                      [--kill-owner-at STEP] [--etcd URL[,URL...]] [--s3 URL] [--json]
 #                      [--testbed] [--link-down NODE:STEP[:SECONDS]]
+#                      [--transport object_store|relay_tree] [--relay-fanout K]
 #
+# --transport relay_tree: payloads stream from the owners to rollout node 0
+#   and down a k-ary relay tree (--relay-fanout K, default 2) instead of
+#   through the object store; node j's relay listens on port BASE+200+j of
+#   its host (loopback, or its testbed address). Dense exports and restores
+#   still use the object store.
 # --kill-receiver-every K: at steps K, 2K, ... a rollout process (node
 #   (step/K - 1) mod nodes) is SIGKILLed mid-apply (after its first payload
 #   is applied); it is started again and restores densely before rejoining.
@@ -55,6 +61,8 @@ json=0
 testbed=0
 link_downs=()
 checkpoints=()
+transport=object_store
+fanout=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -75,6 +83,8 @@ while [ $# -gt 0 ]; do
     --json) json=1; shift ;;
     --testbed) testbed=1; shift ;;
     --link-down) link_downs+=("$2"); shift 2 ;;
+    --transport) transport=$2; shift 2 ;;
+    --relay-fanout) fanout=$2; shift 2 ;;
     --checkpoints)
       shift
       while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do checkpoints+=("$1"); shift; done ;;
@@ -129,6 +139,13 @@ job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
 [ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
 [ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
+if [ "$transport" = relay_tree ]; then
+  relay=""
+  for ((j = 0; j < nodes; j++)); do relay+="${relay:+,}$(node_host "$j"):$((port + 200 + j))"; done
+  job+=(--transport relay_tree --relay-nodes "$relay" --relay-fanout "$fanout")
+elif [ "$transport" != object_store ]; then
+  echo "cluster.sh: --transport $transport: expected object_store or relay_tree" >&2; exit 2
+fi
 
 say() { echo "[cluster] $*" >&2; }
 supervisors=()
@@ -181,7 +198,7 @@ for ((j = 0; j < nodes; j++)); do
   supervise "node$j" "${at[@]}" "$bin/dcr-rollout" --node "$j" --listen "$h:$((port + 100 + j))" "${job[@]}" "${extra[@]}"
   node_flags+=(--node "$h:$((port + 100 + j))")
 done
-say "work directory $work; $owners owners, $nodes nodes x $ranks receivers; $steps steps"
+say "work directory $work; $owners owners, $nodes nodes x $ranks receivers; $steps steps; transport $transport"
 
 # link_fault NODE:STEP[:SECONDS]: once the step's coordinator has taken over
 # (its "epoch" line in the log; the transition starts right after), take

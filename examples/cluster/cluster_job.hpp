@@ -44,6 +44,9 @@ struct job_flags {
   std::string s3;                           ///< S3 endpoint: objects in a bucket there
   std::string s3_bucket = "dcr-cluster";
   std::string s3_region = "us-east-1";
+  std::string transport = "object_store"; ///< how payloads travel: object_store | relay_tree
+  std::vector<std::string> relay_nodes;   ///< relay listen address of rollout node i (HOST:PORT)
+  unsigned relay_fanout = 2;              ///< k of the k-ary relay tree (root = node 0)
 };
 
 inline const char* job_usage =
@@ -58,7 +61,10 @@ inline const char* job_usage =
     "  --etcd URL[,URL...]      commit record in etcd (default: file in DIR/control)\n"
     "  --etcd-prefix P          etcd key prefix (default dcr/cluster/)\n"
     "  --s3 URL [--s3-bucket B] [--s3-region R]   objects in an S3 bucket (default: DIR/objects);\n"
-    "                           keys from DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY\n";
+    "                           keys from DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY\n"
+    "  --transport object_store|relay_tree   how payloads travel (default object_store)\n"
+    "  --relay-nodes H:P,H:P,...  relay_tree: listen address of rollout node i (one per node)\n"
+    "  --relay-fanout K         relay_tree: k-ary tree over the nodes, root node 0 (default 2)\n";
 
 /// Consume argv[i] (and its values) if it is a job flag.
 inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
@@ -74,8 +80,27 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     if (v.empty() || *end) throw error(errc::invalid_argument, a + ": not a number: " + v);
     return x;
   };
+  auto list = [&](std::vector<std::string>& out) {
+    const auto v = value();
+    std::size_t at = 0;
+    while (at <= v.size()) {
+      const auto c = std::min(v.find(',', at), v.size());
+      if (c > at) out.push_back(v.substr(at, c - at));
+      at = c + 1;
+    }
+  };
   if (a == "--workdir")
     f.workdir = value();
+  else if (a == "--transport") {
+    f.transport = value();
+    if (f.transport != "object_store" && f.transport != "relay_tree")
+      throw error(errc::invalid_argument,
+                  "--transport " + f.transport + ": expected object_store or relay_tree");
+  } else if (a == "--relay-nodes") {
+    f.relay_nodes.clear();
+    list(f.relay_nodes);
+  } else if (a == "--relay-fanout")
+    f.relay_fanout = static_cast<unsigned>(number());
   else if (a == "--size")
     f.size = value();
   else if (a == "--seed")
@@ -112,7 +137,7 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     if (f.checkpoints.empty()) throw error(errc::invalid_argument, "--checkpoints needs files");
   } else
     return false;
-  if (f.tp == 0 || f.ep == 0 || f.dp == 0 || f.nodes == 0 || f.ranks == 0)
+  if (f.tp == 0 || f.ep == 0 || f.dp == 0 || f.nodes == 0 || f.ranks == 0 || f.relay_fanout == 0)
     throw error(errc::invalid_argument, a + " must be positive");
   return true;
 }
@@ -130,9 +155,16 @@ struct job {
   std::filesystem::path objects_dir() const { return flags.workdir / "objects"; }
   std::filesystem::path control_dir() const { return flags.workdir / "control"; }
   std::filesystem::path faults_dir() const { return flags.workdir / "faults"; }
+  /// Payloads through the relay tree (relay_job.hpp) instead of the object store.
+  bool relay() const { return flags.transport == "relay_tree"; }
 };
 
 inline job make_job(const job_flags& f) {
+  if (f.transport == "relay_tree" && f.relay_nodes.size() != f.nodes)
+    throw error(errc::invalid_argument,
+                "--transport relay_tree: --relay-nodes lists " +
+                    std::to_string(f.relay_nodes.size()) + " address(es), the job has --nodes " +
+                    std::to_string(f.nodes) + " (one HOST:PORT per rollout node)");
   job j;
   j.flags = f;
   if (!f.checkpoints.empty()) {

@@ -22,6 +22,7 @@
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "examples/cluster/cluster_job.hpp"
+#include "examples/cluster/relay_job.hpp"
 
 using namespace dcr;
 using member_t = protocol::training_round::member;
@@ -137,7 +138,6 @@ int main(int argc, char** argv) try {
   std::cerr << who << ": baseline at version " << committed << ", candidate " << committed + 1
             << std::endl;
 
-  protocol::local_owner_link<member_t, owner_store> link(members[rank], store);
   protocol::owner_hooks hooks;
   hooks.verify_commit = [&](std::uint64_t tau, std::uint64_t v) -> status {
     protocol::stored_record r;
@@ -173,23 +173,40 @@ int main(int argc, char** argv) try {
       DCR_TRY(scoped.put(cluster::dense_name(v, canon[i].meta.name), canon[i].bytes));
     return status::success();
   };
-  protocol::owner_service<decltype(link)> service(link, hooks);
-  std::mutex one_call; // the process serves one call at a time (training state is shared)
-  protocol::control_server server([&](const protocol::control_frame& f,
-                                      const std::atomic<bool>& stop, protocol::body_writer& out) {
-    std::lock_guard l(one_call);
-    if (f.type == protocol::control_type::publish) {
-      protocol::body_reader r(f.body);
-      std::uint64_t target = 0;
-      if (r.u64(target)) store.target = target;
-    }
-    return service(f, stop, out);
-  });
-  throw_if_failed(server.listen(listen.host, listen.port));
-  std::cerr << who << ": serving on " << listen.host << ":" << server.port() << std::endl;
-  cluster::wait_for_termination();
-  server.shutdown();
-  return 0;
+  // Payloads go to the object store or, with --transport relay_tree, stream
+  // to the relay root (relay_job.hpp); the protocol is the same over both.
+  auto serve = [&](auto& link) {
+    protocol::owner_service<std::remove_reference_t<decltype(link)>> service(link, hooks);
+    std::mutex one_call; // the process serves one call at a time (training state is shared)
+    protocol::control_server server([&](const protocol::control_frame& f,
+                                        const std::atomic<bool>& stop, protocol::body_writer& out) {
+      std::lock_guard l(one_call);
+      if (f.type == protocol::control_type::publish) {
+        protocol::body_reader r(f.body);
+        std::uint64_t target = 0;
+        if (r.u64(target)) store.target = target;
+      }
+      return service(f, stop, out);
+    });
+    throw_if_failed(server.listen(listen.host, listen.port));
+    std::cerr << who << ": serving on " << listen.host << ":" << server.port() << " ("
+              << job.flags.transport << ")" << std::endl;
+    cluster::wait_for_termination();
+    server.shutdown();
+    return 0;
+  };
+  if (job.relay()) {
+    cluster::process_relay relay(job, std::nullopt);
+    relay.after_payload = [&] { // --die-mid-upload: after the first payload streamed
+      if (die_step && store.target == die_step &&
+          cluster::fire_once(job, "owner-upload-" + std::to_string(die_step)))
+        cluster::die_now("dcr-owner", "mid-stream of version " + std::to_string(die_step));
+    };
+    protocol::local_owner_link<member_t, cluster::process_relay> link(members[rank], relay);
+    return serve(link);
+  }
+  protocol::local_owner_link<member_t, owner_store> link(members[rank], store);
+  return serve(link);
 } catch (const std::exception& e) {
   std::cerr << "dcr-owner: " << e.what() << "\n";
   return 1;

@@ -26,6 +26,7 @@
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "examples/cluster/cluster_job.hpp"
+#include "examples/cluster/relay_job.hpp"
 
 using namespace dcr;
 
@@ -176,8 +177,6 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   }
   std::vector<endpoint_t*> eps;
   for (auto& e : endpoints) eps.push_back(e.get());
-  protocol::local_node_link<rr, cluster::job_object_store> link(eps, objects, node);
-  node_process_link<decltype(link)> plink{&link, &dense, die_step, &armed, &job};
 
   // Verification: every receiver's complete storage against a dense load of
   // the committed version through the same loader (from the owners' dense
@@ -203,16 +202,32 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
     dense.drop();
     return status::success();
   };
-  protocol::node_service<decltype(plink)> service(plink, verify);
-  protocol::control_server server(
-      [&](const protocol::control_frame& f, const std::atomic<bool>& stop,
-          protocol::body_writer& out) { return service(f, stop, out); });
-  throw_if_failed(server.listen(listen.host, listen.port));
-  std::cerr << who << ": " << eps.size() << " receivers, serving on " << listen.host << ":"
-            << server.port() << std::endl;
-  cluster::wait_for_termination();
-  server.shutdown();
-  return 0;
+  // Payloads come from the object store or, with --transport relay_tree,
+  // from this process's relay node (relay_job.hpp); restores stay dense.
+  auto serve = [&](auto& link) {
+    node_process_link<std::remove_reference_t<decltype(link)>> plink{&link, &dense, die_step,
+                                                                     &armed, &job};
+    protocol::node_service<decltype(plink)> service(plink, verify);
+    protocol::control_server server(
+        [&](const protocol::control_frame& f, const std::atomic<bool>& stop,
+            protocol::body_writer& out) { return service(f, stop, out); });
+    throw_if_failed(server.listen(listen.host, listen.port));
+    std::cerr << who << ": " << eps.size() << " receivers, serving on " << listen.host << ":"
+              << server.port() << " (" << job.flags.transport << ")" << std::endl;
+    cluster::wait_for_termination();
+    server.shutdown();
+    return 0;
+  };
+  if (job.relay()) {
+    cluster::process_relay relay(job, node);
+    std::cerr << who << ": relay node listening on " << job.flags.relay_nodes[node] << std::endl;
+    protocol::local_node_link<rr, cluster::process_relay> link(eps, relay, node);
+    const int rc = serve(link);
+    std::cerr << who << ": " << relay.counters_text() << std::endl;
+    return rc;
+  }
+  protocol::local_node_link<rr, cluster::job_object_store> link(eps, objects, node);
+  return serve(link);
 }
 
 } // namespace

@@ -8,6 +8,13 @@
 #   ci                       one receiver kill and one coordinator kill in one run
 #   checkpoints              owners replay three safetensors checkpoints (written by
 #                            dcr-demo --save-checkpoint), a receiver killed at step 2
+#   relay-clean              --transport relay_tree, no fault
+#   relay-receiver-mid-apply --transport relay_tree, a rollout process (its relay node
+#                            with it) SIGKILLed mid-stream, restarted
+#   relay-owner-mid-upload   --transport relay_tree, owner 0 SIGKILLed mid-stream
+#   relay-coordinator-mid_delivery  --transport relay_tree, the coordinator killed mid-delivery
+# relay-*: besides, the payloads crossed the relay nodes (their counters), and
+# the object store holds no payload of any attempt.
 # Checked after each: the verification line says PASS (every receiver equals,
 # byte for byte, a dense load of the committed version from the owners'
 # dense export, and serves the commit record's digest); the fault really
@@ -33,6 +40,11 @@ case "$scenario" in
       "$bin/dcr-demo" --size small --seed $((s + 5)) --save-checkpoint "$work/v$s.safetensors" 2>/dev/null
     done
     args=(--kill-receiver-every 2 --checkpoints "$work"/v{0,1,2,3}.safetensors); marker=rollout-apply-2 ;;
+  relay-clean) args=(--transport relay_tree --relay-fanout 1) ;;
+  relay-receiver-mid-apply) args=(--transport relay_tree --kill-receiver-every 2); marker=rollout-apply-2 ;;
+  relay-owner-mid-upload) args=(--transport relay_tree --kill-owner-at 2); marker=owner-upload-2 ;;
+  relay-coordinator-mid_delivery)
+    args=(--transport relay_tree --kill-coordinator-at mid_delivery:2); marker=coordinator-mid_delivery-2 ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 set +e
@@ -47,7 +59,7 @@ if [ "$rc" -ne 0 ]; then
 fi
 grep -qF '"bit_exact":true' <<<"$out" || { echo "FAIL: not bit-exact"; exit 1; }
 grep -qF '"receivers_checked":4' <<<"$out" || { echo "FAIL: not every receiver checked"; exit 1; }
-[ -e "$work/run/faults/$marker" ] || { echo "FAIL: fault $marker did not fire"; exit 1; }
+[ -z "$marker" ] || [ -e "$work/run/faults/$marker" ] || { echo "FAIL: fault $marker did not fire"; exit 1; }
 if [ "$scenario" = ci ]; then
   [ -e "$work/run/faults/coordinator-after_prepare-3" ] || { echo "FAIL: no coordinator kill"; exit 1; }
 fi
@@ -56,10 +68,23 @@ versions=$(grep -o '"step":[0-9]*' <<<"$out" | cut -d: -f2 | paste -sd' ')
 [ "$versions" = "$(seq -s' ' 1 $steps)" ] || { echo "FAIL: committed versions '$versions'"; exit 1; }
 grep -qx "version $steps" "$work/run/control/commit" || { echo "FAIL: record is not at version $steps"; exit 1; }
 case "$scenario" in
-  receiver-mid-apply|owner-mid-upload|ci|checkpoints)
+  relay-clean)
+    [ ! -s "$work/run/restarts" ] || { echo "FAIL: a process restarted in a clean run"; exit 1; } ;;
+  receiver-mid-apply|owner-mid-upload|ci|checkpoints|relay-receiver-mid-apply|relay-owner-mid-upload)
     grep -q . "$work/run/restarts" || { echo "FAIL: no process was restarted"; exit 1; } ;;
-  coordinator-*)
+  coordinator-*|relay-coordinator-*)
     runs=$(grep -o '"coordinator_runs":[0-9]*' <<<"$out" | cut -d: -f2)
     [ "$runs" -gt "$steps" ] || { echo "FAIL: no coordinator took over"; exit 1; } ;;
 esac
+if [ "${scenario#relay-}" != "$scenario" ]; then
+  # Payloads went node 0 -> node 1 through the relay tree, not the object store.
+  q0=$(grep -o 'relay node 0: [0-9]* payloads queued, [0-9]* frames forwarded' "$work/run/logs/node0.log" | tail -n1)
+  q1=$(grep -o 'relay node 1: [0-9]* payloads queued' "$work/run/logs/node1.log" | tail -n1)
+  echo "$q0; $q1"
+  [ "$(awk '{print $4}' <<<"$q0")" -gt 0 ] && [ "$(awk '{print $7}' <<<"$q0")" -gt 0 ] &&
+    [ "$(awk '{print $4}' <<<"$q1")" -gt 0 ] || { echo "FAIL: no payloads through the relay nodes"; exit 1; }
+  if find "$work/run/objects" -path '*payload*' | grep -q .; then
+    echo "FAIL: payload objects in the object store"; exit 1
+  fi
+fi
 echo "PASS: $scenario"
