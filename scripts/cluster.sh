@@ -14,6 +14,7 @@
 #                      [--kill-owner-at STEP] [--etcd URL[,URL...]] [--s3 URL] [--json]
 #                      [--testbed] [--link-down NODE:STEP[:SECONDS]]
 #                      [--transport object_store|relay_tree] [--relay-fanout K]
+#                      [--s3-restart STEP[:SECONDS]] [--link-loss NODE:PCT]
 #
 # --transport relay_tree: payloads stream from the owners to rollout node 0
 #   and down a k-ary relay tree (--relay-fanout K, default 2) instead of
@@ -40,6 +41,12 @@
 # --link-down NODE:STEP[:SECONDS] (with --testbed; may be repeated): as step
 #   STEP's transition starts (its coordinator has taken over), take NODE's
 #   link down for SECONDS (default 3), then bring it back.
+# --s3-restart STEP[:SECONDS] (with --testbed; may be repeated): at the same
+#   moment of step STEP, kill the storage host's S3 proxy (SIGKILL) while the
+#   owners upload and start it again SECONDS (default 3) later.
+# --link-loss NODE:PCT (with --testbed; may be repeated): drop PCT% of the
+#   packets on NODE's link in both directions for the whole run (netem where
+#   the kernel has it, else an nftables rule in the router namespace).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${DCR_BIN:-$here/build/examples}
@@ -60,6 +67,8 @@ s3=""
 json=0
 testbed=0
 link_downs=()
+s3_restarts=()
+link_losses=()
 checkpoints=()
 transport=object_store
 fanout=2
@@ -85,6 +94,8 @@ while [ $# -gt 0 ]; do
     --link-down) link_downs+=("$2"); shift 2 ;;
     --transport) transport=$2; shift 2 ;;
     --relay-fanout) fanout=$2; shift 2 ;;
+    --s3-restart) s3_restarts+=("$2"); shift 2 ;;
+    --link-loss) link_losses+=("$2"); shift 2 ;;
     --checkpoints)
       shift
       while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do checkpoints+=("$1"); shift; done ;;
@@ -130,8 +141,14 @@ if [ "$testbed" = 1 ]; then
   export DCR_S3_ACCESS_KEY=${DCR_S3_ACCESS_KEY:-${DCR_TB_S3_ACCESS_KEY:-}}
   export DCR_S3_SECRET_KEY=${DCR_S3_SECRET_KEY:-${DCR_TB_S3_SECRET_KEY:-}}
   [ -n "$s3" ] || { echo "cluster.sh: --testbed: the testbed runs no S3" >&2; exit 2; }
-elif [ ${#link_downs[@]} -gt 0 ]; then
-  echo "cluster.sh: --link-down needs --testbed" >&2; exit 2
+  for f in "${link_losses[@]}"; do
+    IFS=: read -r n pct <<<"$f"
+    bash "$here/scripts/testbed.sh" shape "$n" --rate "$DCR_TB_RATE" --loss "$pct" --name "$DCR_TB_NAME" >&2 ||
+      { echo "cluster.sh: --link-loss $f could not be applied" >&2; exit 2; }
+    echo "[cluster] link of $n: ${pct}% packet loss" >&2
+  done
+elif [ $((${#link_downs[@]} + ${#s3_restarts[@]} + ${#link_losses[@]})) -gt 0 ]; then
+  echo "cluster.sh: --link-down, --s3-restart and --link-loss need --testbed" >&2; exit 2
 fi
 
 job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
@@ -225,6 +242,24 @@ link_fault() {
   mkdir -p "$work/faults" && touch "$work/faults/link-$node-$step"
 }
 
+# s3_fault STEP[:SECONDS] EPOCHS: at the same moment, kill the S3 proxy and
+# start it again SECONDS later. Writes $work/faults/s3-<STEP>.
+s3_fault() {
+  local step secs epochs0=$2 deadline
+  IFS=: read -r step secs <<<"$1"
+  secs=${secs:-3}
+  deadline=$((SECONDS + 120))
+  until [ "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" -gt "$epochs0" ]; do
+    [ $SECONDS -lt $deadline ] || { say "step $step: no coordinator took over; S3 fault not fired"; return 1; }
+    sleep 0.05
+  done
+  sleep 0.2
+  say "step $step: S3 proxy killed for $secs s"
+  bash "$here/scripts/testbed.sh" restart-s3 --for "$secs" --name "$DCR_TB_NAME" 2>&1 | sed 's/^/[cluster] /' >&2
+  say "step $step: S3 proxy up again"
+  mkdir -p "$work/faults" && touch "$work/faults/s3-$step"
+}
+
 points=(after_prepare mid_delivery before_commit after_commit)
 # The coordinator runs on the storage host (its link is not a node's link).
 at=()
@@ -245,6 +280,12 @@ for ((s = 1; s <= steps; s++)); do
   for f in "${link_downs[@]}"; do
     if [ "$(echo "$f" | cut -d: -f2)" = "$s" ]; then
       link_fault "$f" "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" &
+      faults+=($!)
+    fi
+  done
+  for f in "${s3_restarts[@]}"; do
+    if [ "${f%%:*}" = "$s" ]; then
+      s3_fault "$f" "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" &
       faults+=($!)
     fi
   done

@@ -2,7 +2,9 @@
 # A cluster on one Linux machine, built from network namespaces: N training
 # nodes, M rollout nodes and a storage host, each joined to a router namespace
 # by its own veth pair. Every node's link is its link across the cluster
-# boundary and is shaped with tc (rate, optionally delay and loss with netem);
+# boundary and is shaped with tc (rate, optionally delay and loss with netem;
+# where the kernel has no sch_netem, loss is an nftables rule in the router
+# namespace and delay is unavailable);
 # the storage host's link is unshaped unless --storage-rate is given, as an
 # object store's aggregate bandwidth is not the per-node bottleneck. The
 # storage host runs a real etcd and a real S3 (Swift with s3api).
@@ -13,6 +15,8 @@
 #   testbed.sh link     NODE up|down   take NODE's link down or bring it back
 #   testbed.sh shape    NODE [--rate R] [--delay MS] [--loss PCT]   reshape NODE's link
 #   testbed.sh counters [--json]       bytes sent and received on every node's link
+#   testbed.sh restart-s3 [--for S]    kill the storage host's S3 proxy (SIGKILL),
+#                                      start it again S seconds later (default 3)
 #   testbed.sh run      [options] -- CMD...   up, run CMD on the host with the
 #                                      layout in its environment (DCR_TB_*), down
 #   testbed.sh selftest [options]      up, check reachability, services, shaping
@@ -99,6 +103,44 @@ rate_bits() {
   esac
 }
 
+# Whether this kernel has the netem qdisc (probed once on the router's lo).
+netem=''
+have_netem() {
+  if [ -z "$netem" ]; then
+    netem=no
+    if ip netns exec "$(ns router)" tc qdisc add dev lo root netem delay 0ms 2>/dev/null; then
+      netem=yes
+      ip netns exec "$(ns router)" tc qdisc del dev lo root 2>/dev/null || true
+    fi
+  fi
+  [ "$netem" = yes ]
+}
+
+# Packet loss without netem: in the router namespace only, a table
+# inet dcr_testbed whose forward chain sends the packets of each lossy link
+# (both directions) to a per-node chain dropping a random PCT% of them
+# (numgen random mod 10000 < PCT*100). PCT 0 empties the node's chain.
+nft_loss() { # node pct
+  local r node=$1 chain="loss_$1" n
+  r=$(ns router)
+  command -v nft >/dev/null || {
+    echo "testbed: this kernel has no sch_netem and nft is not installed (Debian package nftables): --loss is unavailable" >&2
+    return 77
+  }
+  n=$(awk -v p="$2" 'BEGIN { printf "%d", p * 100 + 0.5 }')
+  ((n >= 0 && n <= 10000)) || die "--loss $2: give a percentage 0..100"
+  if ! ip netns exec "$r" nft list chain inet dcr_testbed "$chain" >/dev/null 2>&1; then
+    ((n > 0)) || return 0
+    ip netns exec "$r" nft add table inet dcr_testbed
+    ip netns exec "$r" nft add chain inet dcr_testbed forward '{ type filter hook forward priority 0; policy accept; }'
+    ip netns exec "$r" nft add chain inet dcr_testbed "$chain"
+    ip netns exec "$r" nft add rule inet dcr_testbed forward iifname "to-$node" jump "$chain"
+    ip netns exec "$r" nft add rule inet dcr_testbed forward oifname "to-$node" jump "$chain"
+  fi
+  ip netns exec "$r" nft flush chain inet dcr_testbed "$chain"
+  ((n == 0)) || ip netns exec "$r" nft add rule inet dcr_testbed "$chain" numgen random mod 10000 lt "$n" counter drop
+}
+
 # Shape the egress of one interface: netem (delay/loss) at the root when asked
 # for, then a token bucket at the rate. The bucket holds 10 ms at the rate
 # (at least 32 KiB), so a burst cannot exceed the rate noticeably.
@@ -107,7 +149,7 @@ shape_dev() { # namespace dev rate delay loss
   ip netns exec "$n" tc qdisc del dev "$dev" root 2>/dev/null || true
   if [ "$d" != 0 ] || [ "$l" != 0 ]; then
     if ! ip netns exec "$n" tc qdisc add dev "$dev" root handle 1: netem delay "${d}ms" loss "${l}%" 2>/dev/null; then
-      echo "testbed: this kernel has no netem qdisc (sch_netem): --delay and --loss are unavailable" >&2
+      echo "testbed: this kernel has no netem qdisc (sch_netem): --delay is unavailable" >&2
       return 77
     fi
     parent='parent 1:'
@@ -122,8 +164,14 @@ shape_dev() { # namespace dev rate delay loss
 }
 
 shape_node() { # node rate delay loss: both directions of the node's link
-  shape_dev "$(ns "$1")" uplink "$2" "$3" "$4" || return $?
-  shape_dev "$(ns router)" "to-$1" "$2" "$3" "$4"
+  local l=$4
+  if ! have_netem; then
+    [ "$3" = 0 ] || { echo "testbed: this kernel has no netem qdisc (sch_netem): --delay is unavailable" >&2; return 77; }
+    nft_loss "$1" "$l" || return $?
+    l=0
+  fi
+  shape_dev "$(ns "$1")" uplink "$2" "$3" "$l" || return $?
+  shape_dev "$(ns router)" "to-$1" "$2" "$3" "$l"
 }
 
 wait_http() { # node url seconds
@@ -251,6 +299,8 @@ cmd_down() {
   kill_pidfile "$sd/swift-holder.pid"
   kill_pidfile "$sd/swift.pid"
   kill_pidfile "$sd/etcd.pid"
+  # The loss table lives in the router namespace; delete it explicitly.
+  ip netns exec "$(ns router)" nft delete table inet dcr_testbed 2>/dev/null || true
   # Anything still running inside the namespaces goes with them.
   for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$name-" || true); do
     for p in $(ip netns pids "$n" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
@@ -273,6 +323,21 @@ cmd_link() {
   if [ "$state" = up ]; then
     ip -n "$(ns "$node")" route replace default via "$subnet.$(link_index "$node").1"
   fi
+}
+
+cmd_restart_s3() { # seconds
+  local sd p secs=$1
+  sd=$(state_dir)
+  [ -f "$sd/swift.pid" ] || die "restart-s3: the testbed '$name' runs no S3"
+  p=$(cat "$sd/swift.pid")
+  kill -USR1 "$p" || die "restart-s3: Swift (pid $p) is not running"
+  echo "testbed: S3 proxy killed; starting it again in $secs s" >&2
+  sleep "$secs"
+  kill -USR2 "$p" || die "restart-s3: Swift (pid $p) is not running"
+  local url
+  url=$(sed -n 's/^DCR_TB_S3=//p' "$sd/env")
+  wait_http st "$url/info" 30 || die "restart-s3: the proxy did not answer at $url within 30 s"
+  echo "testbed: S3 proxy up again" >&2
 }
 
 cmd_shape() {
@@ -432,6 +497,10 @@ case "$cmd" in
     cmd_exec "$node" "$@" ;;
   link) (($# >= 2)) || die "link NODE up|down"; n=$1 s=$2; shift 2; parse_options "$@"; cmd_link "$n" "$s" ;;
   shape) (($# >= 1)) || die "shape NODE [--rate R] [--delay MS] [--loss PCT]"; n=$1; shift; cmd_shape "$n" "$@" ;;
+  restart-s3)
+    secs=3
+    [ "${1:-}" = --for ] && { secs=$2; shift 2; }
+    parse_options "$@"; cmd_restart_s3 "$secs" ;;
   counters) json=''; [ "${1:-}" = --json ] && { json=--json; shift; }; parse_options "$@"; cmd_counters "$json" ;;
   run) parse_options "$@"; cmd_run ;;
   selftest) parse_options "$@"; cmd_selftest ;;

@@ -18,6 +18,11 @@
 # With DCR_SWIFT_CERT and DCR_SWIFT_KEY set (PEM files), the proxy serves
 # HTTPS with that certificate instead of plain HTTP.
 #
+# SIGUSR1 kills the proxy server (SIGKILL, as a crash would) and SIGUSR2
+# starts it again on the same port with the same configuration and rings, so
+# that tests can restart the S3 endpoint mid-transfer while the account,
+# container and object servers (and the stored objects) stay.
+#
 # It then keeps running until its stdin reaches end of file (the parent exited
 # or closed the pipe, even by crashing) or it gets SIGINT/SIGTERM, and on the
 # way out stops every server it started and deletes the temporary directory.
@@ -170,9 +175,26 @@ CONF
 } > "$dir/etc/proxy-server.conf"
 
 for kind in account container object proxy; do
-  "swift-$kind-server" "$dir/etc/$kind-server.conf" -v </dev/null >"$dir/log/$kind.log" 2>&1 &
+  "swift-$kind-server" "$dir/etc/$kind-server.conf" -v </dev/null >>"$dir/log/$kind.log" 2>&1 &
   pids+=($!)
 done
+# The proxy is the last; while it is stopped on purpose its slot is skipped.
+proxy_idx=$((${#pids[@]} - 1))
+proxy_down=0
+stop_proxy() {
+  [ "$proxy_down" = 1 ] && return
+  proxy_down=1
+  kill -KILL "${pids[$proxy_idx]}" 2>/dev/null
+  wait "${pids[$proxy_idx]}" 2>/dev/null
+  echo "start-swift: proxy stopped (SIGUSR1)" >&2
+}
+start_proxy() {
+  [ "$proxy_down" = 1 ] || return
+  swift-proxy-server "$dir/etc/proxy-server.conf" -v </dev/null >>"$dir/log/proxy.log" 2>&1 &
+  pids[$proxy_idx]=$!
+  proxy_down=0
+  echo "start-swift: proxy started again (SIGUSR2)" >&2
+}
 
 # Ready when a SigV4-signed ListBuckets answers 200 (an independent signer in
 # the standard library of Python, so a failure here points at the server).
@@ -208,12 +230,17 @@ until s3_ok; do
 done
 
 echo "READY $proxy_port $ACCESS_KEY $SECRET_KEY $REGION"
+trap stop_proxy USR1
+trap start_proxy USR2
 # Run until stdin closes; watch the servers meanwhile.
 while :; do
   read -r -t 1 _
   rc=$?
   [ $rc -eq 0 ] && continue
   [ $rc -gt 128 ] || break # EOF
-  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || die "a swift server exited"; done
+  for i in "${!pids[@]}"; do
+    [ "$i" = "$proxy_idx" ] && [ "$proxy_down" = 1 ] && continue
+    kill -0 "${pids[$i]}" 2>/dev/null || die "a swift server exited"
+  done
 done
 exit 0
