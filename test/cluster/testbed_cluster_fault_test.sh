@@ -52,6 +52,15 @@ case "$scenario" in
   loss) grep -q 'link of r0: 3% packet loss' "$work/err" && grep -q 'link of t1: 3% packet loss' "$work/err" ||
     fail "the loss was not applied" ;;
 esac
+# Without netem the loss must have gone through nftables: its counters are then
+# required, not optional.
+if [ "$scenario" = loss ] && [ ! -s "$work/nft.json" ]; then
+  probe="$name-probe"
+  ip netns add "$probe" || fail "cannot create namespace $probe"
+  if ip netns exec "$probe" tc qdisc add dev lo root netem delay 0ms 2>/dev/null; then has_netem=1; else has_netem=0; fi
+  ip netns del "$probe"
+  [ "$has_netem" -eq 1 ] || fail "no netem and no nftables loss table: the loss was not applied"
+fi
 /usr/bin/python3 - "$work/out" "$scenario" "$steps" "$work/nft.json" <<'PY' || fail "checks on the JSON rows"
 import json, os, sys
 out, scenario, steps, nft = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
