@@ -26,6 +26,7 @@
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "examples/cluster/cluster_job.hpp"
+#include "examples/cluster/timeline.hpp"
 
 using namespace dcr;
 
@@ -89,11 +90,15 @@ public:
     r_.begin_attempt(a);
   }
   status stage(std::span<const std::byte> b) {
+    cluster::timeline::scope timed{"apply"};
     DCR_TRY(r_.stage(b));
     if (armed_ && armed_->load() && ++staged_ == 2) dying();
     return status::success();
   }
-  status apply_staged() { return r_.apply_staged(); }
+  status apply_staged() {
+    cluster::timeline::scope timed{"apply"};
+    return r_.apply_staged();
+  }
   status finish() { return r_.finish(); }
   digest128 state_digest() const { return r_.state_digest(); }
   receiver<Loader>& inner() { return r_.inner(); }
@@ -176,7 +181,9 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   }
   std::vector<endpoint_t*> eps;
   for (auto& e : endpoints) eps.push_back(e.get());
-  protocol::local_node_link<rr, cluster::job_object_store> link(eps, objects, node);
+  cluster::timeline::who() = "node" + std::to_string(node);
+  cluster::timeline::timed_store<cluster::job_object_store> fetches{&objects};
+  protocol::local_node_link<rr, decltype(fetches)> link(eps, fetches, node);
   node_process_link<decltype(link)> plink{&link, &dense, die_step, &armed, &job};
 
   // Verification: every receiver's complete storage against a dense load of
