@@ -332,7 +332,6 @@ reference_row full_checkpoint_reference(const testbed& tb,
   return row;
 }
 
-
 // ---- refit rows: the role programs over the testbed ------------------------
 
 /// One interval of a process's timeline (examples/cluster/timeline.hpp).
@@ -443,7 +442,8 @@ struct refit_setup {
   int port = 0;
 };
 
-refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string& transport, double pct, int row_no) {
+refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string& transport,
+                    double pct, int row_no) {
   auto addr = [&](const std::string& node) {
     const auto a = env_or(("DCR_TB_ADDR_" + node).c_str());
     if (a.empty()) die("the testbed exports no DCR_TB_ADDR_" + node);
@@ -455,18 +455,31 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
   std::filesystem::remove_all(work);
   std::filesystem::create_directories(work + "/logs");
   const auto timeline = work + "/timeline.jsonl";
-  const std::vector<std::string> env{"DCR_TIMELINE=" + timeline,
-                                     "DCR_S3_ACCESS_KEY=" + tb.access,
+  const std::vector<std::string> env{"DCR_TIMELINE=" + timeline, "DCR_S3_ACCESS_KEY=" + tb.access,
                                      "DCR_S3_SECRET_KEY=" + tb.secret};
   const auto tag = std::to_string(getpid()) + "-" + std::to_string(row_no);
   const int base = rs.port + row_no * 20;
   const auto n_train = tb.train.size(), n_roll = tb.roll.size();
-  std::vector<std::string> job{"--workdir", work, "--size", rs.size, "--tp",
-                               std::to_string(n_train), "--nodes", std::to_string(n_roll),
-                               "--receivers-per-node", "1", "--change-pct", pct_s,
-                               "--s3", tb.s3, "--s3-bucket", "dcr-bench-" + tag,
-                               "--s3-region", tb.region};
-  if (!rs.etcd.empty()) job.insert(job.end(), {"--etcd", rs.etcd, "--etcd-prefix", "dcr/bench-" + tag + "/"});
+  std::vector<std::string> job{"--workdir",
+                               work,
+                               "--size",
+                               rs.size,
+                               "--tp",
+                               std::to_string(n_train),
+                               "--nodes",
+                               std::to_string(n_roll),
+                               "--receivers-per-node",
+                               "1",
+                               "--change-pct",
+                               pct_s,
+                               "--s3",
+                               tb.s3,
+                               "--s3-bucket",
+                               "dcr-bench-" + tag,
+                               "--s3-region",
+                               tb.region};
+  if (!rs.etcd.empty())
+    job.insert(job.end(), {"--etcd", rs.etcd, "--etcd-prefix", "dcr/bench-" + tag + "/"});
   if (transport != "object_store") {
     std::string relays;
     for (std::size_t j = 0; j < n_roll; ++j)
@@ -513,12 +526,12 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
       std::string logs;
       for (auto& f : std::filesystem::directory_iterator(work + "/logs"))
         logs += "--- " + f.path().filename().string() + ":\n" + tail_of(f.path()) + "\n";
-      die(transport + " at " + pct_s + "%: the coordinator's " + what +
-          " failed (exit " + std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) +
-          "); logs in " + work + "/logs:\n" + logs);
+      die(transport + " at " + pct_s + "%: the coordinator's " + what + " failed (exit " +
+          std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + "); logs in " + work + "/logs:\n" +
+          logs);
     }
   };
-  coordinator(0, "bootstrap"); // version 0 everywhere: outside the timed refit
+  coordinator(0, "bootstrap");                      // version 0 everywhere: outside the timed refit
   std::ofstream(timeline, std::ios::trunc).close(); // bootstrap intervals are not the refit
   const auto before = counters::read(tb);
   coordinator(1, "refit to version 1");
@@ -533,9 +546,11 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
   std::uint64_t last_apply = 0;
   std::map<std::string, std::vector<span_ns>> construct, upload, fetch;
   for (auto& e : r.events) {
-    if (e.what == "construction") r.t0 = std::min(r.t0, e.t0), construct[e.who].push_back({e.t0, e.t1});
+    if (e.what == "construction")
+      r.t0 = std::min(r.t0, e.t0), construct[e.who].push_back({e.t0, e.t1});
     if (e.what == "baseline") r.t1 = std::max(r.t1, e.t1);
-    if (e.what == "upload") upload[e.who].push_back({e.t0, e.t1}), r.v_payload += e.bytes, ++r.payloads;
+    if (e.what == "upload")
+      upload[e.who].push_back({e.t0, e.t1}), r.v_payload += e.bytes, ++r.payloads;
     if (e.what == "fetch") fetch[e.who].push_back({e.t0, e.t1});
     if (e.what == "apply") last_apply = std::max(last_apply, e.t1);
   }
@@ -544,7 +559,8 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
         timeline + ")");
   r.refit_s = double(r.t1 - r.t0) / 1e9;
   std::uint64_t c_lb = 0, t_lb = 0;
-  for (auto& [who, v] : construct) c_lb = std::max(c_lb, union_ns(subtract(v, upload[who]), r.t0, r.t1));
+  for (auto& [who, v] : construct)
+    c_lb = std::max(c_lb, union_ns(subtract(v, upload[who]), r.t0, r.t1));
   for (auto& [who, v] : upload) t_lb = std::max(t_lb, union_ns(v, r.t0, r.t1));
   for (auto& [who, v] : fetch) t_lb = std::max(t_lb, union_ns(v, r.t0, r.t1));
   r.construction_lb_s = double(c_lb) / 1e9;
@@ -607,8 +623,8 @@ void write_svg(const refit_row& r, const std::string& path, const std::string& t
   int lx = 10;
   for (auto name : {"construction", "upload", "fetch", "apply", "commit", "baseline"}) {
     o << "<rect x=\"" << lx << "\" y=\"" << axis_y + 40 << "\" width=\"12\" height=\"12\" fill=\""
-      << kinds.at(name).second << "\"/><text x=\"" << lx + 16 << "\" y=\"" << axis_y + 50
-      << "\">" << name << "</text>\n";
+      << kinds.at(name).second << "\"/><text x=\"" << lx + 16 << "\" y=\"" << axis_y + 50 << "\">"
+      << name << "</text>\n";
     lx += 120;
   }
   o << "</svg>\n";
@@ -662,7 +678,8 @@ int main(int argc, char** argv) {
     return out;
   };
   std::vector<double> pcts;
-  for (auto& p : list(flags.count("change-pct") ? flags["change-pct"] : (opt.quick ? "3" : "1.2,3,5")))
+  for (auto& p :
+       list(flags.count("change-pct") ? flags["change-pct"] : (opt.quick ? "3" : "1.2,3,5")))
     pcts.push_back(std::stod(p));
   const auto transports =
       list(flags.count("transports") ? flags["transports"] : std::string("object_store"));
@@ -670,10 +687,10 @@ int main(int argc, char** argv) {
     if (t != "object_store" && t != "relay_tree")
       die("--transports: unknown transport '" + t + "' (object_store, relay_tree)");
   refit_setup rs;
-  rs.bin = flags.count("bin") ? flags["bin"]
-                              : (std::filesystem::path(self_exe()).parent_path().parent_path() /
-                                    "examples")
-                                     .string();
+  rs.bin =
+      flags.count("bin")
+          ? flags["bin"]
+          : (std::filesystem::path(self_exe()).parent_path().parent_path() / "examples").string();
   for (auto p : {"dcr-owner", "dcr-rollout", "dcr-coordinator"})
     if (access((rs.bin + "/" + p).c_str(), X_OK) != 0)
       die("no " + rs.bin + "/" + p + " (build it, or pass --bin DIR)");
@@ -705,7 +722,8 @@ int main(int argc, char** argv) {
   for (auto& r : rows)
     if (r.change_pct == 3 && r.transport == rows.front().transport) pic = &r;
   char title[256];
-  std::snprintf(title, sizeof title, "one refit: %s, %g %% changed, %.0f MB model, %zu+%zu nodes, %s links",
+  std::snprintf(title, sizeof title,
+                "one refit: %s, %g %% changed, %.0f MB model, %zu+%zu nodes, %s links",
                 pic->transport.c_str(), pic->change_pct, double(bytes) / 1e6, tb.train.size(),
                 tb.roll.size(), tb.rate.c_str());
   write_svg(*pic, svg, title);
@@ -738,7 +756,8 @@ int main(int argc, char** argv) {
                 << ", \"transport_lb_s\": " << r.transport_lb_s
                 << ", \"finalization_s\": " << r.finalization_s
                 << ", \"refit_over_bound\": " << d.ratio_bound
-                << ", \"checkpoint_bytes\": " << bytes << ", \"link_mbit_s\": " << tb.link_bits / 1e6
+                << ", \"checkpoint_bytes\": " << bytes
+                << ", \"link_mbit_s\": " << tb.link_bits / 1e6
                 << ", \"train_nodes\": " << tb.train.size()
                 << ", \"rollout_nodes\": " << tb.roll.size() << "}";
       first = false;
@@ -757,9 +776,9 @@ int main(int argc, char** argv) {
             << " MB checkpoint; reference objects of " << chunk / mib
             << " MiB; S3 = Swift with s3api, commit record in "
             << (rs.etcd.empty() ? "files" : "etcd") << " on the storage host\n\n";
-  dcr::bench::table t({"row", "changed %", "V_payload MB", "V_cross MB", "refit s",
-                       "reference s", "speedup", "ideal speedup", "x ideal", "constr LB s",
-                       "transp LB s", "final s", "refit / (LB+final)"});
+  dcr::bench::table t({"row", "changed %", "V_payload MB", "V_cross MB", "refit s", "reference s",
+                       "speedup", "ideal speedup", "x ideal", "constr LB s", "transp LB s",
+                       "final s", "refit / (LB+final)"});
   t.add({"full checkpoint (reference)", "100", dcr::bench::fmt(double(bytes) / 1e6, 1),
          dcr::bench::fmt(double(ref.v_cross) / 1e6, 1), "", dcr::bench::fmt(ref.total_s), "1",
          dcr::bench::fmt(ref.total_s / ref.floor_s) + " x floor", "", "", "", "", ""});

@@ -7,8 +7,8 @@
 // on an O_APPEND descriptor, so the lines of concurrent processes never
 // interleave. Without DCR_TIMELINE nothing is written.
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
@@ -51,14 +51,14 @@ inline void record(std::string_view what, std::uint64_t t0, std::uint64_t t1,
   const int fd = sink();
   if (fd < 0) return;
   char line[256];
-  const int n = std::snprintf(line, sizeof line,
-                              "{\"who\":\"%.*s\",\"what\":\"%.*s\",\"t0\":%llu,\"t1\":%llu,"
-                              "\"bytes\":%llu}\n",
-                              int(w.size()), w.data(), int(what.size()), what.data(),
-                              static_cast<unsigned long long>(t0),
-                              static_cast<unsigned long long>(t1),
-                              static_cast<unsigned long long>(bytes));
-  if (n > 0) [[maybe_unused]] auto w = ::write(fd, line, std::size_t(std::min(n, 255)));
+  const int n = std::snprintf(
+      line, sizeof line,
+      "{\"who\":\"%.*s\",\"what\":\"%.*s\",\"t0\":%llu,\"t1\":%llu,"
+      "\"bytes\":%llu}\n",
+      int(w.size()), w.data(), int(what.size()), what.data(), static_cast<unsigned long long>(t0),
+      static_cast<unsigned long long>(t1), static_cast<unsigned long long>(bytes));
+  if (n > 0) [[maybe_unused]]
+    auto w = ::write(fd, line, std::size_t(std::min(n, 255)));
 }
 
 /// Records [construction, destruction) as one interval.
@@ -87,9 +87,7 @@ struct timed_store {
     if (payload(n)) record("fetch", t0, now_ns(), out.size());
     return s;
   }
-  status list(std::string_view p, std::vector<std::string>& names) {
-    return inner->list(p, names);
-  }
+  status list(std::string_view p, std::vector<std::string>& names) { return inner->list(p, names); }
   status remove(std::string_view n) { return inner->remove(n); }
 };
 
