@@ -13,9 +13,10 @@ bash "$testbed" run --name dcrtb-bsmoke --subnet 10.79 --train 2 --roll 2 --rate
 rc=$?
 [ "$rc" -eq 77 ] && { echo "skip: no testbed here"; exit 77; }
 [ "$rc" -eq 0 ] || { echo "FAIL: the bench exited $rc"; cat "$out"; exit 1; }
+# testbed.sh prints the layout first; the bench's JSON is its one line starting with '{'.
 python3 - "$out" "$out.svg" <<'PY'
 import json, sys
-d = json.load(open(sys.argv[1]))
+d = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
 rows = d["rows"]
 assert rows, "no rows"
 keys = ["transport", "change_pct", "refit_s", "reference_s", "speedup", "ideal_speedup",
