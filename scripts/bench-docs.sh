@@ -38,6 +38,27 @@ tmp=$(mktemp)
     if [ $rc -eq 77 ]; then echo; echo "_${b}: unmeasured: this machine has no GPU (\`scripts/gpu-check.sh\` on one produces this table)._"; 
     elif [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; exit $rc; fi
   done
+  # The cluster bench runs on the network-namespace testbed (root): the role
+  # programs over shaped links, real S3 and etcd (docs/testbed.md).
+  # DCR_BENCH_CLUSTER_ARGS overrides its inputs (default: 1 GB model, 1 Gbit/s).
+  echo
+  echo "## Refit vs full checkpoint on the testbed (\`dcr-bench-cluster\`)"
+  cluster_args=${DCR_BENCH_CLUSTER_ARGS:---size 1GB}
+  if [ "$(id -u)" = 0 ] && [ -x build/bench/dcr-bench-cluster ]; then
+    echo "== dcr-bench-cluster" >&2
+    mkdir -p docs/images
+    echo
+    echo "\`scripts/testbed.sh run --train 2 --roll 2 --rate ${DCR_BENCH_CLUSTER_RATE:-1gbit} --services etcd,s3 -- build/bench/dcr-bench-cluster $cluster_args --markdown\`:"
+    echo
+    # shellcheck disable=SC2086
+    bash scripts/testbed.sh run --train 2 --roll 2 --rate "${DCR_BENCH_CLUSTER_RATE:-1gbit}" \
+      --services etcd,s3 -- build/bench/dcr-bench-cluster $cluster_args --markdown \
+      --svg docs/images/cluster-refit-timeline.svg
+    echo
+    echo "![timeline of one refit](images/cluster-refit-timeline.svg)"
+  else
+    echo; echo "_dcr-bench-cluster: needs root and build/bench/dcr-bench-cluster; not measured._"
+  fi
 } > "$tmp"
 mv "$tmp" "$out"
 echo "wrote $out"

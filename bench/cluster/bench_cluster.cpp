@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -41,8 +42,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <signal.h>
+
 #include "bench_common.hpp"
+#include "dcr/model/config.hpp"
 #include "dcr/transport/s3_object_store.hpp"
+#include "examples/common/model_setup.hpp"
 
 extern char** environ;
 
@@ -326,6 +332,304 @@ reference_row full_checkpoint_reference(const testbed& tb,
   return row;
 }
 
+// ---- refit rows: the role programs over the testbed ------------------------
+
+/// One interval of a process's timeline (examples/cluster/timeline.hpp).
+struct event {
+  std::string who, what;
+  std::uint64_t t0 = 0, t1 = 0, bytes = 0;
+};
+
+std::vector<event> read_timeline(const std::string& path) {
+  std::vector<event> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto str = [&](const char* key) {
+      const auto k = std::string("\"") + key + "\":\"";
+      const auto a = line.find(k);
+      if (a == std::string::npos) die("timeline line without " + std::string(key) + ": " + line);
+      const auto b = line.find('"', a + k.size());
+      return line.substr(a + k.size(), b - a - k.size());
+    };
+    auto num = [&](const char* key) {
+      const auto k = std::string("\"") + key + "\":";
+      const auto a = line.find(k);
+      if (a == std::string::npos) die("timeline line without " + std::string(key) + ": " + line);
+      return std::stoull(line.substr(a + k.size()));
+    };
+    out.push_back({str("who"), str("what"), num("t0"), num("t1"), num("bytes")});
+  }
+  return out;
+}
+
+using span_ns = std::pair<std::uint64_t, std::uint64_t>;
+
+/// Measure of the union of intervals clipped to [lo, hi], in ns.
+std::uint64_t union_ns(std::vector<span_ns> v, std::uint64_t lo, std::uint64_t hi) {
+  for (auto& [a, b] : v) a = std::max(a, lo), b = std::min(b, hi);
+  std::erase_if(v, [](const span_ns& x) { return x.second <= x.first; });
+  std::sort(v.begin(), v.end());
+  std::uint64_t total = 0, cur_a = 0, cur_b = 0;
+  bool open = false;
+  for (auto [a, b] : v) {
+    if (open && a <= cur_b) {
+      cur_b = std::max(cur_b, b);
+      continue;
+    }
+    if (open) total += cur_b - cur_a;
+    cur_a = a, cur_b = b, open = true;
+  }
+  if (open) total += cur_b - cur_a;
+  return total;
+}
+
+/// `v` minus the union of `minus` (both unions of intervals).
+std::vector<span_ns> subtract(const std::vector<span_ns>& v, std::vector<span_ns> minus) {
+  std::sort(minus.begin(), minus.end());
+  std::vector<span_ns> out;
+  for (auto [a, b] : v) {
+    auto at = a;
+    for (auto [c, d] : minus) {
+      if (d <= at || c >= b) continue;
+      if (c > at) out.push_back({at, c});
+      at = std::max(at, d);
+    }
+    if (at < b) out.push_back({at, b});
+  }
+  return out;
+}
+
+struct refit_row {
+  std::string transport;
+  double change_pct = 0;
+  double refit_s = 0, ideal_s = 0, construction_lb_s = 0, transport_lb_s = 0, finalization_s = 0;
+  std::uint64_t v_payload = 0, v_cross = 0, v_up = 0, v_down = 0, payloads = 0;
+  std::vector<event> events;
+  std::uint64_t t0 = 0, t1 = 0;
+};
+
+/// A child whose stdout and stderr go to `log`.
+pid_t spawn_logged(const std::vector<std::string>& argv, const std::string& log,
+                   const std::vector<std::string>& env_extra) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> args;
+  for (auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_s(env_extra);
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  std::vector<char*> env;
+  for (auto& s : env_s) env.push_back(const_cast<char*>(s.c_str()));
+  env.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) die("spawn " + argv[0] + " failed: " + std::strerror(rc));
+  return pid;
+}
+
+std::string tail_of(const std::string& path) {
+  std::ifstream in(path);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return all.size() > 2000 ? all.substr(all.size() - 2000) : all;
+}
+
+struct refit_setup {
+  std::string bin, size, work, etcd;
+  unsigned fanout = 2;
+  int port = 0;
+};
+
+refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string& transport,
+                    double pct, int row_no) {
+  auto addr = [&](const std::string& node) {
+    const auto a = env_or(("DCR_TB_ADDR_" + node).c_str());
+    if (a.empty()) die("the testbed exports no DCR_TB_ADDR_" + node);
+    return a;
+  };
+  char pct_s[32];
+  std::snprintf(pct_s, sizeof pct_s, "%g", pct);
+  const auto work = rs.work + "/" + transport + "-" + pct_s;
+  std::filesystem::remove_all(work);
+  std::filesystem::create_directories(work + "/logs");
+  const auto timeline = work + "/timeline.jsonl";
+  const std::vector<std::string> env{"DCR_TIMELINE=" + timeline, "DCR_S3_ACCESS_KEY=" + tb.access,
+                                     "DCR_S3_SECRET_KEY=" + tb.secret};
+  const auto tag = std::to_string(getpid()) + "-" + std::to_string(row_no);
+  const int base = rs.port + row_no * 20;
+  const auto n_train = tb.train.size(), n_roll = tb.roll.size();
+  std::vector<std::string> job{"--workdir",
+                               work,
+                               "--size",
+                               rs.size,
+                               "--tp",
+                               std::to_string(n_train),
+                               "--nodes",
+                               std::to_string(n_roll),
+                               "--receivers-per-node",
+                               "1",
+                               "--change-pct",
+                               pct_s,
+                               "--s3",
+                               tb.s3,
+                               "--s3-bucket",
+                               "dcr-bench-" + tag,
+                               "--s3-region",
+                               tb.region};
+  if (!rs.etcd.empty())
+    job.insert(job.end(), {"--etcd", rs.etcd, "--etcd-prefix", "dcr/bench-" + tag + "/"});
+  if (transport != "object_store") {
+    std::string relays;
+    for (std::size_t j = 0; j < n_roll; ++j)
+      relays += (j ? "," : "") + addr(tb.roll[j]) + ":" + std::to_string(base + 10 + int(j));
+    job.insert(job.end(), {"--transport", transport, "--relay-nodes", relays, "--relay-fanout",
+                           std::to_string(rs.fanout)});
+  }
+  std::vector<pid_t> roles;
+  auto netns = [&](const std::string& node, const std::string& prog) {
+    return std::vector<std::string>{"ip", "netns", "exec", tb.ns(node), rs.bin + "/" + prog};
+  };
+  std::vector<std::string> co_flags;
+  for (std::size_t k = 0; k < n_train; ++k) {
+    const auto at = addr(tb.train[k]) + ":" + std::to_string(base + int(k));
+    auto v = netns(tb.train[k], "dcr-owner");
+    v.insert(v.end(), {"--rank", std::to_string(k), "--listen", at});
+    v.insert(v.end(), job.begin(), job.end());
+    roles.push_back(spawn_logged(v, work + "/logs/owner" + std::to_string(k) + ".log", env));
+    co_flags.insert(co_flags.end(), {"--owner", at});
+  }
+  for (std::size_t j = 0; j < n_roll; ++j) {
+    const auto at = addr(tb.roll[j]) + ":" + std::to_string(base + 5 + int(j));
+    auto v = netns(tb.roll[j], "dcr-rollout");
+    v.insert(v.end(), {"--node", std::to_string(j), "--listen", at});
+    v.insert(v.end(), job.begin(), job.end());
+    roles.push_back(spawn_logged(v, work + "/logs/node" + std::to_string(j) + ".log", env));
+    co_flags.insert(co_flags.end(), {"--node", at});
+  }
+  auto stop_roles = [&] {
+    for (auto p : roles) kill(p, SIGTERM);
+    for (auto p : roles) waitpid(p, nullptr, 0);
+  };
+  auto coordinator = [&](int steps, const char* what) {
+    auto v = netns("st", "dcr-coordinator");
+    v.insert(v.end(), co_flags.begin(), co_flags.end());
+    v.insert(v.end(), job.begin(), job.end());
+    v.insert(v.end(), {"--steps", std::to_string(steps), "--wait", "900"});
+    const auto log = work + "/logs/coordinator.log";
+    const auto pid = spawn_logged(v, log, env);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      stop_roles();
+      std::string logs;
+      for (auto& f : std::filesystem::directory_iterator(work + "/logs"))
+        logs += "--- " + f.path().filename().string() + ":\n" + tail_of(f.path()) + "\n";
+      die(transport + " at " + pct_s + "%: the coordinator's " + what + " failed (exit " +
+          std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + "); logs in " + work + "/logs:\n" +
+          logs);
+    }
+  };
+  coordinator(0, "bootstrap");                      // version 0 everywhere: outside the timed refit
+  std::ofstream(timeline, std::ios::trunc).close(); // bootstrap intervals are not the refit
+  const auto before = counters::read(tb);
+  coordinator(1, "refit to version 1");
+  const auto after = counters::read(tb);
+  stop_roles();
+
+  refit_row r;
+  r.transport = transport;
+  r.change_pct = pct;
+  r.events = read_timeline(timeline);
+  r.t0 = ~0ull;
+  std::uint64_t last_apply = 0;
+  std::map<std::string, std::vector<span_ns>> construct, upload, fetch;
+  for (auto& e : r.events) {
+    if (e.what == "construction")
+      r.t0 = std::min(r.t0, e.t0), construct[e.who].push_back({e.t0, e.t1});
+    if (e.what == "baseline") r.t1 = std::max(r.t1, e.t1);
+    if (e.what == "upload")
+      upload[e.who].push_back({e.t0, e.t1}), r.v_payload += e.bytes, ++r.payloads;
+    if (e.what == "fetch") fetch[e.who].push_back({e.t0, e.t1});
+    if (e.what == "apply") last_apply = std::max(last_apply, e.t1);
+  }
+  if (r.t0 == ~0ull || r.t1 <= r.t0)
+    die(transport + " at " + pct_s + "%: the timeline has no construction or baseline update (" +
+        timeline + ")");
+  r.refit_s = double(r.t1 - r.t0) / 1e9;
+  std::uint64_t c_lb = 0, t_lb = 0;
+  for (auto& [who, v] : construct)
+    c_lb = std::max(c_lb, union_ns(subtract(v, upload[who]), r.t0, r.t1));
+  for (auto& [who, v] : upload) t_lb = std::max(t_lb, union_ns(v, r.t0, r.t1));
+  for (auto& [who, v] : fetch) t_lb = std::max(t_lb, union_ns(v, r.t0, r.t1));
+  r.construction_lb_s = double(c_lb) / 1e9;
+  r.transport_lb_s = double(t_lb) / 1e9;
+  r.finalization_s = last_apply ? double(r.t1 - std::max(last_apply, r.t0)) / 1e9 : 0;
+  for (auto& n : tb.train) r.v_up += after.by_node.at(n).first - before.by_node.at(n).first;
+  for (auto& n : tb.roll) r.v_down += after.by_node.at(n).second - before.by_node.at(n).second;
+  r.v_cross = after.cross_since(before, tb);
+  // The same per-link accounting as the reference's floor: the training
+  // nodes' links in parallel, then the rollout nodes' links in parallel.
+  const double link = tb.link_bits / 8;
+  r.ideal_s = double(r.v_up) / double(n_train) / link + double(r.v_down) / double(n_roll) / link;
+  return r;
+}
+
+/// The SVG timeline of one refit: a row per process, a bar per interval.
+void write_svg(const refit_row& r, const std::string& path, const std::string& title) {
+  std::vector<std::string> whos;
+  for (auto& e : r.events)
+    if (std::find(whos.begin(), whos.end(), e.who) == whos.end()) whos.push_back(e.who);
+  std::sort(whos.begin(), whos.end());
+  const std::map<std::string, std::pair<int, const char*>> kinds{
+      {"construction", {0, "#4c78a8"}}, {"upload", {1, "#f58518"}}, {"fetch", {2, "#54a24b"}},
+      {"apply", {3, "#e45756"}},        {"commit", {4, "#b279a2"}}, {"baseline", {5, "#9d755d"}}};
+  const double span = std::max(1e-9, double(r.t1 - r.t0) / 1e9);
+  const int left = 110, width = 760, row_h = 22, top = 40;
+  const int height = top + int(whos.size()) * row_h + 70;
+  std::ofstream o(path);
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 20 << "\" height=\""
+    << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"10\" y=\"20\" font-size=\"14\">" << title << "</text>\n";
+  auto x_of = [&](std::uint64_t t) {
+    const double s = (double(t) - double(r.t0)) / 1e9;
+    return left + std::clamp(s / span, 0.0, 1.0) * width;
+  };
+  for (std::size_t i = 0; i < whos.size(); ++i) {
+    const int y = top + int(i) * row_h;
+    o << "<text x=\"10\" y=\"" << y + 15 << "\">" << whos[i] << "</text>\n";
+    for (auto& e : r.events) {
+      if (e.who != whos[i] || !kinds.count(e.what)) continue;
+      const auto [lane, color] = kinds.at(e.what);
+      const double x0 = x_of(e.t0), x1 = std::max(x_of(e.t1), x0 + 1);
+      const int sub = (e.what == "upload" || e.what == "fetch") ? 6 : 0;
+      o << "<rect x=\"" << x0 << "\" y=\"" << y + 2 + sub << "\" width=\"" << x1 - x0
+        << "\" height=\"" << row_h - 4 - 2 * sub << "\" fill=\"" << color
+        << "\" fill-opacity=\"0.85\"><title>" << e.what << "</title></rect>\n";
+      (void)lane;
+    }
+  }
+  const int axis_y = top + int(whos.size()) * row_h + 5;
+  o << "<line x1=\"" << left << "\" y1=\"" << axis_y << "\" x2=\"" << left + width << "\" y2=\""
+    << axis_y << "\" stroke=\"black\"/>\n";
+  for (int k = 0; k <= 5; ++k) {
+    const double x = left + width * k / 5.0;
+    o << "<text x=\"" << x - 10 << "\" y=\"" << axis_y + 15 << "\">"
+      << dcr::bench::fmt(span * k / 5, 2) << "</text>\n";
+  }
+  o << "<text x=\"" << left + width / 2 - 20 << "\" y=\"" << axis_y + 30 << "\">seconds</text>\n";
+  int lx = 10;
+  for (auto name : {"construction", "upload", "fetch", "apply", "commit", "baseline"}) {
+    o << "<rect x=\"" << lx << "\" y=\"" << axis_y + 40 << "\" width=\"12\" height=\"12\" fill=\""
+      << kinds.at(name).second << "\"/><text x=\"" << lx + 16 << "\" y=\"" << axis_y + 50 << "\">"
+      << name << "</text>\n";
+    lx += 120;
+  }
+  o << "</svg>\n";
+}
+
 std::map<std::string, std::string> parse_flags(const std::vector<std::string>& rest) {
   std::map<std::string, std::string> a;
   for (std::size_t i = 0; i < rest.size(); ++i) {
@@ -359,42 +663,156 @@ int main(int argc, char** argv) {
                                               {"access", tb.access},
                                               {"secret", tb.secret}};
   const std::uint64_t mib = 1u << 20;
-  const std::uint64_t bytes =
-      flags.count("size-mb") ? std::stoull(flags["size-mb"]) * mib : (opt.quick ? 16 : 1024) * mib;
+  const std::string size = flags.count("size") ? flags["size"] : (opt.quick ? "small" : "1GB");
+  std::uint64_t bytes = 0; // the job's checkpoint: canonical BF16 tensors of the model
+  for (auto& m : dcr::canonical_tensors(dcr::examples::model_for(dcr::examples::parse_size(size))))
+    bytes += m.nbytes();
+  if (flags.count("size-mb")) bytes = std::stoull(flags["size-mb"]) * mib; // reference only
   const std::uint64_t chunk =
       flags.count("chunk-mb") ? std::stoull(flags["chunk-mb"]) * mib : (opt.quick ? 4 : 64) * mib;
+  auto list = [](const std::string& v) {
+    std::vector<std::string> out;
+    std::stringstream in(v);
+    for (std::string x; std::getline(in, x, ',');)
+      if (!x.empty()) out.push_back(x);
+    return out;
+  };
+  std::vector<double> pcts;
+  for (auto& p :
+       list(flags.count("change-pct") ? flags["change-pct"] : (opt.quick ? "3" : "1.2,3,5")))
+    pcts.push_back(std::stod(p));
+  const auto transports =
+      list(flags.count("transports") ? flags["transports"] : std::string("object_store"));
+  for (auto& t : transports)
+    if (t != "object_store" && t != "relay_tree")
+      die("--transports: unknown transport '" + t + "' (object_store, relay_tree)");
+  refit_setup rs;
+  rs.bin =
+      flags.count("bin")
+          ? flags["bin"]
+          : (std::filesystem::path(self_exe()).parent_path().parent_path() / "examples").string();
+  for (auto p : {"dcr-owner", "dcr-rollout", "dcr-coordinator"})
+    if (access((rs.bin + "/" + p).c_str(), X_OK) != 0)
+      die("no " + rs.bin + "/" + p + " (build it, or pass --bin DIR)");
+  rs.size = size;
+  rs.etcd = env_or("DCR_TB_ETCD");
+  rs.fanout = flags.count("relay-fanout") ? unsigned(std::stoul(flags["relay-fanout"])) : 2;
+  rs.port = flags.count("port") ? std::stoi(flags["port"]) : 22000 + int(getpid() % 100) * 100;
+  rs.work = flags.count("workdir") ? flags["workdir"]
+                                   : "/tmp/dcr-bench-cluster-" + std::to_string(getpid());
+  const std::string svg = flags.count("svg") ? flags["svg"] : "dcr-bench-cluster-timeline.svg";
 
-  if (!opt.json)
-    std::cerr << "full-checkpoint reference: " << bytes / mib << " MiB over " << tb.train.size()
-              << " training and " << tb.roll.size() << " rollout node(s) at " << tb.rate
-              << " per link ...\n";
+  std::cerr << "full-checkpoint reference: " << bytes / mib << " MiB over " << tb.train.size()
+            << " training and " << tb.roll.size() << " rollout node(s) at " << tb.rate
+            << " per link ...\n";
   const auto ref = full_checkpoint_reference(tb, s3, bytes, chunk, "reference/");
+  std::cerr << "  " << dcr::bench::fmt(ref.total_s) << " s\n";
+  std::vector<refit_row> rows;
+  int row_no = 0;
+  for (auto& t : transports)
+    for (auto p : pcts) {
+      std::cerr << "refit (" << t << ", " << p << " % changed, model --size " << size << ") ...\n";
+      rows.push_back(run_refit(tb, rs, t, p, row_no++));
+      std::cerr << "  " << dcr::bench::fmt(rows.back().refit_s) << " s\n";
+    }
+  std::error_code ec;
+  std::filesystem::remove_all(rs.work, ec);
+  // The picture: the 3 % row if there is one, else the first.
+  const refit_row* pic = &rows.front();
+  for (auto& r : rows)
+    if (r.change_pct == 3 && r.transport == rows.front().transport) pic = &r;
+  char title[256];
+  std::snprintf(title, sizeof title,
+                "one refit: %s, %g %% changed, %.0f MB model, %zu+%zu nodes, %s links",
+                pic->transport.c_str(), pic->change_pct, double(bytes) / 1e6, tb.train.size(),
+                tb.roll.size(), tb.rate.c_str());
+  write_svg(*pic, svg, title);
+  std::cerr << "timeline picture: " << svg << "\n";
 
+  struct derived {
+    double speedup, ideal_speedup, bound_s, ratio_bound;
+  };
+  auto derive = [&](const refit_row& r) {
+    derived d;
+    d.speedup = ref.total_s / r.refit_s;
+    d.ideal_speedup = ref.total_s / r.ideal_s;
+    d.bound_s = std::max(r.construction_lb_s, r.transport_lb_s) + r.finalization_s;
+    d.ratio_bound = r.refit_s / d.bound_s;
+    return d;
+  };
   if (opt.json) {
-    std::cout << "{\"rows\": [{\"transport\": \"full_checkpoint_reference\", \"change_pct\": 100"
-              << ", \"reference_s\": " << ref.total_s << ", \"upload_s\": " << ref.upload_s
-              << ", \"download_s\": " << ref.download_s << ", \"floor_s\": " << ref.floor_s
-              << ", \"ratio_to_floor\": " << ref.total_s / ref.floor_s
-              << ", \"checkpoint_bytes\": " << ref.checkpoint_bytes
-              << ", \"v_cross_bytes\": " << ref.v_cross
-              << ", \"link_mbit_s\": " << tb.link_bits / 1e6
-              << ", \"train_nodes\": " << tb.train.size()
-              << ", \"rollout_nodes\": " << tb.roll.size() << "}]}\n";
+    std::cout << "{\"rows\": [";
+    bool first = true;
+    for (auto& r : rows) {
+      const auto d = derive(r);
+      std::cout << (first ? "" : ", ") << "{\"transport\": \"" << r.transport
+                << "\", \"change_pct\": " << r.change_pct << ", \"refit_s\": " << r.refit_s
+                << ", \"reference_s\": " << ref.total_s << ", \"speedup\": " << d.speedup
+                << ", \"ideal_s\": " << r.ideal_s << ", \"ideal_speedup\": " << d.ideal_speedup
+                << ", \"v_payload_bytes\": " << r.v_payload << ", \"payloads\": " << r.payloads
+                << ", \"v_cross_bytes\": " << r.v_cross << ", \"v_cross_up_bytes\": " << r.v_up
+                << ", \"v_cross_down_bytes\": " << r.v_down
+                << ", \"construction_lb_s\": " << r.construction_lb_s
+                << ", \"transport_lb_s\": " << r.transport_lb_s
+                << ", \"finalization_s\": " << r.finalization_s
+                << ", \"refit_over_bound\": " << d.ratio_bound
+                << ", \"checkpoint_bytes\": " << bytes
+                << ", \"link_mbit_s\": " << tb.link_bits / 1e6
+                << ", \"train_nodes\": " << tb.train.size()
+                << ", \"rollout_nodes\": " << tb.roll.size() << "}";
+      first = false;
+    }
+    std::cout << "], \"reference\": {\"reference_s\": " << ref.total_s
+              << ", \"upload_s\": " << ref.upload_s << ", \"download_s\": " << ref.download_s
+              << ", \"floor_s\": " << ref.floor_s << ", \"checkpoint_bytes\": " << bytes
+              << ", \"v_cross_bytes\": " << ref.v_cross << "}, \"svg\": \"" << svg << "\"}\n";
     return 0;
   }
   std::cout << dcr::bench::machine_description() << "\n";
-  std::cout << "testbed '" << tb.name << "': " << tb.train.size() << " training node(s), "
-            << tb.roll.size() << " rollout node(s), every node's link " << tb.rate
-            << "; checkpoint " << bytes / mib << " MiB in objects of " << chunk / mib
-            << " MiB; S3 = Swift with s3api on the storage host\n\n";
-  dcr::bench::table t({"row", "checkpoint MB", "V_cross MB", "upload s", "download s", "total s",
-                       "link floor s", "x floor"});
-  t.add({"full checkpoint (reference)", dcr::bench::fmt(double(bytes) / 1e6, 1),
-         dcr::bench::fmt(double(ref.v_cross) / 1e6, 1), dcr::bench::fmt(ref.upload_s),
-         dcr::bench::fmt(ref.download_s), dcr::bench::fmt(ref.total_s),
-         dcr::bench::fmt(ref.floor_s), dcr::bench::fmt(ref.total_s / ref.floor_s)});
+  std::cout << "testbed '" << tb.name << "': " << tb.train.size() << " training node(s) (one "
+            << "dcr-owner each), " << tb.roll.size() << " rollout node(s) (one dcr-rollout with "
+            << "one receiver each), every node's link " << tb.rate << "; model --size " << size
+            << " = " << dcr::bench::fmt(double(bytes) / 1e6, 1)
+            << " MB checkpoint; reference objects of " << chunk / mib
+            << " MiB; S3 = Swift with s3api, commit record in "
+            << (rs.etcd.empty() ? "files" : "etcd") << " on the storage host\n\n";
+  dcr::bench::table t({"row", "changed %", "V_payload MB", "V_cross MB", "refit s", "reference s",
+                       "speedup", "ideal speedup", "x ideal", "constr LB s", "transp LB s",
+                       "final s", "refit / (LB+final)"});
+  t.add({"full checkpoint (reference)", "100", dcr::bench::fmt(double(bytes) / 1e6, 1),
+         dcr::bench::fmt(double(ref.v_cross) / 1e6, 1), "", dcr::bench::fmt(ref.total_s), "1",
+         dcr::bench::fmt(ref.total_s / ref.floor_s) + " x floor", "", "", "", "", ""});
+  for (auto& r : rows) {
+    const auto d = derive(r);
+    t.add({"refit, " + r.transport, dcr::bench::fmt(r.change_pct, 1),
+           dcr::bench::fmt(double(r.v_payload) / 1e6, 2),
+           dcr::bench::fmt(double(r.v_cross) / 1e6, 2), dcr::bench::fmt(r.refit_s),
+           dcr::bench::fmt(ref.total_s), dcr::bench::fmt(d.speedup, 2),
+           dcr::bench::fmt(d.ideal_speedup, 2), dcr::bench::fmt(d.speedup / d.ideal_speedup, 2),
+           dcr::bench::fmt(r.construction_lb_s), dcr::bench::fmt(r.transport_lb_s),
+           dcr::bench::fmt(r.finalization_s), dcr::bench::fmt(d.ratio_bound, 2)});
+  }
   t.print(std::cout, opt.markdown);
-  std::cout << "\nV_cross: bytes the training nodes sent plus bytes the rollout nodes received on "
-               "their links (kernel counters, headers included).\n";
+  std::cout << "\nreference: upload " << dcr::bench::fmt(ref.upload_s) << " s, download "
+            << dcr::bench::fmt(ref.download_s) << " s, link floor " << dcr::bench::fmt(ref.floor_s)
+            << " s. Refit window: first owner starts construction -> last owner finishes its "
+               "baseline update after the joint commit (CLOCK_REALTIME intervals the programs "
+               "write, examples/cluster/timeline.hpp). V_cross: bytes the training nodes sent "
+               "plus bytes the rollout nodes received on their links (kernel counters, headers "
+               "and control traffic included). Ideal speedup: reference / time V_cross takes at "
+               "the link rate (training links in parallel, then rollout links in parallel). "
+               "Construction LB: the busiest owner's construction time outside its uploads; "
+               "transport LB: the busiest owner's uploads or node's fetches (unions, one "
+               "clock); finalization: last apply -> end of window.\n";
+  for (auto& r : rows) {
+    if (r.change_pct != 3) continue;
+    const auto d = derive(r);
+    std::cout << "target (" << r.transport << ", 3 %): speedup >= 0.8 x ideal: "
+              << (d.speedup >= 0.8 * d.ideal_speedup ? "met" : "NOT met") << " ("
+              << dcr::bench::fmt(d.speedup / d.ideal_speedup, 2)
+              << "); refit <= 1.3 x (larger LB + finalization): "
+              << (d.ratio_bound <= 1.3 ? "met" : "NOT met") << " ("
+              << dcr::bench::fmt(d.ratio_bound, 2) << ")\n";
+  }
   return 0;
 }

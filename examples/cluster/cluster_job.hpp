@@ -47,6 +47,7 @@ struct job_flags {
   std::string transport = "object_store"; ///< how payloads travel: object_store | relay_tree
   std::vector<std::string> relay_nodes;   ///< relay listen address of rollout node i (HOST:PORT)
   unsigned relay_fanout = 2;              ///< k of the k-ary relay tree (root = node 0)
+  double change_pct = 0; ///< > 0: each step changes exactly this % of the elements
 };
 
 inline const char* job_usage =
@@ -57,6 +58,8 @@ inline const char* job_usage =
     "  --tp N --ep N --dp N     trainer layout; one dcr-owner per rank (default 2 1 1)\n"
     "  --nodes N                rollout nodes (default 2)\n"
     "  --receivers-per-node R   receivers (serving ranks) per node (default 2)\n"
+    "  --change-pct P           each step changes exactly P % of the BF16 elements\n"
+    "                           (a stress update) instead of an AdamW step\n"
     "  --checkpoints F0 F1 ...  replay canonical safetensors files instead of AdamW\n"
     "  --etcd URL[,URL...]      commit record in etcd (default: file in DIR/control)\n"
     "  --etcd-prefix P          etcd key prefix (default dcr/cluster/)\n"
@@ -131,7 +134,13 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     f.s3_bucket = value();
   else if (a == "--s3-region")
     f.s3_region = value();
-  else if (a == "--checkpoints") {
+  else if (a == "--change-pct") {
+    const auto v = value();
+    char* end = nullptr;
+    f.change_pct = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end || !(f.change_pct > 0 && f.change_pct <= 100))
+      throw error(errc::invalid_argument, a + ": not a percentage in (0, 100]: " + v);
+  } else if (a == "--checkpoints") {
     while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
       f.checkpoints.push_back(argv[++i]);
     if (f.checkpoints.empty()) throw error(errc::invalid_argument, "--checkpoints needs files");

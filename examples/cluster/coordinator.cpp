@@ -23,6 +23,7 @@
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/protocol/remote_links.hpp"
 #include "examples/cluster/cluster_job.hpp"
+#include "examples/cluster/timeline.hpp"
 #include "support/report.hpp"
 
 using namespace dcr;
@@ -139,6 +140,15 @@ int main(int argc, char** argv) try {
       return false;
     };
   }
+  // Timeline (DCR_TIMELINE): the commit runs from before_commit to after_commit.
+  cluster::timeline::who() = "coordinator";
+  std::uint64_t commit_ns = 0;
+  copt.crash = [inner = copt.crash, &commit_ns](protocol::crash_point q) {
+    if (q == protocol::crash_point::before_commit) commit_ns = cluster::timeline::now_ns();
+    if (q == protocol::crash_point::after_commit && commit_ns)
+      cluster::timeline::record("commit", commit_ns, cluster::timeline::now_ns());
+    return inner ? inner(q) : false;
+  };
   protocol::link_coordinator<protocol::remote_owner_link, protocol::remote_node_link,
                              cluster::job_object_store, cluster::job_commit_store>
       coord(commits, objects, op, np, copt);

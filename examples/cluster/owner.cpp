@@ -12,6 +12,7 @@
 #include <atomic>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "dcr/source/state.hpp"
 #include "examples/cluster/cluster_job.hpp"
 #include "examples/cluster/relay_job.hpp"
+#include "examples/cluster/timeline.hpp"
 
 using namespace dcr;
 using member_t = protocol::training_round::member;
@@ -38,7 +40,10 @@ struct owner_store {
   std::atomic<std::uint64_t> target{0};
 
   status put(std::string_view name, std::span<const std::byte> b) {
+    const auto t0 = cluster::timeline::now_ns();
     DCR_TRY(inner->put(name, b));
+    if (name.find("/payload/") != std::string_view::npos)
+      cluster::timeline::record("upload", t0, cluster::timeline::now_ns(), b.size());
     if (die_step && target == die_step && name.find("/payload/") != std::string_view::npos &&
         cluster::fire_once(*j, "owner-upload-" + std::to_string(die_step)))
       cluster::die_now("dcr-owner", "mid-upload of version " + std::to_string(die_step));
@@ -84,6 +89,8 @@ int main(int argc, char** argv) try {
     throw error(errc::invalid_argument, "--rank " + std::to_string(rank) + ": the trainer has " +
                                             std::to_string(job.owners()) + " ranks");
   const std::string who = "dcr-owner " + std::to_string(rank);
+  cluster::timeline::who() = "owner" + std::to_string(rank);
+  std::uint64_t commit_call_ns = 0; // start of the commit_baseline call (timeline)
 
   cluster::job_object_store objects(job);
   throw_if_failed(objects.prepare());
@@ -98,7 +105,7 @@ int main(int argc, char** argv) try {
   source_state state = source_from_canonical(plan, initial);
   initial.clear();
   std::vector<std::unique_ptr<sim::adamw_trainer>> trainers(plan.shards.size());
-  if (!job.from_checkpoints)
+  if (!job.from_checkpoints && flags.change_pct == 0)
     for (std::size_t s = 0; s < plan.shards.size(); ++s) {
       if (plan.shards[s].dtype != dtype_id::bf16) continue;
       auto& b = state.shards[s];
@@ -118,6 +125,14 @@ int main(int argc, char** argv) try {
     }
     for (; trained < v; ++trained)
       for (std::size_t s = 0; s < plan.shards.size(); ++s) {
+        if (flags.change_pct > 0 && plan.shards[s].dtype == dtype_id::bf16) {
+          // --change-pct: exactly this share of the elements changes per step
+          auto& b = state.shards[s];
+          sim::stress_update(std::span(reinterpret_cast<std::uint16_t*>(b.data()), b.size() / 2),
+                             flags.change_pct / 100, 1e-2,
+                             flags.seed * 104729 + s + (trained + 1) * 7919);
+          continue;
+        }
         if (!trainers[s]) continue;
         trainers[s]->step();
         auto w = trainers[s]->bf16();
@@ -157,6 +172,7 @@ int main(int argc, char** argv) try {
   hooks.committed = [&](std::uint64_t v) {
     baseline = state;
     base_version = v;
+    cluster::timeline::record("baseline", commit_call_ns, cluster::timeline::now_ns());
     advance_to(v + 1); // the next candidate
     round.set_candidate(state.view());
     std::cerr << who << ": baseline at version " << v << std::endl;
@@ -181,7 +197,10 @@ int main(int argc, char** argv) try {
     protocol::control_server server([&](const protocol::control_frame& f,
                                         const std::atomic<bool>& stop, protocol::body_writer& out) {
       std::lock_guard l(one_call);
+      commit_call_ns = cluster::timeline::now_ns();
+      std::optional<cluster::timeline::scope> timed;
       if (f.type == protocol::control_type::publish) {
+        timed.emplace("construction");
         protocol::body_reader r(f.body);
         std::uint64_t target = 0;
         if (r.u64(target)) store.target = target;

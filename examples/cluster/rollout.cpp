@@ -27,6 +27,7 @@
 #include "dcr/receiver/tensor_set.hpp"
 #include "examples/cluster/cluster_job.hpp"
 #include "examples/cluster/relay_job.hpp"
+#include "examples/cluster/timeline.hpp"
 
 using namespace dcr;
 
@@ -90,11 +91,15 @@ public:
     r_.begin_attempt(a);
   }
   status stage(std::span<const std::byte> b) {
+    cluster::timeline::scope timed{"apply"};
     DCR_TRY(r_.stage(b));
     if (armed_ && armed_->load() && ++staged_ == 2) dying();
     return status::success();
   }
-  status apply_staged() { return r_.apply_staged(); }
+  status apply_staged() {
+    cluster::timeline::scope timed{"apply"};
+    return r_.apply_staged();
+  }
   status finish() { return r_.finish(); }
   digest128 state_digest() const { return r_.state_digest(); }
   receiver<Loader>& inner() { return r_.inner(); }
@@ -177,6 +182,7 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   }
   std::vector<endpoint_t*> eps;
   for (auto& e : endpoints) eps.push_back(e.get());
+  cluster::timeline::who() = "node" + std::to_string(node);
 
   // Verification: every receiver's complete storage against a dense load of
   // the committed version through the same loader (from the owners' dense
@@ -226,7 +232,8 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
     std::cerr << who << ": " << relay.counters_text() << std::endl;
     return rc;
   }
-  protocol::local_node_link<rr, cluster::job_object_store> link(eps, objects, node);
+  cluster::timeline::timed_store<cluster::job_object_store> fetches{&objects};
+  protocol::local_node_link<rr, decltype(fetches)> link(eps, fetches, node);
   return serve(link);
 }
 

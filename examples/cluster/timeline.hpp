@@ -1,0 +1,102 @@
+#pragma once
+// Timestamped intervals of a cluster job's processes, for dcr-bench-cluster's
+// refit window, lower bounds and timeline picture (docs/benchmarks.md). When
+// DCR_TIMELINE names a file, every interval is appended to it as one JSON
+// line {"who","what","t0","t1","bytes"}; times are CLOCK_REALTIME in ns,
+// which every network namespace of the testbed shares. One write(2) per line
+// on an O_APPEND descriptor, so the lines of concurrent processes never
+// interleave. Without DCR_TIMELINE nothing is written.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dcr/core/error.hpp"
+#include "dcr/transport/object_store.hpp"
+
+namespace dcr::cluster::timeline {
+
+inline std::uint64_t now_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_REALTIME, &t);
+  return std::uint64_t(t.tv_sec) * 1000000000u + std::uint64_t(t.tv_nsec);
+}
+
+inline int sink() {
+  static const int fd = [] {
+    const char* p = std::getenv("DCR_TIMELINE");
+    return p && *p ? ::open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+  }();
+  return fd;
+}
+
+/// This process's name in the records ("owner0", "node1", "coordinator").
+inline std::string& who() {
+  static std::string w = "process";
+  return w;
+}
+
+/// Appends one interval (names are plain identifiers: no JSON escaping).
+inline void record(std::string_view what, std::uint64_t t0, std::uint64_t t1,
+                   std::uint64_t bytes = 0) {
+  const std::string_view w = who();
+  const int fd = sink();
+  if (fd < 0) return;
+  char line[256];
+  const int n = std::snprintf(
+      line, sizeof line,
+      "{\"who\":\"%.*s\",\"what\":\"%.*s\",\"t0\":%llu,\"t1\":%llu,"
+      "\"bytes\":%llu}\n",
+      int(w.size()), w.data(), int(what.size()), what.data(), static_cast<unsigned long long>(t0),
+      static_cast<unsigned long long>(t1), static_cast<unsigned long long>(bytes));
+  if (n > 0) [[maybe_unused]]
+    auto w = ::write(fd, line, std::size_t(std::min(n, 255)));
+}
+
+/// Records [construction, destruction) as one interval.
+struct scope {
+  std::string_view what;
+  std::uint64_t t0 = now_ns();
+  ~scope() { record(what, t0, now_ns()); }
+};
+
+/// An object store whose puts ("upload") and gets ("fetch") of payloads are
+/// recorded; everything else passes through.
+template <class Store>
+struct timed_store {
+  Store* inner;
+
+  static bool payload(std::string_view n) { return n.find("/payload/") != std::string_view::npos; }
+  status put(std::string_view n, std::span<const std::byte> b) {
+    const auto t0 = now_ns();
+    auto s = inner->put(n, b);
+    if (payload(n)) record("upload", t0, now_ns(), b.size());
+    return s;
+  }
+  status get(std::string_view n, std::vector<std::byte>& out) {
+    const auto t0 = now_ns();
+    auto s = inner->get(n, out);
+    if (payload(n)) record("fetch", t0, now_ns(), out.size());
+    return s;
+  }
+  status list(std::string_view p, std::vector<std::string>& names) { return inner->list(p, names); }
+  // Forwarded so that wrapping keeps the store's incremental listing (S3
+  // start-after): a node polls only the names published since its last poll.
+  status list_after(std::string_view p, std::string_view after, std::vector<std::string>& names)
+    requires transport::lists_after<Store>
+  {
+    return inner->list_after(p, after, names);
+  }
+  status remove(std::string_view n) { return inner->remove(n); }
+};
+
+} // namespace dcr::cluster::timeline
