@@ -47,7 +47,7 @@ struct job_flags {
   std::string transport = "object_store"; ///< how payloads travel: object_store | relay_tree
   std::vector<std::string> relay_nodes;   ///< relay listen address of rollout node i (HOST:PORT)
   unsigned relay_fanout = 2;              ///< k of the k-ary relay tree (root = node 0)
-  double change_pct = 0; ///< > 0: each step changes exactly this % of the elements
+  double change_pct = 0;                  ///< > 0: each step changes exactly this % of the elements
 };
 
 inline const char* job_usage =

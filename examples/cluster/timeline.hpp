@@ -91,9 +91,8 @@ struct timed_store {
   status list(std::string_view p, std::vector<std::string>& names) { return inner->list(p, names); }
   // Forwarded so that wrapping keeps the store's incremental listing (S3
   // start-after): a node polls only the names published since its last poll.
-  status list_after(std::string_view p, std::string_view after, std::vector<std::string>& names)
-    requires transport::lists_after<Store>
-  {
+  status list_after(std::string_view p, std::string_view after,
+                    std::vector<std::string>& names) requires transport::lists_after<Store> {
     return inner->list_after(p, after, names);
   }
   status remove(std::string_view n) { return inner->remove(n); }
