@@ -25,6 +25,7 @@
 #include "dcr/transport/relay_tcp.hpp"
 #include "dcr/transport/relay_tree.hpp"
 #include "examples/cluster/cluster_job.hpp"
+#include "examples/cluster/timeline.hpp"
 
 namespace dcr::cluster {
 
@@ -174,7 +175,11 @@ public:
     writer(transport::relay_writer w, const std::function<void()>* hook)
         : w_(std::move(w)), hook_(hook) {}
     status put_payload(std::span<const std::byte> b) {
+      // Timed as an "upload" (the stream of one payload into the tree, until
+      // the root's queueing ACK), as the object store's puts are.
+      const auto t0 = timeline::now_ns();
       DCR_TRY(w_.put_payload(b));
+      timeline::record("upload", t0, timeline::now_ns(), b.size());
       if (*hook_) (*hook_)();
       return status::success();
     }
