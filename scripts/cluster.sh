@@ -219,20 +219,27 @@ say "work directory $work; $owners owners, $nodes nodes x $ranks receivers; $ste
 
 # link_fault NODE:STEP[:SECONDS]: once the step's coordinator has taken over
 # (its "epoch" line in the log; the transition starts right after), take
+# await_takeover EPOCHS: wait (at most 120 s) until the coordinator log shows
+# more than EPOCHS takeovers, i.e. this step's coordinator has taken over and
+# its transition is starting; then 0.2 s more. Fails when none took over.
+await_takeover() {
+  local deadline=$((SECONDS + 120))
+  until [ "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" -gt "$1" ]; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.05
+  done
+  sleep 0.2
+}
+
 # NODE's link down for SECONDS, then bring it back. Every receiver and owner
 # is needed for the attempt, so the cut always overlaps it. Writes
 # $work/faults/link-<NODE>-<STEP>.
 link_fault() {
-  local node step secs epochs0 deadline
+  local node step secs epochs0
   IFS=: read -r node step secs <<<"$1"
   secs=${secs:-3}
   epochs0=$2
-  deadline=$((SECONDS + 120))
-  until [ "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" -gt "$epochs0" ]; do
-    [ $SECONDS -lt $deadline ] || { say "step $step: no coordinator took over; link fault not fired"; return 1; }
-    sleep 0.05
-  done
-  sleep 0.2
+  await_takeover "$epochs0" || { say "step $step: no coordinator took over; link fault not fired"; return 1; }
   say "step $step: link of $node down for $secs s"
   bash "$here/scripts/testbed.sh" link "$node" down --name "$DCR_TB_NAME" \
     --subnet "${DCR_TB_SUBNET:-10.77}"
@@ -245,15 +252,10 @@ link_fault() {
 # s3_fault STEP[:SECONDS] EPOCHS: at the same moment, kill the S3 proxy and
 # start it again SECONDS later. Writes $work/faults/s3-<STEP>.
 s3_fault() {
-  local step secs epochs0=$2 deadline
+  local step secs epochs0=$2
   IFS=: read -r step secs <<<"$1"
   secs=${secs:-3}
-  deadline=$((SECONDS + 120))
-  until [ "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" -gt "$epochs0" ]; do
-    [ $SECONDS -lt $deadline ] || { say "step $step: no coordinator took over; S3 fault not fired"; return 1; }
-    sleep 0.05
-  done
-  sleep 0.2
+  await_takeover "$epochs0" || { say "step $step: no coordinator took over; S3 fault not fired"; return 1; }
   say "step $step: S3 proxy killed for $secs s"
   bash "$here/scripts/testbed.sh" restart-s3 --for "$secs" --name "$DCR_TB_NAME" 2>&1 | sed 's/^/[cluster] /' >&2
   say "step $step: S3 proxy up again"

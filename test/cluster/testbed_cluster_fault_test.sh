@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The cluster programs on the network-namespace testbed (scripts/testbed.sh),
 # 2 training and 2 rollout nodes behind 8 Mbit/s links, objects in the
-# storage host's Swift (S3), commit record in its etcd, under one fault:
+# storage host's Swift (S3), commit record in its etcd, so every payload
+# crosses the shaped links, under one fault scenario:
+#  link-faults: step 2: rollout node r0's link down for 2 s as the transition
+#    starts (shorter than the control channel's liveness deadline: TCP rides
+#    it out, the step takes at least that long and commits); step 3: training
+#    node t1's link down for 6 s (longer than the liveness deadline: the
+#    attempt fails and an overwrite_all retry commits);
 #  s3-restart: at step 2 the S3 proxy is SIGKILLed as the transition starts
 #    (owners uploading) and started again 3 s later;
 #  loss:       3% of the packets dropped on rollout node r0's and training
@@ -22,6 +28,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/dcr-testbed-fault-XXXXXX")
 trap '[ "${keep:-0}" = 1 ] || rm -rf "$work"' EXIT
 steps=3 tb=(--rate 8mbit) cl=()
 case "$scenario" in
+  link-faults) cl=(--link-down r0:2:2 --link-down t1:3:6) ;;
   s3-restart) cl=(--s3-restart 2:3) ;;
   loss) cl=(--link-loss r0:3 --link-loss t1:3) ;;
   delay) tb+=(--delay 20); steps=2 ;;
@@ -48,6 +55,8 @@ fail() {
 left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -c "^$name-")
 [ "$left" -eq 0 ] || fail "$left namespace(s) of the testbed left behind"
 case "$scenario" in
+  link-faults) [ -e "$work/run/faults/link-r0-2" ] && [ -e "$work/run/faults/link-t1-3" ] ||
+    fail "a link fault did not fire" ;;
   s3-restart) [ -e "$work/run/faults/s3-2" ] || fail "the S3 fault did not fire" ;;
   loss) grep -q 'link of r0: 3% packet loss' "$work/err" && grep -q 'link of t1: 3% packet loss' "$work/err" ||
     fail "the loss was not applied" ;;
@@ -69,6 +78,10 @@ rows = d["steps"]
 assert d["bit_exact"] is True, d
 assert [s["step"] for s in rows] == list(range(1, steps + 1)), rows
 msg = ""
+if scenario == "link-faults":
+    assert rows[1]["refit_s"] >= 2.0, ("step 2 did not wait out the link fault", rows[1])
+    assert rows[2]["attempts"] >= 2, ("step 3 did not fail and retry", rows[2])
+    msg = "step 2 %.1f s, step 3 %d attempts" % (rows[1]["refit_s"], rows[2]["attempts"])
 if scenario == "s3-restart":
     # The proxy was away for 3 s of step 2: it cannot have finished sooner.
     assert rows[1]["refit_s"] >= 2.5, ("step 2 did not wait out the S3 restart", rows[1])
