@@ -15,12 +15,15 @@
 #                      [--testbed] [--link-down NODE:STEP[:SECONDS]]
 #                      [--transport object_store|relay_tree] [--relay-fanout K]
 #                      [--s3-restart STEP[:SECONDS]] [--link-loss NODE:PCT]
+#                      [--link-cut-streaming NODE:STEP[:SECONDS]] [--change-pct P]
 #
 # --transport relay_tree: payloads stream from the owners to rollout node 0
 #   and down a k-ary relay tree (--relay-fanout K, default 2) instead of
 #   through the object store; node j's relay listens on port BASE+200+j of
 #   its host (loopback, or its testbed address). Dense exports and restores
 #   still use the object store.
+# --change-pct P: each step changes exactly P % of the elements (the job flag;
+#   larger payloads than an AdamW step's) instead of an AdamW step.
 # --kill-receiver-every K: at steps K, 2K, ... a rollout process (node
 #   (step/K - 1) mod nodes) is SIGKILLed mid-apply (after its first payload
 #   is applied); it is started again and restores densely before rejoining.
@@ -41,6 +44,12 @@
 # --link-down NODE:STEP[:SECONDS] (with --testbed; may be repeated): as step
 #   STEP's transition starts (its coordinator has taken over), take NODE's
 #   link down for SECONDS (default 3), then bring it back.
+# --link-cut-streaming NODE:STEP[:SECONDS] (with --testbed; may be repeated):
+#   the same, but once step STEP's payloads are streaming: when the first of
+#   them has reached a node (its first "fetch" on the timeline, DCR_TIMELINE,
+#   which defaults to $work/timeline.jsonl). The fault's marker holds the
+#   times (CLOCK_REALTIME ns) the step started, the link went down and came
+#   back.
 # --s3-restart STEP[:SECONDS] (with --testbed; may be repeated): at the same
 #   moment of step STEP, kill the storage host's S3 proxy (SIGKILL) while the
 #   owners upload and start it again SECONDS (default 3) later.
@@ -67,11 +76,13 @@ s3=""
 json=0
 testbed=0
 link_downs=()
+link_cuts=()
 s3_restarts=()
 link_losses=()
 checkpoints=()
 transport=object_store
 fanout=2
+change_pct=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -92,8 +103,10 @@ while [ $# -gt 0 ]; do
     --json) json=1; shift ;;
     --testbed) testbed=1; shift ;;
     --link-down) link_downs+=("$2"); shift 2 ;;
+    --link-cut-streaming) link_cuts+=("$2"); shift 2 ;;
     --transport) transport=$2; shift 2 ;;
     --relay-fanout) fanout=$2; shift 2 ;;
+    --change-pct) change_pct=$2; shift 2 ;;
     --s3-restart) s3_restarts+=("$2"); shift 2 ;;
     --link-loss) link_losses+=("$2"); shift 2 ;;
     --checkpoints)
@@ -119,6 +132,8 @@ done
 own_work=0
 if [ -z "$work" ]; then work=$(mktemp -d "${TMPDIR:-/tmp}/dcr-cluster-XXXXXX"); own_work=1; fi
 mkdir -p "$work/logs" "$work/pids"
+# A streaming cut waits for the programs' timeline (examples/cluster/timeline.hpp).
+[ ${#link_cuts[@]} -eq 0 ] || export DCR_TIMELINE=${DCR_TIMELINE:-$work/timeline.jsonl}
 # Ports: BASE+k for owner k, BASE+100+j for node j (by default a range chosen by the PID,
 # below the ephemeral range 32768-60999 so that no outgoing connection holds one).
 [ "$port" -ne 0 ] || port=$((20000 + ($$ % 60) * 200)) # below the ephemeral range
@@ -147,12 +162,13 @@ if [ "$testbed" = 1 ]; then
       { echo "cluster.sh: --link-loss $f could not be applied" >&2; exit 2; }
     echo "[cluster] link of $n: ${pct}% packet loss" >&2
   done
-elif [ $((${#link_downs[@]} + ${#s3_restarts[@]} + ${#link_losses[@]})) -gt 0 ]; then
-  echo "cluster.sh: --link-down, --s3-restart and --link-loss need --testbed" >&2; exit 2
+elif [ $((${#link_downs[@]} + ${#link_cuts[@]} + ${#s3_restarts[@]} + ${#link_losses[@]})) -gt 0 ]; then
+  echo "cluster.sh: --link-down, --link-cut-streaming, --s3-restart and --link-loss need --testbed" >&2; exit 2
 fi
 
 job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
      --receivers-per-node "$ranks")
+[ -z "$change_pct" ] || job+=(--change-pct "$change_pct")
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
 [ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
 [ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
@@ -231,22 +247,38 @@ await_takeover() {
   sleep 0.2
 }
 
+# Payload reads ("fetch" intervals) of the nodes on the timeline so far.
+fetches() { local n; n=$(grep -c '"what":"fetch"' "$DCR_TIMELINE" 2>/dev/null); echo "${n:-0}"; }
+
 # NODE's link down for SECONDS, then bring it back. Every receiver and owner
-# is needed for the attempt, so the cut always overlaps it. Writes
-# $work/faults/link-<NODE>-<STEP>.
+# is needed for the attempt, so the cut always overlaps it. With MODE
+# "streaming", the cut waits (at most 120 s) for the step's first payload
+# read after the takeover. Writes $work/faults/link-<NODE>-<STEP> (or
+# cut-<NODE>-<STEP>) holding "start T down T up T" (ns).
 link_fault() {
-  local node step secs epochs0
+  local node step secs epochs0=$2 mode=${3:-} fetches0 t_start t_down deadline
   IFS=: read -r node step secs <<<"$1"
   secs=${secs:-3}
-  epochs0=$2
+  t_start=$(date +%s%N)
+  [ "$mode" = streaming ] && fetches0=$(fetches)
   await_takeover "$epochs0" || { say "step $step: no coordinator took over; link fault not fired"; return 1; }
-  say "step $step: link of $node down for $secs s"
+  if [ "$mode" = streaming ]; then
+    deadline=$((SECONDS + 120))
+    until [ "$(fetches)" -gt "$fetches0" ]; do
+      [ $SECONDS -lt $deadline ] || { say "step $step: no payload streamed; link cut not fired"; return 1; }
+      sleep 0.02
+    done
+  fi
+  say "step $step: link of $node down for $secs s${mode:+ ($mode)}"
   bash "$here/scripts/testbed.sh" link "$node" down --name "$DCR_TB_NAME" \
     --subnet "${DCR_TB_SUBNET:-10.77}"
+  t_down=$(date +%s%N) # the link is down by now
   sleep "$secs"
   bash "$here/scripts/testbed.sh" link "$node" up --name "$DCR_TB_NAME" --subnet "${DCR_TB_SUBNET:-10.77}"
   say "step $step: link of $node up again"
-  mkdir -p "$work/faults" && touch "$work/faults/link-$node-$step"
+  local tag=link
+  [ "$mode" = streaming ] && tag=cut
+  mkdir -p "$work/faults" && echo "start $t_start down $t_down up $(date +%s%N)" >"$work/faults/$tag-$node-$step"
 }
 
 # s3_fault STEP[:SECONDS] EPOCHS: at the same moment, kill the S3 proxy and
@@ -282,6 +314,12 @@ for ((s = 1; s <= steps; s++)); do
   for f in "${link_downs[@]}"; do
     if [ "$(echo "$f" | cut -d: -f2)" = "$s" ]; then
       link_fault "$f" "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" &
+      faults+=($!)
+    fi
+  done
+  for f in "${link_cuts[@]}"; do
+    if [ "$(echo "$f" | cut -d: -f2)" = "$s" ]; then
+      link_fault "$f" "$(grep -c '^dcr-coordinator: epoch' "$work/logs/coordinator.log" 2>/dev/null)" streaming &
       faults+=($!)
     fi
   done

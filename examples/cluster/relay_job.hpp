@@ -119,8 +119,18 @@ private:
       if (::poll(&pf, 1, 50) <= 0) continue;
       const int fd = ::accept4(lfd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) continue; // the peer gave up, or a transient error: keep listening
-      accept_(*self_,
-              std::make_shared<transport::tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout));
+      auto conn = std::make_shared<transport::tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout);
+      // The node's reads from the tree (from its parent; at the root, from
+      // the owners) on the timeline as "fetch" intervals, one per payload
+      // frame, as a node's gets from the object store are: its side of the
+      // transport lower bound (docs/benchmarks.md).
+      conn->observe_reads([](const transport::frame_header& h, auto took) {
+        if (h.kind != transport::frame_kind::payload) return;
+        const auto t1 = timeline::now_ns();
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
+        timeline::record("fetch", t1 - std::uint64_t(ns), t1, h.length);
+      });
+      accept_(*self_, std::move(conn));
     }
   }
 

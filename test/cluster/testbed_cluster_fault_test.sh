@@ -14,7 +14,16 @@
 #    node t1's links, both directions, for a 3-step run (netem, else an
 #    nftables rule in the router namespace; its drop counters must be > 0);
 #  delay:      20 ms on every link (needs sch_netem: exit 77 where the kernel
-#    has none).
+#    has none);
+#  relay-link-cut: payloads over the relay tree (--transport relay_tree, root
+#    r0, child r1; 16 Mbit/s links, each step changing 30 % of the elements
+#    so that a step streams for about a second), 2 steps; at step 2, once the
+#    first payload has reached a relay node, r1's link is cut for 2 s
+#    (shorter than the liveness deadline: TCP rides it out). Checked besides:
+#    a payload frame to a node was in flight across the whole cut (the
+#    nodes' "fetch" intervals on the timeline against the cut's times), the
+#    step took at least the cut, and the relay nodes queued and forwarded
+#    the payloads.
 # Checked: PASS verification (every receiver equals a dense load of the
 # committed version byte for byte), one row per committed version 1..N in
 # order (nothing committed twice or lost), the fault fired, nothing of the
@@ -32,6 +41,9 @@ case "$scenario" in
   s3-restart) cl=(--s3-restart 2:3) ;;
   loss) cl=(--link-loss r0:3 --link-loss t1:3) ;;
   delay) tb+=(--delay 20); steps=2 ;;
+  relay-link-cut)
+    tb=(--rate 16mbit); steps=2
+    cl=(--transport relay_tree --change-pct 30 --link-cut-streaming r1:2:2) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 # After the run, still inside the testbed: the loss table's counters.
@@ -58,6 +70,13 @@ case "$scenario" in
   link-faults) [ -e "$work/run/faults/link-r0-2" ] && [ -e "$work/run/faults/link-t1-3" ] ||
     fail "a link fault did not fire" ;;
   s3-restart) [ -e "$work/run/faults/s3-2" ] || fail "the S3 fault did not fire" ;;
+  relay-link-cut) [ -e "$work/run/faults/cut-r1-2" ] || fail "the link cut did not fire"
+    # Payloads went owners -> node 0 -> node 1 through the relay tree.
+    q0=$(grep -o 'relay node 0: [0-9]* payloads queued, [0-9]* frames forwarded' "$work/run/logs/node0.log" | tail -n1)
+    q1=$(grep -o 'relay node 1: [0-9]* payloads queued' "$work/run/logs/node1.log" | tail -n1)
+    echo "$q0; $q1"
+    [ "$(awk '{print $4}' <<<"$q0")" -gt 0 ] && [ "$(awk '{print $7}' <<<"$q0")" -gt 0 ] &&
+      [ "$(awk '{print $4}' <<<"$q1")" -gt 0 ] || fail "no payloads through the relay nodes" ;;
   loss) grep -q 'link of r0: 3% packet loss' "$work/err" && grep -q 'link of t1: 3% packet loss' "$work/err" ||
     fail "the loss was not applied" ;;
 esac
@@ -70,9 +89,9 @@ if [ "$scenario" = loss ] && [ ! -s "$work/nft.json" ]; then
   ip netns del "$probe"
   [ "$has_netem" -eq 1 ] || fail "no netem and no nftables loss table: the loss was not applied"
 fi
-/usr/bin/python3 - "$work/out" "$scenario" "$steps" "$work/nft.json" <<'PY' || fail "checks on the JSON rows"
+/usr/bin/python3 - "$work/out" "$scenario" "$steps" "$work/nft.json" "$work/run" <<'PY' || fail "checks on the JSON rows"
 import json, os, sys
-out, scenario, steps, nft = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+out, scenario, steps, nft, run = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 d = json.loads(open(out).read().strip().splitlines()[-1])
 rows = d["steps"]
 assert d["bit_exact"] is True, d
@@ -86,6 +105,20 @@ if scenario == "s3-restart":
     # The proxy was away for 3 s of step 2: it cannot have finished sooner.
     assert rows[1]["refit_s"] >= 2.5, ("step 2 did not wait out the S3 restart", rows[1])
     msg = "step 2 %.1f s, %d attempt(s)" % (rows[1]["refit_s"], rows[1]["attempts"])
+if scenario == "relay-link-cut":
+    f = open(os.path.join(run, "faults", "cut-r1-2")).read().split()
+    down, up = int(f[f.index("down") + 1]), int(f[f.index("up") + 1])
+    fetches = [json.loads(l) for l in open(os.path.join(run, "timeline.jsonl"))]
+    fetches = [e for e in fetches if e["what"] == "fetch"]
+    # A payload frame whose body started arriving before the link was down
+    # and finished after it was back: the cut hit the stream, not a pause.
+    across = [e for e in fetches if e["t0"] < down and e["t1"] > up]
+    assert across, ("no payload frame in flight across the cut", down, up, fetches)
+    assert rows[1]["refit_s"] >= 2.0, ("step 2 did not wait out the link cut", rows[1])
+    e = across[0]
+    msg = "a %d-byte frame to %s in flight %.1f s across the %.1f s cut; step 2 %.1f s, %d attempt(s)" % (
+        e["bytes"], e["who"], (e["t1"] - e["t0"]) / 1e9, (up - down) / 1e9, rows[1]["refit_s"],
+        rows[1]["attempts"])
 if scenario == "loss" and os.path.getsize(nft) > 0:
     drops = {}
     for item in json.load(open(nft))["nftables"]:

@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -86,10 +87,18 @@ public:
     DCR_TRY(decode_frame_header(hdr, max_, h)); // before the body is allocated
     out.header = h;
     out.body.resize(h.length);
+    const auto started = std::chrono::steady_clock::now();
     // A peer that started a frame finishes it promptly or is dropped.
-    return io(out.body.data(), out.body.size(), false,
-              std::chrono::steady_clock::now() + body_timeout_);
+    DCR_TRY(io(out.body.data(), out.body.size(), false, started + body_timeout_));
+    if (observer_) observer_(h, std::chrono::steady_clock::now() - started);
+    return status::success();
   }
+  /// Called after each frame read in full with the time its body took to
+  /// arrive after its header: the frame's own transfer, not the wait for it
+  /// (a timeline of a node's reads). Set before the connection is read.
+  using read_observer =
+      std::function<void(const frame_header&, std::chrono::steady_clock::duration)>;
+  void observe_reads(read_observer f) { observer_ = std::move(f); }
   /// `shutdown(2)` is safe while other threads poll the socket and wakes them;
   /// the descriptor itself is closed only by the destructor.
   void close() override {
@@ -125,6 +134,7 @@ private:
   int fd_;
   std::uint64_t max_;
   std::chrono::milliseconds body_timeout_;
+  read_observer observer_;
   std::mutex wm_;
   std::atomic<bool> closed_{false};
 };
