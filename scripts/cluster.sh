@@ -45,9 +45,9 @@
 #   STEP's transition starts (its coordinator has taken over), take NODE's
 #   link down for SECONDS (default 3), then bring it back.
 # --link-cut-streaming NODE:STEP[:SECONDS] (with --testbed; may be repeated):
-#   the same, but once step STEP's payloads are streaming: when the first of
-#   them has reached a node (its first "fetch" on the timeline, DCR_TIMELINE,
-#   which defaults to $work/timeline.jsonl). The fault's marker holds the
+#   the same, but once step STEP's payloads are streaming: when an owner has
+#   written the first of them (its first "upload" on the timeline,
+#   DCR_TIMELINE, which defaults to $work/timeline.jsonl). The fault's marker holds the
 #   times (CLOCK_REALTIME ns) the step started, the link went down and came
 #   back.
 # --s3-restart STEP[:SECONDS] (with --testbed; may be repeated): at the same
@@ -247,24 +247,24 @@ await_takeover() {
   sleep 0.2
 }
 
-# Payload reads ("fetch" intervals) of the nodes on the timeline so far.
-fetches() { local n; n=$(grep -c '"what":"fetch"' "$DCR_TIMELINE" 2>/dev/null); echo "${n:-0}"; }
+# Payload writes ("upload" intervals) of the owners on the timeline so far.
+uploads() { local n; n=$(grep -c '"what":"upload"' "$DCR_TIMELINE" 2>/dev/null); echo "${n:-0}"; }
 
 # NODE's link down for SECONDS, then bring it back. Every receiver and owner
 # is needed for the attempt, so the cut always overlaps it. With MODE
 # "streaming", the cut waits (at most 120 s) for the step's first payload
-# read after the takeover. Writes $work/faults/link-<NODE>-<STEP> (or
+# written after the takeover. Writes $work/faults/link-<NODE>-<STEP> (or
 # cut-<NODE>-<STEP>) holding "start T down T up T" (ns).
 link_fault() {
-  local node step secs epochs0=$2 mode=${3:-} fetches0 t_start t_down deadline
+  local node step secs epochs0=$2 mode=${3:-} uploads0 t_start t_down deadline
   IFS=: read -r node step secs <<<"$1"
   secs=${secs:-3}
   t_start=$(date +%s%N)
-  [ "$mode" = streaming ] && fetches0=$(fetches)
+  [ "$mode" = streaming ] && uploads0=$(uploads)
   await_takeover "$epochs0" || { say "step $step: no coordinator took over; link fault not fired"; return 1; }
   if [ "$mode" = streaming ]; then
     deadline=$((SECONDS + 120))
-    until [ "$(fetches)" -gt "$fetches0" ]; do
+    until [ "$(uploads)" -gt "$uploads0" ]; do
       [ $SECONDS -lt $deadline ] || { say "step $step: no payload streamed; link cut not fired"; return 1; }
       sleep 0.02
     done

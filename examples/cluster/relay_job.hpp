@@ -185,8 +185,10 @@ public:
     writer(transport::relay_writer w, const std::function<void()>* hook)
         : w_(std::move(w)), hook_(hook) {}
     status put_payload(std::span<const std::byte> b) {
-      // Timed as an "upload" (the stream of one payload into the tree, until
-      // the root's queueing ACK), as the object store's puts are.
+      // Timed as an "upload", as the object store's puts are: the write of
+      // one payload into the tree, which returns once the writer's window
+      // takes it (its bytes may still be crossing the link; the nodes'
+      // "fetch" intervals time that side).
       const auto t0 = timeline::now_ns();
       DCR_TRY(w_.put_payload(b));
       timeline::record("upload", t0, timeline::now_ns(), b.size());

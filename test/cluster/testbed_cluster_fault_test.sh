@@ -16,14 +16,16 @@
 #  delay:      20 ms on every link (needs sch_netem: exit 77 where the kernel
 #    has none);
 #  relay-link-cut: payloads over the relay tree (--transport relay_tree, root
-#    r0, child r1; 16 Mbit/s links, each step changing 30 % of the elements
-#    so that a step streams for about a second), 2 steps; at step 2, once the
-#    first payload has reached a relay node, r1's link is cut for 2 s
-#    (shorter than the liveness deadline: TCP rides it out). Checked besides:
-#    a payload frame to a node was in flight across the whole cut (the
-#    nodes' "fetch" intervals on the timeline against the cut's times), the
-#    step took at least the cut, and the relay nodes queued and forwarded
-#    the payloads.
+#    r0, child r1; 32 Mbit/s links, each step changing every element so that
+#    a step streams for about a second), 2 steps; at step 2, once an owner
+#    has written its first payload into the tree, the root's link (r0) is
+#    cut for 2 s: every stream stalls; TCP rides the cut out, or its
+#    retransmission backoff outlasts the liveness deadline and an
+#    overwrite_all retry commits (either is right). Checked besides: a
+#    payload frame to a node was in flight across the whole cut (the nodes'
+#    "fetch" intervals on the timeline against the cut's times), the step
+#    took at least the cut, and the relay nodes queued and forwarded the
+#    payloads.
 # Checked: PASS verification (every receiver equals a dense load of the
 # committed version byte for byte), one row per committed version 1..N in
 # order (nothing committed twice or lost), the fault fired, nothing of the
@@ -42,8 +44,8 @@ case "$scenario" in
   loss) cl=(--link-loss r0:3 --link-loss t1:3) ;;
   delay) tb+=(--delay 20); steps=2 ;;
   relay-link-cut)
-    tb=(--rate 16mbit); steps=2
-    cl=(--transport relay_tree --change-pct 30 --link-cut-streaming r1:2:2) ;;
+    tb=(--rate 32mbit); steps=2
+    cl=(--transport relay_tree --change-pct 100 --link-cut-streaming r0:2:2) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 # After the run, still inside the testbed: the loss table's counters.
@@ -70,7 +72,7 @@ case "$scenario" in
   link-faults) [ -e "$work/run/faults/link-r0-2" ] && [ -e "$work/run/faults/link-t1-3" ] ||
     fail "a link fault did not fire" ;;
   s3-restart) [ -e "$work/run/faults/s3-2" ] || fail "the S3 fault did not fire" ;;
-  relay-link-cut) [ -e "$work/run/faults/cut-r1-2" ] || fail "the link cut did not fire"
+  relay-link-cut) [ -e "$work/run/faults/cut-r0-2" ] || fail "the link cut did not fire"
     # Payloads went owners -> node 0 -> node 1 through the relay tree.
     q0=$(grep -o 'relay node 0: [0-9]* payloads queued, [0-9]* frames forwarded' "$work/run/logs/node0.log" | tail -n1)
     q1=$(grep -o 'relay node 1: [0-9]* payloads queued' "$work/run/logs/node1.log" | tail -n1)
@@ -106,7 +108,7 @@ if scenario == "s3-restart":
     assert rows[1]["refit_s"] >= 2.5, ("step 2 did not wait out the S3 restart", rows[1])
     msg = "step 2 %.1f s, %d attempt(s)" % (rows[1]["refit_s"], rows[1]["attempts"])
 if scenario == "relay-link-cut":
-    f = open(os.path.join(run, "faults", "cut-r1-2")).read().split()
+    f = open(os.path.join(run, "faults", "cut-r0-2")).read().split()
     down, up = int(f[f.index("down") + 1]), int(f[f.index("up") + 1])
     fetches = [json.loads(l) for l in open(os.path.join(run, "timeline.jsonl"))]
     fetches = [e for e in fetches if e["what"] == "fetch"]
