@@ -2,7 +2,8 @@
 # dcr-bench-cluster --quick --json on a 2 + 2 node testbed (small model, one
 # change rate): every row has the keys docs/benchmarks.md promises and is
 # consistent in itself (speedup = reference / refit, V_cross >= V_payload,
-# lower bounds within the window). Timings are not judged.
+# lower bounds within the window, the transport bound the larger of the
+# owners' payload writes and the nodes' payload reads). Timings are not judged.
 #   bench_cluster_smoke.sh TESTBED_SH BENCH_EXE EXAMPLES_DIR
 set -uo pipefail
 testbed=$1 bench=$2 bin=$3
@@ -21,7 +22,7 @@ rows = d["rows"]
 assert rows, "no rows"
 keys = ["transport", "change_pct", "refit_s", "reference_s", "speedup", "ideal_speedup",
         "v_payload_bytes", "v_cross_bytes", "link_mbit_s", "construction_lb_s",
-        "transport_lb_s", "finalization_s", "refit_over_bound"]
+        "transport_lb_s", "upload_lb_s", "fetch_lb_s", "finalization_s", "refit_over_bound"]
 for r in rows:
     for k in keys:
         assert k in r, "row lacks " + k
@@ -35,6 +36,9 @@ for r in rows:
         "a refit at a few percent moved more than the whole checkpoint"
     for k in ("construction_lb_s", "transport_lb_s"):
         assert 0 < r[k] <= r["refit_s"] + 1e-6, (k, r)
+    # the transport bound is the larger of the owners' writes and the nodes' reads
+    assert r["fetch_lb_s"] > 0 and r["upload_lb_s"] > 0, r
+    assert abs(r["transport_lb_s"] - max(r["upload_lb_s"], r["fetch_lb_s"])) <= 1e-9, r
     assert 0 <= r["finalization_s"] <= r["refit_s"], r
     assert abs(r["refit_over_bound"] - r["refit_s"] / (max(r["construction_lb_s"],
                r["transport_lb_s"]) + r["finalization_s"])) <= 1e-3 * r["refit_over_bound"], r
