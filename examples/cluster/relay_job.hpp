@@ -123,7 +123,8 @@ private:
       // The node's reads from the tree (from its parent; at the root, from
       // the owners) on the timeline as "fetch" intervals, one per payload
       // frame, as a node's gets from the object store are: its side of the
-      // transport lower bound (docs/benchmarks.md).
+      // transport lower bound (docs/benchmarks.md). Bytes already buffered
+      // when the header is read count as no time: it never over-counts.
       conn->observe_reads([](const transport::frame_header& h, auto took) {
         if (h.kind != transport::frame_kind::payload) return;
         const auto t1 = timeline::now_ns();

@@ -6,6 +6,8 @@
 #include <random>
 #include <thread>
 
+#include <sys/socket.h>
+
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/transport/relay_frame.hpp"
 #include "dcr/transport/relay_tcp.hpp"
@@ -103,6 +105,50 @@ TEST_CASE("relay frames: corrupt, truncated, oversize and wrong-magic frames are
       auto s = decode_frame(b, default_max_frame_body, g);
       if (s) CHECK(g.header != f.header);
     }
+}
+
+TEST_CASE("relay TCP link: the read observer times a frame from its header to its last byte") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+  tcp_frame_conn reader(sv[0], default_max_frame_body, std::chrono::milliseconds(5000));
+  std::vector<std::pair<frame_header, std::chrono::steady_clock::duration>> seen;
+  reader.observe_reads([&](const frame_header& h, auto took) { seen.emplace_back(h, took); });
+  const frame_header h{frame_kind::payload, 9, 2, 4, 3000};
+  const std::vector<std::byte> body(3000, std::byte{7});
+  using namespace std::chrono_literals;
+  // (CHECK, not REQUIRE, in the peer thread: a REQUIRE there would throw
+  // outside doctest.) The header 300 ms after the read starts, the body 300 ms after the
+  // header: the observed time holds the second wait and not the first.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread peer([&] {
+    std::this_thread::sleep_for(300ms);
+    const auto hdr = encode_frame_header(h);
+    CHECK(::send(sv[1], hdr.data(), hdr.size(), MSG_NOSIGNAL) == ssize_t(hdr.size()));
+    std::this_thread::sleep_for(300ms);
+    CHECK(::send(sv[1], body.data(), body.size(), MSG_NOSIGNAL) == ssize_t(body.size()));
+    // A second frame cut short: read fails, nothing is observed.
+    auto cut = h;
+    cut.sequence = 5;
+    const auto hdr2 = encode_frame_header(cut);
+    CHECK(::send(sv[1], hdr2.data(), hdr2.size(), MSG_NOSIGNAL) == ssize_t(hdr2.size()));
+    CHECK(::send(sv[1], body.data(), 100, MSG_NOSIGNAL) == 100);
+    ::shutdown(sv[1], SHUT_WR);
+  });
+  frame f;
+  const auto s = reader.read(f);
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  frame g;
+  const auto s2 = reader.read(g);
+  peer.join();
+  ::close(sv[1]);
+  REQUIRE(s.ok());
+  CHECK(f.header == h);
+  CHECK(f.body == body);
+  CHECK(s2.code == errc::unavailable);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].first == h);
+  CHECK(seen[0].second >= 290ms);
+  CHECK(seen[0].second <= elapsed - 290ms);
 }
 
 // ---------------------------------------------------------------- topology
