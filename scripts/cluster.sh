@@ -15,6 +15,13 @@
 #                      [--testbed] [--link-down NODE:STEP[:SECONDS]]
 #                      [--transport object_store|relay_tree] [--relay-fanout K]
 #                      [--s3-restart STEP[:SECONDS]] [--link-loss NODE:PCT]
+#                      [--fetch-all] [--bucket-payloads]
+#
+# --fetch-all: rollout nodes fetch every payload of an attempt instead of
+#   only those the manifest index names a tensor of their receivers (an
+#   expert-parallel node then also fetches the other nodes' experts).
+# --bucket-payloads: owners send one payload per bucket instead of one per
+#   expert (and one of the rest), so the index has nothing to skip.
 #
 # --transport relay_tree: payloads stream from the owners to rollout node 0
 #   and down a k-ary relay tree (--relay-fanout K, default 2) instead of
@@ -72,6 +79,7 @@ link_losses=()
 checkpoints=()
 transport=object_store
 fanout=2
+fetch_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -94,6 +102,7 @@ while [ $# -gt 0 ]; do
     --link-down) link_downs+=("$2"); shift 2 ;;
     --transport) transport=$2; shift 2 ;;
     --relay-fanout) fanout=$2; shift 2 ;;
+    --fetch-all|--bucket-payloads) fetch_flags+=("$1"); shift ;;
     --s3-restart) s3_restarts+=("$2"); shift 2 ;;
     --link-loss) link_losses+=("$2"); shift 2 ;;
     --checkpoints)
@@ -154,6 +163,7 @@ fi
 job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
      --receivers-per-node "$ranks")
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
+[ ${#fetch_flags[@]} -eq 0 ] || job+=("${fetch_flags[@]}")
 [ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
 [ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
 if [ "$transport" = relay_tree ]; then

@@ -310,6 +310,36 @@ TEST_CASE("filtered attempt reader: fetches exactly the payloads the index says 
   }
 }
 
+TEST_CASE("filtered attempt reader: an object no manifest lists is never fetched") {
+  memory_object_store s;
+  attempt_writer w(s, 3, 0);
+  REQUIRE(w.put_payload(random_bytes(10, 1), {"a"}).ok());
+  REQUIRE(s.put(payload_name(3, 0, 7), random_bytes(10, 9)).ok()); // a stray copy
+  REQUIRE(w.finish().ok());
+  {
+    attempt_reader<memory_object_store> unfiltered(s, 3, {0});
+    std::atomic<bool> stop{false};
+    CHECK(unfiltered
+              .run([](std::string_view, std::span<const std::byte>) { return status::success(); },
+                   stop, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+              .code == errc::verification); // delivered before the manifest said no
+  }
+  attempt_reader<memory_object_store> reader(s, 3, {0});
+  reader.need_only([](std::string_view) { return true; });
+  std::vector<std::string> got;
+  std::atomic<bool> stop{false};
+  REQUIRE(reader
+              .run(
+                  [&](std::string_view n, std::span<const std::byte>) {
+                    got.emplace_back(n);
+                    return status::success();
+                  },
+                  stop, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+              .ok());
+  CHECK(got == std::vector<std::string>{payload_name(3, 0, 0)});
+  CHECK(reader.listings() == 1); // the manifests only: no payload listing at all
+}
+
 TEST_CASE("filtered attempt reader: a payload that differs from its entry still fails the read") {
   memory_object_store s;
   attempt_writer w(s, 3, 0);
