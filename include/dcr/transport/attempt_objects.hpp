@@ -14,9 +14,14 @@
 /// `commit_record::incarnation`): attempt ids restart when a commit record is
 /// lost, and the scope keeps a new history from ever listing or reading the
 /// objects of an old one.
-/// A manifest is text: `dcr-manifest 2`, `incarnation <id|none>`, `attempt τ`,
-/// `owner o`, `payloads n`, then n lines `<name> <bytes> <blake2b-128 hex>`,
-/// then `digest <hex>` of all bytes before that line. An owner publishes its
+/// A manifest is text: `dcr-manifest 2|3`, `incarnation <id|none>`, `attempt τ`,
+/// `owner o`, `payloads n`, then n lines `<name> <bytes> <blake2b-128 hex>`
+/// (version 3: each followed by ` -`, no index, or ` k` and k lines
+/// `<shared> <suffix>`, the payload's canonical tensor names, sorted and
+/// front-coded: the tensor -> payload index), then `digest <hex>` of all
+/// bytes before that line (docs/protocol.md). A reader with a filter
+/// (`attempt_reader::need_only`) fetches only the payloads whose index names
+/// a tensor it needs, after their owner's manifest is in. An owner publishes its
 /// manifest only after every payload it lists is published, so a receiver
 /// that sees every required owner's manifest knows the complete payload set
 /// of the attempt; the reader completes only when the payloads it delivered
