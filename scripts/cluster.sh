@@ -21,7 +21,8 @@
 #   only those the manifest index names a tensor of their receivers (an
 #   expert-parallel node then also fetches the other nodes' experts).
 # --bucket-payloads: owners send one payload per bucket instead of one per
-#   expert (and one of the rest), so the index has nothing to skip.
+#   block of experts (a block per rollout node) and one of the rest, so the
+#   index has nothing to skip.
 #
 # --transport relay_tree: payloads stream from the owners to rollout node 0
 #   and down a k-ary relay tree (--relay-fanout K, default 2) instead of

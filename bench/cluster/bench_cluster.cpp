@@ -403,7 +403,7 @@ struct refit_row {
   std::string transport;
   /// "all": every node fetches every payload, one payload per bucket (the
   /// behaviour before the manifest index: --fetch-all --bucket-payloads);
-  /// "indexed": payloads per expert, each node fetches only those the
+  /// "indexed": payloads per expert block, each node fetches only those the
   /// manifest index says its receivers need (the job's default).
   std::string fetch = "all";
   double change_pct = 0;
@@ -448,7 +448,7 @@ struct refit_setup {
 };
 
 refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string& transport,
-                    const std::string& fetch, double pct, int row_no) {
+                    const std::string& fetch_mode, double pct, int row_no) {
   auto addr = [&](const std::string& node) {
     const auto a = env_or(("DCR_TB_ADDR_" + node).c_str());
     if (a.empty()) die("the testbed exports no DCR_TB_ADDR_" + node);
@@ -456,7 +456,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
   };
   char pct_s[32];
   std::snprintf(pct_s, sizeof pct_s, "%g", pct);
-  const auto work = rs.work + "/" + transport + "-" + fetch + "-" + pct_s;
+  const auto work = rs.work + "/" + transport + "-" + fetch_mode + "-" + pct_s;
   std::filesystem::remove_all(work);
   std::filesystem::create_directories(work + "/logs");
   const auto timeline = work + "/timeline.jsonl";
@@ -485,7 +485,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
                                tb.region};
   if (!rs.etcd.empty())
     job.insert(job.end(), {"--etcd", rs.etcd, "--etcd-prefix", "dcr/bench-" + tag + "/"});
-  if (fetch == "all") job.insert(job.end(), {"--fetch-all", "--bucket-payloads"});
+  if (fetch_mode == "all") job.insert(job.end(), {"--fetch-all", "--bucket-payloads"});
   if (transport != "object_store") {
     std::string relays;
     for (std::size_t j = 0; j < n_roll; ++j)
@@ -532,7 +532,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
       std::string logs;
       for (auto& f : std::filesystem::directory_iterator(work + "/logs"))
         logs += "--- " + f.path().filename().string() + ":\n" + tail_of(f.path()) + "\n";
-      die(transport + " (fetch " + fetch + ") at " + pct_s + "%: the coordinator's " + what +
+      die(transport + " (fetch " + fetch_mode + ") at " + pct_s + "%: the coordinator's " + what +
           " failed (exit " + std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + "); logs in " +
           work + "/logs:\n" + logs);
     }
@@ -546,7 +546,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
 
   refit_row r;
   r.transport = transport;
-  r.fetch = fetch;
+  r.fetch = fetch_mode;
   r.change_pct = pct;
   r.events = read_timeline(timeline);
   r.t0 = ~0ull;
@@ -830,7 +830,8 @@ int main(int argc, char** argv) {
                "transport LB: the busiest owner's uploads or node's fetches (unions, one "
                "clock); finalization: last apply -> end of window. Fetch all: one payload per "
                "bucket, every node fetches every payload (--fetch-all --bucket-payloads, the "
-               "behaviour before the manifest index); indexed: one payload per expert, each node "
+               "behaviour before the manifest index); indexed: one payload per block of experts (a "
+               "block per rollout node) and one of the rest, each node "
                "fetches only the payloads whose manifest index names a tensor its receivers "
                "hold (vLLM DP = nodes with expert parallelism: each node holds its experts).\n";
   for (auto& r : rows) {

@@ -48,9 +48,10 @@ struct job_flags {
   std::vector<std::string> relay_nodes;   ///< relay listen address of rollout node i (HOST:PORT)
   unsigned relay_fanout = 2;              ///< k of the k-ary relay tree (root = node 0)
   double change_pct = 0;                  ///< > 0: each step changes exactly this % of the elements
-  /// Owners split each bucket into one payload per expert (and one of the
-  /// rest) so that expert-parallel nodes can skip the experts they do not
-  /// hold (builder_options::grouping); false: one payload per bucket.
+  /// Owners split each bucket into one payload per block of experts (a
+  /// block per rollout node) and one of the rest, so that expert-parallel
+  /// nodes can skip the experts they do not hold (builder_options::grouping,
+  /// expert_blocks); false: one payload per bucket.
   bool expert_payloads = true;
   /// Rollout nodes fetch every listed payload instead of only those the
   /// manifest index says their receivers need (object store only).

@@ -148,7 +148,12 @@ int main(int argc, char** argv) try {
   builder_options bo;
   // One payload per expert: a node whose receivers hold some experts only
   // (expert parallelism) skips the others' payloads by the manifest index.
-  if (job.flags.expert_payloads) bo.grouping = payload_grouping::by_expert;
+  // The experts in one block per rollout node: vLLM's linear placement puts
+  // a contiguous block on each node's ranks, so each node fetches one.
+  if (job.flags.expert_payloads) {
+    bo.grouping = payload_grouping::by_expert;
+    bo.expert_blocks = job.flags.nodes;
+  }
   protocol::training_round round(job.plan, state.view(), bo);
   auto members = round.members();
   advance_to(committed + 1);

@@ -1,5 +1,6 @@
 // Payloads grouped by expert (builder_options::grouping = by_expert): each
-// payload updates the tensors of one expert or of no expert; a vLLM-style
+// payload updates the tensors of one expert (or one block of experts,
+// expert_blocks) or of no expert; a vLLM-style
 // expert-parallel rank that is given only the payloads naming a tensor it
 // needs (what a node with a manifest index fetches) ends, every byte of its
 // storage, equal to a dense refit of the new version, and so does the
@@ -127,6 +128,12 @@ TEST_CASE("payloads grouped by expert: EP ranks given only the payloads they nee
     auto plain = ts.build(s1.view(), {1, 1, 0, 0}, bo);
     auto grouped_opt = bo;
     grouped_opt.grouping = payload_grouping::by_expert;
+    const std::uint32_t blocks = static_cast<std::uint32_t>(rng() % 4); // 0: one per expert
+    grouped_opt.expert_blocks = blocks;
+    auto block = [&](const std::string& n) -> std::uint64_t {
+      const auto g = expert_group(n);
+      return g == 0 || blocks == 0 ? g : 1 + (g - 1) * blocks / cfg.experts;
+    };
     auto grouped = ts.build(s1.view(), {1, 1, 0, 0}, grouped_opt);
     // Deterministic: the same inputs give the same bytes.
     CHECK(ts.build(s1.view(), {1, 1, 0, 0}, grouped_opt) == grouped);
@@ -136,7 +143,7 @@ TEST_CASE("payloads grouped by expert: EP ranks given only the payloads they nee
       for (auto& p : per_owner) {
         const auto names = tensors_of(p);
         REQUIRE(!names.empty());
-        for (auto& n : names) CHECK(expert_group(n) == expert_group(names.front()));
+        for (auto& n : names) CHECK(block(n) == block(names.front()));
       }
 
     const auto v0 = canonical_of(*plan, s0.view()), v1 = canonical_of(*plan, s1.view());
@@ -144,8 +151,9 @@ TEST_CASE("payloads grouped by expert: EP ranks given only the payloads they nee
     vp.tensor_parallel_size = 1 + rng() % 2;
     vp.data_parallel_size = 2;
     vp.enable_expert_parallel = true;
-    INFO("round " << round << " experts " << cfg.experts << " tp " << vp.tensor_parallel_size
-                  << " chunk " << bo.chunk_bytes << " bucket " << bo.bucket_bytes);
+    INFO("round " << round << " experts " << cfg.experts << " blocks " << blocks << " tp "
+                  << vp.tensor_parallel_size << " chunk " << bo.chunk_bytes << " bucket "
+                  << bo.bucket_bytes);
     for (const auto& layout : loaders::vllm_style_loaders(cfg, vp)) {
       rank_t ref(layout, plan->canonical);
       ref.dense_refit(v1);

@@ -120,6 +120,12 @@ struct builder_options {
   /// their payloads and the dense one. More, smaller payloads; what the
   /// items say is the same, so every receiver ends in the same bytes.
   payload_grouping grouping = payload_grouping::none;
+  /// With `by_expert`: 0, one payload per expert; N > 0, the experts in N
+  /// contiguous blocks (expert E of X in block E·N/X), one payload per block.
+  /// N = the expert-parallel nodes under vLLM's linear placement (node j
+  /// holds block j) gives each node exactly its payloads with N + 1 payloads
+  /// per bucket instead of X + 1: fewer, larger objects (each a request).
+  std::uint32_t expert_blocks = 0;
 };
 
 /// The required set U_req: which residual tasks must be converted this attempt.
@@ -181,6 +187,8 @@ public:
       : plan_(std::move(plan)), id_(id), shards_(plan_->owned_shards(id)),
         tasks_(plan_->owned_tasks(id)) {
     for (auto s : shards_) trackers_.emplace_back(tracked(committed, s));
+    // 1 + the largest expert index of the model: its expert count.
+    for (auto& m : plan_->canonical) experts_ = std::max(experts_, expert_group(m.name));
     residual_.resize(tasks_.size());
     for (std::size_t i = 0; i < tasks_.size(); ++i)
       throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
@@ -827,7 +835,7 @@ private:
     // it; the first part carries the bucket's input bytes (their sum over
     // all buckets stays that of the chunks that emitted records).
     std::map<std::uint64_t, std::vector<item>> parts;
-    for (auto& it : items) parts[expert_group(it.tensor.name)].push_back(std::move(it));
+    for (auto& it : items) parts[group_of(it.tensor.name, st.opt)].push_back(std::move(it));
     bool first = true;
     for (auto& [g, part] : parts) {
       sink(delta_bucket{id_, st.sequence++, std::move(part), first ? input : 0});
@@ -835,11 +843,19 @@ private:
     }
   }
 
+  /// The payload group of tensor `name` (`builder_options::grouping`).
+  std::uint64_t group_of(std::string_view name, const builder_options& opt) const {
+    const auto g = expert_group(name);
+    if (g == 0 || opt.expert_blocks == 0) return g;
+    return 1 + (g - 1) * opt.expert_blocks / experts_;
+  }
+
   std::shared_ptr<const source_plan> plan_;
   std::uint32_t id_;
   std::vector<std::uint32_t> shards_, tasks_;
   std::vector<std::vector<std::byte>> trackers_;
   std::vector<std::vector<host_tensor>> residual_;
+  std::uint64_t experts_ = 0; ///< experts of the model (0: dense)
 };
 
 /// All owners of a plan in one process (tests, benches, the demo; a real
