@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "dcr/core/hash.hpp"
 #include "dcr/core/json.hpp"
@@ -47,6 +48,13 @@ int main(int argc, char** argv) {
   put(dir, "manifest", 0, unsealed(transport::serialize_manifest(m)));
   transport::manifest m2;
   require(transport::parse_manifest(transport::serialize_manifest(m), m2), "manifest");
+  // Version 3: a tensor index (front-coded names), one entry without an index.
+  m.payloads[0].tensors = std::vector<std::string>{"model.layers.0.mlp.experts.1.down_proj.weight",
+                                                   "model.layers.0.mlp.experts.1.up_proj.weight",
+                                                   "model.layers.1.mlp.experts.1.up_proj.weight"};
+  m.payloads[1].tensors = std::vector<std::string>{"model.embed_tokens.weight"};
+  put(dir, "manifest-indexed", 0, unsealed(transport::serialize_manifest(m)));
+  require(transport::parse_manifest(transport::serialize_manifest(m), m2), "manifest-indexed");
 
   protocol::stored_record r;
   r.revision = 4;

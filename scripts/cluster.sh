@@ -16,6 +16,14 @@
 #                      [--transport object_store|relay_tree] [--relay-fanout K]
 #                      [--s3-restart STEP[:SECONDS]] [--link-loss NODE:PCT]
 #                      [--link-cut-streaming NODE:STEP[:SECONDS]] [--change-pct P]
+#                      [--fetch-all] [--bucket-payloads]
+#
+# --fetch-all: rollout nodes fetch every payload of an attempt instead of
+#   only those the manifest index names a tensor of their receivers (an
+#   expert-parallel node then also fetches the other nodes' experts).
+# --bucket-payloads: owners send one payload per bucket instead of one per
+#   block of experts (a block per rollout node) and one of the rest, so the
+#   index has nothing to skip.
 #
 # --transport relay_tree: payloads stream from the owners to rollout node 0
 #   and down a k-ary relay tree (--relay-fanout K, default 2) instead of
@@ -83,6 +91,7 @@ checkpoints=()
 transport=object_store
 fanout=2
 change_pct=""
+fetch_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -107,6 +116,7 @@ while [ $# -gt 0 ]; do
     --transport) transport=$2; shift 2 ;;
     --relay-fanout) fanout=$2; shift 2 ;;
     --change-pct) change_pct=$2; shift 2 ;;
+    --fetch-all|--bucket-payloads) fetch_flags+=("$1"); shift ;;
     --s3-restart) s3_restarts+=("$2"); shift 2 ;;
     --link-loss) link_losses+=("$2"); shift 2 ;;
     --checkpoints)
@@ -170,6 +180,7 @@ job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
      --receivers-per-node "$ranks")
 [ -z "$change_pct" ] || job+=(--change-pct "$change_pct")
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
+[ ${#fetch_flags[@]} -eq 0 ] || job+=("${fetch_flags[@]}")
 [ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
 [ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
 if [ "$transport" = relay_tree ]; then

@@ -401,6 +401,11 @@ std::vector<span_ns> subtract(const std::vector<span_ns>& v, std::vector<span_ns
 
 struct refit_row {
   std::string transport;
+  /// "all": every node fetches every payload, one payload per bucket (the
+  /// behaviour before the manifest index: --fetch-all --bucket-payloads);
+  /// "indexed": payloads per expert block, each node fetches only those the
+  /// manifest index says its receivers need (the job's default).
+  std::string fetch = "all";
   double change_pct = 0;
   double refit_s = 0, ideal_s = 0, construction_lb_s = 0, transport_lb_s = 0, finalization_s = 0;
   double upload_lb_s = 0, fetch_lb_s = 0; ///< the transport bound's owner and node sides
@@ -444,7 +449,7 @@ struct refit_setup {
 };
 
 refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string& transport,
-                    double pct, int row_no) {
+                    const std::string& fetch_mode, double pct, int row_no) {
   auto addr = [&](const std::string& node) {
     const auto a = env_or(("DCR_TB_ADDR_" + node).c_str());
     if (a.empty()) die("the testbed exports no DCR_TB_ADDR_" + node);
@@ -452,7 +457,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
   };
   char pct_s[32];
   std::snprintf(pct_s, sizeof pct_s, "%g", pct);
-  const auto work = rs.work + "/" + transport + "-" + pct_s;
+  const auto work = rs.work + "/" + transport + "-" + fetch_mode + "-" + pct_s;
   std::filesystem::remove_all(work);
   std::filesystem::create_directories(work + "/logs");
   const auto timeline = work + "/timeline.jsonl";
@@ -481,6 +486,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
                                tb.region};
   if (!rs.etcd.empty())
     job.insert(job.end(), {"--etcd", rs.etcd, "--etcd-prefix", "dcr/bench-" + tag + "/"});
+  if (fetch_mode == "all") job.insert(job.end(), {"--fetch-all", "--bucket-payloads"});
   if (transport != "object_store") {
     std::string relays;
     for (std::size_t j = 0; j < n_roll; ++j)
@@ -527,9 +533,9 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
       std::string logs;
       for (auto& f : std::filesystem::directory_iterator(work + "/logs"))
         logs += "--- " + f.path().filename().string() + ":\n" + tail_of(f.path()) + "\n";
-      die(transport + " at " + pct_s + "%: the coordinator's " + what + " failed (exit " +
-          std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + "); logs in " + work + "/logs:\n" +
-          logs);
+      die(transport + " (fetch " + fetch_mode + ") at " + pct_s + "%: the coordinator's " + what +
+          " failed (exit " + std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + "); logs in " +
+          work + "/logs:\n" + logs);
     }
   };
   coordinator(0, "bootstrap");                      // version 0 everywhere: outside the timed refit
@@ -541,6 +547,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
 
   refit_row r;
   r.transport = transport;
+  r.fetch = fetch_mode;
   r.change_pct = pct;
   r.events = read_timeline(timeline);
   r.t0 = ~0ull;
@@ -696,6 +703,11 @@ int main(int argc, char** argv) {
   for (auto& t : transports)
     if (t != "object_store" && t != "relay_tree")
       die("--transports: unknown transport '" + t + "' (object_store, relay_tree)");
+  // Object-store rows before (all) and after (indexed) the manifest index;
+  // the relay tree has no index, its rows fetch all.
+  const auto fetches = list(flags.count("fetch") ? flags["fetch"] : std::string("all,indexed"));
+  for (auto& f : fetches)
+    if (f != "all" && f != "indexed") die("--fetch: unknown mode '" + f + "' (all, indexed)");
   refit_setup rs;
   rs.bin =
       flags.count("bin")
@@ -720,11 +732,14 @@ int main(int argc, char** argv) {
   std::vector<refit_row> rows;
   int row_no = 0;
   for (auto& t : transports)
-    for (auto p : pcts) {
-      std::cerr << "refit (" << t << ", " << p << " % changed, model --size " << size << ") ...\n";
-      rows.push_back(run_refit(tb, rs, t, p, row_no++));
-      std::cerr << "  " << dcr::bench::fmt(rows.back().refit_s) << " s\n";
-    }
+    for (auto p : pcts)
+      for (auto& f : fetches) {
+        if (t != "object_store" && f != "all") continue;
+        std::cerr << "refit (" << t << ", fetch " << f << ", " << p << " % changed, model --size "
+                  << size << ") ...\n";
+        rows.push_back(run_refit(tb, rs, t, f, p, row_no++));
+        std::cerr << "  " << dcr::bench::fmt(rows.back().refit_s) << " s\n";
+      }
   std::error_code ec;
   std::filesystem::remove_all(rs.work, ec);
   // The picture: the 3 % row if there is one, else the first.
@@ -741,9 +756,16 @@ int main(int argc, char** argv) {
 
   struct derived {
     double speedup, ideal_speedup, bound_s, ratio_bound;
+    double
+        cross_vs_all; ///< V_cross / that of the fetch-all row of the same transport and %; 0: none
   };
   auto derive = [&](const refit_row& r) {
     derived d;
+    d.cross_vs_all = 0;
+    for (auto& a : rows)
+      if (a.fetch == "all" && a.transport == r.transport && a.change_pct == r.change_pct &&
+          a.v_cross > 0)
+        d.cross_vs_all = double(r.v_cross) / double(a.v_cross);
     d.speedup = ref.total_s / r.refit_s;
     d.ideal_speedup = ref.total_s / r.ideal_s;
     d.bound_s = std::max(r.construction_lb_s, r.transport_lb_s) + r.finalization_s;
@@ -755,14 +777,16 @@ int main(int argc, char** argv) {
     bool first = true;
     for (auto& r : rows) {
       const auto d = derive(r);
-      std::cout << (first ? "" : ", ") << "{\"transport\": \"" << r.transport
-                << "\", \"change_pct\": " << r.change_pct << ", \"refit_s\": " << r.refit_s
-                << ", \"reference_s\": " << ref.total_s << ", \"speedup\": " << d.speedup
-                << ", \"ideal_s\": " << r.ideal_s << ", \"ideal_speedup\": " << d.ideal_speedup
+      std::cout << (first ? "" : ", ") << "{\"transport\": \"" << r.transport << "\", \"fetch\": \""
+                << r.fetch << "\", \"change_pct\": " << r.change_pct
+                << ", \"refit_s\": " << r.refit_s << ", \"reference_s\": " << ref.total_s
+                << ", \"speedup\": " << d.speedup << ", \"ideal_s\": " << r.ideal_s
+                << ", \"ideal_speedup\": " << d.ideal_speedup
                 << ", \"v_payload_bytes\": " << r.v_payload << ", \"payloads\": " << r.payloads
                 << ", \"v_cross_bytes\": " << r.v_cross << ", \"v_cross_up_bytes\": " << r.v_up
-                << ", \"v_cross_down_bytes\": " << r.v_down
-                << ", \"construction_lb_s\": " << r.construction_lb_s
+                << ", \"v_cross_down_bytes\": " << r.v_down;
+      if (d.cross_vs_all > 0) std::cout << ", \"v_cross_over_fetch_all\": " << d.cross_vs_all;
+      std::cout << ", \"construction_lb_s\": " << r.construction_lb_s
                 << ", \"transport_lb_s\": " << r.transport_lb_s
                 << ", \"upload_lb_s\": " << r.upload_lb_s << ", \"fetch_lb_s\": " << r.fetch_lb_s
                 << ", \"finalization_s\": " << r.finalization_s
@@ -787,17 +811,18 @@ int main(int argc, char** argv) {
             << " MB checkpoint; reference objects of " << chunk / mib
             << " MiB; S3 = Swift with s3api, commit record in "
             << (rs.etcd.empty() ? "files" : "etcd") << " on the storage host\n\n";
-  dcr::bench::table t({"row", "changed %", "V_payload MB", "V_cross MB", "refit s", "reference s",
-                       "speedup", "ideal speedup", "x ideal", "constr LB s", "transp LB s",
-                       "final s", "refit / (LB+final)"});
-  t.add({"full checkpoint (reference)", "100", dcr::bench::fmt(double(bytes) / 1e6, 1),
-         dcr::bench::fmt(double(ref.v_cross) / 1e6, 1), "", dcr::bench::fmt(ref.total_s), "1",
+  dcr::bench::table t({"row", "fetch", "changed %", "V_payload MB", "V_cross MB",
+                       "V_cross / fetch all", "refit s", "reference s", "speedup", "ideal speedup",
+                       "x ideal", "constr LB s", "transp LB s", "final s", "refit / (LB+final)"});
+  t.add({"full checkpoint (reference)", "", "100", dcr::bench::fmt(double(bytes) / 1e6, 1),
+         dcr::bench::fmt(double(ref.v_cross) / 1e6, 1), "", "", dcr::bench::fmt(ref.total_s), "1",
          dcr::bench::fmt(ref.total_s / ref.floor_s) + " x floor", "", "", "", "", ""});
   for (auto& r : rows) {
     const auto d = derive(r);
-    t.add({"refit, " + r.transport, dcr::bench::fmt(r.change_pct, 1),
+    t.add({"refit, " + r.transport, r.fetch, dcr::bench::fmt(r.change_pct, 1),
            dcr::bench::fmt(double(r.v_payload) / 1e6, 2),
-           dcr::bench::fmt(double(r.v_cross) / 1e6, 2), dcr::bench::fmt(r.refit_s),
+           dcr::bench::fmt(double(r.v_cross) / 1e6, 2),
+           d.cross_vs_all > 0 ? dcr::bench::fmt(d.cross_vs_all, 2) : "", dcr::bench::fmt(r.refit_s),
            dcr::bench::fmt(ref.total_s), dcr::bench::fmt(d.speedup, 2),
            dcr::bench::fmt(d.ideal_speedup, 2), dcr::bench::fmt(d.speedup / d.ideal_speedup, 2),
            dcr::bench::fmt(r.construction_lb_s), dcr::bench::fmt(r.transport_lb_s),
@@ -814,11 +839,17 @@ int main(int argc, char** argv) {
                "the link rate (training links in parallel, then rollout links in parallel). "
                "Construction LB: the busiest owner's construction time outside its uploads; "
                "transport LB: the busiest owner's uploads or node's fetches (unions, one "
-               "clock); finalization: last apply -> end of window.\n";
+               "clock); finalization: last apply -> end of window. Fetch all: one payload per "
+               "bucket, every node fetches every payload (--fetch-all --bucket-payloads, the "
+               "behaviour before the manifest index); indexed: one payload per block of experts (a "
+               "block per rollout node) and one of the rest, each node "
+               "fetches only the payloads whose manifest index names a tensor its receivers "
+               "hold (vLLM DP = nodes with expert parallelism: each node holds its experts).\n";
   for (auto& r : rows) {
     if (r.change_pct != 3) continue;
     const auto d = derive(r);
-    std::cout << "target (" << r.transport << ", 3 %): speedup >= 0.8 x ideal: "
+    std::cout << "target (" << r.transport << ", fetch " << r.fetch
+              << ", 3 %): speedup >= 0.8 x ideal: "
               << (d.speedup >= 0.8 * d.ideal_speedup ? "met" : "NOT met") << " ("
               << dcr::bench::fmt(d.speedup / d.ideal_speedup, 2)
               << "); refit <= 1.3 x (larger LB + finalization): "

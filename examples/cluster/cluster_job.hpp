@@ -48,6 +48,14 @@ struct job_flags {
   std::vector<std::string> relay_nodes;   ///< relay listen address of rollout node i (HOST:PORT)
   unsigned relay_fanout = 2;              ///< k of the k-ary relay tree (root = node 0)
   double change_pct = 0;                  ///< > 0: each step changes exactly this % of the elements
+  /// Owners split each bucket into one payload per block of experts (a
+  /// block per rollout node) and one of the rest, so that expert-parallel
+  /// nodes can skip the experts they do not hold (builder_options::grouping,
+  /// expert_blocks); false: one payload per bucket.
+  bool expert_payloads = true;
+  /// Rollout nodes fetch every listed payload instead of only those the
+  /// manifest index says their receivers need (object store only).
+  bool fetch_all = false;
 };
 
 inline const char* job_usage =
@@ -67,7 +75,10 @@ inline const char* job_usage =
     "                           keys from DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY\n"
     "  --transport object_store|relay_tree   how payloads travel (default object_store)\n"
     "  --relay-nodes H:P,H:P,...  relay_tree: listen address of rollout node i (one per node)\n"
-    "  --relay-fanout K         relay_tree: k-ary tree over the nodes, root node 0 (default 2)\n";
+    "  --relay-fanout K         relay_tree: k-ary tree over the nodes, root node 0 (default 2)\n"
+    "  --fetch-all              object_store: nodes fetch every payload, not only those the\n"
+    "                           manifest index says their receivers need\n"
+    "  --bucket-payloads        owners send one payload per bucket, experts not split out\n";
 
 /// Consume argv[i] (and its values) if it is a job flag.
 inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
@@ -134,6 +145,10 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     f.s3_bucket = value();
   else if (a == "--s3-region")
     f.s3_region = value();
+  else if (a == "--fetch-all")
+    f.fetch_all = true;
+  else if (a == "--bucket-payloads")
+    f.expert_payloads = false;
   else if (a == "--change-pct") {
     const auto v = value();
     char* end = nullptr;

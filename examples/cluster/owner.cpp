@@ -145,7 +145,16 @@ int main(int argc, char** argv) try {
   const std::uint64_t committed = cur.revision ? cur.record.version : 0;
   advance_to(committed);
   source_state baseline = state; // the committed version, for dense exports
-  protocol::training_round round(job.plan, state.view());
+  builder_options bo;
+  // One payload per expert: a node whose receivers hold some experts only
+  // (expert parallelism) skips the others' payloads by the manifest index.
+  // The experts in one block per rollout node: vLLM's linear placement puts
+  // a contiguous block on each node's ranks, so each node fetches one.
+  if (job.flags.expert_payloads) {
+    bo.grouping = payload_grouping::by_expert;
+    bo.expert_blocks = job.flags.nodes;
+  }
+  protocol::training_round round(job.plan, state.view(), bo);
   auto members = round.members();
   advance_to(committed + 1);
   round.set_candidate(state.view());

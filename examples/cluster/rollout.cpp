@@ -102,6 +102,7 @@ public:
   }
   status finish() { return r_.finish(); }
   digest128 state_digest() const { return r_.state_digest(); }
+  bool needs(std::string_view name) const { return r_.needs(name); }
   receiver<Loader>& inner() { return r_.inner(); }
   std::function<void()> dying;
 
@@ -234,7 +235,15 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   }
   cluster::timeline::timed_store<cluster::job_object_store> fetches{&objects};
   protocol::local_node_link<rr, decltype(fetches)> link(eps, fetches, node);
-  return serve(link);
+  // By the manifest index, only the payloads of tensors these receivers
+  // hold anything of (an expert-parallel node skips other nodes' experts).
+  link.fetch_all(job.flags.fetch_all);
+  const int rc = serve(link);
+  const auto t = link.fetch_totals();
+  std::cerr << who << ": fetch " << (job.flags.fetch_all ? "all" : "indexed") << ": fetched "
+            << t.payloads << " payloads " << t.bytes << " bytes, skipped " << t.skipped_payloads
+            << " payloads " << t.skipped_bytes << " bytes" << std::endl;
+  return rc;
 }
 
 } // namespace

@@ -3,7 +3,9 @@
 # change rate): every row has the keys docs/benchmarks.md promises and is
 # consistent in itself (speedup = reference / refit, V_cross >= V_payload,
 # lower bounds within the window, the transport bound the larger of the
-# owners' payload writes and the nodes' payload reads). Timings are not judged.
+# owners' payload writes and the nodes' payload reads), and the object store's
+# indexed row moved fewer bytes across the links than its fetch-all row (each
+# rollout node fetches only its experts' payloads). Timings are not judged.
 #   bench_cluster_smoke.sh TESTBED_SH BENCH_EXE EXAMPLES_DIR
 set -uo pipefail
 testbed=$1 bench=$2 bin=$3
@@ -20,18 +22,20 @@ import json, sys
 d = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
 rows = d["rows"]
 assert rows, "no rows"
-keys = ["transport", "change_pct", "refit_s", "reference_s", "speedup", "ideal_speedup",
+keys = ["transport", "fetch", "change_pct", "refit_s", "reference_s", "speedup", "ideal_speedup",
         "v_payload_bytes", "v_cross_bytes", "link_mbit_s", "construction_lb_s",
         "transport_lb_s", "upload_lb_s", "fetch_lb_s", "finalization_s", "refit_over_bound"]
 for r in rows:
     for k in keys:
         assert k in r, "row lacks " + k
     assert r["transport"] in ("object_store", "relay_tree"), r["transport"]
+    assert r["fetch"] in ("all", "indexed"), r["fetch"]
     assert r["refit_s"] > 0 and r["reference_s"] > 0, r
     assert abs(r["speedup"] - r["reference_s"] / r["refit_s"]) <= 1e-3 * r["speedup"], r
     assert r["v_payload_bytes"] > 0, "no payload was uploaded"
-    # every payload crosses a training link once and each rollout link once
-    assert r["v_cross_bytes"] >= r["v_payload_bytes"] * (1 + r["rollout_nodes"]), r
+    # every payload crosses a training link once, and with fetch all each rollout link once
+    nodes = r["rollout_nodes"] if r["fetch"] == "all" else 0
+    assert r["v_cross_bytes"] >= r["v_payload_bytes"] * (1 + nodes), r
     assert r["v_cross_bytes"] < r["checkpoint_bytes"] * (1 + r["rollout_nodes"]), \
         "a refit at a few percent moved more than the whole checkpoint"
     for k in ("construction_lb_s", "transport_lb_s"):
@@ -42,9 +46,17 @@ for r in rows:
     assert 0 <= r["finalization_s"] <= r["refit_s"], r
     assert abs(r["refit_over_bound"] - r["refit_s"] / (max(r["construction_lb_s"],
                r["transport_lb_s"]) + r["finalization_s"])) <= 1e-3 * r["refit_over_bound"], r
+before = {(r["transport"], r["change_pct"]): r for r in rows if r["fetch"] == "all"}
+after = [r for r in rows if r["fetch"] == "indexed"]
+assert after, "no indexed row"
+for r in after:
+    b = before[(r["transport"], r["change_pct"])]
+    assert r["v_cross_down_bytes"] < b["v_cross_down_bytes"], ("indexed fetch moved no fewer bytes", r, b)
+    assert abs(r["v_cross_over_fetch_all"] - r["v_cross_bytes"] / b["v_cross_bytes"]) <= 1e-3, r
 svg = open(sys.argv[2]).read()
 assert svg.startswith("<svg") and "construction" in svg and "<rect" in svg, "bad SVG"
 print("PASS:", len(rows), "row(s);", ", ".join(
-    "%s %g%%: refit %.2f s, reference %.2f s" % (r["transport"], r["change_pct"], r["refit_s"],
-                                                r["reference_s"]) for r in rows))
+    "%s fetch %s %g%%: refit %.2f s, V_cross %.2f MB, reference %.2f s" % (
+        r["transport"], r["fetch"], r["change_pct"], r["refit_s"], r["v_cross_bytes"] / 1e6,
+        r["reference_s"]) for r in rows))
 PY

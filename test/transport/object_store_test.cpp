@@ -83,7 +83,8 @@ TEST_CASE("filesystem backend: readers never see a partial object; temporaries a
 TEST_CASE("manifest serialisation round-trips and rejects damage") {
   manifest m{std::string(32, 'c'), 42, 7, {}};
   for (std::uint32_t i = 0; i < 5; ++i)
-    m.payloads.push_back({payload_name(42, 7, i), 100u + i, digest(random_bytes(10, i))});
+    m.payloads.push_back(
+        {payload_name(42, 7, i), 100u + i, digest(random_bytes(10, i)), std::nullopt});
   const auto text = serialize_manifest(m);
   manifest back;
   REQUIRE(parse_manifest(text, back).ok());
@@ -107,7 +108,7 @@ TEST_CASE("manifest serialisation round-trips and rejects damage") {
       parse_manifest(with_digest("dcr-manifest 1\nattempt 1\nowner 0\npayloads 0\n"), back).code ==
       errc::unsupported_version);
   CHECK(parse_manifest(
-            with_digest("dcr-manifest 3\nincarnation none\nattempt 1\nowner 0\npayloads 0\n"), back)
+            with_digest("dcr-manifest 4\nincarnation none\nattempt 1\nowner 0\npayloads 0\n"), back)
             .code == errc::unsupported_version);
   CHECK(parse_manifest(with_digest(head + "payloads 1\n"), back).code == errc::bad_format);
   CHECK(parse_manifest(with_digest(head + "payloads 1\nattempt/00000000000000000002/payload/x 1 " +
@@ -124,6 +125,238 @@ TEST_CASE("manifest serialisation round-trips and rejects damage") {
   CHECK(parse_manifest(with_digest(head + "payloads 0\nextra\n"), back).code ==
         errc::trailing_bytes);
   CHECK(parse_manifest("no digest", back).code == errc::bad_format);
+}
+
+namespace {
+/// Random sorted unique tensor names sharing prefixes (as canonical names do).
+std::vector<std::string> random_tensor_names(std::mt19937_64& rng, std::size_t n) {
+  static const char* parts[] = {"model", "layers", "0",  "1",      "12",        "mlp",    "experts",
+                                "3",     "w1",     "w2", "weight", "self_attn", "q_proj", "a-b_c"};
+  std::set<std::string> out;
+  while (out.size() < n) {
+    std::string name;
+    const auto k = 1 + rng() % 6;
+    for (std::size_t i = 0; i < k; ++i)
+      name += (i ? "." : "") + std::string(parts[rng() % std::size(parts)]);
+    out.insert(name);
+  }
+  return {out.begin(), out.end()};
+}
+} // namespace
+
+TEST_CASE("manifest version 3: the tensor index round-trips, front-coded, and rejects damage") {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 40; ++round) {
+    manifest m{round % 2 ? std::string(32, 'a') : std::string(), 9, 3, {}};
+    const auto n = rng() % 6;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      manifest_entry e{payload_name(9, 3, i), rng() % 1000, digest(random_bytes(8, rng())),
+                       std::nullopt};
+      if (rng() % 4) e.tensors = random_tensor_names(rng, rng() % 7);
+      m.payloads.push_back(std::move(e));
+    }
+    const auto text = serialize_manifest(m);
+    bool any = false;
+    for (auto& e : m.payloads) any = any || e.tensors.has_value();
+    // Without any index the text is version 2, as older writers wrote it.
+    CHECK(text.rfind(any ? "dcr-manifest 3\n" : "dcr-manifest 2\n", 0) == 0);
+    manifest back;
+    REQUIRE(parse_manifest(text, back).ok());
+    CHECK(back == m);
+    for (std::size_t pos = 0; pos < text.rfind("digest "); pos += 5) {
+      auto bad = text;
+      bad[pos] = static_cast<char>(bad[pos] ^ 0x04);
+      const auto code = parse_manifest(bad, back).code; // the seal's line itself may break
+      CHECK((code == errc::digest_mismatch || code == errc::bad_format));
+    }
+  }
+  {
+    // Front coding: each name is (bytes shared with the previous, suffix).
+    manifest m{"", 1, 0, {}};
+    m.payloads.push_back({payload_name(1, 0, 0), 5, digest(random_bytes(4, 1)),
+                          std::vector<std::string>{"m.l.0.e.1.w", "m.l.0.e.1.x", "m.l.0.e.12.w"}});
+    const auto text = serialize_manifest(m);
+    CHECK(text.find(" 3\n0 m.l.0.e.1.w\n10 x\n9 2.w\n") != std::string::npos);
+  }
+  auto with_digest = [](std::string body) {
+    return body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+  };
+  const std::string head = "dcr-manifest 3\nincarnation none\nattempt 1\nowner 0\npayloads 1\n";
+  const std::string entry =
+      "attempt/00000000000000000001/payload/o0000000000-s0000000000 1 " + std::string(32, '0');
+  manifest back;
+  REQUIRE(parse_manifest(with_digest(head + entry + " -\n"), back).ok());
+  CHECK(!back.payloads.at(0).tensors);
+  REQUIRE(parse_manifest(with_digest(head + entry + " 0\n"), back).ok());
+  CHECK(back.payloads.at(0).tensors == std::vector<std::string>{});
+  REQUIRE(parse_manifest(with_digest(head + entry + " 2\n0 a.b\n2 c\n"), back).ok());
+  CHECK(back.payloads.at(0).tensors == std::vector<std::string>{"a.b", "a.c"});
+  for (const char* bad : {"\n",                   // no index count
+                          " x\n",                 // not a count
+                          " -1\n",                // not a count
+                          " 99999999999\n",       // count too long
+                          " 2\n0 a\n",            // fewer names than counted
+                          " 2\n0 b\n0 a\n",       // not sorted
+                          " 2\n0 a\n1 \n",        // missing suffix
+                          " 2\n0 ab\n2 c\n1 x\n", // more names than counted
+                          " 1\n1 a\n",            // first name shares with nothing
+                          " 2\n0 ab\n3 c\n",      // shares more than the previous has
+                          " 2\n0 ab\n0 ab\n"}) {  // repeated
+    const auto code = parse_manifest(with_digest(head + entry + bad), back).code;
+    CAPTURE(bad);
+    CHECK((code == errc::bad_format || code == errc::trailing_bytes));
+  }
+  // A count beyond the bound is refused before anything is read for it.
+  CHECK(parse_manifest(with_digest(head + entry + " 16777217\n"), back).code == errc::bad_format);
+  // Names the text form cannot hold are refused by the serialiser.
+  manifest m{"", 1, 0, {}};
+  m.payloads.push_back({payload_name(1, 0, 0), 1, {}, std::vector<std::string>{"has space"}});
+  CHECK_THROWS_AS(serialize_manifest(m), error);
+  m.payloads.back().tensors = std::vector<std::string>{"b", "a"};
+  CHECK_THROWS_AS(serialize_manifest(m), error);
+}
+
+TEST_CASE("attempt writer: indexes a payload by its tensors, or not when a name cannot be held") {
+  memory_object_store s;
+  attempt_writer w(s, 2, 1);
+  REQUIRE(w.put_payload(random_bytes(10, 1), {"z.w", "a.w", "z.w"}).ok());
+  REQUIRE(w.put_payload(random_bytes(10, 2), {"ok", "not ok"}).ok());
+  REQUIRE(w.put_payload(random_bytes(10, 3)).ok());
+  REQUIRE(w.finish().ok());
+  std::vector<std::byte> bytes;
+  REQUIRE(s.get(manifest_name(2, 1), bytes).ok());
+  manifest m;
+  REQUIRE(parse_manifest({reinterpret_cast<const char*>(bytes.data()), bytes.size()}, m).ok());
+  REQUIRE(m.payloads.size() == 3);
+  CHECK(m.payloads[0].tensors == std::vector<std::string>{"a.w", "z.w"});
+  CHECK(!m.payloads[1].tensors);
+  CHECK(!m.payloads[2].tensors);
+  CHECK(m == w.listed());
+}
+
+TEST_CASE("filtered attempt reader: fetches exactly the payloads the index says it needs") {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 30; ++round) {
+    memory_object_store s;
+    const std::uint32_t owners = 1 + rng() % 3;
+    const auto universe = random_tensor_names(rng, 12);
+    std::set<std::string> held;
+    for (auto& t : universe)
+      if (rng() % 3 == 0) held.insert(t);
+    std::map<std::string, std::vector<std::byte>> all, needed;
+    std::uint64_t skipped_bytes = 0;
+    std::size_t skipped = 0;
+    std::vector<digest128> want;
+    for (std::uint32_t o = 0; o < owners; ++o) {
+      attempt_writer w(s, 4, o);
+      const auto n = rng() % 5;
+      for (std::uint32_t i = 0; i < n; ++i) {
+        auto b = random_bytes(10 + rng() % 50, rng());
+        const bool indexed = rng() % 5 != 0;
+        std::vector<std::string> t;
+        for (auto& u : universe)
+          if (rng() % 4 == 0) t.push_back(u);
+        bool need = !indexed;
+        for (auto& u : t) need = need || held.count(u);
+        if (indexed)
+          REQUIRE(w.put_payload(b, t).ok());
+        else
+          REQUIRE(w.put_payload(b).ok());
+        all[payload_name(4, o, i)] = b;
+        if (need) {
+          needed[payload_name(4, o, i)] = b;
+          want.push_back(digest(b));
+        } else {
+          ++skipped;
+          skipped_bytes += b.size();
+        }
+      }
+      REQUIRE(w.finish().ok());
+    }
+    std::sort(want.begin(), want.end());
+    for (const bool filtered : {false, true}) {
+      attempt_reader<memory_object_store> reader(s, 4, [&] {
+        std::vector<std::uint32_t> v;
+        for (std::uint32_t o = 0; o < owners; ++o) v.push_back(o);
+        return v;
+      }());
+      if (filtered)
+        reader.need_only([&](std::string_view t) { return held.count(std::string(t)) > 0; });
+      std::map<std::string, std::vector<std::byte>> got;
+      std::atomic<bool> stop{false};
+      REQUIRE(reader
+                  .run(
+                      [&](std::string_view n, std::span<const std::byte> b) {
+                        CHECK(got.emplace(std::string(n), std::vector(b.begin(), b.end())).second);
+                        return status::success();
+                      },
+                      stop, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+                  .ok());
+      if (filtered) {
+        CHECK(got == needed);
+        CHECK(reader.listed() == want);
+        CHECK(reader.skipped() == skipped);
+        CHECK(reader.skipped_bytes() == skipped_bytes);
+      } else {
+        CHECK(got == all);
+        CHECK(reader.skipped() == 0);
+        CHECK(reader.listed().size() == all.size());
+      }
+      std::uint64_t bytes = 0;
+      for (auto& [n, b] : got) bytes += b.size();
+      CHECK(reader.delivered() == got.size());
+      CHECK(reader.delivered_bytes() == bytes);
+    }
+  }
+}
+
+TEST_CASE("filtered attempt reader: an object no manifest lists is never fetched") {
+  memory_object_store s;
+  attempt_writer w(s, 3, 0);
+  REQUIRE(w.put_payload(random_bytes(10, 1), {"a"}).ok());
+  REQUIRE(s.put(payload_name(3, 0, 7), random_bytes(10, 9)).ok()); // a stray copy
+  REQUIRE(w.finish().ok());
+  {
+    attempt_reader<memory_object_store> unfiltered(s, 3, {0});
+    std::atomic<bool> stop{false};
+    CHECK(unfiltered
+              .run([](std::string_view, std::span<const std::byte>) { return status::success(); },
+                   stop, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+              .code == errc::verification); // delivered before the manifest said no
+  }
+  attempt_reader<memory_object_store> reader(s, 3, {0});
+  reader.need_only([](std::string_view) { return true; });
+  std::vector<std::string> got;
+  std::atomic<bool> stop{false};
+  REQUIRE(reader
+              .run(
+                  [&](std::string_view n, std::span<const std::byte>) {
+                    got.emplace_back(n);
+                    return status::success();
+                  },
+                  stop, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+              .ok());
+  CHECK(got == std::vector<std::string>{payload_name(3, 0, 0)});
+  CHECK(reader.listings() == 1); // the manifests only: no payload listing at all
+}
+
+TEST_CASE("filtered attempt reader: a payload that differs from its entry still fails the read") {
+  memory_object_store s;
+  attempt_writer w(s, 3, 0);
+  REQUIRE(w.put_payload(random_bytes(10, 1), {"a"}).ok());
+  REQUIRE(w.put_payload(random_bytes(10, 2), {"b"}).ok());
+  REQUIRE(w.finish().ok());
+  REQUIRE(s.put(payload_name(3, 0, 0), random_bytes(10, 7)).ok()); // replaced behind its back
+  for (const char* need : {"a", "b"}) {
+    attempt_reader<memory_object_store> reader(s, 3, {0});
+    reader.need_only([&](std::string_view t) { return t == need; });
+    std::atomic<bool> stop{false};
+    const auto st =
+        reader.run([](std::string_view, std::span<const std::byte>) { return status::success(); },
+                   stop, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    // Only the node that needs the damaged payload reads (and refuses) it.
+    CHECK(st.code == (std::string_view(need) == "a" ? errc::digest_mismatch : errc::ok));
+  }
 }
 
 TEST_CASE("attempt names sort numerically and parse back") {

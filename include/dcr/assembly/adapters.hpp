@@ -212,6 +212,15 @@ public:
   status finish() { return check_ ? check_(*r_) : status::success(); }
   digest128 state_digest() const { return r_->state_digest(); }
 
+  /// Whether updates of `name` must reach this receiver (`receiver::needs`;
+  /// always, for a receiver that cannot say).
+  bool needs(std::string_view name) const {
+    if constexpr (requires { r_->needs(name); })
+      return r_->needs(name);
+    else
+      return true;
+  }
+
   R& inner() noexcept { return *r_; }
   const R& inner() const noexcept { return *r_; }
   std::uint64_t applied_payloads() const noexcept { return r_->applied_payloads(); }

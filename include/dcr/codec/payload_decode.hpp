@@ -4,8 +4,10 @@
 /// zstd body, table, locations and values, every field checked before use
 /// (see payload_format.hpp for the order of checks).
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dcr/codec/payload_format.hpp"
@@ -42,6 +44,28 @@ inline status inspect_payload(std::span<const std::byte> bytes, payload_info& ou
   DCR_TRY(read_payload_header(bytes, out.header, limits));
   DCR_TRY(decompress_body(bytes, out.header, out.body));
   return parse_table(out.body, out.header, out.rows);
+}
+
+/// The canonical tensor names a payload's items update, sorted and without
+/// repeats, read from its header and item table only (the body is
+/// decompressed just up to the end of the table). The header and table are
+/// checked as `parse_table` checks them; the digest and the locations are
+/// not (the writer of a manifest index runs this on payloads it built).
+inline status payload_tensors(std::span<const std::byte> bytes, std::vector<std::string>& names,
+                              const decode_limits& limits = {}) {
+  names.clear();
+  payload_header h;
+  DCR_TRY(parse_header(bytes, h, limits));
+  std::vector<std::byte> table(h.table_length);
+  if (auto s = zstd_decompress_prefix(compressed_body(bytes), table); !s)
+    return fail(s.code,
+                "body (payload byte " + std::to_string(payload_header_size) + "): " + s.message);
+  std::vector<item_row> rows;
+  DCR_TRY(parse_table(table, h, rows));
+  for (auto& r : rows) names.push_back(std::move(r.tensor.name));
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return status::success();
 }
 
 /// Decode and validate a whole payload.

@@ -94,6 +94,29 @@ inline status zstd_decompress(std::span<const std::byte> in, std::span<std::byte
   return status::success();
 }
 
+/// Decompress only the first `out.size()` bytes of the zstd frame `in`
+/// (streaming, so the frame's later blocks are never decoded): what reading
+/// a body's leading section costs. `truncated` when the frame holds fewer.
+inline status zstd_decompress_prefix(std::span<const std::byte> in, std::span<std::byte> out) {
+  ZSTD_DCtx* d = detail::thread_dctx();
+  DCR_RETURN_ERROR_IF(d == nullptr, compression, "ZSTD_createDCtx failed");
+  ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
+  ZSTD_inBuffer ib{in.data(), in.size(), 0};
+  ZSTD_outBuffer ob{out.data(), out.size(), 0};
+  while (ob.pos < ob.size) {
+    const std::size_t before_in = ib.pos, before_out = ob.pos;
+    const std::size_t r = ZSTD_decompressStream(d, &ob, &ib);
+    DCR_RETURN_ERROR_IF(ZSTD_isError(r), compression,
+                        std::string("ZSTD_decompressStream: ") + ZSTD_getErrorName(r));
+    DCR_RETURN_ERROR_IF(
+        (r == 0 || (ib.pos == before_in && ob.pos == before_out)) && ob.pos < ob.size, truncated,
+        "zstd frame ends after " + std::to_string(ob.pos) + " bytes, " +
+            std::to_string(out.size()) + " wanted");
+  }
+  ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
+  return status::success();
+}
+
 /// Throwing forms.
 inline std::vector<std::byte> zstd_compress_or_throw(std::span<const std::byte> in, int level = 1) {
   std::vector<std::byte> out;

@@ -531,6 +531,12 @@ public:
               std::vector<endpoint*> receivers, coordinator_options opt = {})
       : links(store, owners, receivers),
         engine(commits, store, links::owner_ptrs, links::node_ptrs, std::move(opt)) {}
+
+  /// The node of each receiver, in receiver order (to set how it fetches,
+  /// `local_node_link::fetch_all`, or read its fetch totals).
+  const std::vector<typename links::node_link_t*>& node_links() const noexcept {
+    return links::node_ptrs;
+  }
 };
 
 } // namespace dcr::protocol

@@ -192,6 +192,20 @@ public:
     return staged_;
   }
 
+  /// Whether this receiver needs updates of canonical tensor `name`: false
+  /// only when its receiver says it stores nothing of it (`needs(name)`);
+  /// true for a receiver that cannot say, and for a dead one (a payload
+  /// delivered to it fails as it would without the question).
+  bool needs(std::string_view name) const {
+    std::lock_guard l(m_);
+    if constexpr (requires(const Receiver& r) {
+                    { r.needs(name) } -> std::convertible_to<bool>;
+                  })
+      return !r_ || r_->needs(name);
+    else
+      return true;
+  }
+
   /// Gate operations carry τ; the gate itself ignores replaced attempts.
   bool close_gate(std::uint64_t attempt) { return gate_ ? gate_->close(attempt) : true; }
   bool open_gate(std::uint64_t attempt) { return gate_ ? gate_->open(attempt) : true; }

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "dcr/codec/payload_decode.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
 #include "dcr/pipeline/stage.hpp"
@@ -238,7 +239,7 @@ private:
         },
         [&](std::vector<std::byte>&& p) {
           const auto tp = link_clock::now();
-          auto st = stop ? fail(errc::aborted, "attempt stopped") : w.put_payload(p);
+          auto st = stop ? fail(errc::aborted, "attempt stopped") : put(w, p);
           rep.upload_seconds += seconds_since(tp);
           throw_if_failed(st);
           rep.payloads += 1;
@@ -257,10 +258,31 @@ private:
     return s;
   }
 
+  /// Upload one payload; where the writer keeps a tensor index (object
+  /// stores, manifest version 3), with the tensors the payload's table
+  /// names. A payload whose table cannot be read is listed without an
+  /// index: every node fetches it, and its receivers refuse it as before.
+  template <class Writer>
+  static status put(Writer& w, std::span<const std::byte> p) {
+    if constexpr (requires(std::vector<std::string> t) { w.put_payload(p, std::move(t)); }) {
+      std::vector<std::string> tensors;
+      if (codec::payload_tensors(p, tensors)) return w.put_payload(p, std::move(tensors));
+    }
+    return w.put_payload(p);
+  }
+
   Owner* o_;
   Store* store_;
   std::mutex m_;
   std::uint64_t newest_ = 0;
+};
+
+/// What a node's reader fetched and skipped, over all attempts since the
+/// node started (object stores with a manifest index; a relay tree's
+/// reader reports nothing skipped).
+struct node_fetch_totals {
+  std::uint64_t payloads = 0, bytes = 0;                 ///< fetched
+  std::uint64_t skipped_payloads = 0, skipped_bytes = 0; ///< listed, not needed here
 };
 
 /// A rollout node in this process: its receivers' endpoints (one per serving
@@ -275,6 +297,20 @@ public:
   local_node_link(std::vector<endpoint*> endpoints, Store& store, std::size_t reader_index = 0)
       : eps_(std::move(endpoints)), store_(&store), index_(reader_index) {
     if (eps_.empty()) throw error(errc::invalid_argument, "local_node_link: no receivers");
+  }
+
+  /// Fetch every listed payload (true, the default), or only those whose
+  /// manifest index names a tensor one of the node's receivers needs
+  /// (false; `receiver_endpoint::needs`): an expert-parallel node skips the
+  /// payloads of experts it holds nothing of. Filtered, a node fetches an
+  /// owner's payloads only once its manifest is in (no overlap with that
+  /// owner's upload) and never sees objects no manifest lists, so a stray
+  /// object cannot reach a receiver and does not fail the attempt.
+  void fetch_all(bool all) noexcept { fetch_all_ = all; }
+  /// Fetched and skipped payloads so far.
+  node_fetch_totals fetch_totals() const {
+    std::lock_guard l(totals_m_);
+    return totals_;
   }
 
   std::vector<std::string> ids() const {
@@ -358,6 +394,28 @@ private:
     // payload goes to every receiver of the node (in parallel when there are
     // several), so the node reads it once.
     auto reader = transport::open_reader(medium, tau, index_, rq.owners);
+    if constexpr (requires { reader.need_only(transport::tensor_filter{}); }) {
+      if (!fetch_all_)
+        reader.need_only([this](std::string_view t) {
+          for (auto* e : eps_)
+            if (e->needs(t)) return true;
+          return false;
+        });
+    }
+    // Counted when the reader is done, whatever the outcome.
+    struct count_fetches {
+      local_node_link* link;
+      decltype(reader)& r;
+      ~count_fetches() {
+        std::lock_guard l(link->totals_m_);
+        if constexpr (requires { r.delivered_bytes(); }) {
+          link->totals_.payloads += r.delivered();
+          link->totals_.bytes += r.delivered_bytes();
+          link->totals_.skipped_payloads += r.skipped();
+          link->totals_.skipped_bytes += r.skipped_bytes();
+        }
+      }
+    } counted{this, reader};
     status s = status::success();
     double apply = 0;
     // CPU time per receiver, measured on whichever thread serves it.
@@ -444,6 +502,9 @@ private:
   std::vector<endpoint*> eps_;
   Store* store_;
   std::size_t index_;
+  bool fetch_all_ = true;
+  mutable std::mutex totals_m_;
+  node_fetch_totals totals_;
 };
 
 } // namespace dcr::protocol

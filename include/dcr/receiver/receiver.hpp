@@ -97,6 +97,14 @@ public:
     auto* t = plan_.find(name);
     return t && !t->skipped;
   }
+  /// Whether a payload item of `name` must reach this rank: unless its plan
+  /// skips the tensor (it stores nothing of it). An unknown name must reach
+  /// it too, so that `stage` refuses it as it refuses any unknown tensor.
+  /// The item filter `decode` applies, asked before a payload is fetched.
+  bool needs(std::string_view name) const {
+    auto* t = plan_.find(name);
+    return !t || !t->skipped;
+  }
 
   /// Load full canonical tensors from `src` through the loader. Throws
   /// `not_found`, `bad_dtype` or `shape_mismatch` for a missing or different
@@ -278,10 +286,7 @@ public:
   template <class Dec>
   status decode(std::span<const std::byte> payload, decoded_payload& out) const {
     return codec::decode_payload_if<typename Dec::locations>(
-        payload, out, [this](const codec::item_row& row) {
-          const tensor_plan* tp = plan_.find(row.tensor.name);
-          return !tp || !tp->skipped;
-        });
+        payload, out, [this](const codec::item_row& row) { return needs(row.tensor.name); });
   }
 
   /// Digest of all rank storage, kept incrementally by the sinks: O(1) here,

@@ -37,7 +37,9 @@
 #include <bit>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -59,6 +61,31 @@ enum class relative_choice : std::uint8_t {
   xor_only, ///< XOR masks (what format v1 readers understand)
   add_only, ///< zigzag integer differences
 };
+
+/// How a bucket's items are grouped into payloads.
+enum class payload_grouping : std::uint8_t {
+  none,      ///< one payload per bucket (the bytes of every earlier release)
+  by_expert, ///< one payload per expert index of the bucket's tensors, plus one of the rest
+};
+
+/// The group of canonical tensor `name` under `by_expert`: 0 for a tensor of
+/// no expert, 1 + E for a name containing `.experts.<E>.` (decimal E, the
+/// canonical MoE naming, model/config.hpp).
+inline std::uint64_t expert_group(std::string_view name) noexcept {
+  constexpr std::string_view key = ".experts.";
+  for (auto at = name.find(key); at != std::string_view::npos; at = name.find(key, at + 1)) {
+    std::size_t i = at + key.size();
+    std::uint64_t e = 0;
+    std::size_t digits = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 18) {
+      e = e * 10 + static_cast<std::uint64_t>(name[i] - '0');
+      ++i;
+      ++digits;
+    }
+    if (digits > 0 && i < name.size() && name[i] == '.') return 1 + e;
+  }
+  return 0;
+}
 
 /// Chunk and bucket targets (bytes; tasks and chunks are never split, so a
 /// chunk or bucket can exceed its target) and the encoding policy.
@@ -87,6 +114,18 @@ struct builder_options {
   /// twice the threads). With the open bucket, what a build holds beyond its
   /// inputs is at most this many chunks' records plus one bucket.
   std::size_t chunks_in_flight = 0;
+  /// `by_expert` splits each bucket into one payload per expert (and one of
+  /// every other tensor), in group order: with a manifest index, a node
+  /// that holds some experts only (expert parallelism) then fetches only
+  /// their payloads and the dense one. More, smaller payloads; what the
+  /// items say is the same, so every receiver ends in the same bytes.
+  payload_grouping grouping = payload_grouping::none;
+  /// With `by_expert`: 0, one payload per expert; N > 0, the experts in N
+  /// contiguous blocks (expert E of X in block E·N/X), one payload per block.
+  /// N = the expert-parallel nodes under vLLM's linear placement (node j
+  /// holds block j) gives each node exactly its payloads with N + 1 payloads
+  /// per bucket instead of X + 1: fewer, larger objects (each a request).
+  std::uint32_t expert_blocks = 0;
 };
 
 /// The required set U_req: which residual tasks must be converted this attempt.
@@ -148,6 +187,8 @@ public:
       : plan_(std::move(plan)), id_(id), shards_(plan_->owned_shards(id)),
         tasks_(plan_->owned_tasks(id)) {
     for (auto s : shards_) trackers_.emplace_back(tracked(committed, s));
+    // 1 + the largest expert index of the model: its expert count.
+    for (auto& m : plan_->canonical) experts_ = std::max(experts_, expert_group(m.name));
     residual_.resize(tasks_.size());
     for (std::size_t i = 0; i < tasks_.size(); ++i)
       throw_if_failed(run_rule(plan_->tasks[tasks_[i]].rule,
@@ -780,12 +821,33 @@ private:
     for (std::size_t i = 0; i < st.bucket.size(); ++i)
       stages::choose_smaller(st.bucket[i], st.bucket_alt[i], value_encoding::add,
                              st.opt.encoding.filter);
-    delta_bucket b{id_, st.sequence++, std::move(st.bucket), st.bucket_bytes};
+    auto items = std::move(st.bucket);
+    const auto input = st.bucket_bytes;
     st.bucket.clear();
     st.bucket_alt.clear();
     st.bucket_slot.clear();
     st.bucket_bytes = 0;
-    sink(std::move(b));
+    if (st.opt.grouping == payload_grouping::none) {
+      sink(delta_bucket{id_, st.sequence++, std::move(items), input});
+      return;
+    }
+    // One payload per group, in group order, items in bucket order within
+    // it; the first part carries the bucket's input bytes (their sum over
+    // all buckets stays that of the chunks that emitted records).
+    std::map<std::uint64_t, std::vector<item>> parts;
+    for (auto& it : items) parts[group_of(it.tensor.name, st.opt)].push_back(std::move(it));
+    bool first = true;
+    for (auto& [g, part] : parts) {
+      sink(delta_bucket{id_, st.sequence++, std::move(part), first ? input : 0});
+      first = false;
+    }
+  }
+
+  /// The payload group of tensor `name` (`builder_options::grouping`).
+  std::uint64_t group_of(std::string_view name, const builder_options& opt) const {
+    const auto g = expert_group(name);
+    if (g == 0 || opt.expert_blocks == 0) return g;
+    return 1 + (g - 1) * opt.expert_blocks / experts_;
   }
 
   std::shared_ptr<const source_plan> plan_;
@@ -793,6 +855,7 @@ private:
   std::vector<std::uint32_t> shards_, tasks_;
   std::vector<std::vector<std::byte>> trackers_;
   std::vector<std::vector<host_tensor>> residual_;
+  std::uint64_t experts_ = 0; ///< experts of the model (0: dense)
 };
 
 /// All owners of a plan in one process (tests, benches, the demo; a real

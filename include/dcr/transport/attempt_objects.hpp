@@ -14,9 +14,14 @@
 /// `commit_record::incarnation`): attempt ids restart when a commit record is
 /// lost, and the scope keeps a new history from ever listing or reading the
 /// objects of an old one.
-/// A manifest is text: `dcr-manifest 2`, `incarnation <id|none>`, `attempt τ`,
-/// `owner o`, `payloads n`, then n lines `<name> <bytes> <blake2b-128 hex>`,
-/// then `digest <hex>` of all bytes before that line. An owner publishes its
+/// A manifest is text: `dcr-manifest 2|3`, `incarnation <id|none>`, `attempt τ`,
+/// `owner o`, `payloads n`, then n lines `<name> <bytes> <blake2b-128 hex>`
+/// (version 3: each followed by ` -`, no index, or ` k` and k lines
+/// `<shared> <suffix>`, the payload's canonical tensor names, sorted and
+/// front-coded: the tensor -> payload index), then `digest <hex>` of all
+/// bytes before that line (docs/protocol.md). A reader with a filter
+/// (`attempt_reader::need_only`) fetches only the payloads whose index names
+/// a tensor it needs, after their owner's manifest is in. An owner publishes its
 /// manifest only after every payload it lists is published, so a receiver
 /// that sees every required owner's manifest knows the complete payload set
 /// of the attempt; the reader completes only when the payloads it delivered
@@ -140,8 +145,28 @@ struct manifest_entry {
   std::string name;
   std::uint64_t bytes = 0;
   digest128 digest{};
+  /// The canonical tensors the payload updates, sorted, without repeats:
+  /// the manifest's tensor -> payload index. Absent (version 2 manifests,
+  /// or a writer that could not say) means "may update anything": every
+  /// reader fetches such a payload.
+  std::optional<std::vector<std::string>> tensors;
   friend bool operator==(const manifest_entry&, const manifest_entry&) = default;
 };
+
+/// Bounds of a manifest's index: tensor names per payload and in all, and
+/// bytes per name (a payload item's name has at most 65535).
+inline constexpr std::uint64_t manifest_max_tensors = std::uint64_t{1} << 24;
+inline constexpr std::uint64_t manifest_max_name = 65535;
+
+/// Whether `name` can be stored in a manifest's index: non-empty, at most
+/// `manifest_max_name` bytes of printable ASCII other than space (the text
+/// form separates tokens by white space).
+inline bool indexable_tensor_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > manifest_max_name) return false;
+  for (char c : name)
+    if (c <= ' ' || c > '~') return false;
+  return true;
+}
 
 /// An owner's list of the payloads it uploaded in one attempt.
 struct manifest {
@@ -152,17 +177,50 @@ struct manifest {
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 
-/// Text form (see file comment).
+/// Text form (see file comment). Entries with an index are written in
+/// version 3 (each name front-coded against the previous one of its entry);
+/// a manifest without any index is written as version 2, byte for byte
+/// what older writers wrote. Throws `invalid_argument` for an index that is
+/// not sorted and unique or holds a name `indexable_tensor_name` refuses.
 inline std::string serialize_manifest(const manifest& m) {
+  bool indexed = false;
+  for (auto& e : m.payloads) indexed = indexed || e.tensors.has_value();
   std::ostringstream o;
-  o << "dcr-manifest 2\nincarnation "
+  o << "dcr-manifest " << (indexed ? 3 : 2) << "\nincarnation "
     << (m.incarnation.empty() ? std::string("none") : m.incarnation) << "\nattempt " << m.attempt
     << "\nowner " << m.owner << "\npayloads " << m.payloads.size() << "\n";
-  for (auto& e : m.payloads) o << e.name << " " << e.bytes << " " << to_hex(e.digest) << "\n";
+  for (auto& e : m.payloads) {
+    o << e.name << " " << e.bytes << " " << to_hex(e.digest);
+    if (indexed) {
+      if (!e.tensors) {
+        o << " -\n";
+        continue;
+      }
+      o << " " << e.tensors->size() << "\n";
+      const std::string* prev = nullptr;
+      for (auto& t : *e.tensors) {
+        if (!indexable_tensor_name(t) || (prev && !(*prev < t)))
+          throw error(errc::invalid_argument,
+                      "manifest: index of '" + e.name + "' is not sorted unique printable names");
+        std::size_t shared = 0;
+        if (prev)
+          while (shared < prev->size() && shared < t.size() && (*prev)[shared] == t[shared])
+            ++shared;
+        // A strictly greater name never is a prefix of the previous one, so
+        // the suffix is never empty.
+        o << shared << " " << std::string_view(t).substr(shared) << "\n";
+        prev = &t;
+      }
+    } else {
+      o << "\n";
+    }
+  }
   return seal_text(o.str());
 }
 
-/// Parse a manifest; checks its digest, every field and every name.
+/// Parse a manifest (version 2 or 3); checks its digest, every field and
+/// every name, and that each index is sorted and unique with its counts
+/// bounded (`manifest_max_tensors` in all).
 inline status parse_manifest(std::string_view text, manifest& out) {
   std::string_view body;
   DCR_TRY(open_sealed_text(text, "manifest", body));
@@ -173,7 +231,8 @@ inline status parse_manifest(std::string_view text, manifest& out) {
   std::string ver;
   in >> magic >> ver;
   DCR_RETURN_ERROR_IF(!in || magic != "dcr-manifest", bad_format, "manifest: malformed header");
-  DCR_RETURN_ERROR_IF(ver != "2", unsupported_version, "manifest: version " + ver);
+  DCR_RETURN_ERROR_IF(ver != "2" && ver != "3", unsupported_version, "manifest: version " + ver);
+  const bool indexed = ver == "3";
   in >> k0 >> inc >> k1 >> m.attempt >> k2 >> owner >> k3 >> n;
   DCR_RETURN_ERROR_IF(!in || k0 != "incarnation" || k1 != "attempt" || k2 != "owner" ||
                           k3 != "payloads",
@@ -185,6 +244,7 @@ inline status parse_manifest(std::string_view text, manifest& out) {
                       "manifest: owner or count out of range");
   m.owner = static_cast<std::uint32_t>(owner);
   std::set<std::string> names;
+  std::uint64_t indexed_names = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
     manifest_entry e;
     std::string hex;
@@ -196,6 +256,43 @@ inline status parse_manifest(std::string_view text, manifest& out) {
                         "manifest: entry '" + e.name + "' is outside its attempt prefix");
     DCR_RETURN_ERROR_IF(!names.insert(e.name).second, bad_format,
                         "manifest: entry '" + e.name + "' listed twice");
+    if (indexed) {
+      std::string count;
+      in >> count;
+      DCR_RETURN_ERROR_IF(!in, bad_format, "manifest: entry '" + e.name + "' lacks its index");
+      if (count != "-") {
+        std::uint64_t k = 0;
+        DCR_RETURN_ERROR_IF(count.empty() || count.size() > 9 ||
+                                count.find_first_not_of("0123456789") != std::string::npos,
+                            bad_format,
+                            "manifest: entry '" + e.name + "': index count '" + count + "'");
+        k = std::stoull(count);
+        DCR_RETURN_ERROR_IF(k > manifest_max_tensors - indexed_names, bad_format,
+                            "manifest: more than " + std::to_string(manifest_max_tensors) +
+                                " indexed tensor names");
+        indexed_names += k;
+        std::vector<std::string> t;
+        for (std::uint64_t j = 0; j < k; ++j) {
+          std::uint64_t shared = 0;
+          std::string suffix;
+          in >> shared >> suffix;
+          const auto where = "manifest: entry '" + e.name + "', tensor " + std::to_string(j);
+          DCR_RETURN_ERROR_IF(!in, bad_format, where + ": malformed");
+          DCR_RETURN_ERROR_IF(shared > (t.empty() ? 0 : t.back().size()), bad_format,
+                              where + ": shares " + std::to_string(shared) +
+                                  " bytes with a shorter previous name");
+          std::string name = t.empty() ? suffix : t.back().substr(0, shared) + suffix;
+          DCR_RETURN_ERROR_IF(!indexable_tensor_name(name), bad_format,
+                              where + ": not a printable name of at most " +
+                                  std::to_string(manifest_max_name) + " bytes");
+          DCR_RETURN_ERROR_IF(!t.empty() && !(t.back() < name), bad_format,
+                              where + ": '" + name + "' is not after '" + t.back() +
+                                  "' (the index is sorted, without repeats)");
+          t.push_back(std::move(name));
+        }
+        e.tensors = std::move(t);
+      }
+    }
     m.payloads.push_back(std::move(e));
   }
   std::string rest;
@@ -211,12 +308,20 @@ public:
   attempt_writer(Store& store, std::uint64_t attempt, std::uint32_t owner)
       : store_(&store), m_{incarnation_of(store), attempt, owner, {}} {}
 
-  /// Upload the next payload (sequence numbers 0, 1, ...).
-  status put_payload(std::span<const std::byte> bytes) {
-    auto name = payload_name(m_.attempt, m_.owner, static_cast<std::uint32_t>(m_.payloads.size()));
-    DCR_TRY(store_->put(name, bytes));
-    m_.payloads.push_back({std::move(name), bytes.size(), digest(bytes)});
-    return status::success();
+  /// Upload the next payload (sequence numbers 0, 1, ...), listed without
+  /// an index (every reader fetches it).
+  status put_payload(std::span<const std::byte> bytes) { return put(bytes, std::nullopt); }
+  /// Upload the next payload and list the canonical tensors it updates in
+  /// the manifest's index, so a reader that holds none of them skips it.
+  /// `tensors` is sorted and deduplicated here; a name the index cannot hold
+  /// (`indexable_tensor_name`) lists the payload without an index instead.
+  status put_payload(std::span<const std::byte> bytes, std::vector<std::string> tensors) {
+    std::sort(tensors.begin(), tensors.end());
+    tensors.erase(std::unique(tensors.begin(), tensors.end()), tensors.end());
+    bool ok = indexed_ + tensors.size() <= manifest_max_tensors;
+    for (auto& t : tensors) ok = ok && indexable_tensor_name(t);
+    if (ok) indexed_ += tensors.size();
+    return put(bytes, ok ? std::optional(std::move(tensors)) : std::nullopt);
   }
   /// Publish the manifest; after this the owner's part of the attempt is complete.
   status finish() {
@@ -226,9 +331,21 @@ public:
   const manifest& listed() const noexcept { return m_; }
 
 private:
+  status put(std::span<const std::byte> bytes, std::optional<std::vector<std::string>> tensors) {
+    auto name = payload_name(m_.attempt, m_.owner, static_cast<std::uint32_t>(m_.payloads.size()));
+    DCR_TRY(store_->put(name, bytes));
+    m_.payloads.push_back({std::move(name), bytes.size(), digest(bytes), std::move(tensors)});
+    return status::success();
+  }
+
   Store* store_;
   manifest m_;
+  std::uint64_t indexed_ = 0; ///< tensor names in the index so far
 };
+
+/// What a filtered reader asks of each indexed tensor name: does this
+/// reader (a rollout node) need any update of it?
+using tensor_filter = std::function<bool(std::string_view)>;
 
 /// How often a waiting reader lists its attempt: right after progress it
 /// waits `min`, then twice as long after each empty listing, up to `max`.
@@ -266,6 +383,15 @@ public:
                   "attempt_reader: poll interval bounds must satisfy 0 < min <= max");
   }
 
+  /// Fetch only what the index says this reader needs: a payload whose
+  /// manifest entry carries an index is fetched only when `need` accepts
+  /// one of its tensors; a payload without an index is always fetched.
+  /// Payloads of an owner are then fetched only after that owner's manifest
+  /// is in (its index is what tells), so a filtered reader gives up the
+  /// overlap of fetch with the owner's upload for the bytes it skips. Set
+  /// before `run`; an empty function means no filter.
+  void need_only(tensor_filter need) { need_ = std::move(need); }
+
   /// Listings made so far (each is one `list` or `list_after` call on the store).
   std::size_t listings() const noexcept { return listings_; }
   /// Poll rounds made so far (each lists every owner still pending once).
@@ -295,6 +421,7 @@ public:
       // are never fetched. Once an owner's manifest is in, its remaining
       // payloads are fetched by name (finish).
       for (auto o : owners_) {
+        if (need_) break; // filtered: payloads are chosen from the manifests (finish)
         if (manifests_.count(manifest_name(attempt_, o))) continue;
         auto& last = last_seen_[o];
         ++listings_;
@@ -304,6 +431,7 @@ public:
           if (delivered_.count(n)) continue;
           DCR_TRY(fetch(n, bytes));
           DCR_TRY(deliver(std::string_view(n), std::span<const std::byte>(bytes)));
+          delivered_bytes_ += bytes.size();
           delivered_.emplace(n, digest(bytes));
           progress = true;
         }
@@ -340,20 +468,33 @@ public:
     }
   }
 
-  /// Payloads delivered so far.
+  /// Payloads delivered so far, and their bytes.
   std::size_t delivered() const noexcept { return delivered_.size(); }
+  std::uint64_t delivered_bytes() const noexcept { return delivered_bytes_; }
+  /// Listed payloads a filter let this reader skip (never fetched), and their bytes.
+  std::size_t skipped() const noexcept { return skipped_; }
+  std::uint64_t skipped_bytes() const noexcept { return skipped_bytes_; }
 
   /// After a successful `run`: the digests of every payload the manifests
-  /// list, sorted (what each receiver must have staged, digest for digest).
+  /// list that this reader needs (all of them without a filter), sorted:
+  /// what each receiver must have staged, digest for digest.
   std::vector<digest128> listed() const {
     std::vector<digest128> d;
     for (auto& [mname, m] : manifests_)
-      for (auto& e : m.payloads) d.push_back(e.digest);
+      for (auto& e : m.payloads)
+        if (needed(e)) d.push_back(e.digest);
     std::sort(d.begin(), d.end());
     return d;
   }
 
 private:
+  /// Whether this reader must fetch `e` (see `need_only`).
+  bool needed(const manifest_entry& e) const {
+    if (!need_ || !e.tensors) return true;
+    for (auto& t : *e.tensors)
+      if (need_(t)) return true;
+    return false;
+  }
   status fetch(const std::string& name, std::vector<std::byte>& out) {
     return store_->get(name, out);
   }
@@ -386,12 +527,20 @@ private:
   template <class Deliver>
   status finish(Deliver& deliver, std::vector<std::byte>& bytes) {
     std::size_t listed = 0;
+    skipped_ = 0;
+    skipped_bytes_ = 0;
     for (auto& [mname, m] : manifests_) {
       for (auto& e : m.payloads) {
+        if (!needed(e)) {
+          ++skipped_;
+          skipped_bytes_ += e.bytes;
+          continue;
+        }
         auto it = delivered_.find(e.name);
         if (it == delivered_.end()) {
           DCR_TRY(fetch(e.name, bytes)); // not yet listed when we looked: fetch now
           DCR_TRY(deliver(std::string_view(e.name), std::span<const std::byte>(bytes)));
+          delivered_bytes_ += bytes.size();
           it = delivered_.emplace(e.name, digest(bytes)).first;
         }
         DCR_RETURN_ERROR_IF(it->second != e.digest, digest_mismatch,
@@ -424,6 +573,9 @@ private:
   std::map<std::uint32_t, std::string> last_seen_; ///< per owner: last payload name listed
   poll_policy poll_;
   std::size_t listings_ = 0, polls_ = 0;
+  tensor_filter need_;
+  std::uint64_t delivered_bytes_ = 0, skipped_bytes_ = 0;
+  std::size_t skipped_ = 0;
 };
 
 /// What the well-formed manifests of attempt τ on `store` list: payload name
