@@ -133,8 +133,10 @@ TEST_CASE("parallel apply equals 1-thread apply and a dense refit over random co
   auto moe = tiny_qwen3_moe();
   moe.layers = 2;
   const std::vector<std::pair<model_config, loaders::vllm_parallel_config>> vllm = {
-      {llama, test::vllm_deployment(1)},           {llama, test::vllm_deployment(2, 2)},
-      {odd, test::vllm_deployment(8)},             {moe, test::vllm_deployment(2, 1, 2, true)},
+      {llama, test::vllm_deployment(1)},
+      {llama, test::vllm_deployment(2, 2)},
+      {odd, test::vllm_deployment(8)},
+      {moe, test::vllm_deployment(2, 1, 2, true)},
       {moe, test::vllm_deployment(2, 1, 2, false)}};
   std::mt19937_64 rng(4242);
   const std::size_t thread_counts[] = {2, 3, 4, 8};
@@ -208,8 +210,8 @@ TEST_CASE("a refused item: the same error, storage and digest with 1 and N threa
   auto v = test::random_model(metas, 71);
   auto v1 = test::clone(v);
   test::stress(v1, 0.04, 0.1, 72);
-  auto items =
-      test::diff_items(v, v1, delta_mode::mixed, [](const std::string&) { return true; }, 2);
+  auto items = test::diff_items(
+      v, v1, delta_mode::mixed, [](const std::string&) { return true; }, 2);
   std::mt19937_64 rng(73);
   std::shuffle(items.begin(), items.end(), rng);
   REQUIRE(items.size() > 8);
@@ -264,8 +266,8 @@ TEST_CASE("a loader failing part way: the same error, storage and digest with 1 
       {"model.layers.0.mlp.up_proj.weight", "model.layers.2.self_attn.q_proj.weight"}};
   for (auto& fail_on : failing) {
     failing_loader l{loaders::vllm_style_loader(c, loaders::vllm_tp_rank(1, 0)), {}};
-    auto items =
-        test::diff_items(v, v1, delta_mode::mixed, [](const std::string&) { return true; }, 2);
+    auto items = test::diff_items(
+        v, v1, delta_mode::mixed, [](const std::string&) { return true; }, 2);
     std::shuffle(items.begin(), items.end(), rng);
     receiver<failing_loader> one(l, metas), many(l, metas, {3, 0}), spec(l, metas);
     for (auto* r : {&one, &many, &spec}) {
@@ -286,7 +288,8 @@ TEST_CASE("a loader failing part way: the same error, storage and digest with 1 
     std::string first_error;
     for (auto& it : items) {
       const auto* tp = spec.plan().find(it.tensor.name);
-      const auto g = spec.storage_group()[static_cast<std::size_t>(tp - spec.plan().tensors.data())];
+      const auto g =
+          spec.storage_group()[static_cast<std::size_t>(tp - spec.plan().tensors.data())];
       if (failed_groups.count(g)) continue;
       auto s = spec.apply_item(it);
       if (!s.ok()) {
@@ -315,8 +318,8 @@ TEST_CASE("a loader failing part way: the same error, storage and digest with 1 
 TEST_CASE("staged payloads apply the same on N threads; threads need a concurrent loader") {
   auto c = tiny_qwen3_moe();
   const auto metas = canonical_tensors(c);
-  const loaders::vllm_style_loader l(c, loaders::vllm_layout::of_rank(
-                                            test::vllm_deployment(2, 1, 2, true), 1));
+  const loaders::vllm_style_loader l(
+      c, loaders::vllm_layout::of_rank(test::vllm_deployment(2, 1, 2, true), 1));
   auto v = test::random_model(metas, 91);
   auto v1 = test::clone(v);
   test::stress(v1, 0.03, 0.1, 92);
@@ -324,10 +327,8 @@ TEST_CASE("staged payloads apply the same on N threads; threads need a concurren
   CHECK(many.apply_threads() == pipeline::resolve_threads(0));
   many.set_apply_threads(5);
   CHECK(many.apply_threads() == 5);
-  auto items =
-      test::diff_items(v, v1, delta_mode::mixed, [&](const std::string& n) {
-        return one.xor_allowed(n);
-      });
+  auto items = test::diff_items(v, v1, delta_mode::mixed,
+                                [&](const std::string& n) { return one.xor_allowed(n); });
   std::vector<std::vector<std::byte>> payloads;
   for (std::size_t k = 0, seq = 0; k < items.size(); k += 16, ++seq)
     payloads.push_back(encode_payload(
