@@ -18,6 +18,7 @@
 // out like the storage), plus a streaming read of every item's value bytes. "x floor" = apply /
 // floor. A second table uses the cast/transpose loader, whose FP32 casts make overwrite items
 // O(tensor) (measured separately).
+// --change-pct P runs one change rate only.
 // Thread scaling: the XOR and overwrite applies (vLLM-style) and the mixed
 // apply (cast/transpose) again with `receiver_options::apply_threads` = 0
 // (every hardware thread; items of one storage group stay on one thread)
@@ -235,7 +236,11 @@ int main(int argc, char** argv) {
   std::vector<row> rows;
   std::vector<item> xors, ows;
   std::uint64_t attempt = 0;
-  for (double pct : {1.2, 3.0, 5.0}) {
+  // --change-pct P: one change rate instead of 1.2, 3 and 5 %.
+  std::vector<double> pcts = {1.2, 3.0, 5.0};
+  for (std::size_t i = 0; i + 1 < opt.rest.size(); ++i)
+    if (opt.rest[i] == "--change-pct") pcts = {std::stod(opt.rest[i + 1])};
+  for (double pct : pcts) {
     make_delta(v, pct, g, xors, ows);
     std::uint64_t entries = 0;
     for (auto& it : xors) entries += it.size();
