@@ -23,4 +23,11 @@ for b in "$detect" "$apply" "$construct"; do
   [ "$rows" -gt 0 ] && [ "$(grep -o '"ratio_to_floor":' <<<"$j" | wc -l)" -eq "$rows" ] ||
     { echo "$(basename "$b"): ratio_to_floor missing from some of its $rows rows"; exit 1; }
 done
+# The apply bench reports 1-thread and all-thread apply and their ratio on every row.
+j=$("$apply" --quick --json)
+rows=$(grep -o '"change_pct":' <<<"$j" | wc -l)
+for k in threads one_thread_s all_threads_s scaling overwrite_scaling; do
+  [ "$(grep -o "\"$k\":" <<<"$j" | wc -l)" -eq "$rows" ] ||
+    { echo "dcr-bench-apply: $k missing from some of its $rows rows"; exit 1; }
+done
 echo "bench json keys: ok"

@@ -18,6 +18,12 @@
 // out like the storage), plus a streaming read of every item's value bytes. "x floor" = apply /
 // floor. A second table uses the cast/transpose loader, whose FP32 casts make overwrite items
 // O(tensor) (measured separately).
+// --change-pct P runs one change rate only.
+// Thread scaling: the XOR and overwrite applies (vLLM-style) and the mixed
+// apply (cast/transpose) again with `receiver_options::apply_threads` = 0
+// (every hardware thread; items of one storage group stay on one thread)
+// against 1 thread, interleaved in the same rounds; scaling = 1-thread time /
+// all-thread time (`threads`, `scaling`, `overwrite_scaling` in --json).
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +35,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -36,6 +43,7 @@
 #include "dcr/loaders/cast_transpose.hpp"
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/config.hpp"
+#include "dcr/pipeline/parallel.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/simulator.hpp"
@@ -120,10 +128,16 @@ void must(const status& s) {
 
 /// Best wall time of each function over `reps` rounds that run them in turn
 /// (after one warm-up round), so that all see the same machine conditions.
-void interleaved(int reps, std::vector<std::function<void()>> fs, std::vector<double*> out) {
+/// `setup[k]`, when set, runs untimed before each run of `fs[k]` (an apply
+/// starts from the old version: an overwrite applied to the state it writes
+/// stores nothing and would time a no-op).
+void interleaved(int reps, std::vector<std::function<void()>> fs, std::vector<double*> out,
+                 std::vector<std::function<void()>> setup = {}) {
   for (auto* o : out) *o = 1e300;
+  setup.resize(fs.size());
   for (int r = 0; r <= reps; ++r)
     for (std::size_t k = 0; k < fs.size(); ++k) {
+      if (setup[k]) setup[k]();
       const auto t0 = std::chrono::steady_clock::now();
       fs[k]();
       const auto t1 = std::chrono::steady_clock::now();
@@ -137,6 +151,7 @@ struct row {
   double pct;
   std::uint64_t entries, storage_bytes;
   double dense_s, xor_s, ow_s, ingest_s, memcpy_s;
+  double xor_all_s = 0, ow_all_s = 0; ///< the same applies on every hardware thread
   double floor_s = 0;
   double touched_pct = 0; ///< % of the storage's 64-byte lines that hold a change
 };
@@ -196,8 +211,17 @@ private:
 
 } // namespace
 
+/// `r.apply_items(items)` on `threads` apply threads (0 = every hardware thread).
+template <class Receiver>
+void apply_on(Receiver& r, const std::vector<item>& items, std::size_t threads) {
+  r.set_apply_threads(threads);
+  must(r.apply_items(items));
+  r.set_apply_threads(1);
+}
+
 int main(int argc, char** argv) {
   const auto opt = bench::options::parse(argc, argv);
+  const std::size_t all_threads = pipeline::resolve_threads(0);
   const int reps = opt.quick ? 2 : 5;
   const auto cfg = bench_model(opt.quick);
   const auto metas = canonical_tensors(cfg);
@@ -212,7 +236,11 @@ int main(int argc, char** argv) {
   std::vector<row> rows;
   std::vector<item> xors, ows;
   std::uint64_t attempt = 0;
-  for (double pct : {1.2, 3.0, 5.0}) {
+  // --change-pct P: one change rate instead of 1.2, 3 and 5 %.
+  std::vector<double> pcts = {1.2, 3.0, 5.0};
+  for (std::size_t i = 0; i + 1 < opt.rest.size(); ++i)
+    if (opt.rest[i] == "--change-pct") pcts = {std::stod(opt.rest[i + 1])};
+  for (double pct : pcts) {
     make_delta(v, pct, g, xors, ows);
     std::uint64_t entries = 0;
     for (auto& it : xors) entries += it.size();
@@ -225,11 +253,15 @@ int main(int argc, char** argv) {
       touched_line_floor fl(
           r, [&] { must(r.apply_items(xors)); }, [&] { r.dense_refit(v); }, xors);
       x.touched_pct = fl.touched_pct;
-      interleaved(reps,
-                  {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(xors)); },
-                   [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
-                   [&] { fl.run(delta, true); }},
-                  {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s});
+      const std::function<void()> old = [&] { r.dense_refit(v); };
+      interleaved(
+          reps,
+          {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(xors)); },
+           [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
+           [&] { fl.run(delta, true); }, [&] { apply_on(r, xors, 0); },
+           [&] { apply_on(r, ows, 0); }},
+          {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s, &x.xor_all_s, &x.ow_all_s},
+          {{}, old, old, {}, {}, old, old});
       x.floor_s = std::min(x.floor_s, store_floor_s);
       // Ingestion: fresh payloads per run (a new attempt each), built outside the timed region.
       std::vector<std::vector<std::byte>> fresh;
@@ -257,11 +289,15 @@ int main(int argc, char** argv) {
       touched_line_floor fl(
           r, [&] { must(r.apply_items(mixed)); }, [&] { r.dense_refit(v); }, mixed);
       x.touched_pct = fl.touched_pct;
-      interleaved(reps,
-                  {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(mixed)); },
-                   [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
-                   [&] { fl.run(delta, true); }},
-                  {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s});
+      const std::function<void()> old = [&] { r.dense_refit(v); };
+      interleaved(
+          reps,
+          {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(mixed)); },
+           [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
+           [&] { fl.run(delta, true); }, [&] { apply_on(r, mixed, 0); },
+           [&] { apply_on(r, ows, 0); }},
+          {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s, &x.xor_all_s, &x.ow_all_s},
+          {{}, old, old, {}, {}, old, old});
       x.floor_s = std::min(x.floor_s, store_floor_s);
       x.ingest_s = 0;
       x.memcpy_s = bench::memcpy_seconds(static_cast<std::size_t>(x.storage_bytes), reps);
@@ -283,7 +319,11 @@ int main(int argc, char** argv) {
                 << ",\"entries\":" << x.entries << ",\"floor_s\":" << x.floor_s
                 << ",\"ratio_to_floor\":" << x.xor_s / x.floor_s
                 << ",\"overwrite_ratio_to_floor\":" << x.ow_s / x.floor_s
-                << ",\"touched_lines_pct\":" << x.touched_pct << "}";
+                << ",\"touched_lines_pct\":" << x.touched_pct << ",\"threads\":" << all_threads
+                << ",\"one_thread_s\":" << x.xor_s << ",\"all_threads_s\":" << x.xor_all_s
+                << ",\"scaling\":" << bench::fmt(x.xor_s / x.xor_all_s, 3)
+                << ",\"overwrite_all_threads_s\":" << x.ow_all_s
+                << ",\"overwrite_scaling\":" << bench::fmt(x.ow_s / x.ow_all_s, 3) << "}";
       first = false;
     }
     std::cout << "]}\n";
@@ -332,5 +372,26 @@ int main(int argc, char** argv) {
               bench::fmt(x.ow_s * 1e3), bench::fmt(x.ow_s / x.dense_s, 3),
               bench::fmt(x.ow_s / x.floor_s, 2)});
   t2.print(os, opt.markdown);
+
+  os << "\n"
+     << (opt.markdown ? "### Thread scaling\n\n" : "Thread scaling: ") << "the applies above on "
+     << all_threads << " apply threads (`receiver_options::apply_threads` = 0; "
+     << std::thread::hardware_concurrency()
+     << " hardware threads) vs 1 thread, interleaved in the same rounds; items of one storage "
+        "group (fused parameters) stay on one thread; scaling = 1-thread time / all-thread "
+        "time; M entries/s = entries / apply time.\n\n";
+  bench::table t3({"loader", "TP", "change %", "apply", "1 thread ms", "M entries/s (1)",
+                   "all threads ms", "M entries/s (all)", "scaling"});
+  for (auto& x : rows) {
+    const bool cast = x.loader == "cast_transpose";
+    auto add = [&](const char* what, double one, double all) {
+      t3.add({x.loader, std::to_string(x.tp), bench::fmt(x.pct, 1), what, bench::fmt(one * 1e3),
+              bench::fmt(static_cast<double>(x.entries) / one / 1e6, 1), bench::fmt(all * 1e3),
+              bench::fmt(static_cast<double>(x.entries) / all / 1e6, 1), bench::fmt(one / all, 2)});
+    };
+    add(cast ? "mixed" : "XOR", x.xor_s, x.xor_all_s);
+    add(cast ? "all-overwrite" : "overwrite", x.ow_s, x.ow_all_s);
+  }
+  t3.print(os, opt.markdown);
   return 0;
 }

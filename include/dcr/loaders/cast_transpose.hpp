@@ -12,6 +12,8 @@
 /// - everything else is copied whole.
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,6 +31,9 @@ namespace dcr::loaders {
 /// Transposing and casting loader for BF16 Llama / Qwen3-MoE configs.
 class cast_transpose_loader {
 public:
+  /// Concurrent loads each lease their own cast temporary (receiver/loader.hpp).
+  static constexpr bool concurrent_load = true;
+
   explicit cast_transpose_loader(model_config cfg) : c_(std::move(cfg)) {
     if (c_.dtype != dtype_id::bf16)
       throw error(errc::invalid_argument, "cast_transpose_loader: BF16 models only");
@@ -55,7 +60,8 @@ public:
                    copy_sink& sink) {
     const std::string name(name_sv);
     if (is_cast(name)) {
-      sink.copy(s.view(name), widen_bf16_to_f32(src, tmp_));
+      auto tmp = tmp_->lease();
+      sink.copy(s.view(name), widen_bf16_to_f32(src, *tmp));
       return {{name}};
     }
     const auto d = static_cast<std::int64_t>(c_.head_dim);
@@ -92,8 +98,39 @@ private:
     return n.substr(0, n.size() - std::string_view("q_proj.weight").size()) + "qkv_proj_t.weight";
   }
 
+  /// Cast temporaries, reused across loads (a cast of the largest tensor
+  /// would otherwise allocate and fault in its pages per item): one per load
+  /// running at a time, shared by copies of the loader.
+  class temporaries {
+  public:
+    using buffer = std::vector<std::uint32_t>;
+    struct returner {
+      temporaries* pool;
+      void operator()(buffer* b) const {
+        std::lock_guard l(pool->m_);
+        pool->free_.emplace_back(b);
+      }
+    };
+    std::unique_ptr<buffer, returner> lease() {
+      std::unique_ptr<buffer> b;
+      {
+        std::lock_guard l(m_);
+        if (!free_.empty()) {
+          b = std::move(free_.back());
+          free_.pop_back();
+        }
+      }
+      if (!b) b = std::make_unique<buffer>();
+      return {b.release(), returner{this}};
+    }
+
+  private:
+    std::mutex m_;
+    std::vector<std::unique_ptr<buffer>> free_;
+  };
+
   model_config c_;
-  std::vector<std::uint32_t> tmp_;
+  std::shared_ptr<temporaries> tmp_ = std::make_shared<temporaries>();
 };
 static_assert(native_loader<cast_transpose_loader>);
 

@@ -24,6 +24,9 @@ namespace dcr::loaders {
 /// Row-split-or-replicate loader for rank `rank` of `parts` (see file comment).
 class row_split_loader {
 public:
+  /// `load` only reads the loader's split set (receiver/loader.hpp).
+  static constexpr bool concurrent_load = true;
+
   /// `metas`: the canonical tensors. `dcr::error(invalid_argument)` unless
   /// 0 <= rank < parts.
   row_split_loader(std::uint64_t parts, std::uint64_t rank, std::span<const tensor_meta> metas)

@@ -259,6 +259,9 @@ inline std::pair<std::uint64_t, std::uint64_t> get_pp_indices(std::uint64_t laye
 /// vLLM-style native loader (see file comment for the placement rules).
 class vllm_style_loader {
 public:
+  /// `load` only reads the loader's routes (receiver/loader.hpp).
+  static constexpr bool concurrent_load = true;
+
   /// Throws `invalid_argument` when the layout does not divide the model or
   /// is not a deployment vLLM would start.
   vllm_style_loader(model_config cfg, vllm_layout lay) : c_(std::move(cfg)), l_(std::move(lay)) {

@@ -3,9 +3,11 @@
 /// Ordered parallel map with bounded memory: `for_each_ordered(n, threads,
 /// window, work, consume)` runs `work(i) -> R` for i in [0, n) on `threads`
 /// worker threads and passes each result to `consume(i, R&&)` on the calling
-/// thread in index order. Used for the payload builder's chunks and the
-/// receiver's per-tensor apply, where results must come out in the same
-/// order (so the same bytes) whatever the thread count.
+/// thread in index order. Used for the payload builder's chunks, whose
+/// results must come out in the same order (so the same bytes) whatever the
+/// thread count. (The receiver's apply uses its own pool: its results are
+/// writes to disjoint storage, not values to consume in order; see
+/// receiver/receiver.hpp.)
 ///
 /// Memory bound: at most `window` indices are claimed but not yet consumed
 /// (computing, or computed and waiting for their turn); a worker that would

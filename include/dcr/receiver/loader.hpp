@@ -65,6 +65,21 @@ concept native_loader = requires(L& l, parameter_store& store,
   { l.load(name, src, store, sink) } -> std::same_as<load_report>;
 };
 
+/// Whether a receiver may call `l.load(...)` from several threads at once
+/// (`receiver_options::apply_threads` above 1): `L` says so with
+/// `static constexpr bool concurrent_load = true`. The receiver then calls
+/// `load` concurrently on the one loader object, only for canonical tensors
+/// whose copies write disjoint parameters (never two tensors that share a
+/// parameter, never two items of one tensor), each call with its own scratch
+/// view and sink. A loader may declare it when `load` keeps no mutable state
+/// of its own, or synchronises what it keeps (a pool of temporaries); reads
+/// of `store` (`view`, `index_of`) are safe to run concurrently. Without the
+/// declaration a receiver refuses more than one apply thread.
+template <class L>
+inline constexpr bool concurrent_load_v = requires {
+  requires L::concurrent_load;
+};
+
 /// Something that holds full canonical tensors by name (in-memory tensors, a
 /// safetensors file). Views are read-only by contract.
 template <class S>

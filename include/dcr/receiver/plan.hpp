@@ -241,6 +241,42 @@ inline std::string analyse_overlaps(const parameter_store& store,
 
 } // namespace detail
 
+/// Storage groups of a plan: `group[t]` for every tensor, dense ids in the
+/// order of each group's first tensor. Tensors that write a common parameter
+/// (fused qkv or gate_up, experts fused into one parameter) are one group,
+/// so are tensors linked through a chain of such parameters; a skipped
+/// tensor writes nothing and is a group of its own. Items of different
+/// groups write disjoint storage, which is what lets a receiver apply them
+/// on different threads; items of one group apply in item order.
+inline std::vector<std::size_t> storage_groups(const copy_plan& plan, std::size_t params) {
+  const std::size_t n = plan.tensors.size();
+  std::vector<std::size_t> parent(n);
+  for (std::size_t t = 0; t < n; ++t) parent[t] = t;
+  auto find = [&](std::size_t x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  };
+  constexpr auto none = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> owner(params, none);
+  for (std::size_t t = 0; t < n; ++t)
+    for (auto& c : plan.tensors[t].copies) {
+      if (owner[c.param] == none) {
+        owner[c.param] = t;
+        continue;
+      }
+      const auto a = find(owner[c.param]), b = find(t);
+      if (a != b) parent[std::max(a, b)] = std::min(a, b);
+    }
+  std::vector<std::size_t> id(n, none), group(n);
+  std::size_t next = 0;
+  for (std::size_t t = 0; t < n; ++t) {
+    auto& g = id[find(t)];
+    if (g == none) g = next++;
+    group[t] = g;
+  }
+  return group;
+}
+
 /// Prewarm: declare the loader's parameters into `store`, dry-run the loader
 /// over every canonical tensor and build the copy plan. Throws
 /// `dcr::error(unsupported_loader)` naming the tensor when a path breaks a

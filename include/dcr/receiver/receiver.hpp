@@ -16,16 +16,35 @@
 /// copies (loader temporaries such as casts) gets its extent filled with the
 /// placeholder, the entries scattered, and the extent reset after the load:
 /// O(tensor), like the loader's own transform.
+///
+/// Threads (`receiver_options::apply_threads`): `apply_items` (and so
+/// `apply_staged`) applies a payload's items on a pool of threads. Items are
+/// grouped by the storage they write (`storage_groups`: tensors fused into a
+/// common parameter are one group, items of one tensor are one group); a
+/// group's items run in item order on one thread, different groups run
+/// concurrently and write disjoint storage. Each thread has its own scratch
+/// (allocated zeroed on first use, touched only for tensors with unmapped
+/// copies) and capture buffers, and sums its sinks' digest changes into its
+/// own partial digest, added to the store after the threads joined (a
+/// lane-wise sum: exact in any order). Memory beyond one thread: one scratch
+/// of the largest canonical tensor per extra thread, and the transformed
+/// copies that thread captures. Results are the same bits for every thread
+/// count (see `apply_items` for failures).
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <new>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -35,8 +54,10 @@
 #include "dcr/core/dtype.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
+#include "dcr/core/set_digest.hpp"
 #include "dcr/core/tensor.hpp"
 #include "dcr/pipeline/dispatch.hpp"
+#include "dcr/pipeline/parallel.hpp"
 #include "dcr/receiver/loader.hpp"
 #include "dcr/receiver/plan.hpp"
 #include "dcr/receiver/sinks.hpp"
@@ -58,6 +79,21 @@ struct stage_policy {
   bool exact_attempt = false;
 };
 
+/// Receiver settings fixed at construction (`set_apply_threads` changes the
+/// thread count later).
+struct receiver_options {
+  /// Threads that apply a payload's items (`apply_items`, `apply_staged`):
+  /// 1 = the calling thread only; 0 = every hardware thread. Other than 1
+  /// requires a loader that declares `concurrent_load` (receiver/loader.hpp);
+  /// the result is the same storage bits and digest for every count.
+  std::size_t apply_threads = 1;
+  /// Work (item entries; elements for a tensor with unmapped copies) that
+  /// each apply thread beyond the first must get: smaller calls use fewer
+  /// threads, since starting and joining one costs ~50 us. 0: every call
+  /// with two or more storage groups uses up to `apply_threads`.
+  std::uint64_t apply_min_work = 1u << 15;
+};
+
 /// One serving rank. `L` is the native loader (held by value).
 ///
 /// Attempts: payloads carry the attempt that produced them. The receiver
@@ -73,11 +109,32 @@ class receiver {
 public:
   /// Prewarm. Throws `dcr::error(unsupported_loader)` when a loader path
   /// cannot satisfy the loader conditions.
-  receiver(L loader, std::vector<tensor_meta> canonical)
+  receiver(L loader, std::vector<tensor_meta> canonical, receiver_options options = {})
       : loader_(std::move(loader)), canonical_(std::move(canonical)) {
     plan_ = prewarm(loader_, store_, canonical_);
-    scratch_.assign((plan_.scratch_bytes + 7) / 8 + 1, 0);
+    scratch_.assign(scratch_words(), 0);
+    group_ = storage_groups(plan_, store_.size());
+    for (auto g : group_) groups_ = std::max(groups_, g + 1);
+    set_apply_threads(options.apply_threads);
+    min_work_ = options.apply_min_work;
   }
+
+  /// Threads for `apply_items` (see `receiver_options::apply_threads`).
+  /// Throws `invalid_argument` for a count other than 1 when the loader does
+  /// not declare `concurrent_load`.
+  void set_apply_threads(std::size_t threads) {
+    if (threads != 1 && !concurrent_load_v<L>)
+      throw error(errc::invalid_argument,
+                  "apply_threads " + std::to_string(threads) +
+                      ": the loader does not declare concurrent_load (receiver/loader.hpp)");
+    apply_threads_ = pipeline::resolve_threads(threads);
+  }
+  /// Threads `apply_items` uses at most (0 resolved to the hardware threads).
+  std::size_t apply_threads() const noexcept { return apply_threads_; }
+  /// `apply_items` calls that ran on more than one thread.
+  std::uint64_t threaded_applies() const noexcept { return threaded_applies_; }
+  /// Storage group of every canonical tensor, in plan order (`storage_groups`).
+  const std::vector<std::size_t>& storage_group() const noexcept { return group_; }
 
   const copy_plan& plan() const noexcept { return plan_; }
   const std::vector<tensor_meta>& canonical() const noexcept { return canonical_; }
@@ -129,16 +186,9 @@ public:
   /// dtype and encoding.
   status apply_item(const item& it) {
     const tensor_plan* tp = nullptr;
-    DCR_TRY(admit(it, tp));
-    static constexpr pipeline::dispatch_table<apply_fn,
-                                              status(receiver&, const tensor_plan&, const item&),
-                                              pipeline::dtype_list, pipeline::encoding_list>
-        table{};
-    auto* f = table(pipeline::position_of<pipeline::dtype_list>(tp->meta.dtype),
-                    pipeline::position_of<pipeline::encoding_list>(it.encoding));
-    DCR_RETURN_ERROR_IF(!f, bad_encoding,
-                        "item for " + tp->meta.name + ": no pipeline for its dtype and encoding");
-    return f(*this, *tp, it);
+    apply_ptr f = nullptr;
+    DCR_TRY(resolve(it, tp, f));
+    return f(*this, main_context(), *tp, it);
   }
 
   /// Apply one decoded item through the statically composed pipeline `P` (a
@@ -157,13 +207,38 @@ public:
     DCR_RETURN_ERROR_IF(it.encoding != E::id, bad_encoding,
                         "item for " + tp->meta.name + ": " + std::string(to_string(it.encoding)) +
                             ", pipeline applies " + std::string(to_string(E::id)));
-    return apply_as<D, E>(*tp, it);
+    return apply_as<D, E>(main_context(), *tp, it);
   }
 
-  /// Apply items in order; stops at the first failure.
+  /// Apply items: on `apply_threads()` threads, groups that write common
+  /// storage serialised in item order (see the file comment). Every item is
+  /// admitted first, in order (the checks of `apply_item` that need no
+  /// loader run: tensor, dtype, shape, indices, encoding): when item k is
+  /// refused, only items before k are applied and k's error is returned, as
+  /// an in-order loop would. When an item fails while applying (the loader
+  /// leaves its planned path or throws), the later items of its storage
+  /// group are not applied, items of other groups are, and the error of the
+  /// failing item earliest in item order is returned. So storage, digest and
+  /// error are the same for every thread count, failures included; the
+  /// state digest always counts every write made.
   status apply_items(std::span<const item> items) {
-    for (auto& it : items) DCR_TRY(apply_item(it));
-    return status::success();
+    std::vector<const tensor_plan*> tps(items.size());
+    std::vector<apply_ptr> fns(items.size());
+    std::size_t n = items.size();
+    status refused = status::success();
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      refused = resolve(items[k], tps[k], fns[k]);
+      if (!refused.ok()) {
+        n = k;
+        break;
+      }
+    }
+    failure first{n, status::success()};
+    if (apply_threads_ <= 1 || n < 2)
+      apply_in_order(items, tps, fns, n, first);
+    else
+      apply_grouped(items, tps, fns, n, first);
+    return first.index < n ? first.st : refused;
   }
 
   /// Post-apply check: stored bits equal what a dense refit of `expected`
@@ -304,7 +379,160 @@ public:
   }
 
 private:
-  std::byte* scratch() noexcept { return reinterpret_cast<std::byte*>(scratch_.data()); }
+  /// What one applying thread works with: its scratch (of `scratch_words()`
+  /// words, zero outside an apply), its capture buffers and where its sinks
+  /// add their digest changes (null: the store).
+  struct apply_context {
+    std::byte* scratch;
+    std::vector<std::vector<std::byte>>* captures;
+    set_digest* digest;
+  };
+  /// An extra apply thread's buffers, kept across calls.
+  struct worker_buffers {
+    struct free_deleter {
+      void operator()(std::uint64_t* p) const noexcept { std::free(p); }
+    };
+    std::unique_ptr<std::uint64_t, free_deleter> scratch;
+    std::vector<std::vector<std::byte>> captures;
+  };
+  using apply_ptr = status (*)(receiver&, const apply_context&, const tensor_plan&, const item&);
+  /// An item that failed to apply: its index in the call and its status.
+  struct failure {
+    std::size_t index;
+    status st;
+  };
+
+  std::size_t scratch_words() const noexcept { return (plan_.scratch_bytes + 7) / 8 + 1; }
+  apply_context main_context() noexcept {
+    return {reinterpret_cast<std::byte*>(scratch_.data()), &captures_, nullptr};
+  }
+  /// Context of extra thread `t` (>= 1); its scratch is allocated here by
+  /// calloc (zero pages: untouched unless a tensor with unmapped copies runs).
+  apply_context worker_context(std::size_t t, set_digest* digest) {
+    auto& w = workers_[t - 1];
+    if (!w.scratch) {
+      w.scratch.reset(static_cast<std::uint64_t*>(std::calloc(scratch_words(), 8)));
+      if (!w.scratch) throw std::bad_alloc();
+    }
+    return {reinterpret_cast<std::byte*>(w.scratch.get()), &w.captures, digest};
+  }
+
+  /// Admission of one item and its pipeline from the dtype x encoding table.
+  status resolve(const item& it, const tensor_plan*& tp, apply_ptr& f) const {
+    DCR_TRY(admit(it, tp));
+    static constexpr pipeline::dispatch_table<
+        apply_fn, status(receiver&, const apply_context&, const tensor_plan&, const item&),
+        pipeline::dtype_list, pipeline::encoding_list>
+        table{};
+    f = table(pipeline::position_of<pipeline::dtype_list>(tp->meta.dtype),
+              pipeline::position_of<pipeline::encoding_list>(it.encoding));
+    DCR_RETURN_ERROR_IF(!f, bad_encoding,
+                        "item for " + tp->meta.name + ": no pipeline for its dtype and encoding");
+    return status::success();
+  }
+  std::size_t group_of(const tensor_plan* tp) const noexcept {
+    return group_[static_cast<std::size_t>(tp - plan_.tensors.data())];
+  }
+
+  /// `apply_items` on the calling thread: items [0, n) in order, skipping
+  /// the rest of a group after one of its items failed.
+  void apply_in_order(std::span<const item> items, const std::vector<const tensor_plan*>& tps,
+                      const std::vector<apply_ptr>& fns, std::size_t n, failure& first) {
+    std::vector<bool> failed(groups_, false);
+    for (std::size_t k = 0; k < n; ++k) {
+      const auto g = group_of(tps[k]);
+      if (failed[g]) continue;
+      status s = fns[k](*this, main_context(), *tps[k], items[k]);
+      if (s.ok()) continue;
+      failed[g] = true;
+      if (k < first.index) first = {k, std::move(s)};
+    }
+  }
+
+  /// `apply_items` on a pool: one task per storage group (its items in
+  /// order), costliest first so that a large group does not start last.
+  void apply_grouped(std::span<const item> items, const std::vector<const tensor_plan*>& tps,
+                     const std::vector<apply_ptr>& fns, std::size_t n, failure& first) {
+    std::vector<std::size_t> slot(groups_, static_cast<std::size_t>(-1));
+    std::vector<std::vector<std::size_t>> tasks;
+    std::vector<std::uint64_t> cost;
+    for (std::size_t k = 0; k < n; ++k) {
+      auto& s = slot[group_of(tps[k])];
+      if (s == static_cast<std::size_t>(-1)) {
+        s = tasks.size();
+        tasks.emplace_back();
+        cost.push_back(0);
+      }
+      tasks[s].push_back(k);
+      // Mapped copies cost O(entries); unmapped ones O(tensor).
+      cost[s] +=
+          tps[k]->direct || tps[k]->skipped ? items[k].indices.size() + 1 : tps[k]->meta.numel();
+    }
+    if (tasks.size() < 2) {
+      apply_in_order(items, tps, fns, n, first);
+      return;
+    }
+    std::vector<std::size_t> order(tasks.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+
+    // A thread costs ~50 us to start and join: each one gets at least
+    // `receiver_options::apply_min_work`.
+    std::uint64_t total = 0;
+    for (auto c : cost) total += c;
+    const std::size_t threads =
+        std::min({apply_threads_, tasks.size(),
+                  min_work_ == 0 ? tasks.size() : static_cast<std::size_t>(total / min_work_) + 1});
+    if (threads < 2) {
+      apply_in_order(items, tps, fns, n, first);
+      return;
+    }
+    ++threaded_applies_;
+    if (workers_.size() < threads - 1) workers_.resize(threads - 1);
+    std::vector<set_digest> partial(threads);
+    std::vector<failure> fails(threads, failure{n, status::success()});
+    std::vector<std::exception_ptr> thrown(threads);
+    std::atomic<std::size_t> next{0};
+    std::atomic<bool> stop{false};
+    auto work = [&](std::size_t t) {
+      try {
+        const apply_context ctx =
+            t == 0 ? apply_context{main_context().scratch, &captures_, &partial[0]}
+                   : worker_context(t, &partial[t]);
+        while (!stop.load(std::memory_order_relaxed)) {
+          const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
+          if (i >= order.size()) return;
+          for (std::size_t k : tasks[order[i]]) {
+            status s = fns[k](*this, ctx, *tps[k], items[k]);
+            if (s.ok()) continue;
+            if (k < fails[t].index) fails[t] = {k, std::move(s)};
+            break;
+          }
+        }
+      } catch (...) {
+        thrown[t] = std::current_exception();
+        stop.store(true, std::memory_order_relaxed);
+      }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(threads - 1);
+    try {
+      for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    } catch (...) {
+      stop.store(true);
+      for (auto& th : pool) th.join();
+      for (auto& d : partial) store_.add_digest(d);
+      throw;
+    }
+    work(0);
+    for (auto& th : pool) th.join();
+    for (auto& d : partial) store_.add_digest(d);
+    for (auto& e : thrown)
+      if (e) std::rethrow_exception(e);
+    for (auto& f : fails)
+      if (f.index < first.index) first = std::move(f);
+  }
 
   template <canonical_source S>
   static tensor_view source_view(const S& src, const tensor_meta& m) {
@@ -335,24 +563,26 @@ private:
   /// A dispatch table entry: the pipeline for dtype `D` and encoding `E`.
   struct apply_fn {
     template <class D, class E>
-    static status call(receiver& r, const tensor_plan& tp, const item& it) {
-      return r.template apply_as<D, E>(tp, it);
+    static status call(receiver& r, const apply_context& ctx, const tensor_plan& tp,
+                       const item& it) {
+      return r.template apply_as<D, E>(ctx, tp, it);
     }
   };
 
   /// scatter<D> -> apply<E> of one admitted item.
   template <class D, class E>
-  status apply_as(const tensor_plan& tp, const item& it) {
+  status apply_as(const apply_context& ctx, const tensor_plan& tp, const item& it) {
     using scatter = stages::scatter<D>;
     using W = word_t<D>;
-    std::byte* s = scratch();
+    std::byte* s = ctx.scratch;
     tensor_view input{s, tp.meta.dtype, strided_layout::row_major(tp.meta.shape)};
     const active_entries active{it.indices, it.values};
     if (tp.skipped || tp.direct) {
       // Every copy aliases the scratch through a unique view: the sinks read
       // the item's words directly (see `active_entries`), so the scratch is
       // neither written nor reset and the work is O(entries).
-      delta_sink<E, W> sink(store_, tp, input, active);
+      delta_sink<E, W> sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr,
+                            ctx.digest);
       return run(tp, input, sink);
     }
     if constexpr (E::relative) {
@@ -371,21 +601,25 @@ private:
       if (sizeof(W) > 1 && !scatter::any_nan(it)) {
         scatter::fill_placeholder(tp.meta, s);
         scatter::entries(it, s);
-        delta_sink<E, W> sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr);
+        delta_sink<E, W> sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr,
+                              ctx.digest);
         st = run(tp, input, sink);
       } else {
-        captures_.clear();
+        auto& captures = *ctx.captures;
+        captures.clear();
         std::memset(s, 0, nbytes);
         scatter::entries(it, s);
-        delta_sink<E, W> first(store_, tp, input, active, overwrite_pass::capture, &captures_);
+        delta_sink<E, W> first(store_, tp, input, active, overwrite_pass::capture, &captures,
+                               ctx.digest);
         st = run(tp, input, first);
         if (st.ok()) {
           scatter::fill_placeholder(tp.meta, s);
           scatter::entries(it, s);
-          delta_sink<E, W> second(store_, tp, input, active, overwrite_pass::compare, &captures_);
+          delta_sink<E, W> second(store_, tp, input, active, overwrite_pass::compare, &captures,
+                                  ctx.digest);
           st = run(tp, input, second);
         }
-        captures_.clear();
+        captures.clear();
       }
       std::memset(s, 0, nbytes);
       return st;
@@ -410,6 +644,12 @@ private:
   copy_plan plan_;
   std::vector<std::uint64_t> scratch_;
   std::vector<std::vector<std::byte>> captures_;
+  std::vector<std::size_t> group_; ///< storage group of each plan tensor
+  std::size_t groups_ = 0;
+  std::size_t apply_threads_ = 1;
+  std::uint64_t min_work_ = 0;
+  std::uint64_t threaded_applies_ = 0;
+  std::vector<worker_buffers> workers_; ///< buffers of apply threads 1, 2, ...
   /// A staged payload: its bytes and, for the newest one staged with
   /// `decode_now`, its validated items.
   struct staged_payload {

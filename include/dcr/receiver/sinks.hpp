@@ -28,6 +28,7 @@
 #include "dcr/codec/values.hpp"
 #include "dcr/core/dtype.hpp"
 #include "dcr/core/error.hpp"
+#include "dcr/core/set_digest.hpp"
 #include "dcr/core/tensor.hpp"
 #include "dcr/receiver/loader.hpp"
 #include "dcr/receiver/plan.hpp"
@@ -72,15 +73,24 @@ inline bool is_nan_bits(dtype_id d, std::uint64_t w) noexcept {
 /// agreement of overlapping writes.
 class checked_sink : public copy_sink {
 public:
-  checked_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input)
-      : store_(store), plan_(plan), input_(input) {}
+  /// `digest_into`: where the digest change of this sink's writes goes (the
+  /// store's state digest when null). Sinks that run on several threads at
+  /// once each add into their thread's partial sum, which the receiver adds
+  /// to the store after the threads joined (the digest is a lane-wise sum,
+  /// so the partial sums combine exactly, in any order).
+  checked_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
+               set_digest* digest_into = nullptr)
+      : store_(store), plan_(plan), input_(input), digest_into_(digest_into) {}
   checked_sink(const checked_sink&) = delete;
   checked_sink& operator=(const checked_sink&) = delete;
-  /// Every write this sink made reaches the store's state digest, also when
-  /// the load failed part way (storage then holds exactly those writes).
+  /// Every write this sink made reaches the state digest, also when the load
+  /// failed part way (storage then holds exactly those writes).
   ~checked_sink() {
     hash_pending();
-    store_.add_digest(digest_delta_);
+    if (digest_into_)
+      *digest_into_ += digest_delta_;
+    else
+      store_.add_digest(digest_delta_);
   }
 
   void skip(std::string_view canonical) override {
@@ -185,6 +195,7 @@ protected:
   bool skipped_ = false;
   std::string error_;
   std::unordered_map<std::uint64_t, std::uint64_t> written_;
+  set_digest* digest_into_;
   set_digest digest_delta_;
   struct pending_write {
     std::size_t param;
@@ -274,8 +285,10 @@ class delta_sink final : public checked_sink {
 public:
   delta_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
              active_entries active, overwrite_pass pass = overwrite_pass::placeholder,
-             std::vector<std::vector<std::byte>>* captures = nullptr)
-      : checked_sink(store, plan, input), active_(active), pass_(pass), captures_(captures) {}
+             std::vector<std::vector<std::byte>>* captures = nullptr,
+             set_digest* digest_into = nullptr)
+      : checked_sink(store, plan, input, digest_into), active_(active), pass_(pass),
+        captures_(captures) {}
 
   void copy(const tensor_view& dst, const tensor_view& src) override {
     const std::size_t k = n_;
