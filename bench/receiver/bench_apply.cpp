@@ -225,11 +225,14 @@ int main(int argc, char** argv) {
       touched_line_floor fl(
           r, [&] { must(r.apply_items(xors)); }, [&] { r.dense_refit(v); }, xors);
       x.touched_pct = fl.touched_pct;
+      // Overwrite before XOR: from v the overwrite items write v ^ mask, and
+      // the XOR items then write v again, so both change every entry (after
+      // the XOR items the overwrite items would find their words in place).
       interleaved(reps,
-                  {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(xors)); },
-                   [&] { must(r.apply_items(ows)); }, [&] { fl.run(delta, false); },
+                  {[&] { r.dense_refit(v); }, [&] { must(r.apply_items(ows)); },
+                   [&] { must(r.apply_items(xors)); }, [&] { fl.run(delta, false); },
                    [&] { fl.run(delta, true); }},
-                  {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s});
+                  {&x.dense_s, &x.ow_s, &x.xor_s, &x.floor_s, &store_floor_s});
       x.floor_s = std::min(x.floor_s, store_floor_s);
       // Ingestion: fresh payloads per run (a new attempt each), built outside the timed region.
       std::vector<std::vector<std::byte>> fresh;
