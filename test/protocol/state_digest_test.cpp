@@ -84,6 +84,116 @@ TEST_CASE("set digest: order-free, add and remove invert, zero words absent, lay
   CHECK(bulk.seal(l1) == one.seal(l1));
 }
 
+TEST_CASE("set digest v2 element hash: published finalisers, frozen known answers") {
+  // G is the splitmix64 finaliser: splitmix64 from seed 0 yields these
+  // published first outputs (Steele, Lea, Flood; Vigna's reference code).
+  CHECK(detail::digest_mix_position(0x9E3779B97F4A7C15ull) == 0xE220A8397B1DCDAFull);
+  CHECK(detail::digest_mix_position(2 * 0x9E3779B97F4A7C15ull) == 0x6E789E6AA1B965F4ull);
+  CHECK(detail::digest_mix_position(3 * 0x9E3779B97F4A7C15ull) == 0x06C45D188009454Full);
+  CHECK(detail::digest_mix_word(0) == 0);
+  // Frozen answers of digest version 2: a change here changes every state
+  // digest, so it must come with a new version tag in `seal` and a new
+  // commit-record version (docs/protocol.md, "State digests").
+  const auto k = region_key("model.layers.0.mlp.down_proj.weight", dtype_id::bf16,
+                            std::vector<std::uint64_t>{1024, 2816});
+  const std::uint64_t key_want[4] = {0x4EC8BA94E59ABE35ull, 0xE96C980F644D47E6ull,
+                                     0xE71CBEAD12D3C076ull, 0xB0A425E46999F165ull};
+  for (std::size_t i = 0; i < set_digest_lanes; ++i) CHECK(k.seed[i] == key_want[i]);
+  struct kat {
+    std::uint64_t pos, word;
+    set_digest::lanes want;
+  };
+  const kat kats[] = {
+      {0ull,
+       0x1ull,
+       {0xA1E050E32457C2E6ull, 0xCD22FE9D98CFF958ull, 0xF7618B7FBC1E411Bull,
+        0xD4D6E0A698F218FAull}},
+      {1ull,
+       0x1ull,
+       {0xF9FFAAE73CDA5458ull, 0x0D79DFBC462D080Bull, 0x1341F5AB8BC85D93ull,
+        0x492FD654EA15F9DDull}},
+      {0ull,
+       0x2ull,
+       {0x2B4930AFEB4140A5ull, 0x8087D7C6D9C71FC0ull, 0x8363E3705843224Dull,
+        0x6DE6D7D14C6E2E38ull}},
+      {12345ull,
+       0x3C01ull,
+       {0xB0640994A59C7CE0ull, 0xB0AC92DC4D9FA716ull, 0xE8EC3D0A1239379Eull,
+        0x7B6C58D2F7E1259Dull}},
+      {2883583ull,
+       0xFFFFull,
+       {0xED820EBAC8871403ull, 0x2728E3C398C2D048ull, 0xB1A47A7A7FF8A410ull,
+        0x25A5905077DF9DCFull}},
+      {1099511627776ull,
+       0x7FF8000000000000ull,
+       {0x1DE9D0626688BF1Bull, 0xEE06D67FC6B76186ull, 0xE182D93AFFCA6994ull,
+        0xD43D499AFA5F0BE0ull}},
+  };
+  for (const auto& t : kats) CHECK(set_digest::element(k, t.pos, t.word) == t.want);
+  set_digest d;
+  for (const auto& t : kats) d.add(k, t.pos, t.word);
+  const std::byte layout[] = {std::byte{0x64}, std::byte{0x63}, std::byte{0x72}};
+  CHECK(to_hex(d.seal(layout)) == "03aa68e273309432a6c420d468c2f47e");
+}
+
+TEST_CASE("set digest v2 element hash: every lane tells apart neighbouring positions, "
+          "other words and swapped pairs") {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 2000; ++round) {
+    const auto k = region_key("t" + std::to_string(round % 17), dtype_id::bf16,
+                              std::vector<std::uint64_t>{rng() % 4096 + 1});
+    const std::uint64_t p1 = rng() % (1ull << (1 + rng() % 40)), p2 = p1 + 1 + rng() % 3;
+    const std::uint64_t w1 = 1 + rng() % 0xFFFF;
+    std::uint64_t w2 = 1 + rng() % 0xFFFF;
+    if (w2 == w1) w2 = w1 ^ 1;
+    const auto h11 = set_digest::element(k, p1, w1), h12 = set_digest::element(k, p1, w2);
+    const auto h21 = set_digest::element(k, p2, w1), h22 = set_digest::element(k, p2, w2);
+    for (std::size_t i = 0; i < set_digest_lanes; ++i) {
+      CHECK(h11[i] != h21[i]);                   // a neighbouring position
+      CHECK(h11[i] != h12[i]);                   // another word
+      CHECK(h11[i] + h22[i] != h12[i] + h21[i]); // two words swapped between two positions
+      CHECK(h11[i] - h21[i] != h12[i] - h22[i]); // a write shifted by p2 - p1
+    }
+    // Position and word are not interchangeable.
+    if (p1 != w1) CHECK(set_digest::element(k, p1, w1) != set_digest::element(k, w1, p1));
+    // Lanes are not copies or shifts of each other.
+    for (std::size_t i = 0; i < set_digest_lanes; ++i)
+      for (std::size_t j = i + 1; j < set_digest_lanes; ++j) {
+        CHECK(h11[i] != h11[j]);
+        CHECK(h11[i] - h21[i] != h11[j] - h21[j]);
+      }
+  }
+}
+
+TEST_CASE("set digest: replace_batch (portable and AVX-512) equals one replace per write") {
+  std::mt19937_64 rng(11);
+  const auto k = region_key("w", dtype_id::f32, std::vector<std::uint64_t>{64, 64});
+  if (!set_digest::have_avx512()) MESSAGE("this CPU has no AVX-512DQ: only the portable path runs");
+  for (std::size_t n = 0; n < 300; n += 1 + n / 8) {
+    std::vector<std::uint64_t> pos(n), before(n), after(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      pos[j] = rng() % 4096;
+      const auto r = rng() % 8;
+      before[j] = r == 0 ? 0 : rng();                     // zero words are absent
+      after[j] = r == 1 ? 0 : r == 2 ? before[j] : rng(); // an unchanged word cancels
+    }
+    set_digest one, portable;
+    for (std::size_t j = 0; j < n; ++j) one.replace(k, pos[j], before[j], after[j]);
+    portable.replace_batch_portable(k, pos.data(), before.data(), after.data(), n);
+    CHECK(portable == one);
+#ifdef DCR_SET_DIGEST_AVX512
+    if (set_digest::have_avx512()) {
+      set_digest vec;
+      vec.replace_batch_avx512(k, pos.data(), before.data(), after.data(), n);
+      CHECK(vec == one);
+    }
+#endif
+    set_digest dispatched;
+    dispatched.replace_batch(k, pos.data(), before.data(), after.data(), n);
+    CHECK(dispatched == one);
+  }
+}
+
 namespace {
 
 /// Payloads of one attempt for the diff from -> to, a few items each.

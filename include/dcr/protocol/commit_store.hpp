@@ -169,12 +169,12 @@ inline status check_record(const stored_record& r) {
 
 } // namespace detail
 
-/// Text serialisation of a stored record (format `dcr-commit 3`, documented in
+/// Text serialisation of a stored record (format `dcr-commit 4`, documented in
 /// docs/protocol.md). The last line is the BLAKE2b-128 of every byte before it,
 /// so a damaged file is detected rather than misread.
 inline std::string serialize_commit_record(const stored_record& s) {
   std::ostringstream o;
-  o << "dcr-commit 3\n"
+  o << "dcr-commit 4\n"
     << "incarnation " << (s.record.incarnation.empty() ? std::string("none") : s.record.incarnation)
     << "\n"
     << "revision " << s.revision << "\n"
@@ -232,8 +232,14 @@ inline status parse_commit_record(std::string_view text, stored_record& out) {
                   "commit record: 'dcr-commit 2' (its digests hash whole storage; this version's "
                   "are set digests, so no receiver or baseline could match them): finish that "
                   "transition with the dcr that wrote it, or bootstrap a new history");
-    if (!m || *m != "3")
-      return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 3' record");
+    if (m && *m == "3")
+      return fail(errc::unsupported_version,
+                  "commit record: 'dcr-commit 3' (its digests are state digests of version 1, "
+                  "another element hash, so no receiver or baseline of this version could match "
+                  "them): finish that transition with the dcr that wrote it, or bootstrap a new "
+                  "history");
+    if (!m || *m != "4")
+      return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 4' record");
   }
   {
     auto s = next("incarnation");
