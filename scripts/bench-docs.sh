@@ -40,10 +40,11 @@ tmp=$(mktemp)
   done
   # The cluster bench runs on the network-namespace testbed (root): the role
   # programs over shaped links, real S3 and etcd (docs/testbed.md).
-  # DCR_BENCH_CLUSTER_ARGS overrides its inputs (default: 1 GB model, 1 Gbit/s).
+  # DCR_BENCH_CLUSTER_ARGS overrides its inputs (default: 1 GB model, both
+  # transports, object-store rows with and without the manifest index, 1 Gbit/s).
   echo
   echo "## Refit vs full checkpoint on the testbed (\`dcr-bench-cluster\`)"
-  cluster_args=${DCR_BENCH_CLUSTER_ARGS:---size 1GB}
+  cluster_args=${DCR_BENCH_CLUSTER_ARGS:---size 1GB --transports object_store,relay_tree}
   if [ "$(id -u)" = 0 ] && [ -x build/bench/dcr-bench-cluster ]; then
     echo "== dcr-bench-cluster" >&2
     mkdir -p docs/images
