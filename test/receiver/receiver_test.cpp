@@ -70,7 +70,7 @@ TEST_CASE("view_inverse maps exactly the offsets a unique view reaches") {
   }
 }
 
-TEST_CASE("view_inverse::for_each_sorted agrees with map on sorted offsets") {
+TEST_CASE("view_inverse::for_each_sorted and map_sorted agree with map on sorted offsets") {
   std::mt19937_64 rng(17);
   for (int trial = 0; trial < 400; ++trial) {
     auto v = make_random_view(rng);
@@ -92,6 +92,21 @@ TEST_CASE("view_inverse::for_each_sorted agrees with map on sorted offsets") {
     for (std::size_t j = 0; j < idx.size(); ++j)
       if (auto e = inv.map(static_cast<std::int64_t>(idx[j])); e >= 0) want.emplace_back(j, e);
     REQUIRE(got == want);
+    // The blocks of map_sorted, at small capacities: resuming at block
+    // boundaries visits the same entries.
+    const std::size_t cap = 1 + rng() % 5;
+    std::vector<std::size_t> js(cap);
+    std::vector<std::int64_t> es(cap);
+    std::vector<std::pair<std::size_t, std::int64_t>> blocks;
+    for (std::size_t from = 0; from < idx.size();) {
+      const auto before = from;
+      const auto m = inv.map_sorted(idx.data(), idx.size(), from, js.data(), es.data(), cap);
+      REQUIRE(m <= cap);
+      REQUIRE(from > before);
+      REQUIRE((m > 0 || from == idx.size()));
+      for (std::size_t k = 0; k < m; ++k) blocks.emplace_back(js[k], es[k]);
+    }
+    REQUIRE(blocks == want);
   }
 }
 

@@ -71,8 +71,12 @@
 #include "dcr/core/endian.hpp"
 #include "dcr/core/hash.hpp"
 
+// The host pass of nvcc sees the same class as a plain C++ translation
+// unit (so that a program linking both has one definition of `set_digest`);
+// only nvcc's device pass, which never emits these host functions, goes
+// without the AVX-512 path.
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) &&       \
-    !defined(__CUDACC__)
+    !defined(__CUDA_ARCH__)
 #define DCR_SET_DIGEST_AVX512 1
 #include <immintrin.h>
 #endif
@@ -271,6 +275,23 @@ public:
         word[j] = words[j0 + j];
       }
       replace_batch(k, pos, zero, word, n);
+    }
+  }
+  /// `replace(k, p, before[p], after[p])` for every position `p` in
+  /// `positions` (an owner's changed words: the words are gathered into
+  /// batches of `replace_batch`).
+  template <class W>
+  void replace_at(const set_digest_key& k, std::span<const std::uint64_t> positions,
+                  std::span<const W> before, std::span<const W> after) noexcept {
+    constexpr std::size_t chunk = 256;
+    std::uint64_t b[chunk], a[chunk];
+    for (std::size_t j0 = 0; j0 < positions.size(); j0 += chunk) {
+      const std::size_t n = std::min(chunk, positions.size() - j0);
+      for (std::size_t j = 0; j < n; ++j) {
+        b[j] = before[positions[j0 + j]];
+        a[j] = after[positions[j0 + j]];
+      }
+      replace_batch(k, positions.data() + j0, b, a, n);
     }
   }
   /// As above over bytes holding little-endian words of `width` bytes.

@@ -75,51 +75,86 @@ struct view_inverse {
     return rel == 0 ? d : -1;
   }
 
-  /// Calls `f(j, map(idx[j]))` for every `j < n` whose offset the view
-  /// reaches, for strictly increasing `idx`. Views whose innermost source
-  /// stride is 1 (row or column blocks of a row-major tensor, any
-  /// destination layout) take a division only when the walk enters a new
-  /// row; other views fall back to `map`.
-  template <class F>
-  void for_each_sorted(const std::uint64_t* idx, std::size_t count, F&& f) const {
+  /// The entries `for_each_sorted` visits, a block at a time: from
+  /// `idx[from]` on (strictly increasing offsets), writes `j` and
+  /// `map(idx[j])` of each offset the view reaches into `out_j[i]`,
+  /// `out_e[i]` until `cap` are written or the offsets run out, sets `from`
+  /// past the last offset it looked at and returns how many it wrote (0 only
+  /// when `from` reached `count`). Views whose innermost source stride is 1
+  /// (row or column blocks of a row-major tensor, any destination layout)
+  /// take a division only when the walk enters a new row; other views fall
+  /// back to `map`. No callback: the caller's loop over the block keeps its
+  /// own state in registers (see `apply_mapped_entries`).
+  std::size_t map_sorted(const std::uint64_t* idx, std::size_t count, std::size_t& from,
+                         std::size_t* out_j, std::int64_t* out_e, std::size_t cap) const noexcept {
+    // Locals: the output stores may alias this view's fields and `from`.
+    const std::int64_t sb = src_base, sp = span, db = dst_base;
+    std::size_t j = from, w = 0;
     if (shift_only) { // whole rows on both sides: every offset inside the span maps
-      const std::int64_t shift = dst_base - src_base;
-      const auto lo = static_cast<std::uint64_t>(src_base),
-                 hi = static_cast<std::uint64_t>(src_base + span);
-      std::size_t j = 0;
+      const std::int64_t shift = db - sb;
+      const auto lo = static_cast<std::uint64_t>(sb), hi = static_cast<std::uint64_t>(sb + sp);
       while (j < count && idx[j] < lo) ++j;
-      std::size_t end = count;
-      while (end > j && idx[end - 1] >= hi) --end;
-      for (; j < end; ++j) f(j, static_cast<std::int64_t>(idx[j]) + shift);
-      return;
-    }
-    if (n == 1 && src_stride[0] == 1) {
-      for (std::size_t j = 0; j < count; ++j) {
-        const std::int64_t rel = static_cast<std::int64_t>(idx[j]) - src_base;
-        if (rel >= 0 && rel < extent[0]) f(j, dst_base + rel * dst_stride[0]);
+      for (; j < count && w < cap; ++j) {
+        const auto o = idx[j];
+        if (o >= hi) { // sorted: no later offset maps either
+          j = count;
+          break;
+        }
+        out_j[w] = j;
+        out_e[w] = static_cast<std::int64_t>(o) + shift;
+        ++w;
       }
-      return;
-    }
-    if (n == 2 && src_stride[1] == 1) {
+    } else if (n == 1 && src_stride[0] == 1) {
+      const std::int64_t e0 = extent[0], d0 = dst_stride[0];
+      for (; j < count && w < cap; ++j) {
+        const std::int64_t rel = static_cast<std::int64_t>(idx[j]) - sb;
+        if (rel < 0 || rel >= e0) continue;
+        out_j[w] = j;
+        out_e[w] = db + rel * d0;
+        ++w;
+      }
+    } else if (n == 2 && src_stride[1] == 1) {
       const std::int64_t s0 = src_stride[0], e1 = extent[1], d0 = dst_stride[0], d1 = dst_stride[1];
       std::int64_t row_start = 0, row_end = -1, row_dst = 0;
-      for (std::size_t j = 0; j < count; ++j) {
-        const std::int64_t rel = static_cast<std::int64_t>(idx[j]) - src_base;
-        if (rel < 0 || rel >= span) continue;
+      for (; j < count && w < cap; ++j) {
+        const std::int64_t rel = static_cast<std::int64_t>(idx[j]) - sb;
+        if (rel < 0 || rel >= sp) continue;
         if (rel >= row_end) {
           const std::int64_t row = rel / s0;
           row_start = row * s0;
           row_end = row_start + s0;
-          row_dst = dst_base + row * d0;
+          row_dst = db + row * d0;
         }
         const std::int64_t col = rel - row_start;
-        if (col < e1) f(j, row_dst + col * d1);
+        if (col >= e1) continue;
+        out_j[w] = j;
+        out_e[w] = row_dst + col * d1;
+        ++w;
       }
-      return;
+    } else {
+      for (; j < count && w < cap; ++j) {
+        const std::int64_t e = map(static_cast<std::int64_t>(idx[j]));
+        if (e < 0) continue;
+        out_j[w] = j;
+        out_e[w] = e;
+        ++w;
+      }
     }
-    for (std::size_t j = 0; j < count; ++j) {
-      const std::int64_t e = map(static_cast<std::int64_t>(idx[j]));
-      if (e >= 0) f(j, e);
+    from = j;
+    return w;
+  }
+
+  /// Calls `f(j, map(idx[j]))` for every `j < count` whose offset the view
+  /// reaches, in order, for strictly increasing `idx` (`map_sorted` a block
+  /// at a time).
+  template <class F>
+  void for_each_sorted(const std::uint64_t* idx, std::size_t count, F&& f) const {
+    constexpr std::size_t block = 256;
+    std::size_t js[block];
+    std::int64_t es[block];
+    for (std::size_t from = 0; from < count;) {
+      const std::size_t m = map_sorted(idx, count, from, js, es, block);
+      for (std::size_t k = 0; k < m; ++k) f(js[k], es[k]);
     }
   }
 };
