@@ -365,9 +365,11 @@ inline protocol::stored_record load_record(job_commit_store& commits) {
   return cur;
 }
 
-/// Object name of canonical tensor `name` in the dense export of `version`.
-inline std::string dense_name(std::uint64_t version, const std::string& name) {
-  return "dense/v" + std::to_string(version) + "/" + name;
+/// Object name of source shard `shard` (a plan shard id) in the dense
+/// export of `version`: each owner exports the committed bytes of the shards
+/// it owns, and a reader assembles the canonical tensors from all of them.
+inline std::string dense_shard_name(std::uint64_t version, std::uint32_t shard) {
+  return "dense/v" + std::to_string(version) + "/shard/" + std::to_string(shard);
 }
 
 } // namespace dcr::cluster

@@ -1,15 +1,20 @@
-// dcr-owner: one training rank of a cluster job. Holds its source shards,
-// its trackers and its part of the residual baseline; builds and publishes
-// payloads when the coordinator asks; moves its baseline to version v only
-// after it has read, in the commit store, that K^v committed the attempt it
-// published. Training is the built-in AdamW simulator or a replay of
-// --checkpoints. Started again after a crash, it replays training to the
-// committed version (the simulator is deterministic in seed and step) and
-// serves from there. See docs/deployment.md.
+// dcr-owner: one training rank of a cluster job. Holds the source shards its
+// owner owns (nothing else of the model), its trackers and its part of the
+// residual baseline; detects the changes of its candidate and builds and
+// publishes payloads when the coordinator asks; moves its baseline to
+// version v, by the changed words only, after it has read in the commit
+// store that K^v committed the attempt it published, replies, and only then
+// trains the next candidate (on its own thread, outside the refit).
+// Training is the built-in AdamW simulator or a replay of --checkpoints.
+// Started again after a crash, it replays training to the committed version
+// (the simulator is deterministic in seed, shard and step) and serves from
+// there. See docs/deployment.md.
 //
 //   dcr-owner --rank R --listen HOST:PORT [job flags] [--die-mid-upload STEP]
 
 #include <atomic>
+#include <cstring>
+#include <future>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -20,6 +25,7 @@
 #include "dcr/protocol/control_channel.hpp"
 #include "dcr/protocol/links.hpp"
 #include "dcr/protocol/remote_links.hpp"
+#include "dcr/io/safetensors.hpp"
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "examples/cluster/cluster_job.hpp"
@@ -97,16 +103,31 @@ int main(int argc, char** argv) try {
   cluster::job_commit_store commits(job);
   owner_store store{&objects, &job, die_step};
 
-  // ---- training: every owner computes the whole (deterministic) state, so
-  // the required set, which spans owners, is known here without an exchange.
-  std::vector<host_tensor> initial = job.from_checkpoints
-                                         ? examples::read_checkpoint(flags.checkpoints.front())
-                                         : examples::synthetic_weights(job.metas, flags.seed);
-  source_state state = source_from_canonical(plan, initial);
-  initial.clear();
+  // ---- training: this process is one training rank. It holds the shards its
+  // owner owns (and its residual tasks' inputs), nothing else of the model:
+  // they are made from the canonical tensors one tensor at a time (the
+  // simulator's, or the slices of a checkpoint file read through its
+  // mapping), so its memory is its shards and its trackers.
+  const std::vector<std::uint32_t> mine{rank};
+  const auto held = owned_inputs(plan, mine);
+  const auto pool = job.from_checkpoints ? std::vector<std::uint16_t>{}
+                                         : examples::synthetic_pool(flags.seed);
+  auto load_checkpoint = [&](const std::string& path) {
+    auto file = io::safetensors_file::open_or_throw(path);
+    return owned_source_from_canonical(
+        plan, mine, [&](std::uint32_t t) { return file.bytes(plan.canonical[t].name); });
+  };
+  source_state state =
+      job.from_checkpoints
+          ? load_checkpoint(flags.checkpoints.front())
+          : owned_source_from_canonical(plan, mine, [&](std::uint32_t t) {
+              return std::move(examples::synthetic_tensor(job.metas, t, pool, flags.seed).bytes);
+            });
+  std::uint64_t shard_bytes = 0;
+  for (auto s : held) shard_bytes += state.shards[s].size();
   std::vector<std::unique_ptr<sim::adamw_trainer>> trainers(plan.shards.size());
   if (!job.from_checkpoints && flags.change_pct == 0)
-    for (std::size_t s = 0; s < plan.shards.size(); ++s) {
+    for (auto s : held) {
       if (plan.shards[s].dtype != dtype_id::bf16) continue;
       auto& b = state.shards[s];
       trainers[s] = std::make_unique<sim::adamw_trainer>(
@@ -115,16 +136,20 @@ int main(int argc, char** argv) try {
           flags.seed * 104729 + s);
     }
   std::uint64_t trained = 0; // the version `state` holds
+  // Every step depends on the shard id, the seed and the step only, so a
+  // rank that makes its own shards trains them to the same bits as a
+  // process holding the whole model would.
   auto advance_to = [&](std::uint64_t v) {
     if (job.from_checkpoints) {
       const auto k = std::min<std::uint64_t>(v, flags.checkpoints.size() - 1);
-      auto t = examples::read_checkpoint(flags.checkpoints[k]);
-      state = source_from_canonical(plan, t);
+      auto next = load_checkpoint(flags.checkpoints[k]);
+      for (auto s : held) // in place: the round's candidate view points here
+        std::memcpy(state.shards[s].data(), next.shards[s].data(), next.shards[s].size());
       trained = v;
       return;
     }
     for (; trained < v; ++trained)
-      for (std::size_t s = 0; s < plan.shards.size(); ++s) {
+      for (auto s : held) {
         if (flags.change_pct > 0 && plan.shards[s].dtype == dtype_id::bf16) {
           // --change-pct: exactly this share of the elements changes per step
           auto& b = state.shards[s];
@@ -144,7 +169,6 @@ int main(int argc, char** argv) try {
   const auto cur = cluster::load_record(commits);
   const std::uint64_t committed = cur.revision ? cur.record.version : 0;
   advance_to(committed);
-  source_state baseline = state; // the committed version, for dense exports
   builder_options bo;
   // One payload per expert: a node whose receivers hold some experts only
   // (expert parallelism) skips the others' payloads by the manifest index.
@@ -154,13 +178,39 @@ int main(int argc, char** argv) try {
     bo.grouping = payload_grouping::by_expert;
     bo.expert_blocks = job.flags.nodes;
   }
-  protocol::training_round round(job.plan, state.view(), bo);
+  protocol::training_round round(job.plan, state.view(), bo, mine);
   auto members = round.members();
-  advance_to(committed + 1);
-  round.set_candidate(state.view());
+  const auto baseline_bytes = round.baseline(rank).memory().total();
   std::uint64_t base_version = committed;
-  std::cerr << who << ": baseline at version " << committed << ", candidate " << committed + 1
-            << std::endl;
+
+  // ---- the next candidate, outside the refit ------------------------------
+  // Training (or the change injection of --change-pct) runs on its own
+  // thread after the owner has replied to the commit, never inside a call
+  // the coordinator waits on. Change detection of the candidate is part of
+  // the refit: it runs when a call first needs the candidate (the
+  // coordinator's candidate digest at the start of a transition, or
+  // publish), timed as "compare".
+  std::future<void> training;
+  bool detected = false;
+  auto train_next = [&](std::uint64_t v) {
+    detected = false;
+    training = std::async(std::launch::async, [&, v] {
+      const auto t0 = cluster::timeline::now_ns();
+      advance_to(v);
+      cluster::timeline::record("train", t0, cluster::timeline::now_ns());
+    });
+  };
+  auto ensure_candidate = [&] {
+    if (training.valid()) training.get(); // rethrows a failed step
+    if (detected) return;
+    cluster::timeline::scope timed{"compare"};
+    round.set_candidate(state.view());
+    detected = true;
+  };
+  train_next(committed + 1);
+  std::cerr << who << ": baseline at version " << committed << ", training candidate "
+            << committed + 1 << " (holds " << shard_bytes << " shard bytes, " << baseline_bytes
+            << " baseline bytes)" << std::endl;
 
   protocol::owner_hooks hooks;
   hooks.verify_commit = [&](std::uint64_t tau, std::uint64_t v) -> status {
@@ -179,23 +229,26 @@ int main(int argc, char** argv) try {
   };
   hooks.at_version = [&](std::uint64_t v) { return v == base_version; };
   hooks.committed = [&](std::uint64_t v) {
-    baseline = state;
+    // The trackers moved by the changed words only (commit_baseline): no copy
+    // of the model; dense exports read the trackers.
     base_version = v;
     cluster::timeline::record("baseline", commit_call_ns, cluster::timeline::now_ns());
-    advance_to(v + 1); // the next candidate
-    round.set_candidate(state.view());
     std::cerr << who << ": baseline at version " << v << std::endl;
+    train_next(v + 1); // after the reply's work, on its own thread
   };
   hooks.export_dense = [&](std::uint64_t v, const std::string& inc) -> status {
     DCR_RETURN_ERROR_IF(v != base_version, not_found,
                         who + ": dense export of version " + std::to_string(v) +
                             ", the committed baseline is version " + std::to_string(base_version));
-    std::vector<host_tensor> canon;
-    DCR_TRY(export_canonical(plan, baseline.view(), canon));
+    // The committed bytes of every owned shard; a node assembles the
+    // canonical tensors from all owners' shards (rollout.cpp).
     transport::incarnation_scope<cluster::job_object_store> scoped(objects, inc);
-    // Each owner uploads its share (tensor i of owner i mod world).
-    for (std::size_t i = rank; i < canon.size(); i += job.owners())
-      DCR_TRY(scoped.put(cluster::dense_name(v, canon[i].meta.name), canon[i].bytes));
+    try {
+      for (auto s : plan.owned_shards(rank))
+        DCR_TRY(scoped.put(cluster::dense_shard_name(v, s), round.baseline(rank).committed_shard(s)));
+    } catch (const error& e) {
+      return fail(e.code(), who + ": dense export: " + e.what());
+    }
     return status::success();
   };
   // Payloads go to the object store or, with --transport relay_tree, stream
@@ -207,6 +260,17 @@ int main(int argc, char** argv) try {
                                         const std::atomic<bool>& stop, protocol::body_writer& out) {
       std::lock_guard l(one_call);
       commit_call_ns = cluster::timeline::now_ns();
+      // Calls that read the candidate wait for its training and detect its
+      // changes first (a repeated commit of the version the baseline is at
+      // is a no-op and does not wait).
+      std::uint64_t commit_of = 0;
+      const bool repeated_commit = f.type == protocol::control_type::commit_baseline &&
+                                   protocol::body_reader(f.body).u64(commit_of) &&
+                                   commit_of == base_version;
+      if (f.type == protocol::control_type::candidate_digest ||
+          f.type == protocol::control_type::publish ||
+          (f.type == protocol::control_type::commit_baseline && !repeated_commit))
+        ensure_candidate();
       std::optional<cluster::timeline::scope> timed;
       if (f.type == protocol::control_type::publish) {
         timed.emplace("construction");
@@ -230,10 +294,10 @@ int main(int argc, char** argv) try {
           cluster::fire_once(job, "owner-upload-" + std::to_string(die_step)))
         cluster::die_now("dcr-owner", "mid-stream of version " + std::to_string(die_step));
     };
-    protocol::local_owner_link<member_t, cluster::process_relay> link(members[rank], relay);
+    protocol::local_owner_link<member_t, cluster::process_relay> link(members.front(), relay);
     return serve(link);
   }
-  protocol::local_owner_link<member_t, owner_store> link(members[rank], store);
+  protocol::local_owner_link<member_t, owner_store> link(members.front(), store);
   return serve(link);
 } catch (const std::exception& e) {
   std::cerr << "dcr-owner: " << e.what() << "\n";

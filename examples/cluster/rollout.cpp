@@ -25,6 +25,7 @@
 #include "dcr/protocol/remote_links.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
+#include "dcr/source/state.hpp"
 #include "examples/cluster/cluster_job.hpp"
 #include "examples/cluster/relay_job.hpp"
 #include "examples/cluster/timeline.hpp"
@@ -58,17 +59,24 @@ struct dense_source {
     if (!cached) {
       DCR_RETURN_ERROR_IF(incarnation.empty(), not_found, "no committed version to restore");
       transport::incarnation_scope<cluster::job_object_store> scoped(*objects, incarnation);
-      tensor_set s;
-      for (auto& meta : j->metas) {
-        host_tensor h(meta);
-        std::vector<std::byte> b;
-        DCR_TRY(scoped.get(cluster::dense_name(version, meta.name), b));
-        DCR_RETURN_ERROR_IF(b.size() != h.bytes.size(), shape_mismatch,
-                            "dense export of " + meta.name + ": " + std::to_string(b.size()) +
-                                " bytes, expected " + std::to_string(h.bytes.size()));
-        h.bytes = std::move(b);
-        s.add(std::move(h));
+      // The owners exported the committed bytes of their shards; the
+      // canonical tensors are those shards through the trainer's maps.
+      const auto& plan = *j->plan;
+      source_state shards;
+      shards.shards.resize(plan.shards.size());
+      for (std::uint32_t id = 0; id < plan.shards.size(); ++id) {
+        auto& b = shards.shards[id];
+        DCR_TRY(scoped.get(cluster::dense_shard_name(version, id), b));
+        DCR_RETURN_ERROR_IF(b.size() != plan.shards[id].nbytes(), shape_mismatch,
+                            "dense export of shard " + plan.shards[id].key + ": " +
+                                std::to_string(b.size()) + " bytes, expected " +
+                                std::to_string(plan.shards[id].nbytes()));
       }
+      std::vector<host_tensor> canon;
+      DCR_TRY(export_canonical(plan, shards.view(), canon));
+      shards = {};
+      tensor_set s;
+      for (auto& t : canon) s.add(std::move(t));
       cached = std::move(s);
     }
     out = &*cached;

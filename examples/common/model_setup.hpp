@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,27 +72,40 @@ inline model_config model_for(std::uint64_t bytes) {
   return c;
 }
 
+/// The pool of normal BF16 values synthetic tensors are cut from.
+inline std::vector<std::uint16_t> synthetic_pool(std::uint64_t seed) {
+  return sim::normal_bf16(std::size_t{1} << 22, 0.02f, seed);
+}
+
+/// Tensor `i` of `synthetic_weights(metas, seed)`, alone (`pool`:
+/// `synthetic_pool(seed)`): each tensor depends on its index and the seed
+/// only, so a rank can make just the tensors its shards read.
+inline host_tensor synthetic_tensor(const std::vector<tensor_meta>& metas, std::size_t i,
+                                    std::span<const std::uint16_t> pool, std::uint64_t seed) {
+  constexpr std::size_t window = 4096;
+  host_tensor h(metas[i]);
+  auto* w = reinterpret_cast<std::uint16_t*>(h.bytes.data());
+  const auto n = metas[i].numel();
+  if (metas[i].shape.size() == 1) {
+    std::fill_n(w, n, std::uint16_t{0x3F80}); // norms start at 1.0
+  } else {
+    sim::xoshiro256ss rng(seed * 7919 + i);
+    for (std::size_t k = 0; k < n; k += window)
+      std::memcpy(w + k, pool.data() + rng.below(pool.size() - window),
+                  std::min(window, n - k) * 2);
+  }
+  return h;
+}
+
 /// Deterministic initial weights of `metas` for `seed`: N(0, 0.02) BF16
 /// words (random windows of one pool of normals: realistic magnitudes, not
 /// independent draws per element), norms at 1.0.
 inline std::vector<host_tensor> synthetic_weights(const std::vector<tensor_meta>& metas,
                                                   std::uint64_t seed) {
   std::vector<host_tensor> initial(metas.size());
-  const auto pool = sim::normal_bf16(std::size_t{1} << 22, 0.02f, seed);
-  constexpr std::size_t window = 4096;
+  const auto pool = synthetic_pool(seed);
   support::parallel_for(metas.size(), [&](std::size_t i) {
-    host_tensor h(metas[i]);
-    auto* w = reinterpret_cast<std::uint16_t*>(h.bytes.data());
-    const auto n = metas[i].numel();
-    if (metas[i].shape.size() == 1) {
-      std::fill_n(w, n, std::uint16_t{0x3F80}); // norms start at 1.0
-    } else {
-      sim::xoshiro256ss rng(seed * 7919 + i);
-      for (std::size_t k = 0; k < n; k += window)
-        std::memcpy(w + k, pool.data() + rng.below(pool.size() - window),
-                    std::min(window, n - k) * 2);
-    }
-    initial[i] = std::move(h);
+    initial[i] = synthetic_tensor(metas, i, pool, seed);
   });
   return initial;
 }

@@ -18,6 +18,7 @@
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/receiver/receiver.hpp"
+#include "dcr/source/fp8_plan.hpp"
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "receiver/refit_check.hpp"
@@ -191,6 +192,23 @@ TEST_CASE("set digest: replace_batch (portable and AVX-512) equals one replace p
     set_digest dispatched;
     dispatched.replace_batch(k, pos.data(), before.data(), after.data(), n);
     CHECK(dispatched == one);
+  }
+}
+
+TEST_CASE("set digest: replace_at equals one replace per changed position") {
+  std::mt19937_64 rng(12);
+  const auto k = region_key("w", dtype_id::bf16, std::vector<std::uint64_t>{4096});
+  for (std::size_t n : {0u, 1u, 255u, 256u, 257u, 700u}) {
+    std::vector<std::uint16_t> before(4096), after(4096);
+    for (auto& w : before) w = static_cast<std::uint16_t>(rng() % 3 == 0 ? 0 : rng());
+    after = before;
+    std::vector<std::uint64_t> pos;
+    for (std::uint64_t p = 0; p < 4096 && pos.size() < n; p += 1 + rng() % 5) pos.push_back(p);
+    for (auto p : pos) after[p] = static_cast<std::uint16_t>(rng() % 4 == 0 ? 0 : rng());
+    set_digest one, gathered;
+    for (auto p : pos) one.replace(k, p, before[p], after[p]);
+    gathered.replace_at<std::uint16_t>(k, pos, before, after);
+    CHECK(gathered == one);
   }
 }
 
@@ -421,4 +439,136 @@ TEST_CASE("owner digests: candidate and baseline digests from the changed set eq
     CHECK(commits > 0);
     CHECK(abandoned > 0);
   }
+}
+
+TEST_CASE("one owner per process: a round over only the shards one owner reads gives the "
+          "full round's digests, payloads and committed shards") {
+  for (auto [cfg, tl] : {std::pair{tiny_llama(), trainer_layout{2, 1, 1, 1, 2, 128}},
+                         std::pair{tiny_qwen3_moe(), trainer_layout{2, 1, 2, 1, 2, 128}}}) {
+    auto plan = std::make_shared<const source_plan>(megatron_plan(cfg, tl));
+    std::vector<host_tensor> init;
+    for (std::size_t i = 0; i < plan->canonical.size(); ++i) {
+      host_tensor h(plan->canonical[i]);
+      auto w = sim::normal_bf16(h.meta.numel(), 0.02f, 70 + i);
+      std::memcpy(h.bytes.data(), w.data(), h.bytes.size());
+      init.push_back(std::move(h));
+    }
+    source_state full = source_from_canonical(*plan, init);
+    protocol::training_round whole(plan, full.view());
+    auto whole_members = whole.members();
+    // One process per owner: its shards made one canonical tensor at a time.
+    std::vector<source_state> own;
+    std::vector<std::unique_ptr<protocol::training_round>> rounds;
+    std::vector<std::vector<protocol::training_round::member>> members;
+    for (std::uint32_t r = 0; r < plan->world; ++r) {
+      const std::vector<std::uint32_t> ids{r};
+      std::vector<std::uint32_t> asked;
+      own.push_back(owned_source_from_canonical(*plan, ids, [&](std::uint32_t t) {
+        asked.push_back(t);
+        return init[t].bytes; // a copy, dropped after its last shard
+      }));
+      std::sort(asked.begin(), asked.end());
+      CHECK(std::adjacent_find(asked.begin(), asked.end()) == asked.end()); // each tensor once
+      const auto held = owned_inputs(*plan, ids);
+      for (std::uint32_t s = 0; s < plan->shards.size(); ++s) {
+        const bool is_held = std::binary_search(held.begin(), held.end(), s);
+        INFO("owner " << r << " shard " << plan->shards[s].key);
+        if (is_held)
+          CHECK(own[r].shards[s] == full.shards[s]);
+        else
+          CHECK(own[r].shards[s].empty());
+      }
+      rounds.push_back(
+          std::make_unique<protocol::training_round>(plan, own[r].view(), builder_options{}, ids));
+      members.push_back(rounds.back()->members());
+      REQUIRE(members[r].size() == 1);
+      CHECK(members[r][0].owner_id() == r);
+    }
+    std::mt19937_64 rng(31);
+    for (int step = 0; step < 4; ++step) {
+      // The same update on the full state and on each owner's own shards.
+      for (std::uint32_t s = 0; s < plan->shards.size(); ++s) {
+        const auto seed = rng();
+        const double frac = 0.002 + 0.02 * static_cast<double>(seed % 7) / 7.0;
+        auto update = [&](std::vector<std::byte>& b) {
+          std::span<std::uint16_t> w(reinterpret_cast<std::uint16_t*>(b.data()), b.size() / 2);
+          sim::stress_update(w, frac, 0.01, seed);
+        };
+        update(full.shards[s]);
+        for (auto& o : own)
+          if (!o.shards[s].empty()) update(o.shards[s]);
+      }
+      whole.set_candidate(full.view());
+      for (std::uint32_t r = 0; r < plan->world; ++r) {
+        INFO("step " << step << " owner " << r);
+        rounds[r]->set_candidate(own[r].view());
+        CHECK(members[r][0].candidate_digest() == whole_members[r].candidate_digest());
+        CHECK(members[r][0].baseline_digest() == whole_members[r].baseline_digest());
+        for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all}) {
+          std::vector<std::vector<std::byte>> a, b;
+          const protocol::build_request rq{static_cast<std::uint64_t>(step + 1),
+                                 static_cast<std::uint64_t>(step + 1), mode};
+          REQUIRE(members[r][0].build(rq, [&](std::vector<std::byte>&& p) {
+            a.push_back(std::move(p));
+            return status::success();
+          }));
+          REQUIRE(whole_members[r].build(rq, [&](std::vector<std::byte>&& p) {
+            b.push_back(std::move(p));
+            return status::success();
+          }));
+          CHECK(a == b);
+        }
+      }
+      for (std::uint32_t r = 0; r < plan->world; ++r) {
+        members[r][0].commit_baseline();
+        whole_members[r].commit_baseline();
+      }
+      // A dense export from the committed shards of every owner equals the
+      // full state's.
+      source_state gathered;
+      gathered.shards.resize(plan->shards.size());
+      for (std::uint32_t r = 0; r < plan->world; ++r)
+        for (auto s : plan->owned_shards(r)) {
+          auto c = rounds[r]->baseline(r).committed_shard(s);
+          gathered.shards[s].assign(c.begin(), c.end());
+        }
+      std::vector<host_tensor> want, got;
+      REQUIRE(export_canonical(*plan, full.view(), want));
+      REQUIRE(export_canonical(*plan, gathered.view(), got));
+      REQUIRE(want.size() == got.size());
+      for (std::size_t i = 0; i < want.size(); ++i) CHECK(want[i].bytes == got[i].bytes);
+    }
+    // Owner 0 does not own every shard: asking it for another's is typed.
+    std::uint32_t other = 0;
+    while (plan->shards[other].owner == 0) ++other;
+    CHECK_THROWS_AS(rounds[0]->baseline(0).committed_shard(other), error);
+    CHECK_THROWS_AS(rounds[0]->baseline(1), error);
+  }
+}
+
+TEST_CASE("one owner per process: residual tasks across owners are refused, typed") {
+  auto cfg = tiny_llama();
+  fp8_block_quantization q;
+  q.block_n = 16;
+  q.block_k = 16;
+  cfg.fp8 = q;
+  fp8_plan_options po;
+  po.shard_local = false; // every quantised weight assembled from its TP shards
+  auto plan = std::make_shared<const source_plan>(
+      megatron_fp8_plan(cfg, trainer_layout{2, 1, 1, 1, 1, 128}, po));
+  REQUIRE(!plan->tasks.empty());
+  source_state full = source_state::zeros(*plan);
+  CHECK_NOTHROW(protocol::training_round(plan, full.view()));
+  int refused = 0;
+  for (std::uint32_t r = 0; r < plan->world; ++r) {
+    try {
+      protocol::training_round one(plan, full.view(), builder_options{}, {r});
+    } catch (const error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("all-gather") != std::string::npos);
+      ++refused;
+    }
+  }
+  CHECK(refused > 0);
+  CHECK_THROWS_AS(protocol::training_round(plan, full.view(), builder_options{}, {0, 0}), error);
 }

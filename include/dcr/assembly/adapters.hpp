@@ -45,8 +45,35 @@ public:
   /// Owners whose baselines start at `committed`.
   training_round(std::shared_ptr<const source_plan> plan, const source_view& committed,
                  builder_options opt = {})
-      : plan_(std::move(plan)), opt_(opt) {
-    for (std::uint32_t r = 0; r < plan_->world; ++r) owners_.emplace_back(plan_, r, committed);
+      : training_round(plan, committed, opt, every_owner(*plan)) {}
+  /// Only owners `ids` (distinct owner ids) in this process, e.g. the one
+  /// owner of a training rank's process, whose `committed` view need hold
+  /// only the shards they read (`owned_inputs`). Their flags are then the
+  /// whole of U_req only if no residual task joins an owner in `ids` with one
+  /// outside (as its baseline owner or as the owner of an input):
+  /// `errc::invalid_argument` names such a task (a trainer whose residual
+  /// tasks span ranks all-gathers its flags instead).
+  training_round(std::shared_ptr<const source_plan> plan, const source_view& committed,
+                 builder_options opt, std::vector<std::uint32_t> ids)
+      : plan_(std::move(plan)), opt_(opt), ids_(std::move(ids)) {
+    std::vector<std::uint8_t> here(plan_->world, 0);
+    for (auto r : ids_) {
+      if (r >= plan_->world || here[r])
+        throw error(errc::invalid_argument, "training_round: owner " + std::to_string(r) +
+                                                " repeated or outside a world of " +
+                                                std::to_string(plan_->world));
+      here[r] = 1;
+    }
+    for (auto& t : plan_->tasks) {
+      bool in = here[t.owner], out = !here[t.owner];
+      for (auto s : t.inputs) (here[plan_->shards[s].owner] ? in : out) = true;
+      if (in && out)
+        throw error(errc::invalid_argument,
+                    "training_round: residual task " + t.rule.name +
+                        " joins owners in this process with owners outside it; its flags "
+                        "need an all-gather");
+    }
+    for (auto r : ids_) owners_.emplace_back(plan_, r, committed);
     for (auto& o : owners_) baseline_set_.push_back(o.baseline_set());
     set_candidate(committed);
   }
@@ -75,17 +102,21 @@ public:
     req_ = make_required(*plan_, flags);
   }
   /// Changed words of owner `r`'s candidate against its baseline.
-  const owner_changes& changes(std::uint32_t r) const { return changes_.at(r); }
+  const owner_changes& changes(std::uint32_t r) const { return changes_.at(local(r)); }
 
   /// Owner `r`'s digests recomputed from every byte of its baseline and of
   /// the candidate (O(owned bytes)); equal to the kept ones unless a
   /// baseline or the candidate changed behind the round's back.
   digest128 full_baseline_digest(std::uint32_t r) const {
-    return seal(r, owners_.at(r).baseline_set());
+    return seal(local(r), owners_.at(local(r)).baseline_set());
   }
   digest128 full_candidate_digest(std::uint32_t r) const {
-    return seal(r, owners_.at(r).state_set(candidate_));
+    return seal(local(r), owners_.at(local(r)).state_set(candidate_));
   }
+  /// Owner `r`'s baseline (its trackers are the committed version of its shards).
+  const owner& baseline(std::uint32_t r) const { return owners_.at(local(r)); }
+  /// The owner ids in this process, in member order.
+  std::span<const std::uint32_t> owner_ids() const noexcept { return ids_; }
 
   const source_plan& plan() const noexcept { return *plan_; }
   std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(owners_.size()); }
@@ -96,8 +127,9 @@ public:
   /// Protocol view of owner `r` (a `owner_role`).
   class member {
   public:
-    member(training_round& t, std::uint32_t r) : t_(&t), r_(r) {}
-    std::uint32_t owner_id() const { return r_; }
+    /// Member of the round's `k`-th owner (`owner_ids()[k]`).
+    member(training_round& t, std::uint32_t k) : t_(&t), r_(k) {}
+    std::uint32_t owner_id() const { return t_->ids_[r_]; }
     status build(const build_request& rq, const payload_sink& emit) {
       builder_options opt = t_->opt_;
       opt.mode = rq.mode;
@@ -117,7 +149,7 @@ public:
             t_->changes_[r_], t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
               for (auto& it : b.items) records += it.indices.size();
               std::vector<std::byte> bytes;
-              auto s = codec::encode_payload({rq.attempt, rq.target_version, r_, b.sequence},
+              auto s = codec::encode_payload({rq.attempt, rq.target_version, owner_id(), b.sequence},
                                              b.items, opt.encoding, bytes);
               if (s) s = emit(std::move(bytes));
               if (!s) throw stop_build{std::move(s)};
@@ -125,7 +157,7 @@ public:
       } catch (stop_build& e) {
         return std::move(e.s);
       } catch (const error& e) {
-        return fail(e.code(), "owner " + std::to_string(r_) + ": " + e.what());
+        return fail(e.code(), "owner " + std::to_string(owner_id()) + ": " + e.what());
       }
       return status::success();
     }
@@ -151,7 +183,8 @@ public:
     return it == records_.end() ? 0 : it->second;
   }
 
-  /// One protocol member per owner (stable addresses: keep the vector alive).
+  /// One protocol member per owner of this process, in `owner_ids()` order
+  /// (stable addresses: keep the vector alive).
   std::vector<member> members() {
     std::vector<member> m;
     for (std::uint32_t r = 0; r < size(); ++r) m.emplace_back(*this, r);
@@ -163,11 +196,23 @@ private:
     std::lock_guard l(m_);
     records_[attempt] += n;
   }
-  /// An owner's set digest sealed with its identity (owner id, owned shard ids).
-  digest128 seal(std::uint32_t r, const set_digest& d) const {
+  static std::vector<std::uint32_t> every_owner(const source_plan& p) {
+    std::vector<std::uint32_t> v(p.world);
+    for (std::uint32_t r = 0; r < p.world; ++r) v[r] = r;
+    return v;
+  }
+  /// Position of owner id `r` among this process's owners.
+  std::size_t local(std::uint32_t r) const {
+    for (std::size_t k = 0; k < ids_.size(); ++k)
+      if (ids_[k] == r) return k;
+    throw error(errc::not_found, "training_round: owner " + std::to_string(r) +
+                                     " is not in this process");
+  }
+  /// The `k`-th owner's set digest sealed with its identity (owner id, owned shard ids).
+  digest128 seal(std::size_t k, const set_digest& d) const {
     std::vector<std::byte> layout(4);
-    store_le(layout.data(), r);
-    for (auto s : owners_[r].owned_shards()) {
+    store_le(layout.data(), ids_[k]);
+    for (auto s : owners_[k].owned_shards()) {
       const auto at = layout.size();
       layout.resize(at + 4);
       store_le(layout.data() + at, s);
@@ -177,6 +222,7 @@ private:
 
   std::shared_ptr<const source_plan> plan_;
   builder_options opt_;
+  std::vector<std::uint32_t> ids_; ///< owner ids, by position
   std::vector<owner> owners_;
   source_view candidate_;
   required_set req_;

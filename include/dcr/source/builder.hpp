@@ -349,7 +349,7 @@ public:
         auto o = as_words<std::uint8_t>(trackers_[i]);
         auto c = as_words<std::uint8_t>(conv);
         detect_changes(o, c, 0, ch.changed[i]);
-        for (auto j : ch.changed[i]) ch.delta.replace(key, j, o[j], c[j]);
+        ch.delta.replace_at<std::uint8_t>(key, ch.changed[i], o, c);
         continue;
       }
       auto cand = view_of(candidate, s);
@@ -358,7 +358,7 @@ public:
         auto o = as_words<W>(trackers_[i]);
         auto c = as_words<W>(cand);
         detect_changes(o, c, 0, ch.changed[i]);
-        for (auto j : ch.changed[i]) ch.delta.replace(key, j, o[j], c[j]);
+        ch.delta.replace_at<W>(key, ch.changed[i], o, c);
       });
     }
     return ch;
@@ -402,6 +402,23 @@ public:
     }
     for (std::size_t i = 0; i < tasks_.size(); ++i)
       if (req.contains(tasks_[i])) residual_[i] = std::move(next[i]);
+  }
+
+  /// The committed bytes of owned shard `s` (a plan shard id): its tracker,
+  /// for dense exports of the committed version without a copy of the
+  /// model. `not_found` for a shard this owner does not own;
+  /// `invalid_argument` for a blockwise shard, whose tracker holds the
+  /// converted codes and scales rather than the source words.
+  std::span<const std::byte> committed_shard(std::uint32_t s) const {
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      if (shards_[i] != s) continue;
+      if (plan_->shards[s].blockwise)
+        throw error(errc::invalid_argument,
+                    plan_->shards[s].key + ": a blockwise tracker holds converted words");
+      return trackers_[i];
+    }
+    throw error(errc::not_found, "owner " + std::to_string(id_) + " does not own shard " +
+                                     std::to_string(s));
   }
 
   /// Bytes of this owner's baseline.

@@ -16,8 +16,12 @@
 /// state is consistent across layouts. `export_canonical` is the other
 /// direction (full conversion of every task).
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dcr/core/tensor.hpp"
@@ -85,6 +89,84 @@ inline source_state source_from_canonical(const source_plan& p,
       st.shards[s] = residual_inputs->shards.at(s);
     else
       shard_from_canonical(p, s, canonical, st.shards[s], padding);
+  }
+  return st;
+}
+
+/// The shard ids owners `owners` read (see `owned_view`): the shards they
+/// own and the declared inputs of the residual tasks whose baseline they
+/// own, sorted and unique.
+inline std::vector<std::uint32_t> owned_inputs(const source_plan& p,
+                                               std::span<const std::uint32_t> owners) {
+  std::vector<std::uint8_t> need(p.shards.size(), 0);
+  for (auto o : owners) {
+    for (auto s : p.owned_shards(o)) need[s] = 1;
+    for (auto t : p.owned_tasks(o))
+      for (auto s : p.tasks[t].inputs) need[s] = 1;
+  }
+  std::vector<std::uint32_t> ids;
+  for (std::uint32_t s = 0; s < need.size(); ++s)
+    if (need[s]) ids.push_back(s);
+  return ids;
+}
+
+/// A source state that holds only the shards owners `owners` read
+/// (`owned_inputs`); every other shard is empty. This is what one training
+/// rank holds for the refit: an owner process never needs the rest of the
+/// model. Each shard is produced from canonical tensors as
+/// `shard_from_canonical` does, and the canonical tensors come one at a time
+/// from `tensor(id)`, which returns anything a `std::span<const std::byte>`
+/// can view (a `std::vector<std::byte>` it made, or a span into a mapped
+/// file: then only the pages of the owned slices are read). A tensor is
+/// asked for once and dropped after the last owned shard that reads it, so
+/// the state costs the owned shards plus the canonical tensors that one
+/// shard spans. `errc::shape_mismatch` when a tensor has the wrong size.
+template <class Tensor>
+source_state owned_source_from_canonical(const source_plan& p,
+                                         std::span<const std::uint32_t> owners, Tensor&& tensor,
+                                         std::byte padding = std::byte{0}) {
+  using held_t = std::decay_t<decltype(tensor(std::uint32_t{}))>;
+  const auto ids = owned_inputs(p, owners);
+  // The canonical tensors each shard reads, and the last shard reading each.
+  std::vector<std::vector<std::uint32_t>> reads(ids.size());
+  std::vector<std::size_t> last_use(p.canonical.size(), 0);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const auto& sh = p.shards[ids[k]];
+    if (!sh.map) continue;
+    sh.map->map_run(0, sh.map->domain_size(), [&](const canonical_run& r) {
+      if (reads[k].empty() || reads[k].back() != r.tensor) reads[k].push_back(r.tensor);
+    });
+    std::sort(reads[k].begin(), reads[k].end());
+    reads[k].erase(std::unique(reads[k].begin(), reads[k].end()), reads[k].end());
+    for (auto t : reads[k]) last_use[t] = k;
+  }
+  source_state st;
+  st.shards.resize(p.shards.size());
+  std::map<std::uint32_t, held_t> held;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const auto s = ids[k];
+    const auto& sh = p.shards[s];
+    auto& out = st.shards[s];
+    out.assign(sh.nbytes(), std::byte{0});
+    if (!sh.map) continue; // an input no canonical tensor holds (e.g. scales): zero
+    for (auto t : reads[k]) {
+      if (held.count(t)) continue;
+      held.emplace(t, tensor(t));
+      const std::span<const std::byte> b(held.at(t));
+      if (b.size() != p.canonical[t].nbytes())
+        throw error(errc::shape_mismatch, "owned_source_from_canonical: " + p.canonical[t].name +
+                                              " has " + std::to_string(b.size()) +
+                                              " bytes, expected " +
+                                              std::to_string(p.canonical[t].nbytes()));
+    }
+    const std::uint64_t w = width_of(sh.dtype);
+    std::memset(out.data(), static_cast<int>(padding), out.size());
+    sh.map->map_run(0, sh.map->domain_size(), [&](const canonical_run& r) {
+      const std::span<const std::byte> b(held.at(r.tensor));
+      std::memcpy(out.data() + r.local_start * w, b.data() + r.canonical_start * w, r.count * w);
+    });
+    for (auto t : reads[k])
+      if (last_use[t] == k) held.erase(t);
   }
   return st;
 }
