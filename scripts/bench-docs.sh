@@ -39,24 +39,51 @@ tmp=$(mktemp)
     elif [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; exit $rc; fi
   done
   # The cluster bench runs on the network-namespace testbed (root): the role
-  # programs over shaped links, real S3 and etcd (docs/testbed.md).
-  # DCR_BENCH_CLUSTER_ARGS overrides its inputs (default: 1 GB model, both
-  # transports, object-store rows with and without the manifest index, 1 Gbit/s).
+  # programs over shaped links, real S3 and etcd (docs/testbed.md). Two runs:
+  # 1 Gbit/s links (1.2 / 3 / 5 %, DCR_BENCH_CLUSTER_ARGS overrides) and
+  # 100 Mbit/s links (3 %, DCR_BENCH_CLUSTER_SLOW_ARGS), each with its own
+  # full-checkpoint reference at that rate; both transports, object-store rows
+  # with and without the manifest index, 1 GB model.
   echo
   echo "## Refit vs full checkpoint on the testbed (\`dcr-bench-cluster\`)"
-  cluster_args=${DCR_BENCH_CLUSTER_ARGS:---size 1GB --transports object_store,relay_tree}
+  echo
+  echo "Each row starts the role programs (two \`dcr-owner\`, two \`dcr-rollout\` with one receiver"
+  echo "each, \`dcr-coordinator\`) on the testbed, bootstraps version 0 and times one refit to version 1."
+  echo "The refit window runs from the moment the first owner begins comparing the candidate with its"
+  echo "baseline (change detection is inside the window) to the moment the last owner finishes its"
+  echo "baseline update after the joint commit; the change injection (\`--change-pct\`), model"
+  echo "loading, prewarm, the bootstrap (initial baselines, dense restores) and the verification that"
+  echo "follows (every receiver against a dense load of version 1, byte for byte) are outside it. A row"
+  echo "whose owners recorded no comparison opens its window at the first construction, and the table's"
+  echo "notes say so. Columns: refit s; the construction lower bound (the busiest owner's comparison and"
+  echo "construction outside its uploads), the transport lower bound (the busiest owner's uploads or"
+  echo "node's fetches), finalization (last apply to the end of the window) and refit / (larger bound +"
+  echo "finalization); speedup over the full-checkpoint reference and the wire-only ideal speedup (the"
+  echo "reference over the time the refit's bytes take on the links); and the peak resident set over"
+  echo "the refit of the largest owner, the largest rollout node and the coordinator, beside the bytes"
+  echo "that role must hold (an owner: its shards and baseline trackers; a rollout node: its receivers'"
+  echo "storage and scratch and the payloads in flight). \`--json\` rows carry the same as"
+  echo "\`owner_peak_rss_bytes\`, \`owner_owned_bytes\`, \`rollout_peak_rss_bytes\`,"
+  echo "\`rollout_held_bytes\` and \`coordinator_peak_rss_bytes\`."
+  fast_args=${DCR_BENCH_CLUSTER_ARGS:---size 1GB --transports object_store,relay_tree --change-pct 1.2,3,5}
+  slow_args=${DCR_BENCH_CLUSTER_SLOW_ARGS:---size 1GB --transports object_store,relay_tree --change-pct 3}
   if [ "$(id -u)" = 0 ] && [ -x build/bench/dcr-bench-cluster ]; then
-    echo "== dcr-bench-cluster" >&2
     mkdir -p docs/images
-    echo
-    echo "\`scripts/testbed.sh run --train 2 --roll 2 --rate ${DCR_BENCH_CLUSTER_RATE:-1gbit} --services etcd,s3 -- build/bench/dcr-bench-cluster $cluster_args --markdown\`:"
-    echo
-    # shellcheck disable=SC2086
-    bash scripts/testbed.sh run --train 2 --roll 2 --rate "${DCR_BENCH_CLUSTER_RATE:-1gbit}" \
-      --services etcd,s3 -- build/bench/dcr-bench-cluster $cluster_args --markdown \
-      --svg docs/images/cluster-refit-timeline.svg
-    echo
-    echo "![timeline of one refit](images/cluster-refit-timeline.svg)"
+    for run in "1gbit|$fast_args|cluster-refit-timeline.svg" "100mbit|$slow_args|cluster-refit-timeline-100mbit.svg"; do
+      IFS='|' read -r rate cluster_args svg <<<"$run"
+      echo "== dcr-bench-cluster at $rate" >&2
+      echo
+      echo "### Links at $rate"
+      echo
+      echo "\`scripts/testbed.sh run --train 2 --roll 2 --rate $rate --services etcd,s3 -- build/bench/dcr-bench-cluster $cluster_args --markdown\`:"
+      echo
+      # shellcheck disable=SC2086
+      bash scripts/testbed.sh run --train 2 --roll 2 --rate "$rate" \
+        --services etcd,s3 -- build/bench/dcr-bench-cluster $cluster_args --markdown \
+        --svg "docs/images/$svg"
+      echo
+      echo "![timeline of one refit at $rate](images/$svg)"
+    done
   else
     echo; echo "_dcr-bench-cluster: needs root and build/bench/dcr-bench-cluster; not measured._"
   fi

@@ -16,7 +16,7 @@
 #                      [--transport object_store|relay_tree] [--relay-fanout K]
 #                      [--s3-restart STEP[:SECONDS]] [--link-loss NODE:PCT]
 #                      [--link-cut-streaming NODE:STEP[:SECONDS]] [--change-pct P]
-#                      [--fetch-all] [--bucket-payloads]
+#                      [--fetch-all] [--bucket-payloads] [--chunk-bytes N] [--bucket-bytes N]
 #
 # --fetch-all: rollout nodes fetch every payload of an attempt instead of
 #   only those the manifest index names a tensor of their receivers (an
@@ -24,6 +24,9 @@
 # --bucket-payloads: owners send one payload per bucket instead of one per
 #   block of experts (a block per rollout node) and one of the rest, so the
 #   index has nothing to skip.
+# --chunk-bytes N / --bucket-bytes N (N[KB|MB|GB|KiB|MiB|GiB]): the owners'
+#   chunk and bucket targets (job flags); by default scaled to each owner's
+#   share (at least 8 buckets per owner; docs/deployment.md).
 #
 # --transport relay_tree: payloads stream from the owners to rollout node 0
 #   and down a k-ary relay tree (--relay-fanout K, default 2) instead of
@@ -92,6 +95,7 @@ transport=object_store
 fanout=2
 change_pct=""
 fetch_flags=()
+target_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -117,6 +121,7 @@ while [ $# -gt 0 ]; do
     --relay-fanout) fanout=$2; shift 2 ;;
     --change-pct) change_pct=$2; shift 2 ;;
     --fetch-all|--bucket-payloads) fetch_flags+=("$1"); shift ;;
+    --chunk-bytes|--bucket-bytes) target_flags+=("$1" "$2"); shift 2 ;;
     --s3-restart) s3_restarts+=("$2"); shift 2 ;;
     --link-loss) link_losses+=("$2"); shift 2 ;;
     --checkpoints)
@@ -181,6 +186,7 @@ job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
 [ -z "$change_pct" ] || job+=(--change-pct "$change_pct")
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
 [ ${#fetch_flags[@]} -eq 0 ] || job+=("${fetch_flags[@]}")
+[ ${#target_flags[@]} -eq 0 ] || job+=("${target_flags[@]}")
 [ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
 [ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
 if [ "$transport" = relay_tree ]; then

@@ -4,6 +4,7 @@
 // process per trainer rank), the rollout layout (nodes × receivers per node),
 // and where the object store and the commit store are (docs/deployment.md).
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <csignal>
@@ -25,6 +27,7 @@
 #include "dcr/protocol/etcd_commit_store.hpp"
 #include "dcr/transport/s3_object_store.hpp"
 #endif
+#include "dcr/source/builder.hpp"
 #include "dcr/source/plan.hpp"
 #include "dcr/source/row_split_plan.hpp"
 #include "dcr/transport/object_store.hpp"
@@ -56,6 +59,9 @@ struct job_flags {
   /// Rollout nodes fetch every listed payload instead of only those the
   /// manifest index says their receivers need (object store only).
   bool fetch_all = false;
+  /// Owners' chunk and bucket targets in bytes (builder_options); 0: scaled
+  /// to the owner's share (job_builder_options).
+  std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
 };
 
 inline const char* job_usage =
@@ -78,7 +84,28 @@ inline const char* job_usage =
     "  --relay-fanout K         relay_tree: k-ary tree over the nodes, root node 0 (default 2)\n"
     "  --fetch-all              object_store: nodes fetch every payload, not only those the\n"
     "                           manifest index says their receivers need\n"
-    "  --bucket-payloads        owners send one payload per bucket, experts not split out\n";
+    "  --bucket-payloads        owners send one payload per bucket, experts not split out\n"
+    "  --bucket-bytes N[KB|MB|GB|KiB|MiB|GiB]   owners' bucket target (default: an eighth\n"
+    "                           of the owner's shard bytes, 1 MiB to 512 MiB)\n"
+    "  --chunk-bytes N[...]     owners' chunk target (default: half the bucket target,\n"
+    "                           at most 64 MiB)\n";
+
+/// Bytes from "N", "N KB|MB|GB" (powers of 1000, as --size) or
+/// "N KiB|MiB|GiB" (powers of 1024), without a space; positive.
+inline std::uint64_t parse_bytes(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  const std::string unit = end ? end : "";
+  double mul = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1},          {"B", 1},         {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024.0},
+      {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1e3},  {"M", 1e6},  {"G", 1e9}};
+  for (auto [u, m] : units)
+    if (unit == u) mul = m;
+  if (v.empty() || end == v.c_str() || mul == 0 || !(x * mul >= 1) || !(x * mul < 1e18))
+    throw error(errc::invalid_argument, flag + ": not a positive byte count: " + v);
+  return static_cast<std::uint64_t>(x * mul);
+}
 
 /// Consume argv[i] (and its values) if it is a job flag.
 inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
@@ -149,6 +176,10 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     f.fetch_all = true;
   else if (a == "--bucket-payloads")
     f.expert_payloads = false;
+  else if (a == "--bucket-bytes")
+    f.bucket_bytes = parse_bytes(a, value());
+  else if (a == "--chunk-bytes")
+    f.chunk_bytes = parse_bytes(a, value());
   else if (a == "--change-pct") {
     const auto v = value();
     char* end = nullptr;
@@ -203,6 +234,54 @@ inline job make_job(const job_flags& f) {
     j.metas = j.plan->canonical;
   }
   return j;
+}
+
+/// Bytes of the source shards `rank` owns (what it holds of the model).
+inline std::uint64_t owned_shard_bytes(const job& j, std::uint32_t rank) {
+  std::uint64_t b = 0;
+  for (auto s : j.plan->owned_shards(rank)) b += j.plan->shards[s].nbytes();
+  return b;
+}
+
+/// The builder options of the owner of rank `rank`: the job's payload
+/// grouping, and chunk and bucket targets from the flags or scaled to the
+/// owner's share. A bucket is a payload group (one payload, or one per
+/// expert block): it is uploaded or streamed while the next one is built,
+/// so construction overlaps delivery only from the second bucket on. The
+/// default bucket is an eighth of what the owner holds (at least 8 buckets,
+/// so at most an eighth of the construction is not overlapped), at least
+/// 1 MiB (smaller objects cost more in requests than they gain in overlap)
+/// and at most builder_options' 512 MiB (the memory a bucket holds while it
+/// is encoded and sent).
+inline builder_options job_builder_options(const job& j, std::uint32_t rank) {
+  builder_options bo;
+  // One payload per expert: a node whose receivers hold some experts only
+  // (expert parallelism) skips the others' payloads by the manifest index.
+  // The experts in one block per rollout node: vLLM's linear placement puts
+  // a contiguous block on each node's ranks, so each node fetches one.
+  if (j.flags.expert_payloads) {
+    bo.grouping = payload_grouping::by_expert;
+    bo.expert_blocks = j.flags.nodes;
+  }
+  constexpr std::uint64_t mib = std::uint64_t{1} << 20;
+  const std::uint64_t max_bucket = bo.bucket_bytes, max_chunk = bo.chunk_bytes;
+  const std::uint64_t bucket = j.flags.bucket_bytes
+                                   ? j.flags.bucket_bytes
+                                   : std::clamp<std::uint64_t>(owned_shard_bytes(j, rank) / 8, mib,
+                                                               std::max(mib, max_bucket));
+  // A bucket closes only at a chunk boundary (chunks are never split), so
+  // with chunks as large as the bucket every bucket would be one chunk and
+  // overshoot its target by up to a chunk; half the bucket keeps about two
+  // chunks per bucket, so bucket sizes track the target, while chunks stay
+  // large enough for per-chunk costs (sorting, merging records) not to
+  // matter. Never above the builder's 64 MiB default: a chunk's records are
+  // held while it waits to be merged.
+  const std::uint64_t chunk = j.flags.chunk_bytes
+                                  ? j.flags.chunk_bytes
+                                  : std::max<std::uint64_t>(1, std::min(max_chunk, bucket / 2));
+  bo.bucket_bytes = static_cast<std::size_t>(bucket);
+  bo.chunk_bytes = static_cast<std::size_t>(chunk);
+  return bo;
 }
 
 /// A fault armed by a flag fires once per job: its marker file says it did,

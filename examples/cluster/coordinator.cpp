@@ -181,6 +181,8 @@ int main(int argc, char** argv) try {
     std::size_t attempts = 0;
     std::uint64_t bytes = 0;
     const auto t_step = clk::now(); // every try of this step, waits included
+    // Timeline: the peak resident set over this step's transition.
+    cluster::timeline::reset_peak_rss();
     for (;;) {
       rep = coord.transition();
       attempts += rep.attempts.size();
@@ -206,6 +208,7 @@ int main(int argc, char** argv) try {
       if (!retry) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }
+    cluster::timeline::record_peak_rss();
     if (!rep.result) {
       std::cerr << "dcr-coordinator: version " << target
                 << " failed: " << to_string(rep.result.code) << ": " << rep.result.message

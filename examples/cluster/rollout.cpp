@@ -10,6 +10,7 @@
 //   dcr-rollout --node K --listen HOST:PORT [job flags] [--die-mid-apply STEP]
 
 #include <atomic>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -91,8 +92,9 @@ template <class Loader>
 class rank_receiver {
 public:
   using inner_t = protocol::receiver_role_adapter<receiver<Loader>>;
-  rank_receiver(std::string id, std::unique_ptr<receiver<Loader>> r, const std::atomic<bool>* armed)
-      : r_(std::move(id), std::move(r)), armed_(armed) {}
+  rank_receiver(std::string id, std::unique_ptr<receiver<Loader>> r, const std::atomic<bool>* armed,
+                std::atomic<std::uint64_t>* largest = nullptr)
+      : r_(std::move(id), std::move(r)), armed_(armed), largest_(largest) {}
   std::string receiver_id() const { return r_.receiver_id(); }
   void begin_attempt(std::uint64_t a) {
     staged_ = 0;
@@ -100,6 +102,11 @@ public:
   }
   status stage(std::span<const std::byte> b) {
     cluster::timeline::scope timed{"apply"};
+    if (largest_) {
+      auto seen = largest_->load();
+      while (b.size() > seen && !largest_->compare_exchange_weak(seen, b.size())) {
+      }
+    }
     DCR_TRY(r_.stage(b));
     if (armed_ && armed_->load() && ++staged_ == 2) dying();
     return status::success();
@@ -117,11 +124,14 @@ public:
 private:
   inner_t r_;
   const std::atomic<bool>* armed_;
+  std::atomic<std::uint64_t>* largest_; ///< the largest payload any receiver of the node staged
   int staged_ = 0;
 };
 
 /// The node link with what a process needs around it: the restore source
-/// follows the membership call, and the armed fault follows the target version.
+/// follows the membership call, the armed fault follows the target version,
+/// and each refit leaves its peak resident set and the bytes the node must
+/// hold on the timeline (`held(apply_queue)`).
 template <class Link>
 struct node_process_link {
   Link* link;
@@ -129,6 +139,7 @@ struct node_process_link {
   std::uint64_t die_step;
   std::atomic<bool>* armed;
   const cluster::job* j;
+  std::function<std::uint64_t(std::size_t)> held;
 
   std::vector<std::string> ids() const { return link->ids(); }
   status down(std::size_t& n) { return link->down(n); }
@@ -146,7 +157,15 @@ struct node_process_link {
   status open_gate(std::uint64_t a) { return link->open_gate(a); }
   status refit(const protocol::refit_request& rq, const std::atomic<bool>& stop,
                protocol::refit_result& res) {
-    return link->refit(rq, stop, res);
+    // The peak over this refit only: not the model's prewarm or the dense
+    // restores and verifications around it.
+    cluster::timeline::reset_peak_rss();
+    auto s = link->refit(rq, stop, res);
+    if (s) {
+      if (held) cluster::timeline::record_held(held(rq.apply_queue));
+      cluster::timeline::record_peak_rss();
+    }
+    return s;
   }
   status acknowledge(std::uint64_t a, std::vector<digest128>& acks) {
     return link->acknowledge(a, acks);
@@ -166,6 +185,7 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   cluster::job_object_store objects(job);
   dense_source dense{&objects, &job, {}, 0, {}, {}};
   std::atomic<bool> armed{false};
+  std::atomic<std::uint64_t> largest_payload{0};
   std::vector<std::unique_ptr<protocol::request_gate>> gates;
   std::vector<std::unique_ptr<endpoint_t>> endpoints;
   for (std::size_t k = 0; k < layouts.size(); ++k) {
@@ -173,8 +193,9 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
     endpoints.push_back(std::make_unique<endpoint_t>(
         ids[k],
         [&, k] {
-          auto r = std::make_unique<rr>(
-              ids[k], std::make_unique<receiver<Loader>>(layouts[k], job.metas), &armed);
+          auto r = std::make_unique<rr>(ids[k],
+                                        std::make_unique<receiver<Loader>>(layouts[k], job.metas),
+                                        &armed, &largest_payload);
           r->dying = [&job, die_step, who] {
             if (cluster::fire_once(job, "rollout-apply-" + std::to_string(die_step)))
               cluster::die_now(who, "mid-apply of version " + std::to_string(die_step));
@@ -217,11 +238,27 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
     dense.drop();
     return status::success();
   };
+  // What the node must hold: every receiver's storage and scratch, and the
+  // payloads in flight at once: the apply queue's, one being fetched, one
+  // being applied, and the copy each receiver stages (each at most the
+  // largest payload of the refit).
+  auto held = [&](std::size_t apply_queue) {
+    std::uint64_t b = 0;
+    for (auto* e : eps) {
+      try {
+        e->with_receiver(
+            [&](rr& r) { b += r.inner().storage().nbytes() + r.inner().scratch_bytes(); });
+      } catch (const error&) { // down: holds nothing
+      }
+    }
+    // Per refit: the next one starts from its own largest payload.
+    return b + largest_payload.exchange(0) * (apply_queue + 2 + eps.size());
+  };
   // Payloads come from the object store or, with --transport relay_tree,
   // from this process's relay node (relay_job.hpp); restores stay dense.
   auto serve = [&](auto& link) {
-    node_process_link<std::remove_reference_t<decltype(link)>> plink{&link, &dense, die_step,
-                                                                     &armed, &job};
+    node_process_link<std::remove_reference_t<decltype(link)>> plink{&link,  &dense, die_step,
+                                                                     &armed, &job,   held};
     protocol::node_service<decltype(plink)> service(plink, verify);
     protocol::control_server server(
         [&](const protocol::control_frame& f, const std::atomic<bool>& stop,
@@ -231,6 +268,7 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
               << server.port() << " (" << job.flags.transport << ")" << std::endl;
     cluster::wait_for_termination();
     server.shutdown();
+    cluster::timeline::record_peak_rss(); // since the last refit's start
     return 0;
   };
   if (job.relay()) {

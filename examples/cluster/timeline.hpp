@@ -5,12 +5,16 @@
 // line {"who","what","t0","t1","bytes"}; times are CLOCK_REALTIME in ns,
 // which every network namespace of the testbed shares. One write(2) per line
 // on an O_APPEND descriptor, so the lines of concurrent processes never
-// interleave. Without DCR_TIMELINE nothing is written.
+// interleave. Without DCR_TIMELINE nothing is written. Besides intervals of
+// work, a role records "peak_rss" (its peak resident set in bytes over
+// [t0, t1]) and "held" (the bytes it must hold) for the bench's memory
+// columns.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -60,6 +64,56 @@ inline void record(std::string_view what, std::uint64_t t0, std::uint64_t t1,
       static_cast<unsigned long long>(t1), static_cast<unsigned long long>(bytes));
   if (n > 0) [[maybe_unused]]
     auto w = ::write(fd, line, std::size_t(std::min(n, 255)));
+}
+
+/// The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0
+/// where it cannot be read.
+inline std::uint64_t peak_rss_bytes() {
+  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[8192];
+  std::size_t n = 0;
+  for (ssize_t r; n < sizeof buf - 1 && (r = ::read(fd, buf + n, sizeof buf - 1 - n)) > 0;)
+    n += std::size_t(r);
+  ::close(fd);
+  buf[n] = 0;
+  const char* at = std::strstr(buf, "VmHWM:");
+  if (!at) return 0;
+  return std::strtoull(at + 6, nullptr, 10) * 1024; // "VmHWM:   123456 kB"
+}
+
+/// When the peak was last reset (0: never; then it covers the process's life).
+inline std::uint64_t& peak_since_ns() {
+  static std::uint64_t t = 0;
+  return t;
+}
+
+/// Starts a new peak: the kernel's high-water mark drops to the current
+/// resident set ("5" to /proc/self/clear_refs), so the next
+/// `record_peak_rss` covers what happened since (one refit, not the model
+/// loading or dense restores before it). Where the kernel refuses, the peak
+/// keeps covering the process's life.
+inline void reset_peak_rss() {
+  const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::write(fd, "5", 1) == 1) peak_since_ns() = now_ns();
+  ::close(fd);
+}
+
+/// Records "peak_rss": the peak resident set in bytes over [t0, t1] (t0 the
+/// last `reset_peak_rss`, else t1: over the process's life so far).
+inline void record_peak_rss() {
+  const auto t1 = now_ns();
+  const auto t0 = peak_since_ns() ? peak_since_ns() : t1;
+  record("peak_rss", t0, t1, peak_rss_bytes());
+}
+
+/// Records "held": the bytes this role must hold (an owner: its shards and
+/// baseline trackers; a rollout node: its receivers' storage and scratch and
+/// the payloads it may hold at once), beside its peak_rss.
+inline void record_held(std::uint64_t bytes) {
+  const auto t = now_ns();
+  record("held", t, t, bytes);
 }
 
 /// Records [construction, destruction) as one interval.

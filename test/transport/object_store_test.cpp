@@ -2,6 +2,7 @@
 // manifests, the attempt reader and garbage collection.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <random>
@@ -356,6 +357,87 @@ TEST_CASE("filtered attempt reader: a payload that differs from its entry still 
                    stop, std::chrono::steady_clock::now() + std::chrono::seconds(5));
     // Only the node that needs the damaged payload reads (and refuses) it.
     CHECK(st.code == (std::string_view(need) == "a" ? errc::digest_mismatch : errc::ok));
+  }
+}
+
+namespace {
+/// A memory store whose listings leave out owner 1's manifest of attempt
+/// `attempt` until it has served `release_after` gets of owner 0's payloads
+/// of that attempt: a reader that waits for every manifest before it
+/// fetches never sees owner 1's, and runs into its deadline.
+struct late_owner_store {
+  memory_object_store inner;
+  std::uint64_t attempt = 0;
+  std::size_t release_after = 0;
+  std::size_t owner0_gets = 0;
+  bool revealed = false;          ///< a listing showed owner 1's manifest
+  std::vector<std::string> order; ///< payload names got, in order
+
+  status put(std::string_view n, std::span<const std::byte> b) { return inner.put(n, b); }
+  status get(std::string_view n, std::vector<std::byte>& out) {
+    if (payload_owner(n, attempt)) {
+      order.emplace_back(n);
+      if (*payload_owner(n, attempt) == 0) ++owner0_gets;
+    }
+    return inner.get(n, out);
+  }
+  status remove(std::string_view n) { return inner.remove(n); }
+  status list(std::string_view p, std::vector<std::string>& names) {
+    DCR_TRY(inner.list(p, names));
+    const auto late = manifest_name(attempt, 1);
+    if (std::find(names.begin(), names.end(), late) == names.end()) return status::success();
+    if (owner0_gets < release_after)
+      std::erase(names, late);
+    else
+      revealed = true;
+    return status::success();
+  }
+};
+static_assert(object_store<late_owner_store>);
+} // namespace
+
+TEST_CASE("filtered attempt reader: fetches an owner's payloads once its manifest is in, "
+          "before the other owners' manifests are") {
+  for (const bool everything : {false, true}) {
+    CAPTURE(everything);
+    late_owner_store s;
+    s.attempt = 6;
+    attempt_writer w0(s, 6, 0), w1(s, 6, 1);
+    REQUIRE(w0.put_payload(random_bytes(30, 1), {"a"}).ok());
+    REQUIRE(w0.put_payload(random_bytes(30, 2), {"b"}).ok());
+    REQUIRE(w0.put_payload(random_bytes(30, 3), {"c"}).ok());
+    REQUIRE(w1.put_payload(random_bytes(30, 4), {"a"}).ok());
+    REQUIRE(w1.put_payload(random_bytes(30, 5), {"d"}).ok());
+    REQUIRE(w0.finish().ok());
+    REQUIRE(w1.finish().ok());
+    // Needs a and c (owner 0's first and third payload, owner 1's first), or everything.
+    const std::set<std::string> need =
+        everything ? std::set<std::string>{"a", "b", "c", "d"} : std::set<std::string>{"a", "c"};
+    std::vector<std::string> want{payload_name(6, 0, 0), payload_name(6, 0, 2),
+                                  payload_name(6, 1, 0)};
+    if (everything)
+      want = {payload_name(6, 0, 0), payload_name(6, 0, 1), payload_name(6, 0, 2),
+              payload_name(6, 1, 0), payload_name(6, 1, 1)};
+    s.release_after = everything ? 3 : 2;
+    attempt_reader<late_owner_store> reader(s, 6, {0, 1});
+    reader.need_only([&](std::string_view t) { return need.count(std::string(t)) > 0; });
+    std::vector<std::string> got;
+    std::atomic<bool> stop{false};
+    // Owner 1's manifest is listed only after owner 0's payloads were
+    // fetched; waiting for it first would run into the deadline (aborted).
+    const auto st = reader.run(
+        [&](std::string_view n, std::span<const std::byte>) {
+          got.emplace_back(n);
+          return status::success();
+        },
+        stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    REQUIRE_MESSAGE(st.ok(), st.message);
+    CHECK(s.revealed);
+    // Each owner's payloads in its sequence order, owner 0's first; none twice.
+    CHECK(got == want);
+    CHECK(s.order == want);
+    CHECK(reader.skipped() == (everything ? 0u : 2u));
+    CHECK(reader.delivered() == want.size());
   }
 }
 

@@ -21,7 +21,8 @@
 /// front-coded: the tensor -> payload index), then `digest <hex>` of all
 /// bytes before that line (docs/protocol.md). A reader with a filter
 /// (`attempt_reader::need_only`) fetches only the payloads whose index names
-/// a tensor it needs, after their owner's manifest is in. An owner publishes its
+/// a tensor it needs, once their owner's manifest is in (as soon as it is,
+/// whether or not the other owners' manifests are). An owner publishes its
 /// manifest only after every payload it lists is published, so a receiver
 /// that sees every required owner's manifest knows the complete payload set
 /// of the attempt; the reader completes only when the payloads it delivered
@@ -388,8 +389,9 @@ public:
   /// one of its tensors; a payload without an index is always fetched.
   /// Payloads of an owner are then fetched only after that owner's manifest
   /// is in (its index is what tells), so a filtered reader gives up the
-  /// overlap of fetch with the owner's upload for the bytes it skips. Set
-  /// before `run`; an empty function means no filter.
+  /// overlap of fetch with the owner's upload for the bytes it skips; they
+  /// are fetched as soon as it is in, while other owners' manifests are
+  /// still awaited. Set before `run`; an empty function means no filter.
   void need_only(tensor_filter need) { need_ = std::move(need); }
 
   /// Listings made so far (each is one `list` or `list_after` call on the store).
@@ -400,7 +402,10 @@ public:
   /// Poll until complete, `stop` becomes true (`errc::aborted`) or `deadline`
   /// passes (`errc::aborted`). `deliver(name, bytes)` is called once per
   /// payload; its failure ends the read with that status. Payloads are
-  /// delivered in listing order as they appear; a listed payload that is
+  /// delivered in listing order as they appear, each owner's in its sequence
+  /// order; once an owner's manifest is in, its remaining payloads are
+  /// fetched by name at once (not after the last owner's manifest), so a
+  /// slow owner delays only its own payloads. A listed payload that is
   /// missing (`not_found`) or differs from its manifest entry
   /// (`digest_mismatch`) fails the read.
   template <class Deliver>
@@ -419,7 +424,7 @@ public:
       // start-after where the store has it), so a poll costs the new names,
       // not the whole attempt again. Objects under no required owner's name
       // are never fetched. Once an owner's manifest is in, its remaining
-      // payloads are fetched by name (finish).
+      // payloads are fetched by name (below).
       for (auto o : owners_) {
         if (need_) break; // filtered: payloads are chosen from the manifests (finish)
         if (manifests_.count(manifest_name(attempt_, o))) continue;
@@ -447,6 +452,27 @@ public:
         DCR_TRY(check_manifest(n, m));
         manifests_.emplace(n, std::move(m));
         progress = true;
+      }
+      // Every owner whose manifest is in: the payloads it lists that this
+      // reader needs and has not delivered, by name, in its sequence order,
+      // checked against their entries before delivery. One payload is held
+      // at a time; `deliver` is where a consumer bounds what waits.
+      for (auto& [mname, m] : manifests_) {
+        auto& next = drained_[m.owner];
+        for (; next < m.payloads.size(); ++next) {
+          const auto& e = m.payloads[next];
+          if (!needed(e) || delivered_.count(e.name)) continue;
+          DCR_RETURN_ERROR_IF(stop.load(), aborted,
+                              "attempt " + std::to_string(attempt_) + " stopped");
+          DCR_TRY(fetch(e.name, bytes));
+          const auto d = digest(bytes);
+          DCR_RETURN_ERROR_IF(d != e.digest, digest_mismatch,
+                              e.name + ": fetched bytes differ from the manifest entry");
+          DCR_TRY(deliver(std::string_view(e.name), std::span<const std::byte>(bytes)));
+          delivered_bytes_ += bytes.size();
+          delivered_.emplace(e.name, d);
+          progress = true;
+        }
       }
       bool all = true;
       for (auto o : owners_) all = all && manifests_.count(manifest_name(attempt_, o));
@@ -571,6 +597,7 @@ private:
   std::map<std::string, digest128> delivered_;
   std::map<std::string, manifest> manifests_;
   std::map<std::uint32_t, std::string> last_seen_; ///< per owner: last payload name listed
+  std::map<std::uint32_t, std::size_t> drained_;   ///< per owner: manifest entries looked at
   poll_policy poll_;
   std::size_t listings_ = 0, polls_ = 0;
   tensor_filter need_;

@@ -1,0 +1,83 @@
+// The cluster job's byte-count flags and the owners' builder options: chunk
+// and bucket targets from the flags, or scaled to each owner's share.
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "examples/cluster/cluster_job.hpp"
+
+using namespace dcr;
+
+namespace {
+
+cluster::job_flags parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "prog");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  cluster::job_flags f;
+  const int argc = static_cast<int>(argv.size());
+  for (int i = 1; i < argc; ++i)
+    if (!cluster::parse_job_flag(f, i, argc, argv.data()))
+      throw std::invalid_argument("not a job flag: " + args[std::size_t(i)]);
+  return f;
+}
+
+constexpr std::uint64_t mib = std::uint64_t{1} << 20;
+
+} // namespace
+
+TEST_CASE("cluster job: byte counts in decimal and binary units") {
+  CHECK(cluster::parse_bytes("--x", "4096") == 4096);
+  CHECK(cluster::parse_bytes("--x", "3KB") == 3000);
+  CHECK(cluster::parse_bytes("--x", "2MB") == 2000000);
+  CHECK(cluster::parse_bytes("--x", "1.5GB") == 1500000000);
+  CHECK(cluster::parse_bytes("--x", "3KiB") == 3 * 1024);
+  CHECK(cluster::parse_bytes("--x", "2MiB") == 2 * mib);
+  CHECK(cluster::parse_bytes("--x", "1GiB") == 1024 * mib);
+  for (const char* bad : {"", "MB", "0", "-1MB", "12XB", "1 MB", "0.0001"})
+    CHECK_THROWS_AS(cluster::parse_bytes("--x", bad), dcr::error);
+  const auto f = parse({"--chunk-bytes", "3MiB", "--bucket-bytes", "24MiB"});
+  CHECK(f.chunk_bytes == 3 * mib);
+  CHECK(f.bucket_bytes == 24 * mib);
+  CHECK_THROWS_AS(parse({"--bucket-bytes", "lots"}), dcr::error);
+}
+
+TEST_CASE("cluster job: owners' chunk and bucket targets scale with their share") {
+  for (const char* size : {"small", "64MB", "1GB"}) {
+    CAPTURE(size);
+    auto flags = parse({"--size", size, "--tp", "2", "--nodes", "2"});
+    const auto job = cluster::make_job(flags);
+    const builder_options defaults;
+    for (std::uint32_t rank = 0; rank < job.owners(); ++rank) {
+      CAPTURE(rank);
+      const auto owned = cluster::owned_shard_bytes(job, rank);
+      REQUIRE(owned > 0);
+      std::uint64_t expect = 0;
+      for (auto s : job.plan->owned_shards(rank)) expect += job.plan->shards[s].nbytes();
+      CHECK(owned == expect);
+      const auto bo = cluster::job_builder_options(job, rank);
+      // The job's expert grouping, one block per rollout node.
+      CHECK(bo.grouping == payload_grouping::by_expert);
+      CHECK(bo.expert_blocks == 2);
+      // At least 8 buckets per owner unless the 1 MiB floor says otherwise,
+      // never above the builder's default; chunks half a bucket, at most 64 MiB.
+      CHECK(bo.bucket_bytes >= mib);
+      CHECK(bo.bucket_bytes <= defaults.bucket_bytes);
+      if (owned >= 8 * mib) CHECK(owned / bo.bucket_bytes >= 8);
+      CHECK(bo.chunk_bytes == std::min<std::uint64_t>(defaults.chunk_bytes, bo.bucket_bytes / 2));
+    }
+  }
+  // The flags win, each on its own; --bucket-payloads: no expert grouping.
+  auto flags = parse({"--size", "64MB", "--bucket-bytes", "8MiB", "--bucket-payloads"});
+  auto bo = cluster::job_builder_options(cluster::make_job(flags), 0);
+  CHECK(bo.bucket_bytes == 8 * mib);
+  CHECK(bo.chunk_bytes == 4 * mib);
+  CHECK(bo.grouping == payload_grouping::none);
+  flags = parse({"--size", "64MB", "--chunk-bytes", "1MiB"});
+  const auto job = cluster::make_job(flags);
+  bo = cluster::job_builder_options(job, 1);
+  CHECK(bo.chunk_bytes == mib);
+  CHECK(bo.bucket_bytes == std::max(mib, cluster::owned_shard_bytes(job, 1) / 8));
+}
