@@ -169,15 +169,10 @@ int main(int argc, char** argv) try {
   const auto cur = cluster::load_record(commits);
   const std::uint64_t committed = cur.revision ? cur.record.version : 0;
   advance_to(committed);
-  builder_options bo;
-  // One payload per expert: a node whose receivers hold some experts only
-  // (expert parallelism) skips the others' payloads by the manifest index.
-  // The experts in one block per rollout node: vLLM's linear placement puts
-  // a contiguous block on each node's ranks, so each node fetches one.
-  if (job.flags.expert_payloads) {
-    bo.grouping = payload_grouping::by_expert;
-    bo.expert_blocks = job.flags.nodes;
-  }
+  // Chunk and bucket targets scaled to this owner's share (at least 8
+  // buckets, so that bucket l+1 is built while payload l travels), payloads
+  // per block of experts (cluster_job.hpp).
+  const builder_options bo = cluster::job_builder_options(job, rank);
   protocol::training_round round(job.plan, state.view(), bo, mine);
   auto members = round.members();
   const auto baseline_bytes = round.baseline(rank).memory().total();
@@ -203,6 +198,7 @@ int main(int argc, char** argv) try {
   auto ensure_candidate = [&] {
     if (training.valid()) training.get(); // rethrows a failed step
     if (detected) return;
+    cluster::timeline::reset_peak_rss(); // the peak of this refit, not of training
     cluster::timeline::scope timed{"compare"};
     round.set_candidate(state.view());
     detected = true;
@@ -233,6 +229,8 @@ int main(int argc, char** argv) try {
     // of the model; dense exports read the trackers.
     base_version = v;
     cluster::timeline::record("baseline", commit_call_ns, cluster::timeline::now_ns());
+    cluster::timeline::record_held(shard_bytes + baseline_bytes);
+    cluster::timeline::record_peak_rss();
     std::cerr << who << ": baseline at version " << v << std::endl;
     train_next(v + 1); // after the reply's work, on its own thread
   };
