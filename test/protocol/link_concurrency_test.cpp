@@ -139,11 +139,14 @@ static_assert(link_calls_concurrent<test_owner_link>);
 
 /// An in-process node whose membership and gate calls first meet every
 /// other node's. Its restores only read the owners' baselines, so they may
-/// overlap (unlike what `local_node_link` assumes of any application's).
+/// overlap (unlike what `local_node_link` assumes of any application's);
+/// `Concurrent` false: the coordinator calls the nodes in turn.
+template <bool Concurrent = true>
 struct test_node_link {
-  static constexpr bool concurrent_calls = true;
+  static constexpr bool concurrent_calls = Concurrent;
   inner_node_t inner;
   rendezvous* meet = nullptr;
+  bool refuse_open_gate = false;
 
   test_node_link(std::vector<receiver_endpoint<model_receiver>*> eps, store_t& s, std::size_t i)
       : inner(std::move(eps), s, i) {}
@@ -168,6 +171,7 @@ struct test_node_link {
   status close_gate(std::uint64_t a) { return inner.close_gate(a); }
   status open_gate(std::uint64_t a) {
     DCR_TRY(gate());
+    DCR_RETURN_ERROR_IF(refuse_open_gate, unavailable, "node gone");
     return inner.open_gate(a);
   }
   status refit(const refit_request& rq, const std::atomic<bool>& stop, refit_result& res) {
@@ -181,12 +185,15 @@ struct test_node_link {
   }
   status kill(const std::string& id) { return inner.kill(id); }
 };
-static_assert(node_link<test_node_link>);
+static_assert(node_link<test_node_link<>>);
+static_assert(!link_calls_concurrent<test_node_link<false>>);
 static_assert(!link_calls_concurrent<inner_node_t>);
 
-struct rig {
+template <bool ConcurrentNodes = true>
+struct rig_t {
   using endpoint_t = receiver_endpoint<model_receiver>;
-  using coord_t = link_coordinator<test_owner_link, test_node_link, store_t, memory_commit_store>;
+  using node_t = test_node_link<ConcurrentNodes>;
+  using coord_t = link_coordinator<test_owner_link, node_t, store_t, memory_commit_store>;
 
   std::vector<tensor_meta> metas = canonical_tensors(small_llama());
   trainer_state trainer;
@@ -196,9 +203,9 @@ struct rig {
   std::vector<std::unique_ptr<request_gate>> gates;
   std::vector<std::unique_ptr<endpoint_t>> endpoints;
   std::vector<std::unique_ptr<test_owner_link>> owner_links;
-  std::vector<std::unique_ptr<test_node_link>> node_links;
+  std::vector<std::unique_ptr<node_t>> node_links;
 
-  rig(std::size_t n_owners, std::size_t n_nodes) : trainer(trainer_state::make(metas, 29)) {
+  rig_t(std::size_t n_owners, std::size_t n_nodes) : trainer(trainer_state::make(metas, 29)) {
     for (std::size_t k = 0; k < n_owners; ++k) {
       owners.push_back(std::make_unique<model_owner>(
           static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(n_owners), &trainer, 2));
@@ -215,15 +222,15 @@ struct rig {
             return status::success();
           },
           gates.back().get()));
-      node_links.push_back(std::make_unique<test_node_link>(
-          std::vector<endpoint_t*>{endpoints.back().get()}, objects, n));
+      node_links.push_back(
+          std::make_unique<node_t>(std::vector<endpoint_t*>{endpoints.back().get()}, objects, n));
     }
   }
 
   coord_t coord() {
     std::vector<test_owner_link*> o;
     for (auto& l : owner_links) o.push_back(l.get());
-    std::vector<test_node_link*> n;
+    std::vector<node_t*> n;
     for (auto& l : node_links) n.push_back(l.get());
     coordinator_options opt;
     opt.attempt_deadline = std::chrono::milliseconds(20000);
@@ -254,6 +261,7 @@ struct rig {
     }
   }
 };
+using rig = rig_t<>;
 
 } // namespace
 
@@ -546,4 +554,28 @@ TEST_CASE("control channel: replies in sequence, long calls kept alive, stop, no
   }
   // Every socket and eventfd of the server, its connections and the clients is closed.
   CHECK(open_descriptors() == fds_before);
+}
+
+TEST_CASE("coordinator: a node whose gate cannot be opened leaves every other gate opening") {
+  auto run = [](auto& s) {
+    s.node_links[0]->refuse_open_gate = true;
+    auto c = s.coord();
+    REQUIRE(c.take_over().ok());
+    REQUIRE(c.bootstrap().ok());
+    s.trainer.step(0.05, 5);
+    auto rep = c.transition(); // synchronous: every gate closed for the attempt
+    INFO(rep.result.message);
+    REQUIRE(rep.result.ok());
+    s.check_committed(1);
+    CHECK_FALSE(s.gates[0]->is_open());
+    for (std::size_t r = 1; r < s.gates.size(); ++r) CHECK(s.gates[r]->is_open());
+  };
+  SUBCASE("nodes called in turn") {
+    rig_t<false> s(2, 3);
+    run(s);
+  }
+  SUBCASE("nodes called concurrently") {
+    rig_t<true> s(2, 3);
+    run(s);
+  }
 }

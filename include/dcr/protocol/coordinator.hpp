@@ -414,7 +414,10 @@ private:
     }
     // A node that cannot be reached keeps its gate as it is; it is restored
     // (and its gate reopened) when it rejoins.
-    (void)each_node([&](std::size_t r) { return nodes_[r]->open_gate(tau); });
+    (void)each_node([&](std::size_t r) {
+      (void)nodes_[r]->open_gate(tau); // every other node's gate opens all the same
+      return status::success();
+    });
   }
 
   /// One attempt over `medium` (the object store seen through this history's
