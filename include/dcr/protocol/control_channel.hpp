@@ -19,7 +19,17 @@
 /// POSIX sockets as in transport/relay_tcp.hpp (non-blocking, every wait a
 /// bounded `poll`, `MSG_NOSIGNAL`), for the same reasons: one thread per
 /// call, synchronous deadline-bounded I/O, no Boost in the header.
+///
+/// Wake-ups come from the events themselves, not from the end of a polling
+/// slice: the server polls the connection together with an eventfd its
+/// worker signals when the handler returns (the reply leaves at once) and
+/// one that `shutdown` signals; heartbeats are due at a poll timeout. The
+/// client's wait for a reply wakes on the reply's bytes; it re-checks the
+/// caller's `stop` flag (a plain `std::atomic<bool>` the coordinator's
+/// threads set, which offers nothing to wait on) every 100 ms, which delays
+/// only the `stop` frame of an attempt that already failed.
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -39,6 +49,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -83,6 +94,42 @@ inline status parse_peer_address(std::string_view s, peer_address& out) {
   return status::success();
 }
 
+namespace detail {
+/// An eventfd one thread signals and another polls beside a socket. Owns the
+/// descriptor; `fd()` is -1 when none could be made (descriptors exhausted),
+/// and then the waits fall back to short polling slices.
+class wake_fd {
+public:
+  wake_fd() noexcept : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  wake_fd(const wake_fd&) = delete;
+  wake_fd& operator=(const wake_fd&) = delete;
+  ~wake_fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const noexcept { return fd_; }
+  /// Make `fd()` readable until `drain` (any thread).
+  void signal() noexcept {
+    const std::uint64_t one = 1;
+    if (fd_ >= 0) (void)!::write(fd_, &one, sizeof one);
+  }
+  void drain() noexcept {
+    std::uint64_t v = 0;
+    if (fd_ >= 0) (void)!::read(fd_, &v, sizeof v);
+  }
+
+private:
+  int fd_;
+};
+
+/// Milliseconds until `t` for `poll`, rounded up (a timeout that ends early
+/// would spin), at least 0 and at most `cap`.
+inline int poll_ms_until(std::chrono::steady_clock::time_point t, int cap) {
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<long long>(left.count(), 0, cap));
+}
+} // namespace detail
+
 /// One connected socket carrying control frames. Owns the descriptor.
 class control_socket {
 public:
@@ -93,6 +140,8 @@ public:
   control_socket(const control_socket&) = delete;
   control_socket& operator=(const control_socket&) = delete;
   ~control_socket() { ::close(fd_); }
+  /// The descriptor, to poll beside others (reads and writes go through this object).
+  int fd() const noexcept { return fd_; }
 
   status send(control_type t, std::uint64_t attempt, std::span<const std::byte> body) {
     const auto f = encode_control_frame(t, attempt, body);
@@ -245,7 +294,8 @@ private:
         if (auto s = sock_->send(control_type::stop, attempt, {}); !s)
           return fail(errc::unavailable, who + ": " + s.message);
       }
-      // Wake every 100 ms to notice `stop`; give up after `liveness` of silence.
+      // Wake every 100 ms to notice `stop` (see file comment; a reply wakes
+      // the wait at once); give up after `liveness` of silence.
       const auto slice = std::min(heard + opt_.liveness, std::chrono::steady_clock::now() +
                                                              std::chrono::milliseconds(100));
       control_frame f;
@@ -339,6 +389,7 @@ public:
   /// `aborted`) is sent; then every connection closes and its thread is joined.
   void shutdown() {
     if (stopping_.exchange(true)) return;
+    stop_wake_.signal(); // the acceptor and every connection's wait see it at once
     if (acceptor_.joinable()) acceptor_.join();
     std::lock_guard l(m_);
     for (auto& c : conns_)
@@ -358,8 +409,8 @@ private:
 
   void accept_loop() {
     while (!stopping_) {
-      pollfd pf{lfd_, POLLIN, 0};
-      if (::poll(&pf, 1, 50) <= 0) continue;
+      pollfd pf[2] = {{lfd_, POLLIN, 0}, {stop_wake_.fd(), POLLIN, 0}};
+      if (::poll(pf, 2, stop_wake_.fd() >= 0 ? 1000 : 50) <= 0 || pf[0].revents == 0) continue;
       const int fd = ::accept4(lfd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) continue;
       auto sock = std::make_shared<control_socket>(fd, opt_);
@@ -390,11 +441,20 @@ private:
   }
 
   void serve(control_socket& sock) {
+    // Signalled by the worker when the handler returned; drained after each call.
+    detail::wake_fd done_wake;
     while (!stopping_) {
+      // Wait for the next call; a shutdown wakes the wait.
+      {
+        pollfd pf[2] = {{sock.fd(), POLLIN, 0}, {stop_wake_.fd(), POLLIN, 0}};
+        (void)::poll(pf, 2, stop_wake_.fd() >= 0 ? 1000 : 200);
+        if (stopping_) return;
+        if (pf[0].revents == 0) continue;
+      }
       control_frame call;
       bool timed_out = false;
-      auto s = sock.receive(call, std::chrono::steady_clock::now() + std::chrono::milliseconds(200),
-                            timed_out);
+      // Readable: the frame's first byte is there (or the connection ended).
+      auto s = sock.receive(call, std::chrono::steady_clock::now(), timed_out);
       if (!s && timed_out) continue;
       if (!s) {
         // A bad frame gets its typed error back, then the stream is dropped
@@ -422,23 +482,11 @@ private:
           result = fail(errc::aborted, std::string("control server: ") + e.what());
         }
         done = true;
+        done_wake.signal();
       });
       bool gone = false;
       auto next_beat = std::chrono::steady_clock::now() + opt_.heartbeat;
       while (!done) {
-        control_frame f;
-        bool idle = false;
-        auto r = sock.receive(
-            f,
-            std::min(next_beat, std::chrono::steady_clock::now() + std::chrono::milliseconds(20)),
-            idle);
-        if (r && f.type == control_type::stop) stop = true;
-        if (!r && !idle) {
-          stop = true; // the coordinator is gone: end its call
-          gone = true;
-          break;
-        }
-        if (stopping_) stop = true;
         if (std::chrono::steady_clock::now() >= next_beat) {
           if (!sock.send(control_type::heartbeat, call.attempt, {})) {
             stop = true;
@@ -447,8 +495,26 @@ private:
           }
           next_beat = std::chrono::steady_clock::now() + opt_.heartbeat;
         }
+        // Sleep until a frame comes, the handler returns, the server shuts
+        // down (ignored once `stop` is set) or the next heartbeat is due.
+        pollfd pf[3] = {{sock.fd(), POLLIN, 0},
+                        {done_wake.fd(), POLLIN, 0},
+                        {stop.load() ? -1 : stop_wake_.fd(), POLLIN, 0}};
+        (void)::poll(pf, 3, detail::poll_ms_until(next_beat, done_wake.fd() >= 0 ? 60000 : 20));
+        if (stopping_) stop = true;
+        if (pf[0].revents == 0) continue;
+        control_frame f;
+        bool idle = false;
+        auto r = sock.receive(f, std::chrono::steady_clock::now(), idle);
+        if (r && f.type == control_type::stop) stop = true;
+        if (!r && !idle) {
+          stop = true; // the coordinator is gone: end its call
+          gone = true;
+          break;
+        }
       }
       worker.join();
+      done_wake.drain();
       if (gone) return;
       const auto sent = result
                             ? sock.send(control_type::reply_ok, call.attempt, out.bytes())
@@ -463,6 +529,7 @@ private:
   unsigned short port_ = 0;
   std::thread acceptor_;
   std::atomic<bool> stopping_{false};
+  detail::wake_fd stop_wake_; ///< signalled once, by `shutdown`
   std::mutex m_;
   std::list<connection> conns_;
 };

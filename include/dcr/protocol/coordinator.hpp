@@ -17,6 +17,12 @@
 /// `coordinator` drives owners and endpoints of this process through local
 /// links, `link_coordinator` drives any links, e.g. proxies of owner and
 /// rollout processes (remote_links.hpp), with the same code.
+/// Every per-owner call of a step (digests, publish, baseline commit, dense
+/// export) runs on a thread per owner, and so do the per-node calls where the
+/// node link allows (`link_calls_concurrent`, `call_links` in links.hpp): a
+/// step takes as long as its slowest owner or node, not the sum of them.
+/// Results are gathered in owner and node order, never completion order, so
+/// the combined digests are those of calling them in turn.
 /// A failed attempt is stopped and waited for (`stop_and_wait`: every thread
 /// of the attempt has ended, so none of its writes can land later; late
 /// deliveries are fenced by τ anyway), and the transition retries with every
@@ -84,7 +90,7 @@ struct transition_report {
   std::uint64_t committed_version = 0;
   bool rolled_forward = false; ///< found K^{v+1} committed, only finished the baselines
   std::vector<attempt_report> attempts;
-  double restore_seconds = 0; ///< dense restores of restarted receivers
+  double restore_seconds = 0; ///< dense restores of restarted receivers (wall time)
   double commit_seconds = 0;  ///< CAS + baseline update + GC
   double wall_seconds = 0;
   std::size_t collected_objects = 0;
@@ -166,17 +172,22 @@ public:
     DCR_TRY(baseline_digest(k.source_baseline));
     DCR_TRY(export_for_restore(0, k.incarnation));
     const membership initial{0, k.incarnation, {}};
-    for (auto* n : nodes_) {
+    std::vector<std::vector<digest128>> acks(nodes_.size());
+    DCR_TRY(each_node([&](std::size_t r) -> status {
+      auto* n = nodes_[r];
       std::size_t restored = 0;
       DCR_TRY(n->ensure_member(initial, restored));
       DCR_TRY(n->begin(tau));
-      std::vector<digest128> d;
-      DCR_TRY(n->acknowledge(tau, d));
+      DCR_TRY(n->acknowledge(tau, acks[r]));
       const auto ids = n->ids();
-      DCR_RETURN_ERROR_IF(d.size() != ids.size(), verification,
+      DCR_RETURN_ERROR_IF(acks[r].size() != ids.size(), verification,
                           "node of " + std::to_string(ids.size()) + " receivers sent " +
-                              std::to_string(d.size()) + " ACKs");
-      for (std::size_t i = 0; i < ids.size(); ++i) k.receivers.push_back({ids[i], d[i]});
+                              std::to_string(acks[r].size()) + " ACKs");
+      return status::success();
+    }));
+    for (std::size_t r = 0; r < nodes_.size(); ++r) {
+      const auto ids = nodes_[r]->ids();
+      for (std::size_t i = 0; i < ids.size(); ++i) k.receivers.push_back({ids[i], acks[r][i]});
     }
     k.time_unix_ns = unix_time_ns();
     return commits_->compare_and_set(epoch_, tau, 0, k);
@@ -205,21 +216,39 @@ private:
     return dead_;
   }
 
+  /// `f(k)` at every owner k, concurrently (see file comment).
+  template <class F>
+  status each_owner(F&& f) {
+    return call_links(owners_.size(), link_calls_concurrent<OwnerLink>, f, [&](std::size_t k) {
+      return "owner " + std::to_string(owners_[k]->owner_id());
+    });
+  }
+  /// `f(r)` at every node r, concurrently where the node link allows.
+  template <class F>
+  status each_node(F&& f) {
+    return call_links(nodes_.size(), link_calls_concurrent<NodeLink>, f, [&](std::size_t r) {
+      std::string name = "node " + std::to_string(r);
+      if constexpr (requires(NodeLink & n) { n.peer().text(); })
+        name += " (" + nodes_[r]->peer().text() + ")";
+      return name;
+    });
+  }
+
+  // Combined in owner order whatever order the owners answer in.
   status baseline_digest(digest128& out) {
     std::vector<digest128> d(owners_.size());
-    for (std::size_t k = 0; k < owners_.size(); ++k) DCR_TRY(owners_[k]->baseline_digest(d[k]));
+    DCR_TRY(each_owner([&](std::size_t k) { return owners_[k]->baseline_digest(d[k]); }));
     out = combine(d);
     return status::success();
   }
   status candidate_digest(digest128& out) {
     std::vector<digest128> d(owners_.size());
-    for (std::size_t k = 0; k < owners_.size(); ++k) DCR_TRY(owners_[k]->candidate_digest(d[k]));
+    DCR_TRY(each_owner([&](std::size_t k) { return owners_[k]->candidate_digest(d[k]); }));
     out = combine(d);
     return status::success();
   }
   status commit_baselines(std::uint64_t tau, std::uint64_t version) {
-    for (auto* o : owners_) DCR_TRY(o->commit_baseline(tau, version));
-    return status::success();
+    return each_owner([&](std::size_t k) { return owners_[k]->commit_baseline(tau, version); });
   }
 
   /// Owner links that can export their committed baseline densely (owners
@@ -231,15 +260,13 @@ private:
                     { o.export_dense(version, inc) } -> std::same_as<status>;
                     { n.down(c) } -> std::same_as<status>;
                   }) {
-      std::size_t down = 0;
-      for (auto* n : nodes_) {
-        std::size_t c = 0;
-        DCR_TRY(n->down(c));
-        down += c;
-      }
-      if (down > 0)
-        for (auto* o : owners_)
-          if (auto s = o->export_dense(version, inc); !s && s.code != errc::not_found) return s;
+      std::vector<std::size_t> down(nodes_.size());
+      DCR_TRY(each_node([&](std::size_t r) { return nodes_[r]->down(down[r]); }));
+      if (std::find_if(down.begin(), down.end(), [](std::size_t c) { return c > 0; }) != down.end())
+        return each_owner([&](std::size_t k) {
+          auto s = owners_[k]->export_dense(version, inc);
+          return !s && s.code == errc::not_found ? status::success() : s;
+        });
     }
     return status::success();
   }
@@ -248,13 +275,15 @@ private:
   /// committed version.
   status membership_step(const membership& m, transition_report& rep) {
     DCR_TRY(export_for_restore(m.version, m.incarnation));
-    for (auto* n : nodes_) {
-      const auto tr = clock::now();
-      std::size_t restored = 0;
-      DCR_TRY(n->ensure_member(m, restored));
-      if (restored) rep.restore_seconds += seconds_since(tr);
-    }
-    return status::success();
+    // Restore time: the wall time of a step that restored something (the
+    // nodes restore concurrently where their links allow).
+    const auto tr = clock::now();
+    std::vector<std::size_t> restored(nodes_.size());
+    auto s = each_node([&](std::size_t r) { return nodes_[r]->ensure_member(m, restored[r]); });
+    if (std::find_if(restored.begin(), restored.end(), [](std::size_t c) { return c > 0; }) !=
+        restored.end())
+      rep.restore_seconds += seconds_since(tr);
+    return s;
   }
 
   status run_transition(transition_report& rep) {
@@ -385,7 +414,10 @@ private:
     }
     // A node that cannot be reached keeps its gate as it is; it is restored
     // (and its gate reopened) when it rejoins.
-    for (auto* n : nodes_) (void)n->open_gate(tau);
+    (void)each_node([&](std::size_t r) {
+      (void)nodes_[r]->open_gate(tau); // every other node's gate opens all the same
+      return status::success();
+    });
   }
 
   /// One attempt over `medium` (the object store seen through this history's
@@ -420,10 +452,10 @@ private:
     std::vector<std::uint32_t> owner_ids;
     for (auto* o : owners_) owner_ids.push_back(o->owner_id());
     const bool sync = opt_.mode == rl_mode::synchronous;
-    for (auto* n : nodes_) {
-      if (sync) DCR_TRY(n->close_gate(tau));
-      DCR_TRY(n->begin(tau));
-    }
+    DCR_TRY(each_node([&](std::size_t r) -> status {
+      if (sync) DCR_TRY(nodes_[r]->close_gate(tau));
+      return nodes_[r]->begin(tau);
+    }));
 
     std::vector<std::thread> threads;
     std::vector<publish_report> published(owners_.size());

@@ -25,11 +25,13 @@
 #include <concepts>
 #include <cstdint>
 #include <ctime>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -109,7 +111,10 @@ struct staged_set {
 /// published is `errc::stale_attempt` and writes nothing; `commit_baseline(τ, v)`
 /// is called only after K^v committed attempt τ; the digests are those of
 /// `owner_role`. A link to a peer that is gone fails every call with
-/// `errc::unavailable` within its stated deadline.
+/// `errc::unavailable` within its stated deadline. The coordinator calls the
+/// owners of one step (digests, publish, commit_baseline, dense export) each
+/// on its own thread, so calls on distinct links overlap (unless
+/// `link_calls_concurrent` says no); one link gets one call at a time.
 template <class L>
 concept owner_link = requires(L& l, const L& cl, const publish_request& rq,
                               const std::atomic<bool>& stop, publish_report& rep, digest128& d,
@@ -129,7 +134,10 @@ concept owner_link = requires(L& l, const L& cl, const publish_request& rq,
 /// `close_gate`, `open_gate` are ignored for attempts older than the newest
 /// seen; `refit` of an attempt that is not the current one is
 /// `errc::stale_attempt`; `acknowledge(τ)` is `finish` without payloads (the
-/// first commit); `kill(id)` drops that receiver's storage.
+/// first commit); `kill(id)` drops that receiver's storage. `refit` runs on a
+/// thread per node; the other calls of one step (down, ensure_member, begin,
+/// gates) too where `link_calls_concurrent` allows; one link gets one call at
+/// a time.
 template <class L>
 concept node_link = requires(L& l, const L& cl, std::uint64_t a, const membership& m,
                              std::size_t& n, const refit_request& rq, const std::atomic<bool>& stop,
@@ -145,6 +153,77 @@ concept node_link = requires(L& l, const L& cl, std::uint64_t a, const membershi
   { l.staged_payloads(a, staged) } -> std::same_as<status>;
   { l.kill(id) } -> std::same_as<status>;
 };
+
+/// Whether the coordinator may call different links of type `L` at the same
+/// time, one thread per link (it never calls one link from two threads at
+/// once). Yes unless the type says `static constexpr bool concurrent_calls =
+/// false;`. Remote links are separate connections to separate processes;
+/// `local_owner_link` relies on the `owner_role` law that distinct owners'
+/// calls may overlap; `local_node_link` says no (see there).
+template <class L>
+inline constexpr bool link_calls_concurrent = [] {
+  if constexpr (requires {
+                  { L::concurrent_calls } -> std::convertible_to<bool>;
+                })
+    return static_cast<bool>(L::concurrent_calls);
+  else
+    return true;
+}();
+
+/// `call(k)` for every link k in [0, n), each on its own thread when
+/// `concurrent` (the calling thread takes link 0), else in index order up to
+/// the first failure. Concurrently, every call runs to its end before this
+/// returns, so a transition waits for its slowest link instead of the sum of
+/// all links. A failure names its link (`name(k)`); several failures become
+/// one status with the code of the first failed link in index order and
+/// every failure in the message (index order, not completion order). An
+/// exception a call throws is rethrown here, after every call has ended
+/// (the lowest index's when several threw), as if the calls had run in turn.
+template <class Call, class Name>
+status call_links(std::size_t n, bool concurrent, Call&& call, Name&& name) {
+  auto named = [&](std::size_t k, const status& s) {
+    return fail(s.code, std::string(name(k)) + ": " + s.message);
+  };
+  if (!concurrent || n <= 1) {
+    for (std::size_t k = 0; k < n; ++k)
+      if (auto s = call(k); !s) return named(k, s);
+    return status::success();
+  }
+  std::vector<status> st(n, status::success());
+  std::vector<std::exception_ptr> thrown(n);
+  auto run = [&](std::size_t k) noexcept {
+    try {
+      st[k] = call(k);
+    } catch (...) {
+      thrown[k] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(n - 1);
+  for (std::size_t k = 1; k < n; ++k) {
+    try {
+      threads.emplace_back(run, k);
+    } catch (const std::system_error&) {
+      run(k); // no thread to be had: this link's call runs here, in turn
+    }
+  }
+  run(0);
+  for (auto& t : threads) t.join();
+  for (auto& e : thrown)
+    if (e) std::rethrow_exception(e);
+  std::size_t failed = 0, first = n;
+  for (std::size_t k = 0; k < n; ++k)
+    if (!st[k]) {
+      ++failed;
+      first = std::min(first, k);
+    }
+  if (failed == 0) return status::success();
+  if (failed == 1) return named(first, st[first]);
+  std::string msg = std::to_string(failed) + " of " + std::to_string(n) + " failed: ";
+  for (std::size_t k = first; k < n; ++k)
+    if (!st[k]) msg += (k == first ? "" : "; ") + named(k, st[k]).message;
+  return fail(st[first].code, std::move(msg));
+}
 
 namespace detail {
 using link_clock = std::chrono::steady_clock;
@@ -293,6 +372,12 @@ template <receiver_role Receiver, transport::attempt_medium Store>
 class local_node_link {
 public:
   using endpoint = receiver_endpoint<Receiver>;
+  /// The coordinator calls in-process nodes one after the other outside
+  /// `refit` (which runs concurrently across nodes, as the endpoints allow):
+  /// `ensure_member` runs the application's receiver factory and dense
+  /// restore, which `receiver_role` does not require to be safe to run for
+  /// several receivers at once; the other calls only flip endpoint state.
+  static constexpr bool concurrent_calls = false;
 
   local_node_link(std::vector<endpoint*> endpoints, Store& store, std::size_t reader_index = 0)
       : eps_(std::move(endpoints)), store_(&store), index_(reader_index) {

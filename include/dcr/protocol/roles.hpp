@@ -43,7 +43,10 @@ using payload_sink = std::function<status(std::vector<std::byte>&&)>;
 ///    (`overwrite_all` retries);
 ///  - `commit_baseline()`: the candidate becomes the baseline (after a joint commit only);
 ///  - `baseline_digest()` / `candidate_digest()`: deterministic digests of the
-///    two states; equal states give equal digests.
+///    two states; equal states give equal digests;
+///  - calls on distinct owners may run at the same time (the coordinator
+///    calls every owner of a step on its own thread); one owner gets one
+///    call at a time.
 template <class O>
 concept owner_role = requires(O& o, const O& co, const build_request& rq,
                               const payload_sink& emit) {
