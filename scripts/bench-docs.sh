@@ -63,7 +63,8 @@ tmp=$(mktemp)
   echo "the refit of the largest owner, the largest rollout node and the coordinator, beside the bytes"
   echo "that role must hold (an owner: its shards and baseline trackers; a rollout node: its receivers'"
   echo "storage and scratch and the payloads in flight). \`--json\` rows carry the same as"
-  echo "\`owner_peak_rss_bytes\`, \`owner_owned_bytes\`, \`rollout_peak_rss_bytes\`,"
+  echo "\`owner_peak_rss_bytes\`, \`owner_owned_bytes\` (the largest owner's owned shard bytes, what its"
+  echo "peak is held against in the targets), \`owner_held_bytes\`, \`rollout_peak_rss_bytes\`,"
   echo "\`rollout_held_bytes\` and \`coordinator_peak_rss_bytes\`."
   fast_args=${DCR_BENCH_CLUSTER_ARGS:---size 1GB --transports object_store,relay_tree --change-pct 1.2,3,5}
   slow_args=${DCR_BENCH_CLUSTER_SLOW_ARGS:---size 1GB --transports object_store,relay_tree --change-pct 3}

@@ -230,6 +230,8 @@ int main(int argc, char** argv) try {
     base_version = v;
     cluster::timeline::record("baseline", commit_call_ns, cluster::timeline::now_ns());
     cluster::timeline::record_held(shard_bytes + baseline_bytes);
+    const auto t = cluster::timeline::now_ns(); // its owned shard bytes, beside
+    cluster::timeline::record("owned", t, t, shard_bytes);
     cluster::timeline::record_peak_rss();
     std::cerr << who << ": baseline at version " << v << std::endl;
     train_next(v + 1); // after the reply's work, on its own thread

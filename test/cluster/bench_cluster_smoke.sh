@@ -28,7 +28,7 @@ assert rows, "no rows"
 keys = ["transport", "fetch", "change_pct", "refit_s", "reference_s", "speedup", "ideal_speedup",
         "v_payload_bytes", "v_cross_bytes", "link_mbit_s", "construction_lb_s",
         "transport_lb_s", "upload_lb_s", "fetch_lb_s", "finalization_s", "refit_over_bound",
-        "window_from", "verified", "owner_peak_rss_bytes", "owner_owned_bytes",
+        "window_from", "verified", "owner_peak_rss_bytes", "owner_owned_bytes", "owner_held_bytes",
         "rollout_peak_rss_bytes", "rollout_held_bytes", "coordinator_peak_rss_bytes"]
 for r in rows:
     for k in keys:
@@ -49,13 +49,16 @@ for r in rows:
     assert r["fetch_lb_s"] > 0 and r["upload_lb_s"] > 0, r
     assert abs(r["transport_lb_s"] - max(r["upload_lb_s"], r["fetch_lb_s"])) <= 1e-9, r
     assert 0 <= r["finalization_s"] <= r["refit_s"], r
-    assert r["window_from"] in ("compare", "construction"), r
+    # the owners record their comparison: the window opens at the first one
+    assert r["window_from"] == "compare", r
     assert r["verified"] is True, "the refit was not verified against a dense load"
     # a rollout node holds at least its receivers' storage, resident during the refit
     assert r["rollout_held_bytes"] > 0 and r["rollout_peak_rss_bytes"] > 0, r
     assert r["coordinator_peak_rss_bytes"] > 0, r
-    # an owner that says what it holds also reports its peak
-    assert r["owner_owned_bytes"] == 0 or r["owner_peak_rss_bytes"] > 0, r
+    # every owner reports its owned shard bytes, what it holds (shards and
+    # trackers: at least as much) and its peak
+    assert r["owner_owned_bytes"] > 0 and r["owner_peak_rss_bytes"] > 0, r
+    assert r["owner_held_bytes"] >= r["owner_owned_bytes"], r
     assert abs(r["refit_over_bound"] - r["refit_s"] / (max(r["construction_lb_s"],
                r["transport_lb_s"]) + r["finalization_s"])) <= 1e-3 * r["refit_over_bound"], r
 before = {(r["transport"], r["change_pct"]): r for r in rows if r["fetch"] == "all"}
