@@ -975,7 +975,7 @@ int main(int argc, char** argv) {
   dcr::bench::table t({"row", "fetch", "changed %", "V_payload MB", "V_cross MB",
                        "V_cross / fetch all", "refit s", "reference s", "speedup", "ideal speedup",
                        "x ideal", "constr LB s", "transp LB s", "final s", "refit / (LB+final)",
-                       "owner RSS / owned MB", "node RSS / held MB", "coord RSS MB"});
+                       "owner RSS / held MB", "node RSS / held MB", "coord RSS MB"});
   t.add({"full checkpoint (reference)", "", "100", dcr::bench::fmt(double(bytes) / 1e6, 1),
          dcr::bench::fmt(double(ref.v_cross) / 1e6, 1), "", "", dcr::bench::fmt(ref.total_s), "1",
          dcr::bench::fmt(ref.total_s / ref.floor_s) + " x floor", "", "", "", "", "", "", "", ""});
