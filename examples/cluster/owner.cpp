@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "dcr/assembly/adapters.hpp"
+#include "dcr/io/safetensors.hpp"
 #include "dcr/protocol/control_channel.hpp"
 #include "dcr/protocol/links.hpp"
 #include "dcr/protocol/remote_links.hpp"
-#include "dcr/io/safetensors.hpp"
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "examples/cluster/cluster_job.hpp"
@@ -110,8 +110,8 @@ int main(int argc, char** argv) try {
   // mapping), so its memory is its shards and its trackers.
   const std::vector<std::uint32_t> mine{rank};
   const auto held = owned_inputs(plan, mine);
-  const auto pool = job.from_checkpoints ? std::vector<std::uint16_t>{}
-                                         : examples::synthetic_pool(flags.seed);
+  const auto pool =
+      job.from_checkpoints ? std::vector<std::uint16_t>{} : examples::synthetic_pool(flags.seed);
   auto load_checkpoint = [&](const std::string& path) {
     auto file = io::safetensors_file::open_or_throw(path);
     return owned_source_from_canonical(
@@ -243,7 +243,8 @@ int main(int argc, char** argv) try {
     transport::incarnation_scope<cluster::job_object_store> scoped(objects, inc);
     try {
       for (auto s : plan.owned_shards(rank))
-        DCR_TRY(scoped.put(cluster::dense_shard_name(v, s), round.baseline(rank).committed_shard(s)));
+        DCR_TRY(
+            scoped.put(cluster::dense_shard_name(v, s), round.baseline(rank).committed_shard(s)));
     } catch (const error& e) {
       return fail(e.code(), who + ": dense export: " + e.what());
     }

@@ -104,9 +104,8 @@ inline std::vector<host_tensor> synthetic_weights(const std::vector<tensor_meta>
                                                   std::uint64_t seed) {
   std::vector<host_tensor> initial(metas.size());
   const auto pool = synthetic_pool(seed);
-  support::parallel_for(metas.size(), [&](std::size_t i) {
-    initial[i] = synthetic_tensor(metas, i, pool, seed);
-  });
+  support::parallel_for(
+      metas.size(), [&](std::size_t i) { initial[i] = synthetic_tensor(metas, i, pool, seed); });
   return initial;
 }
 

@@ -507,7 +507,7 @@ TEST_CASE("one owner per process: a round over only the shards one owner reads g
         for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all}) {
           std::vector<std::vector<std::byte>> a, b;
           const protocol::build_request rq{static_cast<std::uint64_t>(step + 1),
-                                 static_cast<std::uint64_t>(step + 1), mode};
+                                           static_cast<std::uint64_t>(step + 1), mode};
           REQUIRE(members[r][0].build(rq, [&](std::vector<std::byte>&& p) {
             a.push_back(std::move(p));
             return status::success();

@@ -149,8 +149,9 @@ public:
             t_->changes_[r_], t_->candidate_, t_->req_, opt, [&](delta_bucket&& b) {
               for (auto& it : b.items) records += it.indices.size();
               std::vector<std::byte> bytes;
-              auto s = codec::encode_payload({rq.attempt, rq.target_version, owner_id(), b.sequence},
-                                             b.items, opt.encoding, bytes);
+              auto s =
+                  codec::encode_payload({rq.attempt, rq.target_version, owner_id(), b.sequence},
+                                        b.items, opt.encoding, bytes);
               if (s) s = emit(std::move(bytes));
               if (!s) throw stop_build{std::move(s)};
             });
@@ -205,8 +206,8 @@ private:
   std::size_t local(std::uint32_t r) const {
     for (std::size_t k = 0; k < ids_.size(); ++k)
       if (ids_[k] == r) return k;
-    throw error(errc::not_found, "training_round: owner " + std::to_string(r) +
-                                     " is not in this process");
+    throw error(errc::not_found,
+                "training_round: owner " + std::to_string(r) + " is not in this process");
   }
   /// The `k`-th owner's set digest sealed with its identity (owner id, owned shard ids).
   digest128 seal(std::size_t k, const set_digest& d) const {

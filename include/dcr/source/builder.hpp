@@ -417,8 +417,8 @@ public:
                     plan_->shards[s].key + ": a blockwise tracker holds converted words");
       return trackers_[i];
     }
-    throw error(errc::not_found, "owner " + std::to_string(id_) + " does not own shard " +
-                                     std::to_string(s));
+    throw error(errc::not_found,
+                "owner " + std::to_string(id_) + " does not own shard " + std::to_string(s));
   }
 
   /// Bytes of this owner's baseline.
