@@ -145,11 +145,12 @@ TEST_CASE("keyed manifests: a keyed scope writes and requires keyed manifests") 
   {
     transport::attempt_reader r(keyed_scope, 5, {0});
     std::size_t got = 0;
-    CHECK(r.run([&](std::string_view, std::span<const std::byte>) {
-               ++got;
-               return status::success();
-             },
-                stop, deadline)
+    CHECK(r.run(
+               [&](std::string_view, std::span<const std::byte>) {
+                 ++got;
+                 return status::success();
+               },
+               stop, deadline)
               .ok());
     CHECK(got == 1);
   }
@@ -157,8 +158,8 @@ TEST_CASE("keyed manifests: a keyed scope writes and requires keyed manifests") 
   transport::manifest forged = m;
   forged.payloads.clear();
   const auto forged_text = transport::serialize_manifest(forged);
-  REQUIRE(keyed_scope.put(transport::manifest_name(5, 0), std::as_bytes(std::span(forged_text)))
-              .ok());
+  REQUIRE(
+      keyed_scope.put(transport::manifest_name(5, 0), std::as_bytes(std::span(forged_text))).ok());
   {
     transport::attempt_reader r(keyed_scope, 5, {0});
     CHECK(r.run([&](std::string_view, std::span<const std::byte>) { return status::success(); },
@@ -190,8 +191,8 @@ TEST_CASE("keyed commit records: round trip with the key, typed refusal otherwis
         errc::digest_mismatch);
 
   // A file store with the key refuses a record written without it.
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("dcr-auth-test-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dcr-auth-test-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   {
     file_commit_store keyed_store(dir, job_key);

@@ -76,6 +76,18 @@ inline std::string manifest_name(std::uint64_t attempt, std::uint32_t owner) {
   return attempt_prefix(attempt) + "manifest/o" + detail::pad(owner, 10);
 }
 
+/// The job key manifests on `store` are sealed with (empty when the store
+/// carries none: unkeyed).
+template <class Store>
+dcr::seal_key seal_key_of(const Store& store) {
+  if constexpr (requires {
+                  { store.seal_key() } -> std::convertible_to<dcr::seal_key>;
+                })
+    return store.seal_key();
+  else
+    return {};
+}
+
 /// An object store seen through one commit history's namespace: every name
 /// is stored as `incarnation/<id>/<name>`, and `list` shows only (and strips)
 /// that prefix. Attempt writers and readers over it carry the id in their
@@ -85,8 +97,13 @@ inline std::string manifest_name(std::uint64_t attempt, std::uint32_t owner) {
 template <object_store Store>
 class incarnation_scope {
 public:
-  /// `id`: 32 lower-case hex digits; throws `dcr::error(invalid_argument)` otherwise.
-  incarnation_scope(Store& store, std::string id, dcr::seal_key key = {})
+  /// `id`: 32 lower-case hex digits; throws `dcr::error(invalid_argument)`
+  /// otherwise. Manifests are sealed with the store's own key, if it
+  /// carries one (`seal_key_of`).
+  incarnation_scope(Store& store, std::string id)
+      : incarnation_scope(store, std::move(id), seal_key_of(store)) {}
+  /// As above, manifests sealed with `key` (empty: unkeyed).
+  incarnation_scope(Store& store, std::string id, dcr::seal_key key)
       : store_(&store), id_(std::move(id)), key_(key) {
     if (!valid_incarnation(id_))
       throw error(errc::invalid_argument,
@@ -135,18 +152,6 @@ private:
   std::string id_, prefix_;
   dcr::seal_key key_;
 };
-
-/// The job key manifests on `store` are sealed with (empty when the store
-/// carries none: unkeyed).
-template <class Store>
-dcr::seal_key seal_key_of(const Store& store) {
-  if constexpr (requires {
-                  { store.seal_key() } -> std::convertible_to<dcr::seal_key>;
-                })
-    return store.seal_key();
-  else
-    return {};
-}
 
 /// The incarnation attempt objects on `store` are bound to ("" when unscoped).
 template <class Store>
