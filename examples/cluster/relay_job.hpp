@@ -165,6 +165,7 @@ public:
     opt_.fanout = j.flags.relay_fanout;
     opt_.receivers_per_node = 1; // one reader per node process (the node link's)
     opt_.receivers = j.flags.nodes;
+    opt_.key = j.flags.key; // payloads are checked against the job key at every node
     const transport::relay_topology topo(opt_.nodes, opt_.fanout);
     net_ = std::make_unique<process_relay_network>(std::move(addrs), node,
                                                    transport::tcp_link_options{});

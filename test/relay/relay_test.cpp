@@ -292,6 +292,47 @@ TEST_CASE("relay node: every receiver of every node gets each payload once; dupl
   }
 }
 
+TEST_CASE("relay node with a job key: keyed payloads pass, a peer without the key is refused") {
+  seal_key key;
+  REQUIRE(seal_key::make(std::string_view("relay-test-job-key-0123456789"), key).ok());
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    auto opt = small_tree(3, 2);
+    opt.key = key;
+    auto tree = tcp ? make_tcp_relay_tree(opt) : make_inproc_relay_tree(opt);
+    {
+      // A payload sealed without the key: no ACK, the link is dropped.
+      std::shared_ptr<frame_conn> c;
+      REQUIRE(tree->network().dial(0, c).ok());
+      const auto p = tiny_payload(9, 0, 0);
+      REQUIRE(c->write({frame_kind::payload, 9, 0, 0, p.size()}, p, std::chrono::milliseconds(2000))
+                  .ok());
+      frame f;
+      CHECK(!c->read(f).ok());
+      c->close();
+      CHECK(tree->node(0).counters().payloads == 0);
+    }
+    {
+      item it;
+      it.tensor = tensor_meta{"t", {8}, dtype_id::bf16};
+      it.encoding = value_encoding::overwrite;
+      it.indices = {0};
+      it.values = {std::byte{1}, std::byte{2}};
+      encode_options eo;
+      eo.key = key;
+      const auto p = encode_payload({9, 1, 0, 0}, std::vector<item>{it}, eo);
+      raw_sender s(*tree, 0);
+      CHECK(s.send({frame_kind::payload, 9, 0, 0, p.size()}, p) == frame_kind::payload_ack);
+      CHECK(s.done(9, 0, 1) == frame_kind::done_ack);
+    }
+    for (std::size_t r = 0; r < opt.receivers; ++r) {
+      collected c;
+      REQUIRE(c.run(*tree, 9, r, {0}).ok());
+      CHECK(c.names.size() == 1);
+    }
+  }
+}
+
 TEST_CASE("relay node: stale attempts are rejected, a newer one replaces the current one") {
   auto tree = make_inproc_relay_tree(small_tree(3, 2));
   raw_sender s(*tree, 0);
