@@ -100,4 +100,35 @@ if [ "${scenario%keyed}" != "$scenario" ]; then
   plain=$(b2sum -l 128 "$work/body" | cut -d' ' -f1)
   ! grep -qx "digest $plain" "$work/run/control/commit" || { echo "FAIL: commit record not keyed"; exit 1; }
 fi
+if [ "$scenario" = keyed ]; then
+  # An owner with the key refuses a coordinator without it, and one with
+  # another key, typed (verification), before any call runs.
+  one=(--workdir "$work/neg" --tp 1 --nodes 1 --receivers-per-node 1)
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$bin/dcr-owner" --rank 0 --listen "127.0.0.1:$port" "${one[@]}" --job-key "$work/job.key" \
+    2>"$work/owner.log" &
+  owner_pid=$!
+  for _ in $(seq 1 200); do
+    ! grep -q 'serving on' "$work/owner.log" || break
+    sleep 0.1
+  done
+  grep -q 'serving on' "$work/owner.log" ||
+    { kill "$owner_pid" || true; cat "$work/owner.log"; echo "FAIL: owner did not start"; exit 1; }
+  head -c 32 /dev/urandom >"$work/other.key"
+  for k in none other; do
+    key_args=()
+    [ "$k" = none ] || key_args=(--job-key "$work/other.key")
+    set +e
+    "$bin/dcr-coordinator" --owner "127.0.0.1:$port" --node 127.0.0.1:1 "${one[@]}" \
+      "${key_args[@]}" --steps 1 --wait 5 >/dev/null 2>"$work/coord-$k.log"
+    crc=$?
+    set -e
+    if [ "$crc" -eq 0 ] || ! grep -q verification "$work/coord-$k.log"; then
+      kill "$owner_pid" || true; cat "$work/coord-$k.log"
+      echo "FAIL: a coordinator with key '$k' was not refused (typed)"; exit 1
+    fi
+  done
+  kill "$owner_pid"; wait "$owner_pid" 2>/dev/null || true
+  echo "keyless and wrong-key coordinators refused"
+fi
 echo "PASS: $scenario"
