@@ -17,6 +17,7 @@
 #                      [--s3-restart STEP[:SECONDS]] [--link-loss NODE:PCT]
 #                      [--link-cut-streaming NODE:STEP[:SECONDS]] [--change-pct P]
 #                      [--fetch-all] [--bucket-payloads] [--chunk-bytes N] [--bucket-bytes N]
+#                      [--job-key FILE] [--s3-credentials FILE] [--etcd-credentials FILE]
 #
 # --fetch-all: rollout nodes fetch every payload of an attempt instead of
 #   only those the manifest index names a tensor of their receivers (an
@@ -96,6 +97,7 @@ fanout=2
 change_pct=""
 fetch_flags=()
 target_flags=()
+secret_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -122,6 +124,7 @@ while [ $# -gt 0 ]; do
     --change-pct) change_pct=$2; shift 2 ;;
     --fetch-all|--bucket-payloads) fetch_flags+=("$1"); shift ;;
     --chunk-bytes|--bucket-bytes) target_flags+=("$1" "$2"); shift 2 ;;
+    --job-key|--s3-credentials|--etcd-credentials) secret_flags+=("$1" "$2"); shift 2 ;;
     --s3-restart) s3_restarts+=("$2"); shift 2 ;;
     --link-loss) link_losses+=("$2"); shift 2 ;;
     --checkpoints)
@@ -187,6 +190,7 @@ job=(--workdir "$work" --size "$size" --seed "$seed" --tp "$tp" --nodes "$nodes"
 [ ${#checkpoints[@]} -eq 0 ] || job+=(--checkpoints "${checkpoints[@]}")
 [ ${#fetch_flags[@]} -eq 0 ] || job+=("${fetch_flags[@]}")
 [ ${#target_flags[@]} -eq 0 ] || job+=("${target_flags[@]}")
+[ ${#secret_flags[@]} -eq 0 ] || job+=("${secret_flags[@]}")
 [ -z "$etcd" ] || job+=(--etcd "$etcd" --etcd-prefix "dcr/cluster-$$/")
 [ -z "$s3" ] || job+=(--s3 "$s3" --s3-bucket "dcr-cluster-$$")
 if [ "$transport" = relay_tree ]; then

@@ -9,8 +9,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,9 +24,11 @@
 #include <unistd.h>
 
 #include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
 #include "dcr/model/config.hpp"
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/protocol/commit_store.hpp"
+#include "dcr/protocol/control_channel.hpp"
 #if DCR_CLUSTER_NET
 #include "dcr/protocol/etcd_commit_store.hpp"
 #include "dcr/transport/s3_object_store.hpp"
@@ -62,7 +68,67 @@ struct job_flags {
   /// Owners' chunk and bucket targets in bytes (builder_options); 0: scaled
   /// to the owner's share (job_builder_options).
   std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
+  /// The job key from --job-key (empty: unkeyed seals and an
+  /// unauthenticated control plane, for loopback demos only).
+  seal_key key;
+  /// S3 keys from --s3-credentials (else DCR_S3_ACCESS_KEY/DCR_S3_SECRET_KEY).
+  std::string s3_access_key, s3_secret_key;
+  /// etcd client TLS files from --etcd-credentials (else none: plain or
+  /// server-verified only).
+  std::string etcd_ca, etcd_cert, etcd_key;
 };
+
+/// Bytes of a file (`invalid_argument` naming `flag` when it cannot be read).
+inline std::string read_flag_file(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error(errc::invalid_argument, flag + ": cannot read " + path);
+  std::ostringstream o;
+  o << in.rdbuf();
+  return o.str();
+}
+
+/// The job key of a key file: its bytes (at least 16; a longer file than
+/// BLAKE2b's 64-byte key is reduced to its BLAKE2b-512, so any length of
+/// random text or bytes works). Every program of a job reads the same file.
+inline seal_key read_job_key(const std::string& path) {
+  const auto bytes = read_flag_file("--job-key", path);
+  if (bytes.size() < 16)
+    throw error(errc::invalid_argument, "--job-key " + path + ": " + std::to_string(bytes.size()) +
+                                            " bytes, a job key needs at least 16");
+  seal_key k;
+  if (bytes.size() <= 64) {
+    throw_if_failed(seal_key::make(bytes, k));
+    return k;
+  }
+  std::array<std::uint8_t, 64> h{};
+  if (blake2b(h.data(), bytes.data(), nullptr, h.size(), bytes.size(), 0) != 0)
+    throw error(errc::invalid_argument, "--job-key: blake2b failed");
+  throw_if_failed(seal_key::make(std::as_bytes(std::span(h)), k));
+  return k;
+}
+
+/// `name value` lines of a credentials file (blank lines and `#` comments
+/// skipped); `invalid_argument` for a line without a value or a name not in
+/// `allowed`.
+inline std::map<std::string, std::string> read_credentials(const std::string& flag,
+                                                           const std::string& path,
+                                                           const std::set<std::string>& allowed) {
+  std::istringstream in(read_flag_file(flag, path));
+  std::map<std::string, std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    const auto sp = line.find_first_of(" \t=");
+    const auto name = line.substr(0, sp);
+    const auto vpos = sp == std::string::npos ? sp : line.find_first_not_of(" \t=", sp);
+    if (vpos == std::string::npos || !allowed.count(name))
+      throw error(errc::invalid_argument, flag + " " + path + ": bad line '" + name +
+                                              "' (expected one of the names with a value)");
+    out[name] = line.substr(vpos);
+  }
+  return out;
+}
 
 inline const char* job_usage =
     "job flags (the same for every program of one job):\n"
@@ -78,7 +144,15 @@ inline const char* job_usage =
     "  --etcd URL[,URL...]      commit record in etcd (default: file in DIR/control)\n"
     "  --etcd-prefix P          etcd key prefix (default dcr/cluster/)\n"
     "  --s3 URL [--s3-bucket B] [--s3-region R]   objects in an S3 bucket (default: DIR/objects);\n"
-    "                           keys from DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY\n"
+    "                           keys from --s3-credentials, else DCR_S3_ACCESS_KEY and\n"
+    "                           DCR_S3_SECRET_KEY\n"
+    "  --s3-credentials FILE    lines 'access_key K' and 'secret_key S'\n"
+    "  --etcd-credentials FILE  lines 'ca FILE', 'cert FILE', 'key FILE': etcd over TLS\n"
+    "                           with a client certificate\n"
+    "  --job-key FILE           the job's shared secret (>= 16 bytes, same file for every\n"
+    "                           program): keyed seals on payloads, manifests and the commit\n"
+    "                           record, and an authenticated control channel that refuses\n"
+    "                           peers without it (default: none, for loopback demos only)\n"
     "  --transport object_store|relay_tree   how payloads travel (default object_store)\n"
     "  --relay-nodes H:P,H:P,...  relay_tree: listen address of rollout node i (one per node)\n"
     "  --relay-fanout K         relay_tree: k-ary tree over the nodes, root node 0 (default 2)\n"
@@ -174,7 +248,22 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     f.s3_region = value();
   else if (a == "--fetch-all")
     f.fetch_all = true;
-  else if (a == "--bucket-payloads")
+  else if (a == "--job-key")
+    f.key = read_job_key(value());
+  else if (a == "--s3-credentials") {
+    auto c = read_credentials(a, value(), {"access_key", "secret_key"});
+    if (!c.count("access_key") || !c.count("secret_key"))
+      throw error(errc::invalid_argument, a + ": needs access_key and secret_key lines");
+    f.s3_access_key = c["access_key"];
+    f.s3_secret_key = c["secret_key"];
+  } else if (a == "--etcd-credentials") {
+    auto c = read_credentials(a, value(), {"ca", "cert", "key"});
+    if (c.count("cert") != c.count("key"))
+      throw error(errc::invalid_argument, a + ": 'cert' and 'key' go together");
+    f.etcd_ca = c["ca"];
+    f.etcd_cert = c["cert"];
+    f.etcd_key = c["key"];
+  } else if (a == "--bucket-payloads")
     f.expert_payloads = false;
   else if (a == "--bucket-bytes")
     f.bucket_bytes = parse_bytes(a, value());
@@ -195,6 +284,13 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
   if (f.tp == 0 || f.ep == 0 || f.dp == 0 || f.nodes == 0 || f.ranks == 0 || f.relay_fanout == 0)
     throw error(errc::invalid_argument, a + " must be positive");
   return true;
+}
+
+/// Control channel options of the job: the library's timeouts and the job key.
+inline protocol::channel_options job_channel_options(const job_flags& f) {
+  protocol::channel_options o;
+  o.key = f.key;
+  return o;
 }
 
 /// The job's model and plans.
@@ -281,6 +377,7 @@ inline builder_options job_builder_options(const job& j, std::uint32_t rank) {
                                   : std::max<std::uint64_t>(1, std::min(max_chunk, bucket / 2));
   bo.bucket_bytes = static_cast<std::size_t>(bucket);
   bo.chunk_bytes = static_cast<std::size_t>(chunk);
+  bo.encoding.key = j.flags.key; // payload digests keyed by the job key, if any
   return bo;
 }
 
@@ -328,13 +425,17 @@ class job_commit_store {
 public:
   explicit job_commit_store(const job& j) {
     if (j.flags.etcd.empty()) {
-      file_ = std::make_unique<protocol::file_commit_store>(j.control_dir());
+      file_ = std::make_unique<protocol::file_commit_store>(j.control_dir(), j.flags.key);
       return;
     }
 #if DCR_CLUSTER_NET
     protocol::etcd_options o;
     o.endpoints = j.flags.etcd;
     o.prefix = j.flags.etcd_prefix;
+    o.key = j.flags.key;
+    o.http.tls.ca_file = j.flags.etcd_ca;
+    o.http.tls.cert_file = j.flags.etcd_cert;
+    o.http.tls.key_file = j.flags.etcd_key;
     etcd_ = std::make_unique<protocol::etcd_commit_store>(std::move(o));
 #else
     throw error(errc::invalid_argument,
@@ -373,7 +474,7 @@ static_assert(protocol::commit_store<job_commit_store>);
 /// The job's object store: the fs store in DIR/objects, or an S3 bucket.
 class job_object_store {
 public:
-  explicit job_object_store(const job& j) {
+  explicit job_object_store(const job& j) : key_(j.flags.key) {
     if (j.flags.s3.empty()) {
       fs_ = std::make_unique<transport::fs_object_store>(j.objects_dir());
       return;
@@ -383,12 +484,18 @@ public:
     o.endpoint = j.flags.s3;
     o.bucket = j.flags.s3_bucket;
     o.region = j.flags.s3_region;
-    const char* ak = std::getenv("DCR_S3_ACCESS_KEY");
-    const char* sk = std::getenv("DCR_S3_SECRET_KEY");
-    if (!ak || !sk)
-      throw error(errc::invalid_argument, "--s3: set DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY");
-    o.credentials.access_key = ak;
-    o.credentials.secret_key = sk;
+    if (!j.flags.s3_access_key.empty()) {
+      o.credentials.access_key = j.flags.s3_access_key;
+      o.credentials.secret_key = j.flags.s3_secret_key;
+    } else {
+      const char* ak = std::getenv("DCR_S3_ACCESS_KEY");
+      const char* sk = std::getenv("DCR_S3_SECRET_KEY");
+      if (!ak || !sk)
+        throw error(errc::invalid_argument, "--s3: give --s3-credentials FILE or set "
+                                            "DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY");
+      o.credentials.access_key = ak;
+      o.credentials.secret_key = sk;
+    }
     s3_ = std::make_unique<transport::s3_object_store>(std::move(o));
 #else
     throw error(errc::invalid_argument,
@@ -414,6 +521,9 @@ public:
   status remove(std::string_view n) {
     return visit([&](auto& s) { return s.remove(n); });
   }
+  /// The job key: every incarnation scope over this store seals and
+  /// requires its manifests with it (attempt_objects.hpp, `seal_key_of`).
+  const dcr::seal_key& seal_key() const noexcept { return key_; }
   /// How long a waiting reader may sleep between listings (attempt_objects.hpp).
   std::chrono::microseconds list_poll_max() const {
 #if DCR_CLUSTER_NET
@@ -430,6 +540,7 @@ private:
 #endif
     return f(*fs_);
   }
+  dcr::seal_key key_;
   std::unique_ptr<transport::fs_object_store> fs_;
 #if DCR_CLUSTER_NET
   std::unique_ptr<transport::s3_object_store> s3_;

@@ -107,12 +107,14 @@ int main(int argc, char** argv) try {
   std::vector<protocol::remote_owner_link*> op;
   std::vector<protocol::remote_node_link*> np;
   for (std::uint32_t k = 0; k < owner_at.size(); ++k) {
-    owners.push_back(std::make_unique<protocol::remote_owner_link>(k, owner_at[k]));
+    owners.push_back(std::make_unique<protocol::remote_owner_link>(
+        k, owner_at[k], cluster::job_channel_options(job.flags)));
     throw_if_failed(with_patience(wait, "owner", [&] { return owners.back()->connect(); }));
     op.push_back(owners.back().get());
   }
   for (auto& p : node_at) {
-    nodes.push_back(std::make_unique<protocol::remote_node_link>(p));
+    nodes.push_back(
+        std::make_unique<protocol::remote_node_link>(p, cluster::job_channel_options(job.flags)));
     throw_if_failed(with_patience(wait, "node", [&] { return nodes.back()->connect(); }));
     np.push_back(nodes.back().get());
   }

@@ -257,30 +257,32 @@ int main(int argc, char** argv) try {
   auto serve = [&](auto& link) {
     protocol::owner_service<std::remove_reference_t<decltype(link)>> service(link, hooks);
     std::mutex one_call; // the process serves one call at a time (training state is shared)
-    protocol::control_server server([&](const protocol::control_frame& f,
-                                        const std::atomic<bool>& stop, protocol::body_writer& out) {
-      std::lock_guard l(one_call);
-      commit_call_ns = cluster::timeline::now_ns();
-      // Calls that read the candidate wait for its training and detect its
-      // changes first (a repeated commit of the version the baseline is at
-      // is a no-op and does not wait).
-      std::uint64_t commit_of = 0;
-      const bool repeated_commit = f.type == protocol::control_type::commit_baseline &&
-                                   protocol::body_reader(f.body).u64(commit_of) &&
-                                   commit_of == base_version;
-      if (f.type == protocol::control_type::candidate_digest ||
-          f.type == protocol::control_type::publish ||
-          (f.type == protocol::control_type::commit_baseline && !repeated_commit))
-        ensure_candidate();
-      std::optional<cluster::timeline::scope> timed;
-      if (f.type == protocol::control_type::publish) {
-        timed.emplace("construction");
-        protocol::body_reader r(f.body);
-        std::uint64_t target = 0;
-        if (r.u64(target)) store.target = target;
-      }
-      return service(f, stop, out);
-    });
+    protocol::control_server server(
+        [&](const protocol::control_frame& f, const std::atomic<bool>& stop,
+            protocol::body_writer& out) {
+          std::lock_guard l(one_call);
+          commit_call_ns = cluster::timeline::now_ns();
+          // Calls that read the candidate wait for its training and detect its
+          // changes first (a repeated commit of the version the baseline is at
+          // is a no-op and does not wait).
+          std::uint64_t commit_of = 0;
+          const bool repeated_commit = f.type == protocol::control_type::commit_baseline &&
+                                       protocol::body_reader(f.body).u64(commit_of) &&
+                                       commit_of == base_version;
+          if (f.type == protocol::control_type::candidate_digest ||
+              f.type == protocol::control_type::publish ||
+              (f.type == protocol::control_type::commit_baseline && !repeated_commit))
+            ensure_candidate();
+          std::optional<cluster::timeline::scope> timed;
+          if (f.type == protocol::control_type::publish) {
+            timed.emplace("construction");
+            protocol::body_reader r(f.body);
+            std::uint64_t target = 0;
+            if (r.u64(target)) store.target = target;
+          }
+          return service(f, stop, out);
+        },
+        cluster::job_channel_options(job.flags));
     throw_if_failed(server.listen(listen.host, listen.port));
     std::cerr << who << ": serving on " << listen.host << ":" << server.port() << " ("
               << job.flags.transport << ")" << std::endl;

@@ -88,6 +88,7 @@ public:
                           who + " (" + addrs_[node].text() +
                               "): connect: " + transport::detail::errno_text(err));
     }
+    DCR_TRY(conn->dial_key(opt_.key, opt_.connect_timeout));
     out = std::move(conn);
     return status::success();
   }
@@ -120,6 +121,7 @@ private:
       const int fd = ::accept4(lfd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) continue; // the peer gave up, or a transient error: keep listening
       auto conn = std::make_shared<transport::tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout);
+      conn->accept_key(opt_.key); // a peer without the job key fails its first read
       // The node's reads from the tree (from its parent; at the root, from
       // the owners) on the timeline as "fetch" intervals, one per payload
       // frame, as a node's gets from the object store are: its side of the
@@ -165,9 +167,11 @@ public:
     opt_.fanout = j.flags.relay_fanout;
     opt_.receivers_per_node = 1; // one reader per node process (the node link's)
     opt_.receivers = j.flags.nodes;
+    opt_.key = j.flags.key; // payloads are checked against the job key at every node
     const transport::relay_topology topo(opt_.nodes, opt_.fanout);
-    net_ = std::make_unique<process_relay_network>(std::move(addrs), node,
-                                                   transport::tcp_link_options{});
+    transport::tcp_link_options lo;
+    lo.key = j.flags.key; // links authenticated by the job key, if any
+    net_ = std::make_unique<process_relay_network>(std::move(addrs), node, lo);
     if (node) {
       node_ = std::make_unique<transport::relay_node>(*node, topo, opt_, net_.get(), 1);
       throw_if_failed(

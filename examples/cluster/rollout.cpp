@@ -188,14 +188,16 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   std::atomic<std::uint64_t> largest_payload{0};
   std::vector<std::unique_ptr<protocol::request_gate>> gates;
   std::vector<std::unique_ptr<endpoint_t>> endpoints;
+  receiver_options ropt;
+  ropt.key = job.flags.key; // payloads must be sealed with the job key, if any
   for (std::size_t k = 0; k < layouts.size(); ++k) {
     gates.push_back(std::make_unique<protocol::request_gate>());
     endpoints.push_back(std::make_unique<endpoint_t>(
         ids[k],
         [&, k] {
-          auto r = std::make_unique<rr>(ids[k],
-                                        std::make_unique<receiver<Loader>>(layouts[k], job.metas),
-                                        &armed, &largest_payload);
+          auto r = std::make_unique<rr>(
+              ids[k], std::make_unique<receiver<Loader>>(layouts[k], job.metas, ropt), &armed,
+              &largest_payload);
           r->dying = [&job, die_step, who] {
             if (cluster::fire_once(job, "rollout-apply-" + std::to_string(die_step)))
               cluster::die_now(who, "mid-apply of version " + std::to_string(die_step));
@@ -262,7 +264,8 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
     protocol::node_service<decltype(plink)> service(plink, verify);
     protocol::control_server server(
         [&](const protocol::control_frame& f, const std::atomic<bool>& stop,
-            protocol::body_writer& out) { return service(f, stop, out); });
+            protocol::body_writer& out) { return service(f, stop, out); },
+        cluster::job_channel_options(job.flags));
     throw_if_failed(server.listen(listen.host, listen.port));
     std::cerr << who << ": " << eps.size() << " receivers, serving on " << listen.host << ":"
               << server.port() << " (" << job.flags.transport << ")" << std::endl;

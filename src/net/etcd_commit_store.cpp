@@ -99,7 +99,7 @@ struct etcd_commit_store::impl {
     const std::string body =
         txn_body({compare_counter(epoch_key_, epoch), compare_counter(attempt_key_, attempt),
                   compare_version(record_key_, expected_revision)},
-                 {put(record_key_, serialize_commit_record(written))},
+                 {put(record_key_, serialize_commit_record(written, opt_.key))},
                  {range(record_key_), range(epoch_key_), range(attempt_key_)});
     txn_result t;
     if (auto s = txn(body, false, "compare_and_set", t); !s) {
@@ -314,7 +314,7 @@ struct etcd_commit_store::impl {
     stored_record r = s.counters;
     if (r.revision > 0) {
       stored_record embedded;
-      if (auto p = parse_commit_record(s.record_value, embedded); !p) {
+      if (auto p = parse_commit_record(s.record_value, embedded, opt_.key); !p) {
         p.message = "etcd " + record_key_ + ": " + p.message;
         return p;
       }

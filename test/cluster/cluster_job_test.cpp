@@ -2,6 +2,8 @@
 // and bucket targets from the flags, or scaled to each owner's share.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -80,4 +82,49 @@ TEST_CASE("cluster job: owners' chunk and bucket targets scale with their share"
   bo = cluster::job_builder_options(job, 1);
   CHECK(bo.chunk_bytes == mib);
   CHECK(bo.bucket_bytes == std::max(mib, cluster::owned_shard_bytes(job, 1) / 8));
+}
+
+TEST_CASE("cluster job: --job-key, --s3-credentials and --etcd-credentials files") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dcr-job-flags-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  };
+  auto code_of = [&](std::vector<std::string> args) {
+    try {
+      parse(std::move(args));
+    } catch (const error& e) {
+      return e.code();
+    }
+    return errc::ok;
+  };
+  // A key file: its bytes; shorter than 16 bytes or missing is a typed error.
+  const auto key16 = write("k16", "0123456789abcdef");
+  const auto f = parse({"--job-key", key16});
+  seal_key want;
+  REQUIRE(seal_key::make(std::string_view("0123456789abcdef"), want).ok());
+  CHECK(f.key == want);
+  CHECK(parse({}).key.empty());
+  CHECK(code_of({"--job-key", write("k15", "0123456789abcde")}) == errc::invalid_argument);
+  CHECK(code_of({"--job-key", (dir / "absent").string()}) == errc::invalid_argument);
+  // Longer than a BLAKE2b key: reduced to 64 bytes, different files give different keys.
+  const auto k1 = parse({"--job-key", write("long1", std::string(100, 'a'))}).key;
+  const auto k2 = parse({"--job-key", write("long2", std::string(100, 'b'))}).key;
+  CHECK(k1.size() == 64);
+  CHECK(!(k1 == k2));
+
+  const auto s3 =
+      parse({"--s3-credentials", write("s3", "# test\naccess_key AK\nsecret_key SK\n")});
+  CHECK(s3.s3_access_key == "AK");
+  CHECK(s3.s3_secret_key == "SK");
+  CHECK(code_of({"--s3-credentials", write("s3b", "access_key AK\n")}) == errc::invalid_argument);
+  CHECK(code_of({"--s3-credentials", write("s3c", "password x\n")}) == errc::invalid_argument);
+  const auto etcd = parse({"--etcd-credentials", write("etcd", "ca /c\ncert /a\nkey /b\n")});
+  CHECK(etcd.etcd_ca == "/c");
+  CHECK(etcd.etcd_cert == "/a");
+  CHECK(etcd.etcd_key == "/b");
+  CHECK(code_of({"--etcd-credentials", write("etcdb", "cert /a\n")}) == errc::invalid_argument);
+  std::filesystem::remove_all(dir);
 }

@@ -40,6 +40,13 @@ case "$scenario" in
       "$bin/dcr-demo" --size small --seed $((s + 5)) --save-checkpoint "$work/v$s.safetensors" 2>/dev/null
     done
     args=(--kill-receiver-every 2 --checkpoints "$work"/v{0,1,2,3}.safetensors); marker=rollout-apply-2 ;;
+  keyed)
+    # Every program gets the job key: keyed seals and an authenticated control channel.
+    head -c 32 /dev/urandom >"$work/job.key"
+    args=(--kill-receiver-every 2 --job-key "$work/job.key"); marker=rollout-apply-2 ;;
+  relay-keyed)
+    head -c 32 /dev/urandom >"$work/job.key"
+    args=(--transport relay_tree --job-key "$work/job.key") ;;
   relay-clean) args=(--transport relay_tree --relay-fanout 1) ;;
   relay-receiver-mid-apply) args=(--transport relay_tree --kill-receiver-every 2); marker=rollout-apply-2 ;;
   relay-owner-mid-upload) args=(--transport relay_tree --kill-owner-at 2); marker=owner-upload-2 ;;
@@ -70,7 +77,7 @@ grep -qx "version $steps" "$work/run/control/commit" || { echo "FAIL: record is 
 case "$scenario" in
   relay-clean)
     [ ! -s "$work/run/restarts" ] || { echo "FAIL: a process restarted in a clean run"; exit 1; } ;;
-  receiver-mid-apply|owner-mid-upload|ci|checkpoints|relay-receiver-mid-apply|relay-owner-mid-upload)
+  receiver-mid-apply|owner-mid-upload|ci|checkpoints|keyed|relay-receiver-mid-apply|relay-owner-mid-upload)
     grep -q . "$work/run/restarts" || { echo "FAIL: no process was restarted"; exit 1; } ;;
   coordinator-*|relay-coordinator-*)
     runs=$(grep -o '"coordinator_runs":[0-9]*' <<<"$out" | cut -d: -f2)
@@ -86,5 +93,42 @@ if [ "${scenario#relay-}" != "$scenario" ]; then
   if find "$work/run/objects" -path '*payload*' | grep -q .; then
     echo "FAIL: payload objects in the object store"; exit 1
   fi
+fi
+if [ "${scenario%keyed}" != "$scenario" ]; then
+  # The record is sealed with the key: its digest line is not the unkeyed one.
+  head -n -1 "$work/run/control/commit" >"$work/body"
+  plain=$(b2sum -l 128 "$work/body" | cut -d' ' -f1)
+  ! grep -qx "digest $plain" "$work/run/control/commit" || { echo "FAIL: commit record not keyed"; exit 1; }
+fi
+if [ "$scenario" = keyed ]; then
+  # An owner with the key refuses a coordinator without it, and one with
+  # another key, typed (verification), before any call runs.
+  one=(--workdir "$work/neg" --tp 1 --nodes 1 --receivers-per-node 1)
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$bin/dcr-owner" --rank 0 --listen "127.0.0.1:$port" "${one[@]}" --job-key "$work/job.key" \
+    2>"$work/owner.log" &
+  owner_pid=$!
+  for _ in $(seq 1 200); do
+    ! grep -q 'serving on' "$work/owner.log" || break
+    sleep 0.1
+  done
+  grep -q 'serving on' "$work/owner.log" ||
+    { kill "$owner_pid" || true; cat "$work/owner.log"; echo "FAIL: owner did not start"; exit 1; }
+  head -c 32 /dev/urandom >"$work/other.key"
+  for k in none other; do
+    key_args=()
+    [ "$k" = none ] || key_args=(--job-key "$work/other.key")
+    set +e
+    "$bin/dcr-coordinator" --owner "127.0.0.1:$port" --node 127.0.0.1:1 "${one[@]}" \
+      "${key_args[@]}" --steps 1 --wait 5 >/dev/null 2>"$work/coord-$k.log"
+    crc=$?
+    set -e
+    if [ "$crc" -eq 0 ] || ! grep -q verification "$work/coord-$k.log"; then
+      kill "$owner_pid" || true; cat "$work/coord-$k.log"
+      echo "FAIL: a coordinator with key '$k' was not refused (typed)"; exit 1
+    fi
+  done
+  kill "$owner_pid"; wait "$owner_pid" 2>/dev/null || true
+  echo "keyless and wrong-key coordinators refused"
 fi
 echo "PASS: $scenario"

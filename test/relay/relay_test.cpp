@@ -6,6 +6,8 @@
 #include <random>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include "dcr/protocol/coordinator.hpp"
@@ -288,6 +290,72 @@ TEST_CASE("relay node: every receiver of every node gets each payload once; dupl
       REQUIRE(net.ports().size() == 5);
       CHECK(std::set<unsigned short>(net.ports().begin(), net.ports().end()).size() == 5);
       for (auto p : net.ports()) CHECK(p != 0);
+    }
+  }
+}
+
+TEST_CASE("relay node with a job key: keyed payloads pass, a peer without the key is refused") {
+  seal_key key;
+  REQUIRE(seal_key::make(std::string_view("relay-test-job-key-0123456789"), key).ok());
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    auto opt = small_tree(3, 2);
+    opt.key = key;
+    auto tree = tcp ? make_tcp_relay_tree(opt) : make_inproc_relay_tree(opt);
+    {
+      // A payload sealed without the key: no ACK, the link is dropped.
+      std::shared_ptr<frame_conn> c;
+      REQUIRE(tree->network().dial(0, c).ok());
+      const auto p = tiny_payload(9, 0, 0);
+      REQUIRE(c->write({frame_kind::payload, 9, 0, 0, p.size()}, p, std::chrono::milliseconds(2000))
+                  .ok());
+      frame f;
+      CHECK(!c->read(f).ok());
+      c->close();
+      CHECK(tree->node(0).counters().payloads == 0);
+    }
+    if (tcp) {
+      // A peer that connects without the key exchange (a keyless process)
+      // is dropped at its first frame, even one whose payload is keyed.
+      auto& net = static_cast<tcp_network&>(tree->network());
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(net.ports()[0]);
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+      REQUIRE(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
+      tcp_frame_conn c(fd, default_max_frame_body, std::chrono::milliseconds(2000));
+      item it;
+      it.tensor = tensor_meta{"t", {8}, dtype_id::bf16};
+      it.encoding = value_encoding::overwrite;
+      it.indices = {0};
+      it.values = {std::byte{1}, std::byte{2}};
+      encode_options eo;
+      eo.key = key;
+      const auto p = encode_payload({9, 1, 0, 0}, std::vector<item>{it}, eo);
+      (void)c.write({frame_kind::payload, 9, 0, 0, p.size()}, p, std::chrono::milliseconds(2000));
+      frame f;
+      CHECK(!c.read(f).ok());
+      CHECK(tree->node(0).counters().payloads == 0);
+    }
+    {
+      item it;
+      it.tensor = tensor_meta{"t", {8}, dtype_id::bf16};
+      it.encoding = value_encoding::overwrite;
+      it.indices = {0};
+      it.values = {std::byte{1}, std::byte{2}};
+      encode_options eo;
+      eo.key = key;
+      const auto p = encode_payload({9, 1, 0, 0}, std::vector<item>{it}, eo);
+      raw_sender s(*tree, 0);
+      CHECK(s.send({frame_kind::payload, 9, 0, 0, p.size()}, p) == frame_kind::payload_ack);
+      CHECK(s.done(9, 0, 1) == frame_kind::done_ack);
+    }
+    for (std::size_t r = 0; r < opt.receivers; ++r) {
+      collected c;
+      REQUIRE(c.run(*tree, 9, r, {0}).ok());
+      CHECK(c.names.size() == 1);
     }
   }
 }

@@ -25,6 +25,10 @@ struct encode_options {
   /// Format version written: 2 (digest over header and body), or 1 for
   /// readers that predate v2 (no `add` items; the ids are outside the digest).
   std::uint16_t format_version = codec::payload_version;
+  /// Job key for the header digest (empty: unkeyed, the default). Keyed, the
+  /// layout is unchanged and only holders of the key can write a payload a
+  /// keyed reader accepts (docs/wire-format.md, "Keyed digests").
+  seal_key key{};
 };
 
 namespace codec {
@@ -106,7 +110,7 @@ inline status encode_payload_with(const payload_id& id, std::span<const item> it
   h.u64(vals.size());
   h.u64(body.size());
   h.u64(frame.size());
-  const digest128 dg = payload_digest(version, out, frame);
+  const digest128 dg = payload_digest(version, out, frame, opt.key);
   h.put(dg.data(), dg.size());
   h.put(frame.data(), frame.size());
   return status::success();

@@ -101,6 +101,10 @@ inline constexpr std::uint64_t zstd_max_expansion = 32768;
 /// Bounds the decoder enforces on top of what the bytes themselves allow.
 struct decode_limits {
   std::uint64_t max_raw_body = std::uint64_t{1} << 32; ///< decompressed body bytes (4 GiB)
+  /// The job key the payload's digest must be keyed with (empty: unkeyed,
+  /// the default). A payload sealed without it or with another key is
+  /// `digest_mismatch` (docs/wire-format.md, "Keyed digests").
+  seal_key key{};
 };
 
 namespace detail {
@@ -278,10 +282,11 @@ inline std::span<const std::byte> compressed_body(std::span<const std::byte> byt
 /// The digest a payload of format `version` must carry: v1, BLAKE2b-128 of
 /// the compressed body; v2, BLAKE2b-128 of header bytes 0..79 (magic,
 /// version, ids, lengths; not the digest field itself) followed by the
-/// compressed body. `header` holds at least those 80 bytes.
+/// compressed body. `header` holds at least those 80 bytes. With a
+/// non-empty `key`, the same bytes under keyed BLAKE2b-128.
 inline digest128 payload_digest(std::uint16_t version, std::span<const std::byte> header,
-                                std::span<const std::byte> body) {
-  blake2b_128 h;
+                                std::span<const std::byte> body, const seal_key& key = {}) {
+  blake2b_128 h{key};
   if (version >= 2) h.update(header.first(payload_digest_offset));
   return h.update(body).final();
 }
@@ -291,9 +296,10 @@ inline digest128 payload_digest(std::uint16_t version, std::span<const std::byte
 inline status read_payload_header(std::span<const std::byte> bytes, payload_header& h,
                                   const decode_limits& limits = {}) {
   DCR_TRY(parse_header(bytes, h, limits));
-  const digest128 d = payload_digest(h.version, bytes, compressed_body(bytes));
-  DCR_RETURN_ERROR_IF(d != h.digest, digest_mismatch,
-                      "payload byte 80: header digest " + to_hex(h.digest) + " != BLAKE2b-128 of " +
+  const digest128 d = payload_digest(h.version, bytes, compressed_body(bytes), limits.key);
+  DCR_RETURN_ERROR_IF(!same_digest(d, h.digest), digest_mismatch,
+                      "payload byte 80: header digest " + to_hex(h.digest) + " != " +
+                          (limits.key.empty() ? "" : "keyed (job key) ") + "BLAKE2b-128 of " +
                           (h.version >= 2 ? "header bytes 0..79 and body " : "body ") + to_hex(d));
   return status::success();
 }
@@ -443,10 +449,14 @@ inline status decode_row(std::span<const std::byte> body, const payload_header& 
 } // namespace codec
 
 /// Header fields and digest check only (no decompression): cheap dedupe and
-/// routing before a payload is staged.
-inline status read_payload_id(std::span<const std::byte> bytes, payload_id& out) {
+/// routing before a payload is staged. `key`: the job key its digest must be
+/// keyed with (empty: unkeyed).
+inline status read_payload_id(std::span<const std::byte> bytes, payload_id& out,
+                              const seal_key& key = {}) {
   codec::payload_header h;
-  DCR_TRY(codec::read_payload_header(bytes, h));
+  codec::decode_limits limits;
+  limits.key = key;
+  DCR_TRY(codec::read_payload_header(bytes, h, limits));
   out = h.id;
   return status::success();
 }

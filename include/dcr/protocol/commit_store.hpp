@@ -171,8 +171,9 @@ inline status check_record(const stored_record& r) {
 
 /// Text serialisation of a stored record (format `dcr-commit 4`, documented in
 /// docs/protocol.md). The last line is the BLAKE2b-128 of every byte before it,
-/// so a damaged file is detected rather than misread.
-inline std::string serialize_commit_record(const stored_record& s) {
+/// so a damaged file is detected rather than misread; with a job `key` it is
+/// keyed, so a record written without the key is refused as well.
+inline std::string serialize_commit_record(const stored_record& s, const seal_key& key = {}) {
   std::ostringstream o;
   o << "dcr-commit 4\n"
     << "incarnation " << (s.record.incarnation.empty() ? std::string("none") : s.record.incarnation)
@@ -187,13 +188,16 @@ inline std::string serialize_commit_record(const stored_record& s) {
     << "receivers " << s.record.receivers.size() << "\n";
   for (auto& r : s.record.receivers)
     o << "receiver " << to_hex(r.state) << " " << r.receiver << "\n";
-  return seal_text(o.str());
+  return seal_text(o.str(), key);
 }
 
 /// Parse what `serialize_commit_record` wrote; `errc::bad_format` names the first bad line.
-inline status parse_commit_record(std::string_view text, stored_record& out) {
+/// `key`: the job key it must be sealed with (empty: unkeyed); another seal
+/// is `digest_mismatch`.
+inline status parse_commit_record(std::string_view text, stored_record& out,
+                                  const seal_key& key = {}) {
   std::string_view body;
-  DCR_TRY(open_sealed_text(text, "commit record", body));
+  DCR_TRY(open_sealed_text(text, "commit record", body, key));
   std::istringstream in{std::string(body)};
   std::string line;
   std::size_t lineno = 0;
@@ -320,7 +324,9 @@ static_assert(commit_store<memory_commit_store>);
 class file_commit_store {
 public:
   /// Opens (and creates) the directory; throws `dcr::error(io)` on failure.
-  explicit file_commit_store(std::filesystem::path dir) : dir_(std::move(dir)) {
+  /// `key`: the job key the record is sealed with (empty: unkeyed).
+  explicit file_commit_store(std::filesystem::path dir, seal_key key = {})
+      : dir_(std::move(dir)), key_(key) {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) throw error(errc::io, "create " + dir_.string() + ": " + ec.message());
@@ -400,14 +406,14 @@ private:
       }
     }
     ::close(fd);
-    auto s = parse_commit_record(text, out);
+    auto s = parse_commit_record(text, out, key_);
     if (!s) s.message = p.string() + ": " + s.message;
     return s;
   }
 
   status write(const stored_record& s) const {
     const auto tmp = dir_ / "commit.tmp", dst = dir_ / "commit";
-    const std::string text = serialize_commit_record(s);
+    const std::string text = serialize_commit_record(s, key_);
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     DCR_RETURN_ERROR_IF(fd < 0, io, "open " + tmp.string() + ": " + std::strerror(errno));
     std::size_t done = 0;
@@ -450,6 +456,7 @@ private:
   }
 
   std::filesystem::path dir_;
+  seal_key key_{}; ///< job key of the record's seal (empty: unkeyed)
 };
 static_assert(commit_store<file_commit_store>);
 

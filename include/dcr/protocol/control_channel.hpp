@@ -38,6 +38,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -65,7 +66,35 @@ struct channel_options {
   std::chrono::milliseconds heartbeat{200};
   std::chrono::milliseconds frame_timeout{10000}; ///< to finish a started frame
   std::uint64_t max_body = max_control_body;
+  /// Job key (empty: no authentication, for the embedded demo and loopback
+  /// only). Keyed, every connection starts with an exchange of nonces and
+  /// every frame carries a keyed tag (control_frame.hpp); a server refuses a
+  /// peer without the key, a client refuses a server without it
+  /// (`errc::verification`).
+  seal_key key{};
 };
+
+/// 16 fresh random bytes: one side's nonce of a keyed connection.
+inline control_nonce new_control_nonce() {
+  std::random_device rd;
+  control_nonce n{};
+  for (auto& b : n) b = static_cast<std::uint8_t>(rd());
+  return n;
+}
+
+/// The status a `reply_err` body carries (`bad_format` for a malformed body
+/// or an unknown code); `who` prefixes its message.
+inline status decode_error_reply(std::span<const std::byte> body, const std::string& who) {
+  body_reader r(body);
+  std::uint16_t code = 0;
+  std::string msg;
+  DCR_TRY(r.u16(code));
+  DCR_TRY(r.str(msg));
+  DCR_TRY(r.done());
+  DCR_RETURN_ERROR_IF(code == 0 || code > static_cast<std::uint16_t>(errc::foreign_incarnation),
+                      bad_format, who + ": reply with unknown error code " + std::to_string(code));
+  return fail(static_cast<errc>(code), who + ": " + msg);
+}
 
 /// "host:port" of a peer.
 struct peer_address {
@@ -143,8 +172,19 @@ public:
   /// The descriptor, to poll beside others (reads and writes go through this object).
   int fd() const noexcept { return fd_; }
 
+  /// From now on every frame each way carries the keyed tag of this
+  /// connection (`client`: this end dialled).
+  void authenticate(const seal_key& key, const control_nonce& client_nonce,
+                    const control_nonce& server_nonce, bool client) {
+    send_mac_ = {key, client_nonce, server_nonce, static_cast<std::uint8_t>(client ? 0 : 1), 0};
+    recv_mac_ = {key, client_nonce, server_nonce, static_cast<std::uint8_t>(client ? 1 : 0), 0};
+    keyed_ = true;
+  }
+  bool authenticated() const noexcept { return keyed_; }
+
   status send(control_type t, std::uint64_t attempt, std::span<const std::byte> body) {
-    const auto f = encode_control_frame(t, attempt, body);
+    const auto f = encode_control_frame(t, attempt, body, keyed_ ? &send_mac_ : nullptr);
+    if (keyed_) ++send_mac_.sequence;
     return io(const_cast<std::byte*>(f.data()), f.size(), true,
               std::chrono::steady_clock::now() + opt_.frame_timeout);
   }
@@ -169,7 +209,8 @@ public:
     DCR_TRY(decode_control_header(hdr, opt_.max_body, h)); // before the body is allocated
     std::vector<std::byte> rest(h.length + control_trailer_size);
     DCR_TRY(io(rest.data(), rest.size(), false, rest_deadline));
-    DCR_TRY(check_control_digest(hdr, h, rest));
+    DCR_TRY(check_control_digest(hdr, h, rest, keyed_ ? &recv_mac_ : nullptr));
+    if (keyed_) ++recv_mac_.sequence;
     out.type = h.type;
     out.attempt = h.attempt;
     rest.resize(h.length);
@@ -217,6 +258,10 @@ private:
   channel_options opt_;
   std::atomic<bool> closed_{false};
   bool timed_out_ = false;
+  // Keyed connection state; one thread sends and receives at a time (the
+  // client under its lock, the server on its connection's thread).
+  bool keyed_ = false;
+  control_mac send_mac_, recv_mac_;
 };
 
 /// Connect to `peer` within `opt.connect_timeout`.
@@ -250,6 +295,23 @@ inline status dial_control(const peer_address& peer, const channel_options& opt,
     (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
     DCR_RETURN_ERROR_IF(err != 0, unavailable, who + ": connect: " + std::strerror(err));
   }
+  if (!opt.key.empty()) {
+    // Nonces first (see control_frame.hpp); a server without the key answers
+    // with its refusal, which is returned as it came.
+    const auto mine = new_control_nonce();
+    DCR_TRY(sock->send(control_type::auth_hello, 0, std::as_bytes(std::span(mine))));
+    control_frame f;
+    bool timed_out = false;
+    if (auto s = sock->receive(f, std::chrono::steady_clock::now() + opt.liveness, timed_out); !s)
+      return fail(s.code == errc::unavailable ? errc::unavailable : s.code,
+                  who + ": key exchange: " + s.message);
+    if (f.type == control_type::reply_err) return decode_error_reply(f.body, who);
+    DCR_RETURN_ERROR_IF(f.type != control_type::auth_hello || f.body.size() != control_nonce_size,
+                        verification, who + ": the server did not answer the key exchange");
+    control_nonce theirs{};
+    std::memcpy(theirs.data(), f.body.data(), theirs.size());
+    sock->authenticate(opt.key, mine, theirs, true);
+  }
   out = std::move(sock);
   return status::success();
 }
@@ -267,7 +329,8 @@ public:
               std::vector<std::byte>& result, const std::atomic<bool>* stop = nullptr) {
     std::lock_guard l(m_);
     auto s = call_locked(t, attempt, body, result, stop);
-    if (!s && s.code == errc::unavailable) sock_.reset(); // the next call dials again
+    // The next call dials again (after a failed tag the stream is not trusted).
+    if (!s && (s.code == errc::unavailable || s.code == errc::verification)) sock_.reset();
     return s;
   }
 
@@ -323,18 +386,7 @@ private:
         result = std::move(f.body);
         return status::success();
       }
-      if (f.type == control_type::reply_err) {
-        body_reader r(f.body);
-        std::uint16_t code = 0;
-        std::string msg;
-        DCR_TRY(r.u16(code));
-        DCR_TRY(r.str(msg));
-        DCR_TRY(r.done());
-        DCR_RETURN_ERROR_IF(
-            code == 0 || code > static_cast<std::uint16_t>(errc::foreign_incarnation), bad_format,
-            who + ": reply with unknown error code " + std::to_string(code));
-        return fail(static_cast<errc>(code), who + ": " + msg);
-      }
+      if (f.type == control_type::reply_err) return decode_error_reply(f.body, who);
       sock_.reset();
       return fail(errc::bad_format, who + ": frame of type " +
                                         std::to_string(static_cast<unsigned>(f.type)) +
@@ -460,6 +512,32 @@ private:
         // A bad frame gets its typed error back, then the stream is dropped
         // (its framing can no longer be trusted); a closed one just ends.
         if (s.code != errc::unavailable) (void)sock.send(control_type::reply_err, 0, error_body(s));
+        return;
+      }
+      if (!sock.authenticated() && !opt_.key.empty()) {
+        // Keyed server: the first frame must open the key exchange.
+        if (call.type != control_type::auth_hello || call.body.size() != control_nonce_size) {
+          (void)sock.send(control_type::reply_err, call.attempt,
+                          error_body(fail(errc::verification,
+                                          "control server: this server requires the job key; "
+                                          "the peer did not authenticate")));
+          return;
+        }
+        const auto mine = new_control_nonce();
+        control_nonce theirs{};
+        std::memcpy(theirs.data(), call.body.data(), theirs.size());
+        if (!sock.send(control_type::auth_hello, 0, std::as_bytes(std::span(mine)))) return;
+        sock.authenticate(opt_.key, theirs, mine, false);
+        continue;
+      }
+      if (call.type == control_type::auth_hello) {
+        // A keyed peer at a server without the key (or a second exchange).
+        (void)sock.send(
+            control_type::reply_err, call.attempt,
+            error_body(fail(errc::verification,
+                            opt_.key.empty() ? "control server: the peer has a job key, this "
+                                               "server has none"
+                                             : "control server: key exchange repeated")));
         return;
       }
       if (call.type == control_type::stop) continue; // for a call already answered

@@ -14,6 +14,17 @@
 /// the receiver's cap), the digest before any field of the body is read; a
 /// body is a sequence of fields read by `body_reader`, which never reads past
 /// its end and requires the whole body to be consumed.
+///
+/// Keyed channels (a job key on both ends; docs/protocol.md, "Control channel
+/// authentication"): each side first sends an `auth_hello` frame carrying 16
+/// random bytes (its nonce), sealed as above. Every later frame keeps the
+/// same layout, but its last 16 bytes are a keyed BLAKE2b-128 tag over
+/// "DCRA", the direction, both nonces, the frame's sequence number in its
+/// direction (0, 1, ... counted by each end, never sent) and the header and
+/// body. A frame from a peer without the key, modified, replayed (on this
+/// connection or another: the sequence number or the nonces differ) or
+/// reordered fails its tag (`errc::verification`) and the connection is
+/// dropped.
 
 #include <array>
 #include <cstddef>
@@ -53,14 +64,43 @@ enum class control_type : std::uint16_t {
   kill = 25,            ///< str id → nothing
   verify = 26,          ///< u64 version, str incarnation → u32 n, n × (u8 equal, digest)
   // either direction
-  stop = 32,      ///< coordinator → role: stop the call in flight on this connection
-  reply_ok = 33,  ///< role → coordinator: the call succeeded; body is its result
-  reply_err = 34, ///< role → coordinator: u16 errc, str message
-  heartbeat = 35, ///< role → coordinator while a call runs: the peer is alive
+  stop = 32,       ///< coordinator → role: stop the call in flight on this connection
+  reply_ok = 33,   ///< role → coordinator: the call succeeded; body is its result
+  reply_err = 34,  ///< role → coordinator: u16 errc, str message
+  heartbeat = 35,  ///< role → coordinator while a call runs: the peer is alive
+  auth_hello = 36, ///< first frame each way on a keyed channel: 16-byte nonce
 };
 
 inline bool known_control_type(std::uint16_t t) {
-  return (t >= 1 && t <= 6) || (t >= 16 && t <= 26) || (t >= 32 && t <= 35);
+  return (t >= 1 && t <= 6) || (t >= 16 && t <= 26) || (t >= 32 && t <= 36);
+}
+
+/// Bytes of an `auth_hello` nonce.
+inline constexpr std::size_t control_nonce_size = 16;
+using control_nonce = std::array<std::uint8_t, control_nonce_size>;
+
+/// What the tag of one frame on a keyed channel binds: the job key, both
+/// connection nonces, the direction (0: client → server, 1: server → client)
+/// and the frame's sequence number in that direction.
+struct control_mac {
+  seal_key key;
+  control_nonce client_nonce{}, server_nonce{};
+  std::uint8_t direction = 0;
+  std::uint64_t sequence = 0;
+};
+
+/// The tag of a frame whose header and body are `framed` (see file comment).
+inline digest128 control_tag(const control_mac& m, std::span<const std::byte> framed) {
+  std::byte pre[4 + 1 + 2 * control_nonce_size + 8];
+  std::memcpy(pre, "DCRA", 4);
+  pre[4] = static_cast<std::byte>(m.direction);
+  std::memcpy(pre + 5, m.client_nonce.data(), control_nonce_size);
+  std::memcpy(pre + 5 + control_nonce_size, m.server_nonce.data(), control_nonce_size);
+  store_le(pre + 5 + 2 * control_nonce_size, m.sequence);
+  blake2b_128 h{m.key};
+  h.update(pre);
+  h.update(framed);
+  return h.final();
 }
 
 /// "DCRC" read as a little-endian u32.
@@ -84,9 +124,10 @@ struct control_frame {
   std::vector<std::byte> body;
 };
 
-/// The whole frame: header, body, digest.
+/// The whole frame: header, body, digest (or, with `mac`, the keyed tag).
 inline std::vector<std::byte> encode_control_frame(control_type type, std::uint64_t attempt,
-                                                   std::span<const std::byte> body) {
+                                                   std::span<const std::byte> body,
+                                                   const control_mac* mac = nullptr) {
   std::vector<std::byte> out(control_header_size + body.size() + control_trailer_size);
   store_le(out.data() + 0, control_magic);
   store_le(out.data() + 4, control_version);
@@ -94,7 +135,8 @@ inline std::vector<std::byte> encode_control_frame(control_type type, std::uint6
   store_le(out.data() + 8, attempt);
   store_le(out.data() + 16, static_cast<std::uint64_t>(body.size()));
   if (!body.empty()) std::memcpy(out.data() + control_header_size, body.data(), body.size());
-  const auto d = digest(std::span(out.data(), control_header_size + body.size()));
+  const auto framed = std::span<const std::byte>(out.data(), control_header_size + body.size());
+  const auto d = mac ? control_tag(*mac, framed) : digest(framed);
   std::memcpy(out.data() + control_header_size + body.size(), d.data(), d.size());
   return out;
 }
@@ -126,19 +168,32 @@ inline status decode_control_header(std::span<const std::byte> b, std::uint64_t 
 }
 
 /// Check the digest of a frame whose header `h` was decoded from `header`:
-/// `rest` is the body followed by the 16 digest bytes.
+/// `rest` is the body followed by the 16 digest bytes. With `mac`, the
+/// trailer must be that keyed tag (`errc::verification` otherwise).
 inline status check_control_digest(std::span<const std::byte> header, const control_header& h,
-                                   std::span<const std::byte> rest) {
+                                   std::span<const std::byte> rest,
+                                   const control_mac* mac = nullptr) {
   DCR_RETURN_ERROR_IF(rest.size() != h.length + control_trailer_size, truncated,
                       "control frame: body and digest need " +
                           std::to_string(h.length + control_trailer_size) + " bytes, got " +
                           std::to_string(rest.size()));
+  digest128 got{};
+  std::memcpy(got.data(), rest.data() + h.length, got.size());
+  if (mac) {
+    std::vector<std::byte> framed(control_header_size + h.length);
+    std::memcpy(framed.data(), header.data(), control_header_size);
+    if (h.length > 0) std::memcpy(framed.data() + control_header_size, rest.data(), h.length);
+    DCR_RETURN_ERROR_IF(!same_digest(control_tag(*mac, framed), got), verification,
+                        "control frame: authentication tag does not match (a peer without the "
+                        "job key, or a modified, replayed or reordered frame)");
+    return status::success();
+  }
   blake2b_128 d;
   d.update(header.first(control_header_size));
   d.update(rest.first(h.length));
   const auto want = d.final();
-  DCR_RETURN_ERROR_IF(std::memcmp(want.data(), rest.data() + h.length, want.size()) != 0,
-                      digest_mismatch, "control frame: digest does not match its bytes");
+  DCR_RETURN_ERROR_IF(!same_digest(want, got), digest_mismatch,
+                      "control frame: digest does not match its bytes");
   return status::success();
 }
 

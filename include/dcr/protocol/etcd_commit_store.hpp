@@ -83,6 +83,9 @@ struct etcd_options {
   net::http_options http{};
   /// Lost races a `take_over` or `prepare` retries before `errc::conflict`.
   unsigned max_races = 1000;
+  /// Job key the record value is sealed with (empty: unkeyed); a value
+  /// sealed otherwise is refused (`digest_mismatch`).
+  seal_key key{};
 };
 
 /// `commit_store` in etcd (see file comment for keys, transactions, failures).

@@ -92,6 +92,9 @@ struct receiver_options {
   /// threads, since starting and joining one costs ~50 us. 0: every call
   /// with two or more storage groups uses up to `apply_threads`.
   std::uint64_t apply_min_work = 1u << 15;
+  /// Job key every payload's digest must be keyed with (empty: unkeyed, the
+  /// default); a payload sealed otherwise is refused (`digest_mismatch`).
+  seal_key key{};
 };
 
 /// One serving rank. `L` is the native loader (held by value).
@@ -117,7 +120,11 @@ public:
     for (auto g : group_) groups_ = std::max(groups_, g + 1);
     set_apply_threads(options.apply_threads);
     min_work_ = options.apply_min_work;
+    key_ = options.key;
   }
+
+  /// Set the job key payloads must be sealed with (see `receiver_options::key`).
+  void set_seal_key(const seal_key& key) { key_ = key; }
 
   /// Threads for `apply_items` (see `receiver_options::apply_threads`).
   /// Throws `invalid_argument` for a count other than 1 when the loader does
@@ -286,7 +293,7 @@ public:
   /// refused payload is not marked as seen.
   status stage(std::span<const std::byte> payload, const stage_policy& policy = {}) {
     payload_id id;
-    DCR_TRY(read_payload_id(payload, id));
+    DCR_TRY(read_payload_id(payload, id, key_));
     DCR_RETURN_ERROR_IF((started_ && id.attempt < attempt_) ||
                             (policy.exact_attempt && id.attempt != attempt_),
                         stale_attempt,
@@ -360,8 +367,11 @@ public:
   /// `stages::decode<L>`) only: other codings are `bad_location`.
   template <class Dec>
   status decode(std::span<const std::byte> payload, decoded_payload& out) const {
+    codec::decode_limits limits;
+    limits.key = key_;
     return codec::decode_payload_if<typename Dec::locations>(
-        payload, out, [this](const codec::item_row& row) { return needs(row.tensor.name); });
+        payload, out, [this](const codec::item_row& row) { return needs(row.tensor.name); },
+        limits);
   }
 
   /// Digest of all rank storage, kept incrementally by the sinks: O(1) here,
@@ -648,6 +658,7 @@ private:
   std::size_t groups_ = 0;
   std::size_t apply_threads_ = 1;
   std::uint64_t min_work_ = 0;
+  seal_key key_{}; ///< job key of the payload digests (empty: unkeyed)
   std::uint64_t threaded_applies_ = 0;
   std::vector<worker_buffers> workers_; ///< buffers of apply threads 1, 2, ...
   /// A staged payload: its bytes and, for the newest one staged with

@@ -76,21 +76,43 @@ inline std::string manifest_name(std::uint64_t attempt, std::uint32_t owner) {
   return attempt_prefix(attempt) + "manifest/o" + detail::pad(owner, 10);
 }
 
+/// The job key manifests on `store` are sealed with (empty when the store
+/// carries none: unkeyed).
+template <class Store>
+dcr::seal_key seal_key_of(const Store& store) {
+  if constexpr (requires {
+                  { store.seal_key() } -> std::convertible_to<dcr::seal_key>;
+                })
+    return store.seal_key();
+  else
+    return {};
+}
+
 /// An object store seen through one commit history's namespace: every name
 /// is stored as `incarnation/<id>/<name>`, and `list` shows only (and strips)
 /// that prefix. Attempt writers and readers over it carry the id in their
-/// manifests and refuse a manifest of another incarnation.
+/// manifests and refuse a manifest of another incarnation. A scope made
+/// with a job `key` also seals (and requires) every manifest keyed with it,
+/// so only holders of the key can publish what its readers take.
 template <object_store Store>
 class incarnation_scope {
 public:
-  /// `id`: 32 lower-case hex digits; throws `dcr::error(invalid_argument)` otherwise.
-  incarnation_scope(Store& store, std::string id) : store_(&store), id_(std::move(id)) {
+  /// `id`: 32 lower-case hex digits; throws `dcr::error(invalid_argument)`
+  /// otherwise. Manifests are sealed with the store's own key, if it
+  /// carries one (`seal_key_of`).
+  incarnation_scope(Store& store, std::string id)
+      : incarnation_scope(store, std::move(id), seal_key_of(store)) {}
+  /// As above, manifests sealed with `key` (empty: unkeyed).
+  incarnation_scope(Store& store, std::string id, dcr::seal_key key)
+      : store_(&store), id_(std::move(id)), key_(key) {
     if (!valid_incarnation(id_))
       throw error(errc::invalid_argument,
                   "incarnation_scope: '" + id_ + "' is not 32 lower-case hex digits");
     prefix_ = "incarnation/" + id_ + "/";
   }
   const std::string& incarnation() const noexcept { return id_; }
+  /// The job key manifests in this scope are sealed with (empty: unkeyed).
+  const dcr::seal_key& seal_key() const noexcept { return key_; }
   /// Where this scope's objects lie in the underlying store.
   const std::string& prefix() const noexcept { return prefix_; }
 
@@ -128,6 +150,7 @@ public:
 private:
   Store* store_;
   std::string id_, prefix_;
+  dcr::seal_key key_;
 };
 
 /// The incarnation attempt objects on `store` are bound to ("" when unscoped).
@@ -183,7 +206,8 @@ struct manifest {
 /// a manifest without any index is written as version 2, byte for byte
 /// what older writers wrote. Throws `invalid_argument` for an index that is
 /// not sorted and unique or holds a name `indexable_tensor_name` refuses.
-inline std::string serialize_manifest(const manifest& m) {
+/// `key`: the job key of the seal (empty: unkeyed).
+inline std::string serialize_manifest(const manifest& m, const seal_key& key = {}) {
   bool indexed = false;
   for (auto& e : m.payloads) indexed = indexed || e.tensors.has_value();
   std::ostringstream o;
@@ -216,15 +240,16 @@ inline std::string serialize_manifest(const manifest& m) {
       o << "\n";
     }
   }
-  return seal_text(o.str());
+  return seal_text(o.str(), key);
 }
 
 /// Parse a manifest (version 2 or 3); checks its digest, every field and
 /// every name, and that each index is sorted and unique with its counts
-/// bounded (`manifest_max_tensors` in all).
-inline status parse_manifest(std::string_view text, manifest& out) {
+/// bounded (`manifest_max_tensors` in all). `key`: the job key it must be
+/// sealed with (empty: unkeyed); any other seal is `digest_mismatch`.
+inline status parse_manifest(std::string_view text, manifest& out, const seal_key& key = {}) {
   std::string_view body;
-  DCR_TRY(open_sealed_text(text, "manifest", body));
+  DCR_TRY(open_sealed_text(text, "manifest", body, key));
   std::istringstream in{std::string(body)};
   std::string magic, k0, k1, k2, k3, inc;
   manifest m;
@@ -326,7 +351,7 @@ public:
   }
   /// Publish the manifest; after this the owner's part of the attempt is complete.
   status finish() {
-    const auto text = serialize_manifest(m_);
+    const auto text = serialize_manifest(m_, seal_key_of(*store_));
     return store_->put(manifest_name(m_.attempt, m_.owner), std::as_bytes(std::span(text)));
   }
   const manifest& listed() const noexcept { return m_; }
@@ -448,7 +473,8 @@ public:
         DCR_TRY(fetch(n, bytes));
         manifest m;
         DCR_TRY(parse_manifest(
-            std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m));
+            std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m,
+            seal_key_of(*store_)));
         DCR_TRY(check_manifest(n, m));
         manifests_.emplace(n, std::move(m));
         progress = true;
@@ -624,7 +650,7 @@ status read_listed(Store& store, std::uint64_t attempt, listed_payloads& out) {
     if (!store.get(n, bytes)) continue;
     manifest m;
     if (!parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                        m))
+                        m, seal_key_of(store)))
       continue;
     if (m.incarnation != incarnation_of(store) || m.attempt != attempt ||
         n != manifest_name(attempt, m.owner))

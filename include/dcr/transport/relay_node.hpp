@@ -47,6 +47,10 @@ struct relay_options {
   std::size_t pipe_frames = 2; ///< in-process pipe capacity per direction
   std::uint64_t max_frame_body = default_max_frame_body;
   std::chrono::milliseconds io_timeout{10000}; ///< longest wait for a write or an ACK
+  /// Job key payload digests must be keyed with (empty: unkeyed). A node
+  /// checks each payload's digest before it forwards or queues it, so a
+  /// payload from a peer without the key is refused and that link dropped.
+  seal_key key{};
   /// Test hook: owners send every payload frame twice.
   bool duplicate_payloads = false;
   /// Test hook: called by an owner's `finish()` before it sends owner_done.
@@ -312,8 +316,8 @@ private:
         break; // protocol violation
       if (h.kind == frame_kind::payload) {
         payload_id pid;
-        if (!read_payload_id(f.body, pid) || pid.attempt != h.attempt || pid.owner != h.owner ||
-            pid.sequence != h.sequence)
+        if (!read_payload_id(f.body, pid, opt_.key) || pid.attempt != h.attempt ||
+            pid.owner != h.owner || pid.sequence != h.sequence)
           break; // header and payload disagree: nothing on this link can be trusted
       }
       if (h.attempt != attempt) {

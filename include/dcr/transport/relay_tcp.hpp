@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -37,7 +38,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
 #include "dcr/transport/relay_frame.hpp"
 #include "dcr/transport/relay_tree.hpp"
 
@@ -72,15 +75,65 @@ public:
   tcp_frame_conn& operator=(const tcp_frame_conn&) = delete;
   ~tcp_frame_conn() override { ::close(fd_); }
 
+  /// Keyed link, dialling end: right after connecting (before any other
+  /// use), exchange nonces with the accepting end (`accept_key`). From then
+  /// on every frame each way is followed by a 16-byte keyed BLAKE2b-128 tag
+  /// over "DCRL", the direction, both nonces, the frame's sequence number in
+  /// its direction and the frame; a frame whose tag fails is
+  /// `errc::verification` (a peer without the key, a modified, replayed or
+  /// reordered frame). An empty key does nothing (an unauthenticated link).
+  status dial_key(const seal_key& key, std::chrono::milliseconds timeout) {
+    if (key.empty()) return status::success();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto hello = make_hello();
+    DCR_TRY(io(hello.data(), hello.size(), true, deadline));
+    std::array<std::byte, 20> theirs;
+    DCR_TRY(io(theirs.data(), theirs.size(), false, deadline));
+    DCR_RETURN_ERROR_IF(std::memcmp(theirs.data(), "DCRA", 4) != 0, verification,
+                        "relay link: the peer did not answer the key exchange (no job key?)");
+    std::memcpy(client_nonce_.data(), hello.data() + 4, 16);
+    std::memcpy(server_nonce_.data(), theirs.data() + 4, 16);
+    key_ = key;
+    client_ = true;
+    keyed_ = true;
+    return status::success();
+  }
+  /// Keyed link, accepting end: the first read takes the dialling end's
+  /// nonce (anything else is `errc::verification`) and answers with its own.
+  /// Call before the connection is used.
+  void accept_key(const seal_key& key) {
+    key_ = key;
+    accept_pending_ = !key.empty();
+  }
+
   status write(const frame_header& h, std::span<const std::byte> body,
                std::chrono::milliseconds timeout) override {
     std::lock_guard l(wm_);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     const auto hdr = encode_frame_header(h);
     DCR_TRY(io(const_cast<std::byte*>(hdr.data()), hdr.size(), true, deadline));
-    return io(const_cast<std::byte*>(body.data()), body.size(), true, deadline);
+    DCR_TRY(io(const_cast<std::byte*>(body.data()), body.size(), true, deadline));
+    if (!keyed_) return status::success();
+    auto t = tag(client_ ? 0 : 1, send_seq_++, hdr, body);
+    return io(reinterpret_cast<std::byte*>(t.data()), t.size(), true, deadline);
   }
   status read(frame& out) override {
+    if (accept_pending_) {
+      std::array<std::byte, 20> theirs;
+      DCR_TRY(
+          io(theirs.data(), theirs.size(), false, std::chrono::steady_clock::time_point::max()));
+      DCR_RETURN_ERROR_IF(std::memcmp(theirs.data(), "DCRA", 4) != 0, verification,
+                          "relay link: this node requires the job key; the peer did not "
+                          "authenticate");
+      std::lock_guard l(wm_);
+      auto hello = make_hello();
+      DCR_TRY(
+          io(hello.data(), hello.size(), true, std::chrono::steady_clock::now() + body_timeout_));
+      std::memcpy(client_nonce_.data(), theirs.data() + 4, 16);
+      std::memcpy(server_nonce_.data(), hello.data() + 4, 16);
+      accept_pending_ = false;
+      keyed_ = true;
+    }
     std::array<std::byte, frame_header_size> hdr;
     DCR_TRY(io(hdr.data(), hdr.size(), false, std::chrono::steady_clock::time_point::max()));
     frame_header h;
@@ -90,6 +143,15 @@ public:
     const auto started = std::chrono::steady_clock::now();
     // A peer that started a frame finishes it promptly or is dropped.
     DCR_TRY(io(out.body.data(), out.body.size(), false, started + body_timeout_));
+    if (keyed_) {
+      digest128 got{};
+      DCR_TRY(
+          io(reinterpret_cast<std::byte*>(got.data()), got.size(), false, started + body_timeout_));
+      DCR_RETURN_ERROR_IF(!same_digest(got, tag(client_ ? 1 : 0, recv_seq_++, hdr, out.body)),
+                          verification,
+                          "relay link: authentication tag does not match (a peer without the "
+                          "job key, or a modified, replayed or reordered frame)");
+    }
     if (observer_) observer_(h, std::chrono::steady_clock::now() - started);
     return status::success();
   }
@@ -107,6 +169,28 @@ public:
   }
 
 private:
+  std::array<std::byte, 20> make_hello() const {
+    std::array<std::byte, 20> h;
+    std::memcpy(h.data(), "DCRA", 4);
+    std::random_device rd;
+    for (std::size_t i = 4; i < h.size(); ++i) h[i] = static_cast<std::byte>(rd());
+    return h;
+  }
+  digest128 tag(std::uint8_t direction, std::uint64_t seq, std::span<const std::byte> hdr,
+                std::span<const std::byte> body) const {
+    std::byte pre[4 + 1 + 32 + 8];
+    std::memcpy(pre, "DCRL", 4);
+    pre[4] = static_cast<std::byte>(direction);
+    std::memcpy(pre + 5, client_nonce_.data(), 16);
+    std::memcpy(pre + 21, server_nonce_.data(), 16);
+    store_le(pre + 37, seq);
+    blake2b_128 h{key_};
+    h.update(pre);
+    h.update(hdr);
+    h.update(body);
+    return h.final();
+  }
+
   status io(std::byte* p, std::size_t n, bool out, std::chrono::steady_clock::time_point deadline) {
     while (n > 0) {
       DCR_RETURN_ERROR_IF(closed_.load(), unavailable, "relay link closed");
@@ -137,6 +221,13 @@ private:
   read_observer observer_;
   std::mutex wm_;
   std::atomic<bool> closed_{false};
+  // Keyed link state: set by `dial_key` or the first read after
+  // `accept_key`, before frames flow; the sequence numbers are the writer's
+  // (under `wm_`) and the single reader's.
+  seal_key key_;
+  bool client_ = false, keyed_ = false, accept_pending_ = false;
+  std::array<std::uint8_t, 16> client_nonce_{}, server_nonce_{};
+  std::uint64_t send_seq_ = 0, recv_seq_ = 0;
 };
 
 /// Limits of TCP relay links.
@@ -144,6 +235,9 @@ struct tcp_link_options {
   std::uint64_t max_body = default_max_frame_body; ///< largest frame body accepted
   std::chrono::milliseconds connect_timeout{5000}; ///< per dial
   std::chrono::milliseconds body_timeout{30000};   ///< to finish a started frame
+  /// Job key (empty: unauthenticated links, for loopback only): every link
+  /// exchanges nonces and tags every frame (`tcp_frame_conn::dial_key`).
+  seal_key key{};
 };
 
 /// Relay links over TCP on 127.0.0.1 (loopback; one acceptor thread per node).
@@ -203,6 +297,7 @@ public:
       (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
       DCR_RETURN_ERROR_IF(err != 0, unavailable, who + ": connect: " + detail::errno_text(err));
     }
+    DCR_TRY(conn->dial_key(opt_.key, opt_.connect_timeout));
     out = std::move(conn);
     return status::success();
   }
@@ -234,7 +329,9 @@ private:
       if (::poll(&pf, 1, 50) <= 0) continue;
       const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) continue; // the peer gave up, or a transient error: keep listening
-      accept_(i, std::make_shared<tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout));
+      auto conn = std::make_shared<tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout);
+      conn->accept_key(opt_.key);
+      accept_(i, std::move(conn));
     }
   }
 
@@ -248,7 +345,11 @@ private:
 
 /// A relay tree whose links are TCP connections on loopback.
 inline std::unique_ptr<relay_tree> make_tcp_relay_tree(relay_options opt) {
-  auto net = std::make_unique<tcp_network>(opt.max_frame_body);
+  // The tree's job key keys the links as well as the payload digests.
+  tcp_link_options lo;
+  lo.max_body = opt.max_frame_body;
+  lo.key = opt.key;
+  auto net = std::make_unique<tcp_network>(lo);
   return std::make_unique<relay_tree>(std::move(opt), std::move(net));
 }
 

@@ -74,7 +74,7 @@ public:
   status put_payload(std::span<const std::byte> bytes) {
     auto& s = *s_;
     payload_id pid;
-    DCR_TRY(read_payload_id(bytes, pid));
+    DCR_TRY(read_payload_id(bytes, pid, s.opt->key));
     DCR_RETURN_ERROR_IF(pid.attempt != s.attempt || pid.owner != s.owner, invalid_argument,
                         "relay writer of owner " + std::to_string(s.owner) + ", attempt " +
                             std::to_string(s.attempt) + " got a payload of owner " +
