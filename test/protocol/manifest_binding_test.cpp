@@ -81,9 +81,9 @@ public:
       transport::manifest m;
       DCR_TRY(transport::parse_manifest(text_of({b.begin(), b.end()}), m));
       for (auto& e : m.payloads)
-        e.tensors = e.tensors ? std::nullopt
-                              : std::optional<std::vector<std::string>>(std::vector<std::string>{
-                                    "forged"});
+        e.tensors =
+            e.tensors ? std::nullopt
+                      : std::optional<std::vector<std::string>>(std::vector<std::string>{"forged"});
       const auto text = transport::serialize_manifest(m);
       std::lock_guard l(m_);
       shadow_[std::string(name)] = {reinterpret_cast<const std::byte*>(text.data()),
