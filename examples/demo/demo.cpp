@@ -243,7 +243,10 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
   std::vector<member_t*> owner_ptrs;
   for (auto& m : members) owner_ptrs.push_back(&m);
 
-  // The committed canonical tensors, kept only while a restart may need them.
+  // The committed canonical tensors: the source of every dense restore. The
+  // coordinator may ask for one on any step (a receiver killed mid-refit, or
+  // one it stops trusting after a failed attempt), so they are kept for the
+  // whole run, refreshed before each training step changes the state.
   tensor_set committed_canon;
   auto export_committed = [&] {
     std::vector<host_tensor> canon;
@@ -363,13 +366,18 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
   }
 
   // ---- training steps, each followed by a delta refit ------------------------
+  // DCR_DEMO_DROP_AT=<step>: drop receiver 0's storage before that step's
+  // transition, so the coordinator restores it densely on a step that kills
+  // nothing (the recovery path, for tests).
+  int drop_at = 0;
+  if (const char* d = std::getenv("DCR_DEMO_DROP_AT")) drop_at = std::atoi(d);
   std::vector<step_row> rows;
   bool ok = true;
   for (int step = static_cast<int>(resumed) + 1; step <= opt.steps; ++step) {
     current_step = step;
     const bool kill = opt.kill_every > 0 && step % opt.kill_every == 0;
     say("step " + std::to_string(step) + "/" + std::to_string(opt.steps) + ": AdamW step...");
-    if (kill) committed_canon = export_committed(); // what a restarted receiver restores
+    committed_canon = export_committed(); // what a restored receiver gets on this step
     t0 = clk::now();
     train_step();
     const double train_s = since(t0);
@@ -380,6 +388,13 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
       say("step " + std::to_string(step) + ": receiver " + endpoints[victim]->id() +
           " will be killed mid-refit");
     }
+    if (step == drop_at) {
+      // The storage of receiver 0 is gone before the transition (as when the
+      // coordinator distrusts it): its membership step restores it densely.
+      endpoints.front()->kill();
+      say("step " + std::to_string(step) + ": receiver " + endpoints.front()->id() +
+          " dropped before the refit");
+    }
     say("step " + std::to_string(step) + ": delta refit (trained in " + support::fmt(train_s, 1) +
         " s)...");
     auto rep_t = coord.transition();
@@ -389,7 +404,6 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
       ok = false;
       break;
     }
-    committed_canon = {};
     step_row r;
     r.step = step;
     r.attempts = rep_t.attempts.size();

@@ -498,10 +498,43 @@ private:
     ar.wall_seconds = seconds_since(t0);
     if (dead_) return fail(errc::aborted, "coordinator died");
     if (!first) return first;
+    DCR_TRY(check_manifest_binding(published, refits));
     acks.clear();
     for (std::size_t r = 0; r < nodes_.size(); ++r) {
       const auto ids = nodes_[r]->ids();
       for (std::size_t i = 0; i < ids.size(); ++i) acks.push_back({ids[i], refits[r].acks[i]});
+    }
+    return status::success();
+  }
+
+  /// The attempt commits only what its owners published: every node must
+  /// have taken, for every owner that reported a manifest digest, exactly
+  /// that manifest. A manifest written under an owner's name by anyone else
+  /// (a forgery, a stale or second process claiming the owner) is either
+  /// never read, or read by some node and then this fails the attempt,
+  /// naming the owner; the retry writes and reads under a fresh attempt.
+  status check_manifest_binding(const std::vector<publish_report>& published,
+                                const std::vector<refit_result>& refits) const {
+    for (std::size_t k = 0; k < owners_.size(); ++k) {
+      if (!published[k].manifest_bound) continue;
+      const auto o = owners_[k]->owner_id();
+      for (std::size_t r = 0; r < nodes_.size(); ++r) {
+        const auto& got = refits[r].manifests;
+        // A node whose transport reports no manifests (a relay tree) has
+        // nothing to compare; one that reports any must report this owner's.
+        if (got.empty()) continue;
+        const auto it =
+            std::find_if(got.begin(), got.end(), [&](const auto& e) { return e.first == o; });
+        const auto ids = nodes_[r]->ids();
+        const std::string node = ids.empty() ? std::to_string(r) : ids.front();
+        DCR_RETURN_ERROR_IF(it == got.end(), verification,
+                            "owner " + std::to_string(o) + ": node of " + node +
+                                " read no manifest of it");
+        DCR_RETURN_ERROR_IF(it->second != published[k].manifest_digest, verification,
+                            "owner " + std::to_string(o) + ": node of " + node + " read manifest " +
+                                to_hex(it->second) + ", the owner reported publishing " +
+                                to_hex(published[k].manifest_digest));
+      }
     }
     return status::success();
   }

@@ -65,6 +65,12 @@ struct publish_report {
   std::uint64_t bytes = 0;
   double construct_seconds = 0; ///< inside build, excluding waits on a full upload queue
   double upload_seconds = 0;    ///< puts, manifest included
+  /// The digest of the manifest bytes the owner wrote (object stores; a
+  /// transport without manifests leaves `manifest_bound` false). The
+  /// coordinator binds the attempt to it: every node must have read exactly
+  /// this manifest for the owner, or the attempt fails.
+  bool manifest_bound = false;
+  digest128 manifest_digest{};
 };
 
 /// What the coordinator asks one rollout node to do in attempt τ.
@@ -85,6 +91,9 @@ struct refit_result {
   /// CPU time of the busiest receiver in staging + applying + finishing
   /// (beside the wall time, which on a loaded machine also counts waiting)
   double apply_cpu_seconds = 0;
+  /// Per owner, the digest of the manifest bytes the node's reader took as
+  /// that owner's (object stores; empty where the transport has none).
+  std::vector<std::pair<std::uint32_t, digest128>> manifests;
 };
 
 /// The committed version a node's dead receivers are restored to:
@@ -334,6 +343,12 @@ private:
     const auto tp = link_clock::now();
     auto s = w.finish();
     rep.upload_seconds += seconds_since(tp);
+    if constexpr (requires { w.manifest_digest(); }) {
+      if (s) {
+        rep.manifest_bound = true;
+        rep.manifest_digest = w.manifest_digest();
+      }
+    }
     return s;
   }
 
@@ -567,6 +582,9 @@ private:
       DCR_TRY(timed(*eps_[k], [&] { return eps_[k]->finish(tau, res.acks[k]); }));
     res.apply_seconds += seconds_since(ta);
     report_cpu();
+    res.manifests.clear();
+    if constexpr (requires { reader.manifest_digests(); })
+      for (auto& [o, d] : reader.manifest_digests()) res.manifests.emplace_back(o, d);
     return status::success();
   }
 

@@ -79,6 +79,12 @@ public:
     DCR_TRY(r.u64(rep.bytes));
     DCR_TRY(r.f64(rep.construct_seconds));
     DCR_TRY(r.f64(rep.upload_seconds));
+    std::uint8_t bound = 0;
+    DCR_TRY(r.u8(bound));
+    DCR_RETURN_ERROR_IF(bound > 1, bad_format,
+                        "publish reply: manifest flag " + std::to_string(bound));
+    rep.manifest_bound = bound == 1;
+    DCR_TRY(r.dig(rep.manifest_digest));
     return r.done();
   }
   status commit_baseline(std::uint64_t attempt, std::uint64_t version) {
@@ -206,6 +212,13 @@ public:
     DCR_TRY(r.f64(res.fetch_seconds));
     DCR_TRY(r.f64(res.apply_seconds));
     DCR_TRY(r.f64(res.apply_cpu_seconds));
+    std::uint32_t m = 0;
+    DCR_TRY(r.count(m, 20));
+    res.manifests.assign(m, {});
+    for (auto& [o, d] : res.manifests) {
+      DCR_TRY(r.u32(o));
+      DCR_TRY(r.dig(d));
+    }
     return r.done();
   }
   status acknowledge(std::uint64_t a, std::vector<digest128>& acks) {
@@ -315,6 +328,7 @@ public:
       publish_report rep;
       DCR_TRY(l_->publish(rq, stop, rep));
       out.u64(rep.payloads).u64(rep.bytes).f64(rep.construct_seconds).f64(rep.upload_seconds);
+      out.u8(rep.manifest_bound ? 1 : 0).dig(rep.manifest_digest);
       return status::success();
     }
     case control_type::commit_baseline: {
@@ -442,6 +456,8 @@ public:
       out.u32(static_cast<std::uint32_t>(res.acks.size()));
       for (auto& d : res.acks) out.dig(d);
       out.f64(res.fetch_seconds).f64(res.apply_seconds).f64(res.apply_cpu_seconds);
+      out.u32(static_cast<std::uint32_t>(res.manifests.size()));
+      for (auto& [o, d] : res.manifests) out.u32(o).dig(d);
       return status::success();
     }
     case control_type::acknowledge: {

@@ -352,9 +352,17 @@ public:
   /// Publish the manifest; after this the owner's part of the attempt is complete.
   status finish() {
     const auto text = serialize_manifest(m_, seal_key_of(*store_));
-    return store_->put(manifest_name(m_.attempt, m_.owner), std::as_bytes(std::span(text)));
+    const auto bytes = std::as_bytes(std::span(text));
+    DCR_TRY(store_->put(manifest_name(m_.attempt, m_.owner), bytes));
+    manifest_digest_ = digest(bytes);
+    return status::success();
   }
   const manifest& listed() const noexcept { return m_; }
+  /// After a successful `finish`: the digest of the manifest's bytes as
+  /// written. The owner reports it at publish, and the coordinator commits
+  /// only if every reader took exactly these bytes as the owner's manifest
+  /// (anyone else's manifest under the owner's name fails the attempt).
+  const digest128& manifest_digest() const noexcept { return manifest_digest_; }
 
 private:
   status put(std::span<const std::byte> bytes, std::optional<std::vector<std::string>> tensors) {
@@ -366,6 +374,7 @@ private:
 
   Store* store_;
   manifest m_;
+  digest128 manifest_digest_{};
   std::uint64_t indexed_ = 0; ///< tensor names in the index so far
 };
 
@@ -476,6 +485,7 @@ public:
             std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), m,
             seal_key_of(*store_)));
         DCR_TRY(check_manifest(n, m));
+        read_digests_[m.owner] = digest(bytes);
         manifests_.emplace(n, std::move(m));
         progress = true;
       }
@@ -526,6 +536,13 @@ public:
   /// Listed payloads a filter let this reader skip (never fetched), and their bytes.
   std::size_t skipped() const noexcept { return skipped_; }
   std::uint64_t skipped_bytes() const noexcept { return skipped_bytes_; }
+
+  /// After a successful `run`: per required owner, the digest of the
+  /// manifest bytes this reader took as that owner's (what the coordinator
+  /// compares with the digest the owner reported writing).
+  const std::map<std::uint32_t, digest128>& manifest_digests() const noexcept {
+    return read_digests_;
+  }
 
   /// After a successful `run`: the digests of every payload the manifests
   /// list that this reader needs (all of them without a filter), sorted:
@@ -578,6 +595,16 @@ private:
 
   template <class Deliver>
   status finish(Deliver& deliver, std::vector<std::byte>& bytes) {
+    // Each manifest is read once more: a different one under an owner's
+    // name since the first read means two writers claim the owner (a stale
+    // or second process, or a forgery), and keeping either could commit
+    // what the owner never published, so the attempt fails.
+    for (auto& [mname, m] : manifests_) {
+      DCR_TRY(fetch(mname, bytes));
+      DCR_RETURN_ERROR_IF(digest(bytes) != read_digests_[m.owner], verification,
+                          "owner " + std::to_string(m.owner) + ": a second, different manifest " +
+                              "under '" + mname + "' in attempt " + std::to_string(attempt_));
+    }
     std::size_t listed = 0;
     skipped_ = 0;
     skipped_bytes_ = 0;
@@ -622,8 +649,9 @@ private:
   std::set<std::uint32_t> owners_;
   std::map<std::string, digest128> delivered_;
   std::map<std::string, manifest> manifests_;
-  std::map<std::uint32_t, std::string> last_seen_; ///< per owner: last payload name listed
-  std::map<std::uint32_t, std::size_t> drained_;   ///< per owner: manifest entries looked at
+  std::map<std::uint32_t, digest128> read_digests_; ///< per owner: digest of its manifest's bytes
+  std::map<std::uint32_t, std::string> last_seen_;  ///< per owner: last payload name listed
+  std::map<std::uint32_t, std::size_t> drained_;    ///< per owner: manifest entries looked at
   poll_policy poll_;
   std::size_t listings_ = 0, polls_ = 0;
   tensor_filter need_;
