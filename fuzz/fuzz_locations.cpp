@@ -2,9 +2,9 @@
 // (`twin::decode_locations`) against the reference `codec::decode_locations`.
 // Input: byte 0 the coding id, bytes 1-2 the count (below 4096), 3-4 the
 // first index, 5-6 the element count (each little endian, small so that the
-// index arrays stay small and the runs many), then the coded bytes. The twin promises the reference's
-// indices, error code and message; any difference, crash or out-of-bounds
-// read is a finding.
+// index arrays stay small and the runs many), then the coded bytes. The twin promises the
+// reference's indices, error code and message; any difference, crash or out-of-bounds read is a
+// finding.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -17,7 +17,9 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace dcr;
   if (size < 7) return 0;
-  auto u16 = [&](std::size_t at) { return std::uint64_t{data[at]} | std::uint64_t{data[at + 1]} << 8; };
+  auto u16 = [&](std::size_t at) {
+    return std::uint64_t{data[at]} | std::uint64_t{data[at + 1]} << 8;
+  };
   const auto id = static_cast<codec::location_id>(data[0]);
   const std::uint64_t count = u16(1) & 0x0fff, first = u16(3);
   // Elements up to 2^16, or a huge tensor when the top bit is set, so that

@@ -50,8 +50,7 @@ void peer(std::string_view text) {
 
 void base64(std::string_view text) {
   std::string out;
-  if (dcr::net::base64_decode(text, out).ok() && dcr::net::base64_encode(out) != text)
-    std::abort();
+  if (dcr::net::base64_decode(text, out).ok() && dcr::net::base64_encode(out) != text) std::abort();
   std::string back;
   if (!dcr::net::base64_decode(dcr::net::base64_encode(text), back).ok() || back != text)
     std::abort();

@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
       std::vector<std::byte> coded;
       codec::encode_locations(lid, idx, coded);
       std::vector<std::uint64_t> back(idx.size());
-      if (!codec::decode_locations(lid, coded, idx.front(), 65535, back).ok() || back != idx) continue;
+      if (!codec::decode_locations(lid, coded, idx.front(), 65535, back).ok() || back != idx)
+        continue;
       std::string s(1, static_cast<char>(id));
       s += u16(idx.size()) + u16(idx.front()) + u16(65535);
       s.append(reinterpret_cast<const char*>(coded.data()), coded.size());
@@ -101,13 +102,13 @@ int main(int argc, char** argv) {
   const auto f = transport::encode_frame(h, std::as_bytes(std::span(body)));
   transport::frame back;
   require(transport::decode_frame(f, 1u << 16, back).ok(), "relay frame");
-  put(net_dir + "/relay-payload", std::string(1, '\0') +
-                                      std::string(reinterpret_cast<const char*>(f.data()), f.size()));
+  put(net_dir + "/relay-payload",
+      std::string(1, '\0') + std::string(reinterpret_cast<const char*>(f.data()), f.size()));
   h.kind = transport::frame_kind::owner_done;
   const auto c = transport::encode_frame(h, {});
   require(transport::decode_frame(c, 1u << 16, back).ok(), "relay control frame");
-  put(net_dir + "/relay-done", std::string(1, '\0') +
-                                   std::string(reinterpret_cast<const char*>(c.data()), c.size()));
+  put(net_dir + "/relay-done",
+      std::string(1, '\0') + std::string(reinterpret_cast<const char*>(c.data()), c.size()));
   for (const char* a : {"10.0.0.1:7000", ":65535", "node-3.example:1"}) {
     protocol::peer_address p;
     require(protocol::parse_peer_address(a, p).ok(), a);
@@ -142,12 +143,12 @@ int main(int argc, char** argv) {
     protocol::etcd::txn_result t;
     protocol::etcd::snapshot snap;
     protocol::stored_record r;
-    require(protocol::etcd::parse_txn_response(bodies[i], "seed", t).ok() &&
-                protocol::etcd::snapshot_of(t, 0, "dcr/record", "dcr/epoch", "dcr/attempt", snap,
-                                            true)
-                    .ok() &&
-                protocol::etcd::record_of(snap, "dcr/record", r).ok(),
-            "etcd response " + std::to_string(i));
+    require(
+        protocol::etcd::parse_txn_response(bodies[i], "seed", t).ok() &&
+            protocol::etcd::snapshot_of(t, 0, "dcr/record", "dcr/epoch", "dcr/attempt", snap, true)
+                .ok() &&
+            protocol::etcd::record_of(snap, "dcr/record", r).ok(),
+        "etcd response " + std::to_string(i));
     put(net_dir + "/etcd-" + std::to_string(i), std::string(1, '\3') + bodies[i]);
   }
   return 0;

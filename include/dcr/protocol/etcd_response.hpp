@@ -40,8 +40,7 @@ inline std::string excerpt(std::string_view body) {
 
 /// Decode the body of a `/v3/kv/txn` response with HTTP status 200; `where`
 /// names the operation and endpoint in messages.
-inline status parse_txn_response(std::string_view body, const std::string& where,
-                                 txn_result& out) {
+inline status parse_txn_response(std::string_view body, const std::string& where, txn_result& out) {
   json_value doc;
   DCR_TRY(parse_json(body, doc, where + " response"));
   DCR_RETURN_ERROR_IF(!doc.is_object() || !doc.get("header"), bad_format,
@@ -169,8 +168,7 @@ inline status record_of(const snapshot& s, const std::string& record_key, stored
     DCR_RETURN_ERROR_IF(embedded.revision != r.revision, bad_format,
                         "etcd " + record_key + ": record says revision " +
                             std::to_string(embedded.revision) + " but the key is at version " +
-                            std::to_string(r.revision) +
-                            " (written by something other than dcr?)");
+                            std::to_string(r.revision) + " (written by something other than dcr?)");
     r.record = std::move(embedded.record);
   }
   out = std::move(r);
