@@ -5,7 +5,7 @@
 # decoders for a tenth on top, then each decoder of arriving input that has
 # its own target (payload_if, locations, config, net) for PER_TARGET seconds
 # (default: a sixth of SECONDS, at least 10). CI runs it with 60: about
-# 60 + 6 + 4 x 10 s of fuzzing, under 4 minutes with the build.
+# 60 + 6 + 4 x 10 s, under 2 minutes of fuzzing after the build.
 # Exits non-zero when a target crashes; reproducers land in build-fuzz/fuzz/.
 # A longer run: DCR_JOBS=1 fuzz/run.sh 3600 600 (docs/wire-format.md,
 # "Fuzzing", has the executions per target so far).
