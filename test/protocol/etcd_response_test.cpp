@@ -79,7 +79,8 @@ TEST_CASE("etcd response: each malformed response is a typed error") {
   CHECK(load(txn(empty_range, bad_key, empty_range), r).code == errc::bad_format);
   // A record whose revision is not the key's version (written by something else).
   const auto rec = serialize_commit_record(record_at(4));
-  const auto s = load(txn(kv("k/record", rec, 5), kv("k/epoch", "2", 1), kv("k/attempt", "3", 3)), r);
+  const auto s =
+      load(txn(kv("k/record", rec, 5), kv("k/epoch", "2", 1), kv("k/attempt", "3", 3)), r);
   CHECK(s.code == errc::bad_format);
   CHECK(s.message.find("revision 4") != std::string::npos);
 }
