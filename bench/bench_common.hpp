@@ -3,8 +3,8 @@
 /// Shared bench plumbing: command-line flags (--json, --markdown), the machine
 /// description every bench prints, a best-of-N timer, a memcpy reference
 /// measured in the same process, the hardware floors the benches compare
-/// against (streaming reads, touched-line read-modify-writes), and aligned
-/// tables.
+/// against (streaming reads, touched-line read-modify-writes), aligned
+/// tables, and the byte-for-byte check of a refit against a dense refit.
 
 #include <algorithm>
 #include <bit>
@@ -53,6 +53,33 @@ struct options {
     return o;
   }
 };
+
+/// Where the storage of two receivers differs, or "" when it is equal byte for
+/// byte (same parameters in the same order, same bytes). A bench compares
+/// every refit it timed with a dense refit of the same candidate through the
+/// same loader, outside the timed region: a figure is only published for a
+/// refit that was right. `Store` is a `parameter_store` (`receiver::storage()`).
+template <class Store>
+std::string storage_difference(const Store& got, const Store& want) {
+  if (got.size() != want.size())
+    return std::to_string(got.size()) + " parameters, the dense refit has " +
+           std::to_string(want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto& a = got[i];
+    const auto& b = want[i];
+    if (a.meta.name != b.meta.name)
+      return "parameter " + std::to_string(i) + " is " + a.meta.name + ", the dense refit's " +
+             b.meta.name;
+    if (a.bytes == b.bytes) continue;
+    if (a.bytes.size() != b.bytes.size())
+      return a.meta.name + ": " + std::to_string(a.bytes.size()) + " bytes, the dense refit's " +
+             std::to_string(b.bytes.size());
+    const auto m = std::mismatch(a.bytes.begin(), a.bytes.end(), b.bytes.begin());
+    return a.meta.name + " differs from the dense refit at byte " +
+           std::to_string(m.first - a.bytes.begin()) + " of " + std::to_string(a.bytes.size());
+  }
+  return {};
+}
 
 /// Best wall time in seconds of `reps` runs of `f` (after one warm-up run).
 inline double best_seconds(int reps, const std::function<void()>& f) {

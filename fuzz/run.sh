@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in build-fuzz (clang++, ASan+UBSan) and runs
-# them for SECONDS in total (decode and body 30% each, roundtrip and the
-# text decoders 20% each), then the control-channel decoders for a tenth on top.
-# Exits non-zero when a target crashes; reproducers land in build-fuzz/.
-# CI runs it with 60; a longer run: DCR_JOBS=1 fuzz/run.sh 3600 (docs/wire-format.md,
+# each for a bounded time: SECONDS in total (decode and body 30% each,
+# roundtrip and the text decoders 20% each), then the control-channel
+# decoders for a tenth on top, then each decoder of arriving input that has
+# its own target (payload_if, locations, config, net) for PER_TARGET seconds
+# (default: a sixth of SECONDS, at least 10). CI runs it with 60: about
+# 60 + 6 + 4 x 10 s, under 2 minutes of fuzzing after the build.
+# Exits non-zero when a target crashes; reproducers land in build-fuzz/fuzz/.
+# A longer run: DCR_JOBS=1 fuzz/run.sh 3600 600 (docs/wire-format.md,
 # "Fuzzing", has the executions per target so far).
 set -euo pipefail
 seconds=${1:-60}
+per_target=${2:-$(( seconds / 6 > 10 ? seconds / 6 : 10 ))}
 cd "$(dirname "$0")/.."
 if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dtests=false -Dbenches=false -Dexamples=false \
     -Dcuda=disabled -Dbuildtype=debugoptimized
 fi
 ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_text fuzz/fuzz_control \
-  fuzz/fuzz_make_seed fuzz/fuzz_make_text_seeds
+  fuzz/fuzz_make_seed fuzz/fuzz_make_text_seeds \
+  fuzz/fuzz_payload_if fuzz/fuzz_locations fuzz/fuzz_config fuzz/fuzz_net fuzz/fuzz_make_wire_seeds
 out=build-fuzz/fuzz
 seeds=$out/seeds
 mkdir -p "$seeds"
@@ -53,4 +59,16 @@ run fuzz_text "$t4" "$out/corpus-text" "$out/seeds-text"
 mkdir -p "$out/seeds-control"
 printf '\x25\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00' > "$out/seeds-control/refit-short"
 run fuzz_control "$(( seconds / 10 > 5 ? seconds / 10 : 5 ))" "$out/corpus-control" "$out/seeds-control"
-echo "fuzz: no crashes in ${seconds} s"
+# decode_payload_if: the payload seeds behind a keep mask (all rows, every other row).
+mkdir -p "$out/seeds-payload-if"
+for f in "$seeds"/payload-*.bin; do
+  { printf '\xff'; cat "$f"; } > "$out/seeds-payload-if/all-$(basename "$f")"
+  { printf '\x55'; cat "$f"; } > "$out/seeds-payload-if/half-$(basename "$f")"
+done
+mkdir -p "$out/seeds-locations" "$out/seeds-config" "$out/seeds-net"
+"$out/fuzz_make_wire_seeds" "$out/seeds-locations" "$out/seeds-config" "$out/seeds-net"
+run fuzz_payload_if "$per_target" "$out/corpus-payload-if" "$out/seeds-payload-if"
+run fuzz_locations "$per_target" "$out/corpus-locations" "$out/seeds-locations"
+run fuzz_config "$per_target" "$out/corpus-config" "$out/seeds-config"
+run fuzz_net "$per_target" "$out/corpus-net" "$out/seeds-net"
+echo "fuzz: no crashes in $((seconds + (seconds / 10 > 5 ? seconds / 10 : 5) + 4 * per_target)) s"

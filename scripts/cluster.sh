@@ -369,8 +369,18 @@ t1=$(date +%s.%N)
 restarts=$(cat "$work/restarts" 2>/dev/null | wc -l)
 if [ "$json" = 1 ]; then
   rows=$(paste -sd, "$work/rows.jsonl" 2>/dev/null)
-  exact=false; [ "$vrc" -eq 0 ] && exact=true
-  echo "{\"steps\":[${rows}],\"bit_exact\":${exact},\"receivers_checked\":$((nodes * ranks)),\"coordinator_runs\":${co_runs},\"process_restarts\":${restarts}}"
+  # The counts are the verifier's own ("verification: E of C receivers equal
+  # ..."), not the job's size: a verifier that checked fewer receivers than
+  # the job has, or printed no verdict, shows as such.
+  vline=$(printf '%s\n' "$verdict" | grep -m1 '^verification: [0-9]* of [0-9]* ' || true)
+  checked=0 equal=0
+  if [ -n "$vline" ]; then
+    equal=$(echo "$vline" | awk '{print $2}')
+    checked=$(echo "$vline" | awk '{print $4}')
+  fi
+  exact=false
+  [ "$vrc" -eq 0 ] && [ "$checked" -eq $((nodes * ranks)) ] && [ "$equal" -eq "$checked" ] && exact=true
+  echo "{\"steps\":[${rows}],\"bit_exact\":${exact},\"receivers_checked\":${checked},\"receivers_equal\":${equal},\"coordinator_runs\":${co_runs},\"process_restarts\":${restarts}}"
 else
   [ -e "$work/rows.jsonl" ] && cat "$work/rows.jsonl"
   echo "cluster: $owners owners, $nodes rollout nodes x $ranks receivers, $steps steps," \

@@ -123,12 +123,15 @@ have_netem() {
 nft_loss() { # node pct
   local r node=$1 chain="loss_$1" n
   r=$(ns router)
+  n=$(awk -v p="$2" 'BEGIN { printf "%d", p * 100 + 0.5 }')
+  ((n >= 0 && n <= 10000)) || die "--loss $2: give a percentage 0..100"
+  # nft is needed only for loss: without it no loss chain can exist, so a
+  # link with no loss asked for is already as wanted.
   command -v nft >/dev/null || {
+    ((n > 0)) || return 0
     echo "testbed: this kernel has no sch_netem and nft is not installed (Debian package nftables): --loss is unavailable" >&2
     return 77
   }
-  n=$(awk -v p="$2" 'BEGIN { printf "%d", p * 100 + 0.5 }')
-  ((n >= 0 && n <= 10000)) || die "--loss $2: give a percentage 0..100"
   if ! ip netns exec "$r" nft list chain inet dcr_testbed "$chain" >/dev/null 2>&1; then
     ((n > 0)) || return 0
     ip netns exec "$r" nft add table inet dcr_testbed
@@ -141,6 +144,14 @@ nft_loss() { # node pct
   ((n == 0)) || ip netns exec "$r" nft add rule inet dcr_testbed "$chain" numgen random mod 10000 lt "$n" counter drop
 }
 
+# Why a delay cannot be applied here, exactly: the one way the testbed delays
+# packets is the netem qdisc, and nftables (the loss fallback) cannot delay.
+no_netem_delay() {
+  echo "testbed: --delay needs the netem qdisc, which kernel $(uname -r) does not provide" \
+    "('tc qdisc add ... netem' fails: no sch_netem module or CONFIG_NET_SCH_NETEM);" \
+    "nftables cannot delay packets, so delay is unavailable on this machine" >&2
+}
+
 # Shape the egress of one interface: netem (delay/loss) at the root when asked
 # for, then a token bucket at the rate. The bucket holds 10 ms at the rate
 # (at least 32 KiB), so a burst cannot exceed the rate noticeably.
@@ -149,7 +160,7 @@ shape_dev() { # namespace dev rate delay loss
   ip netns exec "$n" tc qdisc del dev "$dev" root 2>/dev/null || true
   if [ "$d" != 0 ] || [ "$l" != 0 ]; then
     if ! ip netns exec "$n" tc qdisc add dev "$dev" root handle 1: netem delay "${d}ms" loss "${l}%" 2>/dev/null; then
-      echo "testbed: this kernel has no netem qdisc (sch_netem): --delay is unavailable" >&2
+      no_netem_delay
       return 77
     fi
     parent='parent 1:'
@@ -166,7 +177,7 @@ shape_dev() { # namespace dev rate delay loss
 shape_node() { # node rate delay loss: both directions of the node's link
   local l=$4
   if ! have_netem; then
-    [ "$3" = 0 ] || { echo "testbed: this kernel has no netem qdisc (sch_netem): --delay is unavailable" >&2; return 77; }
+    [ "$3" = 0 ] || { no_netem_delay; return 77; }
     nft_loss "$1" "$l" || return $?
     l=0
   fi

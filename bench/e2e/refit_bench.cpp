@@ -5,6 +5,10 @@
 // export + upload of every tensor + one download + dense load into every
 // receiver through the same native loader. Change rates 1.2 / 3 / 5 % of
 // elements (exact counts per shard, RNE of x·(1 + 0.01 z)).
+// Verified: after each timed delta refit, outside its timed region, every
+// receiver's storage is compared byte for byte with the dense refit of the
+// same candidate (the reference's own receivers); any difference fails the
+// bench (exit 1), and the committed record must name the candidate's version.
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -94,6 +98,9 @@ int main(int argc, char** argv) try {
   }
 
   // Dense refit of the current state to fresh receivers (the reference).
+  // Unless adopted, the receivers it loaded are left in `reference` for the
+  // check of the delta refit.
+  std::vector<std::unique_ptr<rank_t>> reference;
   auto dense = [&](bool adopt) {
     const auto t0 = clk::now();
     std::vector<host_tensor> canon;
@@ -120,7 +127,21 @@ int main(int argc, char** argv) try {
     if (adopt)
       for (std::size_t k = 0; k < ranks.size(); ++k)
         eps[k]->adopt(std::make_unique<staged_t>("rank" + std::to_string(k), std::move(ranks[k])));
+    else
+      reference = std::move(ranks);
     return s;
+  };
+  // Every receiver the delta refit updated equals the dense refit of the same
+  // candidate byte for byte.
+  auto verify = [&](double rate) {
+    for (std::size_t k = 0; k < eps.size(); ++k) {
+      const auto diff = eps[k]->with_receiver([&](staged_t& r) {
+        return bench::storage_difference(r.inner().storage(), reference[k]->storage());
+      });
+      if (!diff.empty())
+        throw error(errc::verification, "delta refit at " + bench::fmt(rate * 100, 1) + " %: rank" +
+                                            std::to_string(k) + ": " + diff);
+    }
   };
   dense(true);
   coord_t c(commits, objects, op, ep);
@@ -141,6 +162,13 @@ int main(int argc, char** argv) try {
     throw_if_failed(rep.result);
     const auto& a = rep.attempts.back();
     const double dense_s = dense(false);
+    verify(rate);
+    stored_record committed;
+    throw_if_failed(commits.load(committed));
+    if (committed.record.version != step) // bootstrap committed version 0
+      throw error(errc::verification, "the record names version " +
+                                          std::to_string(committed.record.version) + " after " +
+                                          std::to_string(step) + " refits");
     rows.push_back({rate * 100, 100.0 * double(round.emitted_records(a.attempt)) / double(elems),
                     100.0 * double(a.payload_bytes) / double(plan->checkpoint_bytes()),
                     a.payload_bytes / 1e6, rep.wall_seconds, dense_s, a.construct_seconds,

@@ -24,6 +24,10 @@
 // (every hardware thread; items of one storage group stay on one thread)
 // against 1 thread, interleaved in the same rounds; scaling = 1-thread time /
 // all-thread time (`threads`, `scaling`, `overwrite_scaling` in --json).
+// Verified: after every timed apply (XOR, overwrite, mixed, on one and on all
+// threads, and every staged ingestion), outside its timed region, the
+// receiver's storage is compared byte for byte with a dense refit of the new
+// version through the same loader; any difference fails the bench (exit 1).
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +36,7 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -131,10 +136,14 @@ void must(const status& s) {
 /// `setup[k]`, when set, runs untimed before each run of `fs[k]` (an apply
 /// starts from the old version: an overwrite applied to the state it writes
 /// stores nothing and would time a no-op).
+/// `check[k]`, when set, runs untimed after each run of `fs[k]` (the
+/// byte-for-byte comparison of what it applied with a dense refit).
 void interleaved(int reps, std::vector<std::function<void()>> fs, std::vector<double*> out,
-                 std::vector<std::function<void()>> setup = {}) {
+                 std::vector<std::function<void()>> setup = {},
+                 std::vector<std::function<void()>> check = {}) {
   for (auto* o : out) *o = 1e300;
   setup.resize(fs.size());
+  check.resize(fs.size());
   for (int r = 0; r <= reps; ++r)
     for (std::size_t k = 0; k < fs.size(); ++k) {
       if (setup[k]) setup[k]();
@@ -142,7 +151,33 @@ void interleaved(int reps, std::vector<std::function<void()>> fs, std::vector<do
       fs[k]();
       const auto t1 = std::chrono::steady_clock::now();
       if (r > 0) *out[k] = std::min(*out[k], std::chrono::duration<double>(t1 - t0).count());
+      if (check[k]) check[k]();
     }
+}
+
+/// `v` with the XOR items applied: the new version every delta of the bench
+/// leads to (its overwrite items write the same values).
+tensor_set apply_xors(const tensor_set& v, const std::vector<item>& xors) {
+  tensor_set out = v;
+  std::map<std::string, std::size_t> at;
+  for (std::size_t i = 0; i < out.tensors().size(); ++i) at[out.tensors()[i].meta.name] = i;
+  for (const auto& it : xors) {
+    auto& t = out.tensors()[at.at(it.tensor.name)];
+    const std::size_t w = width_of(it.tensor.dtype);
+    for (std::size_t k = 0; k < it.indices.size(); ++k)
+      for (std::size_t b = 0; b < w; ++b) t.bytes[it.indices[k] * w + b] ^= it.values[k * w + b];
+  }
+  return out;
+}
+
+/// Exit 1 unless `r`'s storage equals `ref`'s byte for byte (`what` names the
+/// apply for the message).
+template <class Receiver>
+void must_equal(const Receiver& r, const Receiver& ref, const std::string& what) {
+  const auto diff = bench::storage_difference(r.storage(), ref.storage());
+  if (diff.empty()) return;
+  std::cerr << "dcr-bench-apply: " << what << ": " << diff << "\n";
+  std::exit(1);
 }
 
 struct row {
@@ -242,6 +277,7 @@ int main(int argc, char** argv) {
     if (opt.rest[i] == "--change-pct") pcts = {std::stod(opt.rest[i + 1])};
   for (double pct : pcts) {
     make_delta(v, pct, g, xors, ows);
+    const tensor_set next = apply_xors(v, xors);
     std::uint64_t entries = 0;
     for (auto& it : xors) entries += it.size();
     const auto payloads = to_payloads(xors, 0);
@@ -249,6 +285,15 @@ int main(int argc, char** argv) {
       receiver<loaders::vllm_style_loader> r(
           loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(tp, 0)), metas);
       row x{"vllm_style", tp, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
+      // The reference every apply must equal: a dense refit of the new version.
+      receiver<loaders::vllm_style_loader> ref(
+          loaders::vllm_style_loader(cfg, loaders::vllm_tp_rank(tp, 0)), metas);
+      ref.dense_refit(next);
+      const std::string rank =
+          "vllm_style TP " + std::to_string(tp) + " at " + bench::fmt(pct, 1) + " %";
+      auto verify = [&](const char* what) {
+        return [&, what] { must_equal(r, ref, std::string(what) + ", " + rank); };
+      };
       r.dense_refit(v);
       touched_line_floor fl(
           r, [&] { must(r.apply_items(xors)); }, [&] { r.dense_refit(v); }, xors);
@@ -261,19 +306,28 @@ int main(int argc, char** argv) {
            [&] { fl.run(delta, true); }, [&] { apply_on(r, xors, 0); },
            [&] { apply_on(r, ows, 0); }},
           {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s, &x.xor_all_s, &x.ow_all_s},
-          {{}, old, old, {}, {}, old, old});
+          {{}, old, old, {}, {}, old, old},
+          {{},
+           verify("XOR apply"),
+           verify("overwrite apply"),
+           {},
+           {},
+           verify("XOR apply on every thread"),
+           verify("overwrite apply on every thread")});
       x.floor_s = std::min(x.floor_s, store_floor_s);
       // Ingestion: fresh payloads per run (a new attempt each), built outside the timed region.
       std::vector<std::vector<std::byte>> fresh;
       x.ingest_s = 1e300;
       for (int k = 0; k < reps + 1; ++k) {
         fresh = to_payloads(xors, ++attempt);
+        r.dense_refit(v); // from the old version, as every timed apply
         const auto t0 = std::chrono::steady_clock::now();
         for (auto& p : fresh) must(r.stage(p));
         must(r.apply_staged());
         const auto t1 = std::chrono::steady_clock::now();
         if (k > 0)
           x.ingest_s = std::min(x.ingest_s, std::chrono::duration<double>(t1 - t0).count());
+        must_equal(r, ref, "stage + decode + apply, " + rank);
       }
       x.memcpy_s = bench::memcpy_seconds(static_cast<std::size_t>(x.storage_bytes), reps);
       rows.push_back(x);
@@ -285,6 +339,12 @@ int main(int argc, char** argv) {
       for (std::size_t k = 0; k < xors.size(); ++k)
         mixed.push_back(r.xor_allowed(xors[k].tensor.name) ? xors[k] : ows[k]);
       row x{"cast_transpose", 1, pct, entries, r.storage().nbytes(), 0, 0, 0, 0, 0};
+      receiver<loaders::cast_transpose_loader> ref(loaders::cast_transpose_loader(cfg), metas);
+      ref.dense_refit(next);
+      const std::string rank = "cast_transpose at " + bench::fmt(pct, 1) + " %";
+      auto verify = [&](const char* what) {
+        return [&, what] { must_equal(r, ref, std::string(what) + ", " + rank); };
+      };
       r.dense_refit(v);
       touched_line_floor fl(
           r, [&] { must(r.apply_items(mixed)); }, [&] { r.dense_refit(v); }, mixed);
@@ -297,7 +357,14 @@ int main(int argc, char** argv) {
            [&] { fl.run(delta, true); }, [&] { apply_on(r, mixed, 0); },
            [&] { apply_on(r, ows, 0); }},
           {&x.dense_s, &x.xor_s, &x.ow_s, &x.floor_s, &store_floor_s, &x.xor_all_s, &x.ow_all_s},
-          {{}, old, old, {}, {}, old, old});
+          {{}, old, old, {}, {}, old, old},
+          {{},
+           verify("mixed apply"),
+           verify("overwrite apply"),
+           {},
+           {},
+           verify("mixed apply on every thread"),
+           verify("overwrite apply on every thread")});
       x.floor_s = std::min(x.floor_s, store_floor_s);
       x.ingest_s = 0;
       x.memcpy_s = bench::memcpy_seconds(static_cast<std::size_t>(x.storage_bytes), reps);

@@ -14,6 +14,7 @@
 #include "dcr/net/base64.hpp"
 #include "dcr/net/http_client.hpp"
 #include "dcr/protocol/commit_store.hpp"
+#include "dcr/protocol/etcd_response.hpp"
 
 #include "dcr/protocol/etcd_commit_store.hpp"
 
@@ -121,14 +122,8 @@ struct etcd_commit_store::impl {
                 "same snapshot (server not serializable?)");
   }
 
-  struct txn_result {
-    bool succeeded = false;
-    json_value responses; ///< array: one entry per request of the branch taken
-  };
-  struct snapshot {
-    stored_record counters; ///< revision, epoch, attempt (record left empty)
-    std::string record_value;
-  };
+  using txn_result = etcd::txn_result;
+  using snapshot = etcd::snapshot;
 
   static std::vector<net::http_endpoint> parse_endpoints(const std::vector<std::string>& urls) {
     if (urls.empty()) throw error(errc::invalid_argument, "etcd_commit_store: no endpoint");
@@ -189,118 +184,16 @@ struct etcd_commit_store::impl {
       s.message = std::string("etcd ") + op + ": " + s.message;
       return s;
     }
-    if (res.status != 200) return http_error(op, res);
-    json_value doc;
-    DCR_TRY(parse_json(res.body, doc, where(op) + " response"));
-    DCR_RETURN_ERROR_IF(!doc.is_object() || !doc.get("header"), bad_format,
-                        where(op) +
-                            ": response is not a transaction response: " + excerpt(res.body));
-    out.succeeded = false;
-    if (auto* s = doc.get("succeeded")) {
-      DCR_RETURN_ERROR_IF(s->type != json_value::kind::boolean, bad_format,
-                          where(op) + ": 'succeeded' is not a boolean");
-      out.succeeded = s->boolean;
-    }
-    out.responses = json_value{};
-    out.responses.type = json_value::kind::array;
-    if (auto* r = doc.get("responses")) {
-      DCR_RETURN_ERROR_IF(!r->is_array(), bad_format, where(op) + ": 'responses' is not an array");
-      out.responses = *r;
-    }
-    return status::success();
+    if (res.status != 200) return etcd::http_error(where(op), res.status, res.reason, res.body);
+    return etcd::parse_txn_response(res.body, where(op), out);
   }
 
-  /// gRPC codes INVALID_ARGUMENT (3) and OUT_OF_RANGE (11) mean the request
-  /// itself is at fault (e.g. a record above the server's request size
-  /// limit); anything else is the service failing to serve it.
-  status http_error(const char* op, const net::http_response& res) const {
-    std::string msg = excerpt(res.body);
-    std::uint64_t code = 0;
-    json_value doc;
-    if (parse_json(res.body, doc).ok() && doc.is_object()) {
-      if (auto* m = doc.get("message"); m && m->is_string()) msg = m->text;
-      if (auto* c = doc.get("code")) (void)c->as_u64(code);
-    }
-    const errc e = (code == 3 || code == 11) ? errc::invalid_argument : errc::unavailable;
-    return fail(e,
-                where(op) + ": HTTP " + std::to_string(res.status) + " " + res.reason + ": " + msg);
-  }
-
-  static std::string excerpt(std::string_view body) {
-    return body.size() <= 200 ? std::string(body) : std::string(body.substr(0, 200)) + "...";
-  }
-
-  /// The single key-value of the i-th range response, if the key exists.
-  status kv_of(const txn_result& t, std::size_t i, const std::string& key,
-               const json_value*& kv) const {
-    kv = nullptr;
-    DCR_RETURN_ERROR_IF(i >= t.responses.items.size(), bad_format,
-                        "etcd: transaction returned " + std::to_string(t.responses.items.size()) +
-                            " responses, expected a range of " + key);
-    const auto* rr = t.responses.items[i].get("response_range");
-    DCR_RETURN_ERROR_IF(!rr || !rr->is_object(), bad_format,
-                        "etcd: response " + std::to_string(i) + " is not a range of " + key);
-    const auto* kvs = rr->get("kvs");
-    if (!kvs) return status::success(); // absent key: the gateway omits the empty list
-    DCR_RETURN_ERROR_IF(!kvs->is_array() || kvs->items.size() > 1 ||
-                            (kvs->items.size() == 1 && !kvs->items[0].is_object()),
-                        bad_format, "etcd: malformed kvs in the range of " + key);
-    if (kvs->items.empty()) return status::success();
-    kv = &kvs->items[0];
-    std::string got;
-    const auto* k = kv->get("key");
-    DCR_RETURN_ERROR_IF(!k || !k->is_string(), bad_format,
-                        "etcd: range of " + key + " returned a kv without key");
-    DCR_TRY(net::base64_decode(k->text, got, "etcd key"));
-    DCR_RETURN_ERROR_IF(got != key, bad_format, "etcd: range of " + key + " returned key " + got);
-    return status::success();
-  }
-
-  /// Value bytes of a kv (the gateway omits an empty value).
-  static status value_of(const json_value& kv, const std::string& key, std::string& out) {
-    out.clear();
-    const auto* v = kv.get("value");
-    if (!v) return status::success();
-    DCR_RETURN_ERROR_IF(!v->is_string(), bad_format, "etcd: value of " + key + " is not a string");
-    return net::base64_decode(v->text, out, "etcd value of " + key);
-  }
-
-  /// A counter key's value from the i-th range response (absent: 0).
   status counter_of(const txn_result& t, std::size_t i, const std::string& key,
                     std::uint64_t& v) const {
-    const json_value* kv = nullptr;
-    DCR_TRY(kv_of(t, i, key, kv));
-    if (!kv) {
-      v = 0;
-      return status::success();
-    }
-    std::string text;
-    DCR_TRY(value_of(*kv, key, text));
-    json_value n;
-    n.type = json_value::kind::string;
-    n.text = text;
-    DCR_RETURN_ERROR_IF(!n.as_u64(v) || v == 0, bad_format,
-                        "etcd: " + key + " holds '" + excerpt(text) +
-                            "', not a positive decimal counter");
-    return status::success();
+    return etcd::counter_of(t, i, key, v);
   }
-
-  /// Record version (= revision), epoch and attempt from three range
-  /// responses starting at `first` (record, epoch, attempt).
   status snapshot_of(const txn_result& t, std::size_t first, snapshot& out, bool want_value) const {
-    const json_value* kv = nullptr;
-    DCR_TRY(kv_of(t, first, record_key_, kv));
-    out.counters = stored_record{};
-    out.record_value.clear();
-    if (kv) {
-      const auto* ver = kv->get("version");
-      DCR_RETURN_ERROR_IF(!ver || !ver->as_u64(out.counters.revision) || out.counters.revision == 0,
-                          bad_format, "etcd: " + record_key_ + " has no valid version");
-      if (want_value) DCR_TRY(value_of(*kv, record_key_, out.record_value));
-    }
-    DCR_TRY(counter_of(t, first + 1, epoch_key_, out.counters.epoch));
-    DCR_TRY(counter_of(t, first + 2, attempt_key_, out.counters.attempt));
-    return status::success();
+    return etcd::snapshot_of(t, first, record_key_, epoch_key_, attempt_key_, out, want_value);
   }
 
   status load_locked(stored_record& out) {
@@ -311,21 +204,8 @@ struct etcd_commit_store::impl {
                         "etcd load: a transaction without compares failed");
     snapshot s;
     DCR_TRY(snapshot_of(t, 0, s, true));
-    stored_record r = s.counters;
-    if (r.revision > 0) {
-      stored_record embedded;
-      if (auto p = parse_commit_record(s.record_value, embedded, opt_.key); !p) {
-        p.message = "etcd " + record_key_ + ": " + p.message;
-        return p;
-      }
-      // Only this store writes the key, always with its next version inside.
-      DCR_RETURN_ERROR_IF(embedded.revision != r.revision, bad_format,
-                          "etcd " + record_key_ + ": record says revision " +
-                              std::to_string(embedded.revision) + " but the key is at version " +
-                              std::to_string(r.revision) +
-                              " (written by something other than dcr?)");
-      r.record = std::move(embedded.record);
-    }
+    stored_record r;
+    DCR_TRY(etcd::record_of(s, record_key_, r, opt_.key));
     epoch_hint_ = r.epoch;
     attempt_hint_ = r.attempt;
     out = std::move(r);

@@ -66,6 +66,7 @@ if [ "$rc" -ne 0 ]; then
 fi
 grep -qF '"bit_exact":true' <<<"$out" || { echo "FAIL: not bit-exact"; exit 1; }
 grep -qF '"receivers_checked":4' <<<"$out" || { echo "FAIL: not every receiver checked"; exit 1; }
+grep -qF '"receivers_equal":4' <<<"$out" || { echo "FAIL: not every receiver equals a dense load"; exit 1; }
 [ -z "$marker" ] || [ -e "$work/run/faults/$marker" ] || { echo "FAIL: fault $marker did not fire"; exit 1; }
 if [ "$scenario" = ci ]; then
   [ -e "$work/run/faults/coordinator-after_prepare-3" ] || { echo "FAIL: no coordinator kill"; exit 1; }
