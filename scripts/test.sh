@@ -5,8 +5,9 @@
 # a fresh machine runs everything. Ends with one line
 # "tests: N passed, N failed, N skipped" and the name and reason of every
 # skipped test; exits non-zero if any test failed, or if a test skipped that
-# may skip only for want of hardware (DCR_ALLOWED_SKIPS: the CUDA suite, which
-# needs a GPU, and the delay scenario, which needs the kernel's sch_netem).
+# may skip only for want of hardware (DCR_ALLOWED_SKIPS: the CUDA suite and the
+# CUDA bench's quick run, which need a GPU, and the delay scenario, which needs
+# the kernel's sch_netem).
 # DCR_STRICT_SKIPS=0 reports those skips without failing.
 set -euo pipefail
 export DCR_EXTRA_PACKAGES="${DCR_EXTRA_PACKAGES:-iproute2 nftables curl bc openssl etcd-server swift swift-proxy swift-object swift-container swift-account}"
@@ -25,7 +26,7 @@ if [ -f "$log" ]; then
   # Every skip is named with what the test printed; one that hardware does
   # not explain fails the run (a server suite that skipped hides a feature).
   set +e
-  DCR_ALLOWED_SKIPS="${DCR_ALLOWED_SKIPS:-dcr:cuda/ testbed-cluster-delay}" \
+  DCR_ALLOWED_SKIPS="${DCR_ALLOWED_SKIPS:-dcr:cuda/ bench-cuda-quick testbed-cluster-delay}" \
     python3 - "$log" <<'PY'
 import json, os, sys
 allowed = os.environ["DCR_ALLOWED_SKIPS"].split()
