@@ -51,6 +51,23 @@ struct source_state {
   }
 };
 
+/// `shard_from_canonical` over `bytes_of(tensor id)`, which returns the
+/// stored bytes of a canonical tensor as a `std::span<const std::byte>` of
+/// its full size (the caller checks sizes).
+template <class BytesOf>
+void shard_from_tensor_bytes(const source_plan& p, std::uint32_t s, BytesOf&& bytes_of,
+                             std::vector<std::byte>& out, std::byte padding = std::byte{0}) {
+  const auto& sh = p.shards[s];
+  out.resize(sh.nbytes());
+  if (!sh.map) return;
+  const std::uint64_t w = width_of(sh.dtype);
+  std::memset(out.data(), static_cast<int>(padding), out.size());
+  sh.map->map_run(0, sh.map->domain_size(), [&](const canonical_run& r) {
+    const std::span<const std::byte> b = bytes_of(r.tensor);
+    std::memcpy(out.data() + r.local_start * w, b.data() + r.canonical_start * w, r.count * w);
+  });
+}
+
 /// Shard `s` of `p` from canonical tensors (indexed by plan tensor id), by the
 /// inverse of its affine map: `shard[j] = canonical[map(j)]`; unmapped
 /// (padding) elements are filled with the byte `padding`. Shards without a map
@@ -59,19 +76,15 @@ struct source_state {
 inline void shard_from_canonical(const source_plan& p, std::uint32_t s,
                                  std::span<const host_tensor> canonical,
                                  std::vector<std::byte>& out, std::byte padding = std::byte{0}) {
-  const auto& sh = p.shards[s];
-  out.resize(sh.nbytes());
-  if (!sh.map) return;
-  const std::uint64_t w = width_of(sh.dtype);
-  std::memset(out.data(), static_cast<int>(padding), out.size());
-  sh.map->map_run(0, sh.map->domain_size(), [&](const canonical_run& r) {
-    const auto& t = canonical[r.tensor];
-    if (t.bytes.size() != p.canonical[r.tensor].nbytes())
-      throw error(errc::shape_mismatch,
-                  "source_from_canonical: " + p.canonical[r.tensor].name + " has the wrong size");
-    std::memcpy(out.data() + r.local_start * w, t.bytes.data() + r.canonical_start * w,
-                r.count * w);
-  });
+  shard_from_tensor_bytes(
+      p, s,
+      [&](std::uint32_t t) -> std::span<const std::byte> {
+        if (canonical[t].bytes.size() != p.canonical[t].nbytes())
+          throw error(errc::shape_mismatch,
+                      "source_from_canonical: " + p.canonical[t].name + " has the wrong size");
+        return canonical[t].bytes;
+      },
+      out, padding);
 }
 
 /// Every shard of `p` from canonical tensors (see `shard_from_canonical`);
@@ -147,8 +160,7 @@ source_state owned_source_from_canonical(const source_plan& p,
     const auto s = ids[k];
     const auto& sh = p.shards[s];
     auto& out = st.shards[s];
-    out.assign(sh.nbytes(), std::byte{0});
-    if (!sh.map) continue; // an input no canonical tensor holds (e.g. scales): zero
+    out.assign(sh.nbytes(), std::byte{0}); // an unmapped input (e.g. scales) stays zero
     for (auto t : reads[k]) {
       if (held.count(t)) continue;
       held.emplace(t, tensor(t));
@@ -159,12 +171,9 @@ source_state owned_source_from_canonical(const source_plan& p,
                                               " bytes, expected " +
                                               std::to_string(p.canonical[t].nbytes()));
     }
-    const std::uint64_t w = width_of(sh.dtype);
-    std::memset(out.data(), static_cast<int>(padding), out.size());
-    sh.map->map_run(0, sh.map->domain_size(), [&](const canonical_run& r) {
-      const std::span<const std::byte> b(held.at(r.tensor));
-      std::memcpy(out.data() + r.local_start * w, b.data() + r.canonical_start * w, r.count * w);
-    });
+    shard_from_tensor_bytes(
+        p, s, [&](std::uint32_t t) { return std::span<const std::byte>(held.at(t)); }, out,
+        padding);
     for (auto t : reads[k])
       if (last_use[t] == k) held.erase(t);
   }
