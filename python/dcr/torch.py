@@ -425,8 +425,14 @@ class Receiver:
             seen.append(op)
             return dst.fill_(0) if on_fill is None else on_fill(dst)
 
-        with _Hook(self, copy_hook, fill_hook):
-            reported = self.load_weights([(meta.name, self._scratch_for(meta))])
+        try:
+            with _Hook(self, copy_hook, fill_hook):
+                reported = self.load_weights([(meta.name, self._scratch_for(meta))])
+        except errors.Error:
+            raise
+        except Exception as e:  # a loader that throws fails the apply
+            errors.raise_error(errors.LoaderCondition,
+                               f"tensor {meta.name}: the loader raised {type(e).__name__}: {e}")
         if len(seen) != len(plan.ops):
             errors.raise_error(errors.LoaderCondition,
                                f"tensor {meta.name}: the loader made {len(seen)} writes, "

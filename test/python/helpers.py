@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dcr
 import dcr.torch as dt
 from refit_models import Trainer, VllmLikeModel, canonical_views, hf_config, hf_model, text_tokens
 
@@ -62,6 +63,26 @@ class Run:
                 rx.stage(p)
             stats.append(rx.apply())
         return stats
+
+    def refit(self):
+        """One transition as the protocol runs it: a mixed attempt; if any
+        receiver fails it (e.g. an XOR item for a path through a cast), an
+        overwrite_all retry to every receiver. Returns (attempts, entries)."""
+        payloads = self.build()
+        failed = 0
+        entries = 0
+        for rx in self.receivers:
+            rx.begin_attempt(self.attempt)
+            try:
+                for p in payloads:
+                    rx.stage(p)
+                entries += rx.apply()["entries"]
+            except dcr.Error:
+                failed += 1
+        if not failed:
+            return 1, entries
+        stats = self.apply(self.build(overwrite_all=True))
+        return 2, sum(s["entries"] for s in stats)
 
     def commit(self):
         for o in self.owners:
