@@ -70,6 +70,44 @@ def _geom(t: torch.Tensor) -> tuple:
     return (t.storage_offset(), tuple(t.shape), tuple(t.stride()))
 
 
+def _invertible(geom: tuple) -> bool:
+    """Whether a view's element offsets decompose uniquely and greedily by
+    decreasing stride (a slice, transpose or permutation of a contiguous
+    tensor): then an element offset maps back to its position in the view
+    with one division per dimension (`_map_entries`)."""
+    _, shape, stride = geom
+    dims = sorted(((st, sh) for sh, st in zip(shape, stride) if sh > 1), reverse=True)
+    reach = 0
+    for st, sh in reversed(dims):
+        if st <= reach:
+            return False
+        reach += (sh - 1) * st
+    return True
+
+
+def _map_entries(idx: torch.Tensor, src: tuple, dst: tuple):
+    """(positions in `idx`, destination element offsets) of the sorted canonical
+    indices `idx` that the source view `src` covers, through to the view `dst`
+    of the same shape. O(entries in the view's range)."""
+    off, shape, stride = src
+    reach = sum((sh - 1) * st for sh, st in zip(shape, stride) if sh > 1)
+    lo = int(torch.searchsorted(idx, off))
+    hi = int(torch.searchsorted(idx, off + reach, right=True))
+    pos = torch.arange(lo, hi, device=idx.device)
+    rem = idx[lo:hi] - off
+    out = torch.full_like(rem, dst[0])
+    valid = torch.ones_like(rem, dtype=torch.bool)
+    for j in sorted(range(len(shape)), key=lambda j: -stride[j]):
+        if shape[j] == 1:
+            continue
+        k = torch.div(rem, stride[j], rounding_mode="floor")
+        valid &= k < shape[j]
+        rem = rem - k * stride[j]
+        out += k * dst[2][j]
+    valid &= rem == 0
+    return pos[valid], out[valid]
+
+
 @dataclass
 class _Op:
     """One planned storage write of a loader call."""
@@ -77,6 +115,7 @@ class _Op:
     key: int                # registered storage (data_ptr of its untyped storage)
     dst: tuple              # (offset, shape, stride) in the storage's elements
     direct: bool = False    # source is a same-dtype view of the scratch
+    mapped: bool = False    # direct, and its source view inverts (`_invertible`)
     src: tuple | None = None  # its (offset, shape, stride) in the scratch's elements
 
     def same_path(self, other: "_Op") -> bool:
@@ -213,7 +252,9 @@ class Receiver:
                                f"({self._name_of(src)})")
         direct = self._aliases_scratch(src) and src.dtype == meta.dtype and \
             dst.dtype == meta.dtype and tuple(src.shape) == tuple(dst.shape)
-        return _Op("copy", key, _geom(dst), direct, _geom(src) if direct else None)
+        sg = _geom(src) if direct else None
+        return _Op("copy", key, _geom(dst), direct=direct, src=sg,
+                   mapped=direct and _invertible(sg))
 
     def _dst_view(self, op: _Op, base: torch.Tensor | None = None) -> torch.Tensor:
         flat = self._storages[op.key].flat if base is None else base
@@ -457,13 +498,28 @@ class Receiver:
                 errors.raise_error(errors.LoaderCondition,
                                    f"tensor {plan.meta.name}: overlapping {encoding} writes "
                                    f"within one copy_ into {self._name_of(dst)}")
+            if op.mapped:
+                # O(entries): the item's indices through the source view to
+                # destination offsets; the scratch is read for nothing.
+                pos, at = _map_entries(idx, op.src, op.dst)
+                mark = self._marks_of(op.key)
+                if bool(mark[at].any()):
+                    errors.raise_error(errors.LoaderCondition,
+                                       f"tensor {plan.meta.name}: overlapping {encoding} writes "
+                                       f"into {self._name_of(dst)}")
+                mark[at] = 1
+                marks.append((mark, at))
+                flat = word_view(self._storages[op.key].flat)
+                w = words[pos]
+                flat[at] = flat[at] ^ w if encoding == "xor" else _add_unzigzag(flat[at], w)
+                return dst
             mark = self._mark_view(op)
             if bool(mark.any()):
                 errors.raise_error(errors.LoaderCondition,
                                    f"tensor {plan.meta.name}: overlapping {encoding} writes "
                                    f"into {self._name_of(dst)}")
             mark.fill_(1)
-            marks.append(mark)
+            marks.append((mark, None))
             d, s = word_view(dst), word_view(src)
             if encoding == "xor":
                 d.bitwise_xor_(s)
@@ -474,19 +530,26 @@ class Receiver:
         try:
             self._run(plan, on_copy)
         finally:
-            for m in marks:
-                m.zero_()
+            for m, at in marks:
+                if at is None:
+                    m.zero_()
+                else:
+                    m[at] = 0
             sw[idx] = 0
 
-    def _mark_view(self, op: _Op) -> torch.Tensor:
+    def _marks_of(self, key: int) -> torch.Tensor:
+        """Per-storage marks of the elements the current item's XOR/add copies wrote."""
         if not hasattr(self, "_marks"):
             self._marks = {}
-        m = self._marks.get(op.key)
+        m = self._marks.get(key)
         if m is None:
-            m = torch.zeros(self._storages[op.key].flat.numel(), dtype=torch.uint8,
+            m = torch.zeros(self._storages[key].flat.numel(), dtype=torch.uint8,
                             device=self.device)
-            self._marks[op.key] = m
-        return self._dst_view(op, m)
+            self._marks[key] = m
+        return m
+
+    def _mark_view(self, op: _Op) -> torch.Tensor:
+        return self._dst_view(op, self._marks_of(op.key))
 
     def _apply_overwrite_direct(self, plan: _TensorPlan, idx, words) -> None:
         """Overwrites where every copy is a view of the scratch: the active
@@ -498,6 +561,10 @@ class Receiver:
         active[idx] = True
 
         def on_copy(dst, src, op):
+            if op.mapped:
+                pos, at = _map_entries(idx, op.src, op.dst)
+                word_view(self._storages[op.key].flat)[at] = words[pos]
+                return dst
             off, shape, stride = op.src
             m = active.as_strided(shape, stride, off)
             d = word_view(dst)

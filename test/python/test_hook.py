@@ -42,6 +42,11 @@ class Tiny(nn.Module):
             elif m == "report_buf":
                 self.w.data.copy_(t)
                 loaded.add("buf")
+            elif m == "transposed":  # through transposed and sliced views of both sides
+                self.w.data.t()[:, :2].copy_(t.t()[:, :2])
+                self.w.data.t()[:, 2:].copy_(t.t()[:, 2:])
+            elif m == "broadcast":  # every row from row 0: a view the entries cannot invert
+                self.w.data.copy_(t[0:1].expand(4, 8))
             elif m == "twice":
                 self.w.data.copy_(t)
                 self.w.data[:2].copy_(t[:2])
@@ -79,16 +84,18 @@ def item(old, new, idx, encoding):
     return (np.asarray(idx, dtype=np.uint64), v.numpy().view(np.uint8).copy())
 
 
+@pytest.mark.parametrize("mode", ["good", "transposed"])
 @pytest.mark.parametrize("encoding", ["xor", "add", "overwrite"])
-def test_exact_apply_each_encoding(encoding):
+def test_exact_apply_each_encoding(encoding, mode):
     a, b = tensors(0), tensors(1)
     # NaN and infinity among the new values: bits, not floats, are compared.
     b["w"].view(-1)[3] = float("nan")
     b["w"].view(-1)[5] = float("inf")
     b["b"].view(-1)[2] = float("nan")
-    m = Tiny()
+    m = Tiny(mode)
     rx = dt.Receiver(m, CANON)
     assert rx.xor_allowed("w") and not rx.xor_allowed("b")
+    assert all(op.mapped for op in rx._plans["w"].ops)
     rx.dense_refit(a)
     idx = list(range(0, 32, 3)) + [5]
     idx = sorted(set(idx))
@@ -98,8 +105,24 @@ def test_exact_apply_each_encoding(encoding):
     expect["w"].view(-1).view(torch.int16)[idx] = b["w"].view(-1).view(torch.int16)[idx]
     expect["b"].view(-1).view(torch.int16)[[0, 2, 7]] = \
         b["b"].view(-1).view(torch.int16)[[0, 2, 7]]
-    ref = Tiny()
+    ref = Tiny(mode)
     ref.load_weights(expect.items())
+    assert dt.state_bytes(ref) == dt.state_bytes(m)
+
+
+@pytest.mark.parametrize("encoding", ["xor", "add", "overwrite"])
+def test_views_the_entries_cannot_invert_apply_over_the_extent(encoding):
+    a, b = tensors(0), tensors(1)
+    m = Tiny("broadcast")
+    rx = dt.Receiver(m, CANON)
+    assert rx.xor_allowed("w") and not rx._plans["w"].ops[0].mapped
+    rx.dense_refit(a)
+    idx = [1, 6, 9]  # row 0 changes reach every row; row 1 changes none
+    rx.apply_item("w", encoding, *item(a["w"], b["w"], idx, encoding))
+    expect = a["w"].clone()
+    expect.view(-1).view(torch.int16)[idx] = b["w"].view(-1).view(torch.int16)[idx]
+    ref = Tiny("broadcast")
+    ref.load_weights([("w", expect), ("b", a["b"])])
     assert dt.state_bytes(ref) == dt.state_bytes(m)
 
 
