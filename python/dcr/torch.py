@@ -85,6 +85,15 @@ def _invertible(geom: tuple) -> bool:
     return True
 
 
+def _contiguous(shape, stride) -> bool:
+    expect = 1
+    for sh, st in zip(reversed(shape), reversed(stride)):
+        if sh > 1 and st != expect:
+            return False
+        expect *= sh
+    return True
+
+
 def _map_entries(idx: torch.Tensor, src: tuple, dst: tuple):
     """(positions in `idx`, destination element offsets) of the sorted canonical
     indices `idx` that the source view `src` covers, through to the view `dst`
@@ -93,6 +102,8 @@ def _map_entries(idx: torch.Tensor, src: tuple, dst: tuple):
     reach = sum((sh - 1) * st for sh, st in zip(shape, stride) if sh > 1)
     lo = int(torch.searchsorted(idx, off))
     hi = int(torch.searchsorted(idx, off + reach, right=True))
+    if _contiguous(shape, stride) and _contiguous(shape, dst[2]):
+        return slice(lo, hi), idx[lo:hi] + (dst[0] - off)  # a block: a shift
     pos = torch.arange(lo, hi, device=idx.device)
     rem = idx[lo:hi] - off
     out = torch.full_like(rem, dst[0])
@@ -130,6 +141,7 @@ class _TensorPlan:
     reported: frozenset | None = None
     direct: bool = True        # every copy a same-dtype view of the scratch
     xor_allowed: bool = False  # direct and no destination element written twice
+    disjoint: bool = False     # no destination element written twice (over all tensors)
 
     @property
     def skipped(self) -> bool:
@@ -302,8 +314,9 @@ class Receiver:
                                    "that is not an intercepted copy_)")
         # XOR (and add) need destinations written exactly once over all tensors.
         for plan in self._plans.values():
-            once = all(bool((self._dst_view(o, counts[o.key]) == 1).all()) for o in plan.ops)
-            plan.xor_allowed = plan.direct and not plan.skipped and once
+            plan.disjoint = all(bool((self._dst_view(o, counts[o.key]) == 1).all())
+                                for o in plan.ops)
+            plan.xor_allowed = plan.direct and not plan.skipped and plan.disjoint
 
     def _check_report(self, plan: _TensorPlan, reported, written: set, cls) -> None:
         if reported is None:
@@ -486,7 +499,7 @@ class Receiver:
         """XOR masks / add differences: scattered on a zero scratch, so every
         inactive position carries the identity (0)."""
         sw = word_view(self._scratch_for(plan.meta)).view(-1)
-        sw[idx] = words
+        sw.index_copy_(0, idx, words)
         marks: list = []
 
         def on_copy(dst, src, op):
@@ -502,16 +515,19 @@ class Receiver:
                 # O(entries): the item's indices through the source view to
                 # destination offsets; the scratch is read for nothing.
                 pos, at = _map_entries(idx, op.src, op.dst)
-                mark = self._marks_of(op.key)
-                if bool(mark[at].any()):
-                    errors.raise_error(errors.LoaderCondition,
-                                       f"tensor {plan.meta.name}: overlapping {encoding} writes "
-                                       f"into {self._name_of(dst)}")
-                mark[at] = 1
-                marks.append((mark, at))
+                if not plan.disjoint:
+                    # Prewarm proved the planned writes disjoint, and every
+                    # write is checked to be the planned one; otherwise mark.
+                    mark = self._marks_of(op.key)
+                    if bool(mark.index_select(0, at).any()):
+                        errors.raise_error(errors.LoaderCondition,
+                                           f"tensor {plan.meta.name}: overlapping {encoding} "
+                                           f"writes into {self._name_of(dst)}")
+                    mark.index_fill_(0, at, 1)
+                    marks.append((mark, at))
                 flat = word_view(self._storages[op.key].flat)
-                w = words[pos]
-                flat[at] = flat[at] ^ w if encoding == "xor" else _add_unzigzag(flat[at], w)
+                w, old = words[pos], flat.index_select(0, at)
+                flat.index_copy_(0, at, old ^ w if encoding == "xor" else _add_unzigzag(old, w))
                 return dst
             mark = self._mark_view(op)
             if bool(mark.any()):
@@ -534,8 +550,8 @@ class Receiver:
                 if at is None:
                     m.zero_()
                 else:
-                    m[at] = 0
-            sw[idx] = 0
+                    m.index_fill_(0, at, 0)
+            sw.index_fill_(0, idx, 0)
 
     def _marks_of(self, key: int) -> torch.Tensor:
         """Per-storage marks of the elements the current item's XOR/add copies wrote."""
@@ -556,14 +572,16 @@ class Receiver:
         positions are the same view of a mask of the item's indices."""
         meta = plan.meta
         sw = word_view(self._scratch_for(meta)).view(-1)
-        sw[idx] = words
-        active = torch.zeros(meta.numel, dtype=torch.bool, device=self.device)
-        active[idx] = True
+        sw.index_copy_(0, idx, words)
+        active = None
+        if not all(o.mapped for o in plan.ops if o.kind == "copy"):
+            active = torch.zeros(meta.numel, dtype=torch.bool, device=self.device)
+            active.index_fill_(0, idx, True)
 
         def on_copy(dst, src, op):
             if op.mapped:
                 pos, at = _map_entries(idx, op.src, op.dst)
-                word_view(self._storages[op.key].flat)[at] = words[pos]
+                word_view(self._storages[op.key].flat).index_copy_(0, at, words[pos])
                 return dst
             off, shape, stride = op.src
             m = active.as_strided(shape, stride, off)
@@ -574,7 +592,7 @@ class Receiver:
         try:
             self._run(plan, on_copy)
         finally:
-            sw[idx] = 0
+            sw.index_fill_(0, idx, 0)
 
     def _apply_overwrite_two_fill(self, plan: _TensorPlan, idx, words) -> None:
         """Overwrites through a transform (a cast, a scale): the loader runs on a
@@ -627,12 +645,14 @@ def _add_unzigzag(d: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         mag = torch.bitwise_right_shift(u, 1) & 0x7FFFFFFFFFFFFFFF
         delta = mag ^ (-(u & 1))
         return d + delta  # int64 wraps
-    wide = torch.int64
-    mask = (1 << (8 * w)) - 1
+    wide = torch.int64 if w == 4 else torch.int32
+    bits = 8 * w
+    mask = (1 << bits) - 1
     u = s.to(wide) & mask
     delta = (u >> 1) ^ (-(u & 1))
     r = (d.to(wide) + delta) & mask
-    r = torch.where(r >= (1 << (8 * w - 1)), r - (1 << (8 * w)), r) if w > 1 else r
+    if w > 1:  # back to the signed word: subtract 2^w where the top bit is set
+        r = r - ((r >> (bits - 1)) << bits)
     return r.to(d.dtype)
 
 
