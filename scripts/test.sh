@@ -2,7 +2,9 @@
 # Sets up and builds build/, then runs every test suite. The setup installs
 # the real servers the interop suites start (etcd, Swift with s3api) and the
 # tools of the network tests (iproute2, nftables, openssl, curl, bc), so that
-# a fresh machine runs everything. Ends with one line
+# a fresh machine runs everything; setup.sh also creates the pinned Python
+# environment (.venv/) whose pytest suite runs as the meson suite `python`
+# (its CUDA test skips inside pytest without a GPU). Ends with one line
 # "tests: N passed, N failed, N skipped" and the name and reason of every
 # skipped test; exits non-zero if any test failed, or if a test skipped that
 # may skip only for want of hardware (DCR_ALLOWED_SKIPS: the CUDA suite and the
