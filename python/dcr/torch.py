@@ -293,7 +293,7 @@ class Receiver:
                 plan.ops.append(self._op_of("fill", dst, None, meta))
                 return dst
 
-            with _Hook(self, on_copy, on_fill):
+            with torch.no_grad(), _Hook(self, on_copy, on_fill):
                 reported = self.load_weights([(meta.name, scratch)])
             if bool(self._scratch[:meta.nbytes].any()):
                 errors.raise_error(errors.UnsupportedLoader,
@@ -480,7 +480,7 @@ class Receiver:
             return dst.fill_(0) if on_fill is None else on_fill(dst)
 
         try:
-            with _Hook(self, copy_hook, fill_hook):
+            with torch.no_grad(), _Hook(self, copy_hook, fill_hook):
                 reported = self.load_weights([(meta.name, self._scratch_for(meta))])
         except errors.Error:
             raise
@@ -629,7 +629,8 @@ class Receiver:
     def dense_refit(self, tensors) -> object:
         """The same `load_weights` over full canonical tensors, without the hook."""
         items = tensors.items() if isinstance(tensors, Mapping) else tensors
-        return self.load_weights(list(items))
+        with torch.no_grad():
+            return self.load_weights(list(items))
 
 
 def _signed(word: int, width: int) -> int:

@@ -201,3 +201,32 @@ def test_cuda_receiver():
     expect = a["w"].clone()
     expect.view(-1)[[0, 4, 31]] = b["w"].view(-1)[[0, 4, 31]]
     assert torch.equal(m.w.cpu().view(torch.int16), expect.view(torch.int16))
+
+
+def test_loader_copying_into_parameters_that_require_grad():
+    """A plain nn.Module (parameters requiring grad) whose loader copies into
+    the parameter itself, not `.data`: the hook applies under no_grad."""
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(4, 8, dtype=torch.bfloat16))
+            self.b = nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))
+
+        def load_weights(self, weights):
+            for name, t in weights:
+                getattr(self, name).copy_(t)
+            return {name for name, _ in weights}
+
+    a, b = tensors(0), tensors(1)
+    m = Plain()
+    rx = dt.Receiver(m, CANON)
+    rx.dense_refit(a)
+    for name, n in (("w", 32), ("b", 8)):
+        idx = list(range(0, n, 2))
+        rx.apply_item(name, "xor", *item(a[name], b[name], idx, "xor"))
+        a[name].view(-1).view(torch.int16)[idx] = b[name].view(-1).view(torch.int16)[idx]
+    ref = Plain()
+    with torch.no_grad():
+        ref.load_weights(a.items())
+    assert dt.state_bytes(ref) == dt.state_bytes(m)

@@ -54,3 +54,30 @@ def test_xor_and_add_and_overwrite_paths_are_all_used():
     # An overwrite_all attempt of the same version changes nothing.
     run.apply(run.build(overwrite_all=True))
     assert run.mismatches() == []
+
+
+def test_four_phase_engine():
+    """init / start_update / update / finish, the weight-transfer-engine shape."""
+    import dcr.torch as dt
+
+    run = Run("qwen3_moe", lr=1e-5, make_receivers=vllm_receivers(2, enable_expert_parallel=True))
+    engines = []
+    for m in run.rx_models:
+        e = dt.RefitEngine(m, m.load_weights)
+        with pytest.raises(dt.errors.InvalidArgument):
+            e.finish()
+        e.init(run.plan.canonical)
+        engines.append(e)
+    # EP: each rank holds half the experts and says so.
+    expert = "model.layers.0.mlp.experts.3.up_proj.weight"
+    assert [e.receiver.needs(expert) for e in engines] == [False, True]
+    for _ in range(2):
+        run.train()
+        payloads = run.build()
+        for e in engines:
+            e.start_update(run.attempt)
+            assert e.update(payloads + payloads[:1]) == len(payloads)  # the repeat suppressed
+            assert e.finish()["payloads"] == len(payloads)
+        run.rx_models = [e.model for e in engines]
+        assert run.mismatches() == []
+        run.commit()
