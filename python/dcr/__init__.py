@@ -32,7 +32,8 @@ except ImportError as _e:  # pragma: no cover - message for a missing build
 _dcr._register_errors(dict(errors.BY_CODE))
 
 Plan = _dcr.Plan
+ObjectStore = _dcr.ObjectStore
 read_payload_id = _dcr.read_payload_id
 decode_payload = _dcr.decode_payload
 
-__all__ = ["Plan", "read_payload_id", "decode_payload", "errors", "Error"] + errors.__all__
+__all__ = ["Plan", "ObjectStore", "read_payload_id", "decode_payload", "errors", "Error"] + errors.__all__

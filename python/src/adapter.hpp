@@ -7,7 +7,8 @@
 /// plan (`megatron_plan` from an HF config.json and a `trainer_layout`), the
 /// in-process owner (`protocol::training_round`: `set_candidate`, build,
 /// `commit_baseline`), shard projection (`shard_from_tensor_bytes`) and payload
-/// decoding (`read_payload_id`, `decode_payload`).
+/// decoding (`read_payload_id`, `decode_payload`), and attempt objects in an
+/// object store (`attempt_writer`, `read_listed` over `incarnation_scope`).
 
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,8 @@
 #include "dcr/source/builder.hpp"
 #include "dcr/source/plan.hpp"
 #include "dcr/source/state.hpp"
+#include "dcr/transport/attempt_objects.hpp"
+#include "dcr/transport/object_store.hpp"
 
 namespace dcr_py {
 
@@ -44,6 +47,16 @@ inline std::string dtype_name(dcr::dtype_id d) {
     return "float8_e5m2";
   }
   return "unknown";
+}
+
+inline std::string hex(const dcr::digest128& d) {
+  static const char* x = "0123456789abcdef";
+  std::string s;
+  for (auto b : d) {
+    s += x[b >> 4];
+    s += x[b & 15];
+  }
+  return s;
 }
 
 struct tensor_info {
@@ -177,15 +190,6 @@ public:
   std::string candidate_digest() const { return hex(round_->members().at(0).candidate_digest()); }
 
 private:
-  static std::string hex(const dcr::digest128& d) {
-    static const char* x = "0123456789abcdef";
-    std::string s;
-    for (auto b : d) {
-      s += x[b >> 4];
-      s += x[b & 15];
-    }
-    return s;
-  }
   dcr::source_view view_of(const std::map<std::uint32_t, bytes_view>& given) const {
     dcr::source_view v;
     v.shards.resize(plan_->shards.size());
@@ -208,6 +212,95 @@ private:
   std::shared_ptr<const dcr::source_plan> plan_;
   std::uint32_t rank_;
   std::unique_ptr<dcr::protocol::training_round> round_;
+};
+
+/// Attempt objects of one commit history (incarnation) in an object store
+/// named by URL: "memory:" (this process) or "fs:<directory>". Owners
+/// publish each attempt's payloads and their manifest; receivers fetch what
+/// the manifests of an attempt list, digests checked.
+class object_store {
+public:
+  object_store(const std::string& url, std::string incarnation) {
+    if (incarnation.empty()) incarnation = dcr::new_incarnation();
+    if (url == "memory:" || url == "memory") {
+      store_ = std::make_unique<holder<dcr::transport::memory_object_store>>(incarnation);
+    } else if (url.rfind("fs:", 0) == 0 && url.size() > 3) {
+      store_ = std::make_unique<holder<dcr::transport::fs_object_store>>(
+          incarnation, std::filesystem::path(url.substr(3)));
+    } else {
+      throw dcr::error(dcr::errc::invalid_argument,
+                       "object store '" + url + "': expected memory: or fs:<directory>");
+    }
+    incarnation_ = std::move(incarnation);
+  }
+  const std::string& incarnation() const { return incarnation_; }
+
+  /// Upload owner `owner`'s payloads of attempt `attempt` (each indexed by
+  /// the tensors it updates), then its manifest; returns the manifest digest.
+  std::string publish(std::uint64_t attempt, std::uint32_t owner,
+                      const std::vector<bytes_view>& payloads) {
+    return store_->publish(attempt, owner, payloads);
+  }
+  /// The payloads the manifests of attempt `attempt` list, in name order
+  /// (owner, then sequence), each checked against its listed digest;
+  /// `owners` receives the owners whose manifest is there.
+  std::vector<std::vector<std::byte>> fetch(std::uint64_t attempt,
+                                            std::vector<std::uint32_t>& owners) {
+    return store_->fetch(attempt, owners);
+  }
+  /// Remove the objects of every attempt up to `attempt` (after its commit).
+  std::size_t collect(std::uint64_t attempt) { return store_->collect(attempt); }
+
+private:
+  struct base {
+    virtual ~base() = default;
+    virtual std::string publish(std::uint64_t, std::uint32_t, const std::vector<bytes_view>&) = 0;
+    virtual std::vector<std::vector<std::byte>> fetch(std::uint64_t,
+                                                      std::vector<std::uint32_t>&) = 0;
+    virtual std::size_t collect(std::uint64_t) = 0;
+  };
+  template <class Store>
+  struct holder : base {
+    Store store;
+    dcr::transport::incarnation_scope<Store> scope;
+    template <class... A>
+    explicit holder(const std::string& id, A&&... a)
+        : store(std::forward<A>(a)...), scope(store, id) {}
+    std::string publish(std::uint64_t attempt, std::uint32_t owner,
+                        const std::vector<bytes_view>& payloads) override {
+      dcr::transport::attempt_writer<dcr::transport::incarnation_scope<Store>> w(scope, attempt,
+                                                                                 owner);
+      std::vector<std::string> tensors;
+      for (auto p : payloads) {
+        dcr::throw_if_failed(dcr::codec::payload_tensors(p, tensors));
+        dcr::throw_if_failed(w.put_payload(p, tensors));
+      }
+      dcr::throw_if_failed(w.finish());
+      return hex(w.manifest_digest());
+    }
+    std::vector<std::vector<std::byte>> fetch(std::uint64_t attempt,
+                                              std::vector<std::uint32_t>& owners) override {
+      dcr::transport::listed_payloads listed;
+      dcr::throw_if_failed(dcr::transport::read_listed(scope, attempt, listed));
+      owners.assign(listed.owners.begin(), listed.owners.end());
+      std::vector<std::vector<std::byte>> out;
+      for (auto& [name, d] : listed.entries) {
+        auto& bytes = out.emplace_back();
+        dcr::throw_if_failed(scope.get(name, bytes));
+        if (dcr::digest(bytes) != d)
+          throw dcr::error(dcr::errc::digest_mismatch,
+                           "object " + name + ": bytes differ from the manifest's digest");
+      }
+      return out;
+    }
+    std::size_t collect(std::uint64_t attempt) override {
+      std::size_t n = 0;
+      dcr::throw_if_failed(dcr::transport::collect_attempts(scope, attempt, &n));
+      return n;
+    }
+  };
+  std::unique_ptr<base> store_;
+  std::string incarnation_;
 };
 
 struct payload_id {

@@ -193,6 +193,37 @@ PYBIND11_MODULE(_dcr, m) {
       .def_property_readonly("candidate_digest",
                              [](const py_owner& o) { return o.inner.candidate_digest(); });
 
+  py::class_<dcr_py::object_store>(m, "ObjectStore")
+      .def(py::init<const std::string&, std::string>(), py::arg("url"),
+           py::arg("incarnation") = std::string())
+      .def_property_readonly("incarnation", &dcr_py::object_store::incarnation)
+      .def(
+          "publish",
+          [](dcr_py::object_store& s, std::uint64_t attempt, std::uint32_t owner,
+             py::list payloads) {
+            std::vector<py::buffer_info> infos; // the buffers stay exported while C++ reads
+            std::vector<dcr_py::bytes_view> views;
+            for (auto p : payloads) {
+              infos.push_back(p.cast<py::buffer>().request());
+              auto& i = infos.back();
+              views.emplace_back(static_cast<const std::byte*>(i.ptr),
+                                 static_cast<std::size_t>(i.size * i.itemsize));
+            }
+            return s.publish(attempt, owner, views);
+          },
+          py::arg("attempt"), py::arg("owner"), py::arg("payloads"))
+      .def(
+          "fetch",
+          [](dcr_py::object_store& s, std::uint64_t attempt) {
+            std::vector<std::uint32_t> owners;
+            auto payloads = s.fetch(attempt, owners);
+            py::list l;
+            for (auto& b : payloads) l.append(owned_array<std::byte, std::uint8_t>(std::move(b)));
+            return py::make_tuple(l, owners);
+          },
+          py::arg("attempt"))
+      .def("collect", &dcr_py::object_store::collect, py::arg("attempt"));
+
   m.def(
       "read_payload_id",
       [](py::buffer b) {
