@@ -3,10 +3,11 @@
 # DCR_VENV) with the pinned packages of python/requirements.txt. A second run
 # with the same requirements does nothing (the installed list is kept in
 # .venv/.dcr-requirements). The extension dcr._dcr is built by Meson with the
-# rest of build/ (scripts/setup.sh, which runs this first): the `python`
-# feature finds .venv/bin/python3 and turns itself on.
+# rest of build/ (scripts/setup.sh, which runs this first under
+# DCR_PYTHON_SETUP=1, as test.sh sets it): the `python` feature finds
+# .venv/bin/python3 and turns itself on.
 # DCR_PYTHON: the interpreter that creates the environment (default python3,
-# 3.10 or newer). DCR_PYTHON_SETUP=0 (read by setup.sh) skips all of this.
+# 3.10 or newer).
 set -euo pipefail
 DCR_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${DCR_VENV:-$DCR_ROOT/.venv}

@@ -12,7 +12,7 @@ cannot take a relative item fails the attempt and everyone gets the
 overwrite retry. Each step ends with a byte-for-byte check of every
 receiver against a dense `load_weights` of the trained weights.
 
-    scripts/setup.sh    # once: .venv/ and the extension in build/
+    scripts/setup-python.sh && scripts/setup.sh    # once: .venv/ and the extension in build/
     .venv/bin/python3 examples/python/refit.py --model qwen3_moe --steps 5
 """
 
