@@ -81,3 +81,16 @@ def test_four_phase_engine():
         run.rx_models = [e.model for e in engines]
         assert run.mismatches() == []
         run.commit()
+
+
+def test_cast_paths_take_the_overwrite_retry():
+    """At a learning rate that moves the norms, the receivers' FP32 norms (a
+    cast: overwrite-only) refuse the mixed attempt's relative items; the
+    overwrite_all retry applies them by the two-fill rule, bit-exactly."""
+    run = Run("llama", lr=1e-2, make_receivers=vllm_receivers(2, fp32_norms=True))
+    for step in range(2):
+        run.train()
+        attempts, _ = run.refit()
+        assert attempts == 2
+        assert run.mismatches() == [], f"step {step + 1}"
+        run.commit()
