@@ -23,10 +23,19 @@ fi
 # CUDA 13 is not on PATH by default; meson finds nvcc through it.
 if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 
+# The Python package's environment (.venv/, pinned, cached; about 3 GB with
+# torch's CUDA libraries), with DCR_PYTHON_SETUP=1 (test.sh sets it; demo.sh
+# and the benches do not need it). Wherever .venv/ exists, Meson finds it and
+# builds the extension dcr._dcr with the rest.
+if [ "${DCR_PYTHON_SETUP:-0}" = 1 ]; then bash "$DCR_ROOT/scripts/setup-python.sh"; fi
+
 jobs=${DCR_JOBS:-2}
 if [ ! -f build/build.ninja ]; then
   echo "== configuring build/"
   meson setup build ${DCR_MESON_OPTIONS:-}
+elif [ -f .venv/.dcr-requirements ] && [ .venv/.dcr-requirements -nt build/build.ninja ]; then
+  echo "== reconfiguring build/ (the Python environment changed)"
+  meson setup --reconfigure build
 fi
 # DCR_BUILD_TARGETS: build only these (e.g. the demo); default everything.
 if [ -n "${DCR_BUILD_TARGETS:-}" ]; then

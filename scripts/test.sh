@@ -2,7 +2,10 @@
 # Sets up and builds build/, then runs every test suite. The setup installs
 # the real servers the interop suites start (etcd, Swift with s3api) and the
 # tools of the network tests (iproute2, nftables, openssl, curl, bc), so that
-# a fresh machine runs everything. Ends with one line
+# a fresh machine runs everything; it also creates the pinned Python
+# environment (.venv/, scripts/setup-python.sh; DCR_PYTHON_SETUP=0 skips it,
+# and the suite then reports a skip) whose pytest suite runs as the meson
+# suite `python` (its CUDA test skips inside pytest without a GPU). Ends with one line
 # "tests: N passed, N failed, N skipped" and the name and reason of every
 # skipped test; exits non-zero if any test failed, or if a test skipped that
 # may skip only for want of hardware (DCR_ALLOWED_SKIPS: the CUDA suite and the
@@ -10,6 +13,7 @@
 # the kernel's sch_netem).
 # DCR_STRICT_SKIPS=0 reports those skips without failing.
 set -euo pipefail
+export DCR_PYTHON_SETUP="${DCR_PYTHON_SETUP:-1}"
 export DCR_EXTRA_PACKAGES="${DCR_EXTRA_PACKAGES:-iproute2 nftables curl bc openssl etcd-server swift swift-proxy swift-object swift-container swift-account}"
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$DCR_ROOT"

@@ -1,0 +1,338 @@
+#pragma once
+/// \file
+/// The one layer between the Python module and the dcr library. Everything the
+/// bindings (module.cpp) use of dcr goes through here, in plain types (names,
+/// shapes, byte spans, byte vectors), so a change of the library's internal
+/// names is a change of this file only. Entry points used: the Megatron source
+/// plan (`megatron_plan` from an HF config.json and a `trainer_layout`), the
+/// in-process owner (`protocol::training_round`: `set_candidate`, build,
+/// `commit_baseline`), shard projection (`shard_from_tensor_bytes`) and payload
+/// decoding (`read_payload_id`, `decode_payload`), and attempt objects in an
+/// object store (`attempt_writer`, `read_listed` over `incarnation_scope`).
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dcr/assembly/adapters.hpp"
+#include "dcr/codec/payload_decode.hpp"
+#include "dcr/model/hf_config.hpp"
+#include "dcr/model/trainer_layout.hpp"
+#include "dcr/source/builder.hpp"
+#include "dcr/source/plan.hpp"
+#include "dcr/source/state.hpp"
+#include "dcr/transport/attempt_objects.hpp"
+#include "dcr/transport/object_store.hpp"
+
+namespace dcr_py {
+
+using bytes_view = std::span<const std::byte>;
+
+/// Dtype names as the Python side spells them (torch's short names).
+inline std::string dtype_name(dcr::dtype_id d) {
+  switch (d) {
+  case dcr::dtype_id::bf16:
+    return "bfloat16";
+  case dcr::dtype_id::f16:
+    return "float16";
+  case dcr::dtype_id::f32:
+    return "float32";
+  case dcr::dtype_id::f8e4m3fn:
+    return "float8_e4m3fn";
+  case dcr::dtype_id::f8e5m2:
+    return "float8_e5m2";
+  }
+  return "unknown";
+}
+
+inline std::string hex(const dcr::digest128& d) {
+  static const char* x = "0123456789abcdef";
+  std::string s;
+  for (auto b : d) {
+    s += x[b >> 4];
+    s += x[b & 15];
+  }
+  return s;
+}
+
+struct tensor_info {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  std::string dtype;
+};
+
+struct shard_info {
+  std::uint32_t id = 0;
+  std::string key, param;
+  std::vector<std::uint64_t> shape;
+  std::string dtype;
+  std::vector<std::uint32_t> replicas;
+  std::uint32_t owner = 0;
+  std::uint64_t nbytes = 0;
+};
+
+struct layout_args {
+  std::uint64_t tp = 1, pp = 1, ep = 1, etp = 1, dp = 1, vocab_block = 0;
+};
+
+/// A trainer's source plan: canonical tensors and the unique shards of every rank.
+class plan {
+public:
+  plan(const std::string& config_json, const layout_args& a)
+      : config_(dcr::model_config_from_hf_json(config_json)),
+        layout_(a.tp, a.pp, a.ep, a.etp, a.dp, a.vocab_block),
+        plan_(std::make_shared<const dcr::source_plan>(dcr::megatron_plan(config_, layout_))) {}
+
+  std::uint32_t world() const { return plan_->world; }
+  std::vector<tensor_info> canonical() const {
+    std::vector<tensor_info> v;
+    for (auto& m : plan_->canonical) v.push_back({m.name, m.shape, dtype_name(m.dtype)});
+    return v;
+  }
+  std::vector<shard_info> shards() const {
+    std::vector<shard_info> v;
+    for (std::uint32_t s = 0; s < plan_->shards.size(); ++s) {
+      auto& sh = plan_->shards[s];
+      v.push_back({s, sh.key, sh.param, sh.shape, dtype_name(sh.dtype), sh.replicas, sh.owner,
+                   sh.nbytes()});
+    }
+    return v;
+  }
+  std::vector<std::uint32_t> rank_shards(std::uint32_t rank) const {
+    if (rank >= plan_->world)
+      throw dcr::error(dcr::errc::invalid_argument, "rank " + std::to_string(rank) +
+                                                        " outside a world of " +
+                                                        std::to_string(plan_->world));
+    return plan_->rank_shards[rank];
+  }
+  std::size_t residual_tasks() const { return plan_->tasks.size(); }
+
+  /// Shard `s` from canonical tensors: `bytes_of(tensor id)` gives each
+  /// tensor's stored bytes; written into `out` (the caller's buffer).
+  template <class BytesOf>
+  void project(std::uint32_t s, BytesOf&& bytes_of, std::span<std::byte> out) const {
+    check_shard(s);
+    const auto& sh = plan_->shards[s];
+    if (out.size() != sh.nbytes())
+      throw dcr::error(dcr::errc::shape_mismatch,
+                       "shard " + sh.key + ": buffer of " + std::to_string(out.size()) +
+                           " bytes, expected " + std::to_string(sh.nbytes()));
+    std::vector<std::byte> tmp;
+    dcr::shard_from_tensor_bytes(
+        *plan_, s,
+        [&](std::uint32_t t) -> bytes_view {
+          bytes_view b = bytes_of(t);
+          if (b.size() != plan_->canonical[t].nbytes())
+            throw dcr::error(dcr::errc::shape_mismatch,
+                             "tensor " + plan_->canonical[t].name + ": " +
+                                 std::to_string(b.size()) + " bytes, expected " +
+                                 std::to_string(plan_->canonical[t].nbytes()));
+          return b;
+        },
+        tmp);
+    std::copy(tmp.begin(), tmp.end(), out.begin());
+  }
+
+  void check_shard(std::uint32_t s) const {
+    if (s >= plan_->shards.size())
+      throw dcr::error(dcr::errc::not_found, "shard id " + std::to_string(s) + " out of range");
+  }
+  const std::shared_ptr<const dcr::source_plan>& inner() const { return plan_; }
+
+private:
+  dcr::model_config config_;
+  dcr::trainer_layout layout_;
+  std::shared_ptr<const dcr::source_plan> plan_;
+};
+
+/// One training rank's owner: its baseline, the candidate and the payload build.
+class owner {
+public:
+  /// `committed`: shard id -> bytes of every shard this rank owns (others ignored).
+  owner(const plan& p, std::uint32_t rank, const std::map<std::uint32_t, bytes_view>& committed)
+      : plan_(p.inner()), rank_(rank) {
+    if (rank >= plan_->world)
+      throw dcr::error(dcr::errc::invalid_argument, "owner rank " + std::to_string(rank) +
+                                                        " outside a world of " +
+                                                        std::to_string(plan_->world));
+    round_ = std::make_unique<dcr::protocol::training_round>(
+        plan_, view_of(committed), dcr::builder_options{}, std::vector<std::uint32_t>{rank});
+  }
+
+  /// The shard ids this owner compares and emits.
+  std::vector<std::uint32_t> owned_shards() const { return plan_->owned_shards(rank_); }
+
+  /// The candidate: must stay valid until `commit` (the caller holds it).
+  void set_candidate(const std::map<std::uint32_t, bytes_view>& candidate) {
+    round_->set_candidate(view_of(candidate));
+  }
+  /// Payloads of attempt `attempt` for version `target_version`.
+  std::vector<std::vector<std::byte>> build(std::uint64_t attempt, std::uint64_t target_version,
+                                            bool overwrite_all) {
+    auto members = round_->members();
+    std::vector<std::vector<std::byte>> out;
+    dcr::protocol::build_request rq{attempt, target_version,
+                                    overwrite_all ? dcr::refit_mode::overwrite_all
+                                                  : dcr::refit_mode::mixed};
+    dcr::throw_if_failed(members.at(0).build(rq, [&](std::vector<std::byte>&& b) {
+      out.push_back(std::move(b));
+      return dcr::status::success();
+    }));
+    return out;
+  }
+  std::uint64_t changed_words() const { return round_->changes(rank_).count(); }
+  void commit() { round_->members().at(0).commit_baseline(); }
+  std::string baseline_digest() const { return hex(round_->members().at(0).baseline_digest()); }
+  std::string candidate_digest() const { return hex(round_->members().at(0).candidate_digest()); }
+
+private:
+  dcr::source_view view_of(const std::map<std::uint32_t, bytes_view>& given) const {
+    dcr::source_view v;
+    v.shards.resize(plan_->shards.size());
+    for (auto s : dcr::owned_inputs(*plan_, std::span<const std::uint32_t>(&rank_, 1))) {
+      auto it = given.find(s);
+      if (it == given.end())
+        throw dcr::error(dcr::errc::not_found, "owner " + std::to_string(rank_) + ": shard " +
+                                                   plan_->shards[s].key +
+                                                   " (owned by this rank) not given");
+      if (it->second.size() != plan_->shards[s].nbytes())
+        throw dcr::error(dcr::errc::shape_mismatch, "shard " + plan_->shards[s].key + ": " +
+                                                        std::to_string(it->second.size()) +
+                                                        " bytes, expected " +
+                                                        std::to_string(plan_->shards[s].nbytes()));
+      v.shards[s] = it->second;
+    }
+    return v;
+  }
+
+  std::shared_ptr<const dcr::source_plan> plan_;
+  std::uint32_t rank_;
+  std::unique_ptr<dcr::protocol::training_round> round_;
+};
+
+/// Attempt objects of one commit history (incarnation) in an object store
+/// named by URL: "memory:" (this process) or "fs:<directory>". Owners
+/// publish each attempt's payloads and their manifest; receivers fetch what
+/// the manifests of an attempt list, digests checked.
+class object_store {
+public:
+  object_store(const std::string& url, std::string incarnation) {
+    if (incarnation.empty()) incarnation = dcr::new_incarnation();
+    if (url == "memory:" || url == "memory") {
+      store_ = std::make_unique<holder<dcr::transport::memory_object_store>>(incarnation);
+    } else if (url.rfind("fs:", 0) == 0 && url.size() > 3) {
+      store_ = std::make_unique<holder<dcr::transport::fs_object_store>>(
+          incarnation, std::filesystem::path(url.substr(3)));
+    } else {
+      throw dcr::error(dcr::errc::invalid_argument,
+                       "object store '" + url + "': expected memory: or fs:<directory>");
+    }
+    incarnation_ = std::move(incarnation);
+  }
+  const std::string& incarnation() const { return incarnation_; }
+
+  /// Upload owner `owner`'s payloads of attempt `attempt` (each indexed by
+  /// the tensors it updates), then its manifest; returns the manifest digest.
+  std::string publish(std::uint64_t attempt, std::uint32_t owner,
+                      const std::vector<bytes_view>& payloads) {
+    return store_->publish(attempt, owner, payloads);
+  }
+  /// The payloads the manifests of attempt `attempt` list, in name order
+  /// (owner, then sequence), each checked against its listed digest;
+  /// `owners` receives the owners whose manifest is there.
+  std::vector<std::vector<std::byte>> fetch(std::uint64_t attempt,
+                                            std::vector<std::uint32_t>& owners) {
+    return store_->fetch(attempt, owners);
+  }
+  /// Remove the objects of every attempt up to `attempt` (after its commit).
+  std::size_t collect(std::uint64_t attempt) { return store_->collect(attempt); }
+
+private:
+  struct base {
+    virtual ~base() = default;
+    virtual std::string publish(std::uint64_t, std::uint32_t, const std::vector<bytes_view>&) = 0;
+    virtual std::vector<std::vector<std::byte>> fetch(std::uint64_t,
+                                                      std::vector<std::uint32_t>&) = 0;
+    virtual std::size_t collect(std::uint64_t) = 0;
+  };
+  template <class Store>
+  struct holder : base {
+    Store store;
+    dcr::transport::incarnation_scope<Store> scope;
+    template <class... A>
+    explicit holder(const std::string& id, A&&... a)
+        : store(std::forward<A>(a)...), scope(store, id) {}
+    std::string publish(std::uint64_t attempt, std::uint32_t owner,
+                        const std::vector<bytes_view>& payloads) override {
+      dcr::transport::attempt_writer<dcr::transport::incarnation_scope<Store>> w(scope, attempt,
+                                                                                 owner);
+      std::vector<std::string> tensors;
+      for (auto p : payloads) {
+        dcr::throw_if_failed(dcr::codec::payload_tensors(p, tensors));
+        dcr::throw_if_failed(w.put_payload(p, tensors));
+      }
+      dcr::throw_if_failed(w.finish());
+      return hex(w.manifest_digest());
+    }
+    std::vector<std::vector<std::byte>> fetch(std::uint64_t attempt,
+                                              std::vector<std::uint32_t>& owners) override {
+      dcr::transport::listed_payloads listed;
+      dcr::throw_if_failed(dcr::transport::read_listed(scope, attempt, listed));
+      owners.assign(listed.owners.begin(), listed.owners.end());
+      std::vector<std::vector<std::byte>> out;
+      for (auto& [name, d] : listed.entries) {
+        auto& bytes = out.emplace_back();
+        dcr::throw_if_failed(scope.get(name, bytes));
+        if (dcr::digest(bytes) != d)
+          throw dcr::error(dcr::errc::digest_mismatch,
+                           "object " + name + ": bytes differ from the manifest's digest");
+      }
+      return out;
+    }
+    std::size_t collect(std::uint64_t attempt) override {
+      std::size_t n = 0;
+      dcr::throw_if_failed(dcr::transport::collect_attempts(scope, attempt, &n));
+      return n;
+    }
+  };
+  std::unique_ptr<base> store_;
+  std::string incarnation_;
+};
+
+struct payload_id {
+  std::uint64_t attempt = 0, source_version = 0;
+  std::uint32_t owner = 0, sequence = 0;
+};
+
+inline payload_id read_id(bytes_view bytes) {
+  dcr::payload_id id;
+  dcr::throw_if_failed(dcr::read_payload_id(bytes, id));
+  return {id.attempt, id.source_version, id.owner, id.sequence};
+}
+
+struct decoded_item {
+  tensor_info tensor;
+  std::string encoding; ///< "xor", "overwrite" or "add"
+  std::vector<std::uint64_t> indices;
+  std::vector<std::byte> values;
+};
+
+/// Decode and validate every byte of a payload.
+inline std::vector<decoded_item> decode(bytes_view bytes, payload_id& id) {
+  dcr::decoded_payload p = dcr::decode_payload_or_throw(bytes);
+  id = {p.id.attempt, p.id.source_version, p.id.owner, p.id.sequence};
+  std::vector<decoded_item> out;
+  out.reserve(p.items.size());
+  for (auto& it : p.items)
+    out.push_back({{it.tensor.name, it.tensor.shape, dtype_name(it.tensor.dtype)},
+                   std::string(dcr::to_string(it.encoding)),
+                   std::move(it.indices),
+                   std::move(it.values)});
+  return out;
+}
+
+} // namespace dcr_py

@@ -1,0 +1,264 @@
+/// \file
+/// `dcr._dcr`: the Python extension. Binds the plain types of adapter.hpp
+/// only. Weight bytes cross by pointer and length (`(address, nbytes)` pairs
+/// the Python side takes from CPU tensors after checking dtype, device,
+/// contiguity and size), never copied; the objects that own them are held
+/// for as long as C++ reads them. Results the library allocates (payloads,
+/// decoded indices and values) come back as NumPy arrays that own the C++
+/// vectors, again without a copy. `dcr::error` becomes the `dcr.Error`
+/// subclass of its `errc` (registered by `dcr/errors.py`).
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "adapter.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+/// `dcr.errors` classes by errc value, set once at import.
+py::dict& error_classes() {
+  static py::dict* d = new py::dict(); // leaked: outlives interpreter teardown order issues
+  return *d;
+}
+
+/// A span over `(address, nbytes)`; the caller holds the owner alive.
+dcr_py::bytes_view span_of(const py::tuple& ptr_len) {
+  if (ptr_len.size() != 2)
+    throw dcr::error(dcr::errc::invalid_argument, "expected an (address, nbytes) pair");
+  const auto addr = ptr_len[0].cast<std::uintptr_t>();
+  const auto n = ptr_len[1].cast<std::size_t>();
+  if (n != 0 && addr == 0) throw dcr::error(dcr::errc::invalid_argument, "null address");
+  return {reinterpret_cast<const std::byte*>(addr), n};
+}
+
+/// A NumPy array owning `v` (moved, no copy).
+template <class T, class U = T>
+py::array owned_array(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<U>({static_cast<py::ssize_t>(heap->size())},
+                        reinterpret_cast<const U*>(heap->data()), owner);
+}
+
+std::map<std::uint32_t, dcr_py::bytes_view> shard_map(const py::dict& d) {
+  std::map<std::uint32_t, dcr_py::bytes_view> m;
+  for (auto [k, v] : d) m[k.cast<std::uint32_t>()] = span_of(v.cast<py::tuple>());
+  return m;
+}
+
+/// Owner with the candidate's Python owners held until the next candidate.
+struct py_owner {
+  dcr_py::owner inner;
+  py::object held; ///< the tensors behind the current candidate's spans
+};
+
+py::dict id_dict(const dcr_py::payload_id& id) {
+  py::dict d;
+  d["attempt"] = id.attempt;
+  d["source_version"] = id.source_version;
+  d["owner"] = id.owner;
+  d["sequence"] = id.sequence;
+  return d;
+}
+
+py::dict tensor_dict(const dcr_py::tensor_info& t) {
+  py::dict d;
+  d["name"] = t.name;
+  d["shape"] = py::tuple(py::cast(t.shape));
+  d["dtype"] = t.dtype;
+  return d;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_dcr, m) {
+  m.doc() = "dcr: bit-exact delta-compressed refit (C++ core)";
+
+  m.def("_register_errors", [](py::dict classes) { error_classes() = classes; });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const dcr::error& e) {
+      auto& classes = error_classes();
+      py::int_ code(static_cast<int>(e.code()));
+      if (classes.contains(code)) {
+        py::object cls = classes[code];
+        PyErr_SetObject(cls.ptr(), py::make_tuple(e.what(), code).ptr());
+      } else {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+      }
+    }
+  });
+
+  py::class_<dcr_py::plan>(m, "Plan")
+      .def(py::init([](const std::string& config_json, std::uint64_t tp, std::uint64_t pp,
+                       std::uint64_t ep, std::uint64_t etp, std::uint64_t dp,
+                       std::uint64_t vocab_block) {
+             return dcr_py::plan(config_json, {tp, pp, ep, etp, dp, vocab_block});
+           }),
+           py::arg("config_json"), py::arg("tp") = 1, py::arg("pp") = 1, py::arg("ep") = 1,
+           py::arg("etp") = 1, py::arg("dp") = 1, py::arg("vocab_block") = 0)
+      .def_property_readonly("world", &dcr_py::plan::world)
+      .def_property_readonly("residual_tasks", &dcr_py::plan::residual_tasks)
+      .def("canonical",
+           [](const dcr_py::plan& p) {
+             py::list l;
+             for (auto& t : p.canonical()) l.append(tensor_dict(t));
+             return l;
+           })
+      .def("shards",
+           [](const dcr_py::plan& p) {
+             py::list l;
+             for (auto& s : p.shards()) {
+               py::dict d;
+               d["id"] = s.id;
+               d["key"] = s.key;
+               d["param"] = s.param;
+               d["shape"] = py::tuple(py::cast(s.shape));
+               d["dtype"] = s.dtype;
+               d["replicas"] = s.replicas;
+               d["owner"] = s.owner;
+               d["nbytes"] = s.nbytes;
+               l.append(d);
+             }
+             return l;
+           })
+      .def("rank_shards", &dcr_py::plan::rank_shards, py::arg("rank"))
+      // Projects shard `shard` from canonical tensors: `tensors` maps a plan
+      // tensor id to (address, nbytes); `out` is (address, nbytes) of the
+      // caller's shard buffer. Only the tensors the shard reads are looked up.
+      .def(
+          "project",
+          [](const dcr_py::plan& p, std::uint32_t shard, py::dict tensors, py::tuple out) {
+            auto o = span_of(out);
+            std::span<std::byte> dst(const_cast<std::byte*>(o.data()), o.size());
+            p.project(
+                shard,
+                [&](std::uint32_t t) -> dcr_py::bytes_view {
+                  py::int_ key(t);
+                  if (!tensors.contains(key))
+                    throw dcr::error(dcr::errc::not_found,
+                                     "canonical tensor " + p.canonical().at(t).name + " not given");
+                  return span_of(tensors[key].cast<py::tuple>());
+                },
+                dst);
+          },
+          py::arg("shard"), py::arg("tensors"), py::arg("out"));
+
+  py::class_<py_owner>(m, "Owner")
+      .def(py::init(
+               [](const dcr_py::plan& p, std::uint32_t rank, py::dict committed, py::object keep) {
+                 // The baseline copies the committed shards: `keep` is only
+                 // needed during construction.
+                 (void)keep;
+                 return new py_owner{dcr_py::owner(p, rank, shard_map(committed)), py::none()};
+               }),
+           py::arg("plan"), py::arg("rank"), py::arg("committed"), py::arg("keep"))
+      .def("owned_shards", [](const py_owner& o) { return o.inner.owned_shards(); })
+      .def(
+          "set_candidate",
+          [](py_owner& o, py::dict candidate, py::object keep) {
+            o.inner.set_candidate(shard_map(candidate));
+            o.held = std::move(keep);
+          },
+          py::arg("candidate"), py::arg("keep"))
+      .def(
+          "build",
+          [](py_owner& o, std::uint64_t attempt, std::uint64_t target_version, bool overwrite_all) {
+            if (o.held.is_none())
+              throw dcr::error(dcr::errc::invalid_argument, "build: no candidate set");
+            std::vector<std::vector<std::byte>> payloads;
+            {
+              py::gil_scoped_release nogil;
+              payloads = o.inner.build(attempt, target_version, overwrite_all);
+            }
+            py::list l;
+            for (auto& b : payloads) l.append(owned_array<std::byte, std::uint8_t>(std::move(b)));
+            return l;
+          },
+          py::arg("attempt"), py::arg("target_version"), py::arg("overwrite_all") = false)
+      .def_property_readonly("changed_words",
+                             [](const py_owner& o) { return o.inner.changed_words(); })
+      .def("commit",
+           [](py_owner& o) {
+             if (o.held.is_none())
+               throw dcr::error(dcr::errc::invalid_argument, "commit: no candidate set");
+             o.inner.commit();
+           })
+      .def_property_readonly("baseline_digest",
+                             [](const py_owner& o) { return o.inner.baseline_digest(); })
+      .def_property_readonly("candidate_digest",
+                             [](const py_owner& o) { return o.inner.candidate_digest(); });
+
+  py::class_<dcr_py::object_store>(m, "ObjectStore")
+      .def(py::init<const std::string&, std::string>(), py::arg("url"),
+           py::arg("incarnation") = std::string())
+      .def_property_readonly("incarnation", &dcr_py::object_store::incarnation)
+      .def(
+          "publish",
+          [](dcr_py::object_store& s, std::uint64_t attempt, std::uint32_t owner,
+             py::list payloads) {
+            std::vector<py::buffer_info> infos; // the buffers stay exported while C++ reads
+            std::vector<dcr_py::bytes_view> views;
+            for (auto p : payloads) {
+              infos.push_back(p.cast<py::buffer>().request());
+              auto& i = infos.back();
+              views.emplace_back(static_cast<const std::byte*>(i.ptr),
+                                 static_cast<std::size_t>(i.size * i.itemsize));
+            }
+            return s.publish(attempt, owner, views);
+          },
+          py::arg("attempt"), py::arg("owner"), py::arg("payloads"))
+      .def(
+          "fetch",
+          [](dcr_py::object_store& s, std::uint64_t attempt) {
+            std::vector<std::uint32_t> owners;
+            auto payloads = s.fetch(attempt, owners);
+            py::list l;
+            for (auto& b : payloads) l.append(owned_array<std::byte, std::uint8_t>(std::move(b)));
+            return py::make_tuple(l, owners);
+          },
+          py::arg("attempt"))
+      .def("collect", &dcr_py::object_store::collect, py::arg("attempt"));
+
+  m.def(
+      "read_payload_id",
+      [](py::buffer b) {
+        auto info = b.request();
+        return id_dict(dcr_py::read_id(
+            {static_cast<const std::byte*>(info.ptr), static_cast<std::size_t>(info.size)}));
+      },
+      py::arg("payload"));
+
+  // Decodes and validates every byte; returns (id, [item dicts]) with
+  // indices as uint64 and values as uint8 arrays that own the decoded vectors.
+  m.def(
+      "decode_payload",
+      [](py::buffer b) {
+        auto info = b.request();
+        if (info.itemsize != 1 && info.ndim != 1)
+          throw dcr::error(dcr::errc::invalid_argument, "payload: expected a flat byte buffer");
+        dcr_py::payload_id id;
+        std::vector<dcr_py::decoded_item> items;
+        {
+          dcr_py::bytes_view v{static_cast<const std::byte*>(info.ptr),
+                               static_cast<std::size_t>(info.size * info.itemsize)};
+          py::gil_scoped_release nogil;
+          items = dcr_py::decode(v, id);
+        }
+        py::list l;
+        for (auto& it : items) {
+          py::dict d;
+          d["tensor"] = tensor_dict(it.tensor);
+          d["encoding"] = it.encoding;
+          d["indices"] = owned_array(std::move(it.indices));
+          d["values"] = owned_array<std::byte, std::uint8_t>(std::move(it.values));
+          l.append(d);
+        }
+        return py::make_tuple(id_dict(id), l);
+      },
+      py::arg("payload"));
+}
