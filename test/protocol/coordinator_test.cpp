@@ -189,7 +189,7 @@ TEST_CASE("scenario: receiver killed mid-refit -> restarted, dense restore of v,
   auto c = s.coord();
   s.start(c);
   s.trainer.step(0.1, 1);
-  s.endpoints[2]->kill_after(2);
+  support::kill_after(*s.endpoints[2], 2);
   const auto restores = s.endpoints[2]->counters().restores;
   auto rep = c.transition();
   REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
