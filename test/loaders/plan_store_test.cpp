@@ -39,7 +39,7 @@ bool same_copy(const planned_copy& a, const planned_copy& b) {
 /// Compare the two plans and stores field by field; every difference is a
 /// CHECK failure. Returns the number of copies compared.
 std::size_t check_same(const copy_plan& real, const parameter_store& rs, const copy_plan& meta,
-                const plan_store& ms) {
+                       const plan_store& ms) {
   REQUIRE(rs.size() == ms.size());
   for (std::size_t i = 0; i < rs.size(); ++i) CHECK(rs[i].meta == ms[i].meta);
   CHECK(rs.nbytes() == ms.nbytes());
@@ -94,12 +94,12 @@ loaders::vllm_parallel_config deployment(std::uint64_t tp, std::uint64_t pp = 1,
 
 /// A loader whose one copy changes dtype: both dry runs must refuse it alike.
 struct casting_loader {
-  template <class Store> void declare(Store& s, std::span<const tensor_meta> canonical) const {
+  template <class Store>
+  void declare(Store& s, std::span<const tensor_meta> canonical) const {
     for (auto& m : canonical) s.add(m.name, m.shape, dtype_id::f32);
   }
   template <class Store>
-  load_report load(std::string_view name, const tensor_view& src, Store& s,
-                   copy_sink& sink) const {
+  load_report load(std::string_view name, const tensor_view& src, Store& s, copy_sink& sink) const {
     sink.copy(s.view(name), src); // bf16 source into an f32 parameter
     return {{std::string(name)}};
   }
@@ -142,7 +142,7 @@ TEST_CASE("plan_copies equals prewarm: Qwen3-MoE with and without expert paralle
   check_deployment(c, deployment(4, 1, 1, true)); // EP 4
   check_deployment(c, deployment(2, 1, 2, true)); // EP over dp x tp
   check_deployment(c, deployment(2, 3, 1, true)); // PP: every stage holds embed / norm / head
-  c.experts = 6; // uneven homes
+  c.experts = 6;                                  // uneven homes
   c.ffn = 96;
   c.decoder_sparse_step = 2; // dense layers among MoE layers
   check_deployment(c, deployment(4, 1, 1, true));
