@@ -222,7 +222,7 @@ static_assert(protocol::receiver_role<model_receiver>);
 class faulty_store {
 public:
   explicit faulty_store(transport::memory_object_store& inner) : s_(&inner) {}
-  enum class fault { none, drop, corrupt, truncate, reverse_list, inject_stale };
+  enum class fault { none, drop, corrupt, truncate, reverse_list, inject_stale, fail_remove };
   std::atomic<fault> mode{fault::none};
   std::atomic<int> remaining{0}; ///< how many faults are left to inject
 
@@ -262,7 +262,11 @@ public:
     if (mode == fault::reverse_list) std::reverse(names.begin(), names.end());
     return status::success();
   }
-  status remove(std::string_view name) { return s_->remove(name); }
+  status remove(std::string_view name) {
+    if (mode == fault::fail_remove && take())
+      return fail(errc::io, "injected remove failure: " + std::string(name));
+    return s_->remove(name);
+  }
 
 private:
   bool take() {
