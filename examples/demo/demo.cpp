@@ -46,6 +46,7 @@
 #include "dcr/source/state.hpp"
 #include "dcr/transport/object_store.hpp"
 #include "examples/common/model_setup.hpp"
+#include "support/faults.hpp"
 #include "support/report.hpp"
 
 using namespace dcr;
@@ -164,7 +165,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
              rollout<Loader> ro, const std::string& model_desc, const std::string& trainer_desc,
              const fp8_rollout* fp8 = nullptr) {
   using rank_receiver = receiver<Loader>;
-  using staged = protocol::receiver_role_adapter<rank_receiver>;
+  using staged = support::crash_injectable<protocol::receiver_role_adapter<rank_receiver>>;
   using endpoint_t = protocol::receiver_endpoint<staged>;
   using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store,
                                               protocol::file_commit_store>;
@@ -384,7 +385,7 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
     round.set_candidate(state.view());
     if (kill) {
       const auto victim = static_cast<std::size_t>(step / opt.kill_every - 1) % endpoints.size();
-      endpoints[victim]->kill_after(1);
+      support::kill_after(*endpoints[victim], 1);
       say("step " + std::to_string(step) + ": receiver " + endpoints[victim]->id() +
           " will be killed mid-refit");
     }

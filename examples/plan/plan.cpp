@@ -15,7 +15,9 @@
 // VLLM_PP_LAYER_PARTITION is honoured when --pp-layer-partition is not given.
 // Without --etp a MoE model's expert-tensor-parallel size is --tp, as in
 // Megatron-Core (expert_tensor_parallel_size defaults to the TP size).
-// The rollout dry run allocates one rank's parameters at a time.
+// The rollout dry run records the loader's copies against metadata-only
+// storage (`plan_store`): no parameter or input bytes are allocated, so any
+// model size plans in the memory of its plan.
 // Exit status: 0 success, 1 a configuration or layout dcr refuses, 2 usage.
 #include <cstdint>
 #include <cstdio>
@@ -98,8 +100,8 @@ std::vector<rank_out> rollout(const model_config& c, const loaders::vllm_paralle
   for (std::uint64_t r = 0; r < p.world_size(); ++r) {
     const auto lay = loaders::vllm_layout::of_rank(p, r);
     loaders::vllm_style_loader loader(c, lay);
-    parameter_store store;
-    const copy_plan plan = prewarm(loader, store, metas);
+    plan_store store; // shapes and address ranges only: no parameter bytes
+    const copy_plan plan = plan_copies(loader, store, metas);
     rank_out ro{r,  lay.tp_rank, lay.pp_rank, lay.dp_rank, loader.moe_parallel().ep_rank,
                 {}, {},          {}};
     for (std::size_t i = 0; i < store.size(); ++i)

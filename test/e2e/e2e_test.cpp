@@ -17,6 +17,7 @@
 #include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/transport/object_store.hpp"
+#include "support/faults.hpp"
 
 using namespace dcr;
 using namespace dcr::protocol;
@@ -25,7 +26,7 @@ namespace {
 
 using loader_t = loaders::vllm_style_loader;
 using rank_t = receiver<loader_t>;
-using staged_t = receiver_role_adapter<rank_t>;
+using staged_t = support::crash_injectable<receiver_role_adapter<rank_t>>;
 using endpoint_t = receiver_endpoint<staged_t>;
 using member_t = training_round::member;
 using coord_t = coordinator<member_t, staged_t, transport::fs_object_store, file_commit_store>;
@@ -176,7 +177,7 @@ TEST_CASE("e2e: payloads per expert block, nodes fetch by the manifest index: EP
     for (std::uint64_t v = 1; v <= 3; ++v) {
       INFO("blocks " << blocks << " version " << v);
       w.train(0.03, v);
-      if (v == 2) w.endpoints[1]->kill_after(1);
+      if (v == 2) support::kill_after(*w.endpoints[1], 1);
       auto rep = c.transition();
       REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
       CHECK(rep.attempts.size() == (v == 2 ? 2u : 1u));
@@ -204,7 +205,7 @@ TEST_CASE("e2e: dense Llama, trainer TP2xPP2xDP2, vLLM TP4 (KV heads replicated)
 
   // Step 1: a receiver dies mid-refit; it is restored to v and the retry repairs.
   w.train(0.05, 1);
-  w.endpoints[1]->kill_after(1);
+  support::kill_after(*w.endpoints[1], 1);
   auto rep = co.transition();
   REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
   CHECK(rep.attempts.size() == 2);

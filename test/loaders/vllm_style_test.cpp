@@ -3,9 +3,10 @@
 // every rank of deployments given as vLLM's flags give them: TP 1..8 (t > nkv
 // included), PP with even, leftover and explicit partitions, DP with and
 // without expert parallelism, uneven expert counts, round-robin where vLLM
-// keeps it, tied embeddings, odd vocabularies and biases. Canonical tensors are FP32
-// with a unique word per element (tensor id, flat index), so each stored word
-// names its source; coverage across ranks is counted too.
+// keeps it, tied embeddings, odd vocabularies and biases (Llama's o_proj one
+// too). Canonical tensors are FP32 with a unique word per element (tensor id,
+// flat index), so each stored word names its source; coverage across ranks is
+// counted too.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -197,7 +198,8 @@ struct vllm_reference {
     const bool kv = n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos;
     std::uint64_t per = 1;
     if (kv && T > c.kv_heads) per = T / c.kv_heads;
-    if (n.find("norm") != std::string::npos || n.find("mlp.gate.weight") != std::string::npos)
+    if (n.find("norm") != std::string::npos || n.find("mlp.gate.weight") != std::string::npos ||
+        n.find("o_proj.bias") != std::string::npos) // RowParallelLinear keeps its bias whole
       per = T;
     return static_cast<std::uint32_t>(dp * per);
   }
@@ -309,6 +311,7 @@ TEST_CASE("vLLM-style placement: tied embeddings, odd vocab, biases") {
   auto c = tiny_llama();
   c.tied_embeddings = true;
   c.attention_bias = true;
+  c.o_proj_bias = true; // Llama: o_proj biased too, replicated on every rank
   c.layers = 1;
   for (std::uint64_t vocab : {777, 63, 1}) {
     c.vocab = vocab;

@@ -184,12 +184,39 @@ TEST_CASE("scenario: receiver fails mid-apply (alive, partial writes) -> overwri
   s.check_consistent(2);
 }
 
+TEST_CASE("best-effort garbage collection that fails is reported, the commit stands") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  s.store.mode = faulty_store::fault::fail_remove;
+  s.store.remaining = 1;
+  auto rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  CHECK(rep.committed_version == 1);
+  REQUIRE(rep.best_effort.size() == 1);
+  const auto& f = rep.best_effort[0];
+  CHECK(f.step == best_effort_step::collect_garbage);
+  CHECK(f.attempt == rep.attempts.back().attempt);
+  CHECK(f.cause.code == errc::io);
+  CHECK(f.text().find("collect_garbage, attempt ") == 0);
+  CHECK(f.text().find("injected remove failure") != std::string::npos);
+  s.check_consistent(1);
+  // The next transition collects what was left; nothing fails.
+  s.store.mode = faulty_store::fault::none;
+  s.trainer.step(0.1, 2);
+  rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  CHECK(rep.best_effort.empty());
+  s.check_consistent(2);
+}
+
 TEST_CASE("scenario: receiver killed mid-refit -> restarted, dense restore of v, joins the retry") {
   rig<> s;
   auto c = s.coord();
   s.start(c);
   s.trainer.step(0.1, 1);
-  s.endpoints[2]->kill_after(2);
+  support::kill_after(*s.endpoints[2], 2);
   const auto restores = s.endpoints[2]->counters().restores;
   auto rep = c.transition();
   REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);

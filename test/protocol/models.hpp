@@ -16,6 +16,7 @@
 #include "dcr/model/config.hpp"
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/transport/object_store.hpp"
+#include "support/faults.hpp"
 
 namespace dcr::test_models {
 
@@ -162,6 +163,7 @@ public:
       DCR_RETURN_ERROR_IF(tensors_[f->second].meta != it.tensor, shape_mismatch, it.tensor.name);
     }
     staged_.push_back(std::move(d));
+    if (crash_after_ && --crash_after_ == 0) lost_ = true;
     return status::success();
   }
   status apply_staged() {
@@ -197,6 +199,10 @@ public:
     fail_after_items_ = n;
     applied_items_ = 0;
   }
+  /// Fault: crash (storage lost) after `n` more staged payloads
+  /// (`support::kill_after`); 0 disarms.
+  void crash_after(std::uint64_t n) noexcept { crash_after_ = n; }
+  bool lost() const noexcept { return lost_; }
 
 private:
   std::string id_;
@@ -207,6 +213,8 @@ private:
   std::vector<decoded_payload> staged_;
   long applied_items_ = 0;
   long fail_after_items_ = -1;
+  std::uint64_t crash_after_ = 0;
+  bool lost_ = false;
 };
 static_assert(protocol::receiver_role<model_receiver>);
 
@@ -214,7 +222,7 @@ static_assert(protocol::receiver_role<model_receiver>);
 class faulty_store {
 public:
   explicit faulty_store(transport::memory_object_store& inner) : s_(&inner) {}
-  enum class fault { none, drop, corrupt, truncate, reverse_list, inject_stale };
+  enum class fault { none, drop, corrupt, truncate, reverse_list, inject_stale, fail_remove };
   std::atomic<fault> mode{fault::none};
   std::atomic<int> remaining{0}; ///< how many faults are left to inject
 
@@ -254,7 +262,11 @@ public:
     if (mode == fault::reverse_list) std::reverse(names.begin(), names.end());
     return status::success();
   }
-  status remove(std::string_view name) { return s_->remove(name); }
+  status remove(std::string_view name) {
+    if (mode == fault::fail_remove && take())
+      return fail(errc::io, "injected remove failure: " + std::string(name));
+    return s_->remove(name);
+  }
 
 private:
   bool take() {

@@ -157,7 +157,7 @@ void run_steps(cluster_rig& s, C& c, int steps, std::uint64_t seed, int kill_at,
   for (int step = 1; step <= steps; ++step) {
     s.trainer.step(0.05, seed * 31 + static_cast<std::uint64_t>(step));
     if (step == kill_at)
-      s.endpoints[static_cast<std::size_t>(step) % s.endpoints.size()]->kill_after(1);
+      support::kill_after(*s.endpoints[static_cast<std::size_t>(step) % s.endpoints.size()], 1);
     auto rep = c.transition();
     INFO("step " << step << ": " << rep.result.message);
     REQUIRE(rep.result.ok());

@@ -71,7 +71,7 @@ TEST_CASE(
             [&](model_receiver& r) { r.fail_after(static_cast<long>(rng() % 3)); });
         break;
       case 2:
-        eps[rng() % eps.size()]->kill_after(1 + rng() % 2);
+        support::kill_after(*eps[rng() % eps.size()], 1 + rng() % 2);
         break;
       case 3:
         store.mode = faulty_store::fault::drop, store.remaining = 1;

@@ -593,7 +593,7 @@ TEST_CASE("coordinator over the relay tree: a killed receiver fails the attempt;
     auto c = s.coord();
     s.start(c);
     s.trainer.step(0.1, 1);
-    s.endpoints[2]->kill_after(2);
+    support::kill_after(*s.endpoints[2], 2);
     auto rep = c.transition();
     REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
     REQUIRE(rep.attempts.size() == 2);

@@ -12,6 +12,8 @@
 /// - `gate_up_proj` fused [gate rows r·I/t, +I/t ; up rows r·I/t, +I/t]
 ///   (`MergedColumnParallelLinear`);
 /// - row-parallel `o_proj`, `down_proj` (`RowParallelLinear`): columns [r·K/t, +K/t);
+///   Llama's `o_proj` has a bias when `attention_bias` is set (`LlamaAttention`'s
+///   `bias_o_proj`), which `RowParallelLinear` keeps whole on every rank;
 /// - vocab-parallel `embed_tokens` / `lm_head` (`VocabParallelEmbedding`,
 ///   `ParallelLMHead`): the vocabulary is padded to a multiple of 64
 ///   (`pad_vocab_size`) and then divided by t; rank r holds padded rows
@@ -425,7 +427,10 @@ public:
     return {};
   }
 
-  void declare(parameter_store& s, std::span<const tensor_meta>) const {
+  /// `Store`: `parameter_store`, or `plan_store` for a plan without bytes
+  /// (receiver/plan.hpp); `declare` and `load` only add parameters and take views.
+  template <class Store>
+  void declare(Store& s, std::span<const tensor_meta>) const {
     if (auto why = fp8_unsupported(); !why.empty())
       throw error(errc::unsupported_loader, "tensor " + why);
     const auto t = l_.parallel.tensor_parallel_size, d = c_.head_dim, h = c_.hidden;
@@ -452,6 +457,7 @@ public:
       if (c_.attention_bias)
         s.add(layer_name(i, "self_attn.qkv_proj.bias"), {(nq_l_ + 2 * nkv_l_) * d}, dt);
       linear(L("self_attn.o_proj.weight"), L("self_attn.o_proj.weight"), h, c_.heads * d / t);
+      if (c_.o_proj_bias) s.add(layer_name(i, "self_attn.o_proj.bias"), {h}, dt);
       if (c_.qk_norm) {
         s.add(layer_name(i, "self_attn.q_norm.weight"), {d}, dt);
         s.add(layer_name(i, "self_attn.k_norm.weight"), {d}, dt);
@@ -480,8 +486,8 @@ public:
     if (has_lm_head_ && !c_.tied_embeddings) s.add("lm_head.weight", {vrows, h}, dt);
   }
 
-  load_report load(std::string_view name, const tensor_view& src, parameter_store& s,
-                   copy_sink& sink) const {
+  template <class Store>
+  load_report load(std::string_view name, const tensor_view& src, Store& s, copy_sink& sink) const {
     auto it = routes_.find(std::string(name));
     if (it == routes_.end()) return {}; // vLLM would not know the weight: prewarm rejects it
     const route& r = it->second;
@@ -581,8 +587,8 @@ private:
 
   /// A `weight_scale_inv` tensor, placed as vLLM places `BlockQuantScaleParameter`s
   /// (see the file comment): row counts in tiles of `bn`, columns in tiles of `bk`.
-  load_report load_scale(const route& r, const tensor_view& src, parameter_store& s,
-                         copy_sink& sink) const {
+  template <class Store>
+  load_report load_scale(const route& r, const tensor_view& src, Store& s, copy_sink& sink) const {
     using i64 = std::int64_t;
     const auto t = static_cast<i64>(l_.parallel.tensor_parallel_size);
     const auto rk = static_cast<i64>(l_.tp_rank);
@@ -678,6 +684,8 @@ private:
         set(L("self_attn.v_proj.bias"), kind::v, L("self_attn.qkv_proj.bias"));
       }
       set(L("self_attn.o_proj.weight"), kind::row_parallel, L("self_attn.o_proj.weight"));
+      if (c_.o_proj_bias) // `RowParallelLinear`'s bias: the whole [hidden] on every rank
+        set(L("self_attn.o_proj.bias"), kind::replicated, L("self_attn.o_proj.bias"));
       if (c_.qk_norm) {
         set(L("self_attn.q_norm.weight"), kind::replicated, L("self_attn.q_norm.weight"));
         set(L("self_attn.k_norm.weight"), kind::replicated, L("self_attn.k_norm.weight"));

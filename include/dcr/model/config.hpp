@@ -42,9 +42,13 @@ struct model_config {
   std::uint64_t experts = 0;   ///< routed experts (0: dense MLP)
   std::uint64_t moe_ffn = 0;   ///< per-expert intermediate size
   std::uint64_t vocab = 1000;
-  bool tied_embeddings = false;               ///< lm_head shares embed_tokens (no lm_head tensor)
-  bool qk_norm = false;                       ///< Qwen3 per-head q_norm / k_norm
-  bool attention_bias = false;                ///< q/k/v biases (Qwen2-style)
+  bool tied_embeddings = false; ///< lm_head shares embed_tokens (no lm_head tensor)
+  bool qk_norm = false;         ///< Qwen3 per-head q_norm / k_norm
+  bool attention_bias = false;  ///< q/k/v biases (Qwen2-style)
+  /// An `o_proj` bias [hidden] too: Llama's `attention_bias` gives every
+  /// attention projection one (Hugging Face's and vLLM's `LlamaAttention`),
+  /// Qwen2's and Qwen3's only q/k/v. Set by `model_config_from_hf_json`.
+  bool o_proj_bias = false;
   std::uint64_t decoder_sparse_step = 1;      ///< layer i is MoE when (i + 1) % step == 0 ...
   std::vector<std::uint64_t> mlp_only_layers; ///< ... and i is not listed here
   std::uint64_t expert_groups = 0; ///< grouped top-k groups (0: none; Qwen3-MoE has none)
@@ -102,6 +106,7 @@ inline std::vector<tensor_meta> canonical_tensors(const model_config& c) {
       add(layer_name(i, "self_attn.v_proj.bias"), {kv});
     }
     add(layer_name(i, "self_attn.o_proj.weight"), {c.hidden, q});
+    if (c.o_proj_bias) add(layer_name(i, "self_attn.o_proj.bias"), {c.hidden});
     if (c.qk_norm) {
       add(layer_name(i, "self_attn.q_norm.weight"), {c.head_dim});
       add(layer_name(i, "self_attn.k_norm.weight"), {c.head_dim});

@@ -175,8 +175,10 @@ inline model_config model_config_from_hf_json(std::string_view json) {
   if (c.vocab == 0) hf_fields::bad(errc::invalid_argument, "vocab_size", "must be > 0");
   c.tied_embeddings = f.flag_or("tie_word_embeddings", false);
   // Qwen2's attention always has q/k/v biases (no config field); Llama and
-  // Qwen3 read `attention_bias`. q_norm / k_norm exist in every Qwen3 layer.
+  // Qwen3 read `attention_bias`, which in Llama biases `o_proj` as well. q_norm / k_norm exist in
+  // every Qwen3 layer.
   c.attention_bias = type == "qwen2" ? true : f.flag_or("attention_bias", false);
+  c.o_proj_bias = type == "llama" && c.attention_bias;
   c.qk_norm = type == "qwen3" || type == "qwen3_moe";
   if (type == "qwen3_moe") {
     c.experts = f.u64("num_experts");

@@ -16,9 +16,10 @@
 /// calls it had running (`stop` set), so a dead coordinator's attempt ends
 /// at every role.
 ///
-/// POSIX sockets as in transport/relay_tcp.hpp (non-blocking, every wait a
-/// bounded `poll`, `MSG_NOSIGNAL`), for the same reasons: one thread per
-/// call, synchronous deadline-bounded I/O, no Boost in the header.
+/// POSIX sockets through net/framed_socket.hpp, the layer the relay links
+/// (transport/relay_tcp.hpp) use too: non-blocking, every wait a bounded
+/// `poll`, `MSG_NOSIGNAL`; one thread per call, synchronous deadline-bounded
+/// I/O, no Boost in the header.
 ///
 /// Wake-ups come from the events themselves, not from the end of a polling
 /// slice: the server polls the connection together with an eventfd its
@@ -55,6 +56,7 @@
 #include <unistd.h>
 
 #include "dcr/core/error.hpp"
+#include "dcr/net/framed_socket.hpp"
 #include "dcr/protocol/control_frame.hpp"
 
 namespace dcr::protocol {
@@ -159,18 +161,15 @@ inline int poll_ms_until(std::chrono::steady_clock::time_point t, int cap) {
 }
 } // namespace detail
 
-/// One connected socket carrying control frames. Owns the descriptor.
+/// One connected socket carrying control frames (net/framed_socket.hpp
+/// moves the bytes). Owns the descriptor.
 class control_socket {
 public:
-  control_socket(int fd, channel_options opt) : fd_(fd), opt_(opt) {
-    const int one = 1;
-    (void)::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  }
+  control_socket(int fd, channel_options opt) : sock_(fd, "control channel", 100), opt_(opt) {}
   control_socket(const control_socket&) = delete;
   control_socket& operator=(const control_socket&) = delete;
-  ~control_socket() { ::close(fd_); }
   /// The descriptor, to poll beside others (reads and writes go through this object).
-  int fd() const noexcept { return fd_; }
+  int fd() const noexcept { return sock_.fd(); }
 
   /// From now on every frame each way carries the keyed tag of this
   /// connection (`client`: this end dialled).
@@ -185,8 +184,8 @@ public:
   status send(control_type t, std::uint64_t attempt, std::span<const std::byte> body) {
     const auto f = encode_control_frame(t, attempt, body, keyed_ ? &send_mac_ : nullptr);
     if (keyed_) ++send_mac_.sequence;
-    return io(const_cast<std::byte*>(f.data()), f.size(), true,
-              std::chrono::steady_clock::now() + opt_.frame_timeout);
+    return sock_.send_all(f.data(), f.size(),
+                          std::chrono::steady_clock::now() + opt_.frame_timeout);
   }
 
   /// Wait until `deadline` for a frame to start (`timed_out` set when none
@@ -197,18 +196,18 @@ public:
     std::array<std::byte, control_header_size> hdr;
     {
       // First byte: up to `deadline`; the rest of the frame: frame_timeout.
-      auto s = io(hdr.data(), 1, false, deadline);
+      auto s = sock_.receive_all(hdr.data(), 1, deadline);
       if (!s) {
-        timed_out = timed_out_;
+        timed_out = sock_.timed_out();
         return s;
       }
     }
     const auto rest_deadline = std::chrono::steady_clock::now() + opt_.frame_timeout;
-    DCR_TRY(io(hdr.data() + 1, hdr.size() - 1, false, rest_deadline));
+    DCR_TRY(sock_.receive_all(hdr.data() + 1, hdr.size() - 1, rest_deadline));
     control_header h;
     DCR_TRY(decode_control_header(hdr, opt_.max_body, h)); // before the body is allocated
     std::vector<std::byte> rest(h.length + control_trailer_size);
-    DCR_TRY(io(rest.data(), rest.size(), false, rest_deadline));
+    DCR_TRY(sock_.receive_all(rest.data(), rest.size(), rest_deadline));
     DCR_TRY(check_control_digest(hdr, h, rest, keyed_ ? &recv_mac_ : nullptr));
     if (keyed_) ++recv_mac_.sequence;
     out.type = h.type;
@@ -218,46 +217,11 @@ public:
     return status::success();
   }
   /// Wakes blocked calls on this socket (any thread); closes on destruction.
-  void shutdown() {
-    closed_ = true;
-    ::shutdown(fd_, SHUT_RDWR);
-  }
+  void shutdown() { sock_.shutdown(); }
 
 private:
-  status io(std::byte* p, std::size_t n, bool out, std::chrono::steady_clock::time_point deadline) {
-    timed_out_ = false;
-    while (n > 0) {
-      DCR_RETURN_ERROR_IF(closed_.load(), unavailable, "control channel closed");
-      const ssize_t k = out ? ::send(fd_, p, n, MSG_NOSIGNAL) : ::recv(fd_, p, n, 0);
-      if (k > 0) {
-        p += k;
-        n -= static_cast<std::size_t>(k);
-        continue;
-      }
-      DCR_RETURN_ERROR_IF(k == 0 && !out, unavailable,
-                          "control channel: connection closed by the peer");
-      const int e = errno;
-      if (k < 0 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
-        return fail(errc::unavailable, std::string("control channel: ") +
-                                           (out ? "send: " : "receive: ") + std::strerror(e));
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        timed_out_ = true;
-        return fail(errc::unavailable, std::string("control channel: peer ") +
-                                           (out ? "took no bytes" : "sent no bytes") + " in time");
-      }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-      pollfd pf{fd_, static_cast<short>(out ? POLLOUT : POLLIN), 0};
-      (void)::poll(&pf, 1, static_cast<int>(std::min<long long>(left + 1, 100)));
-    }
-    return status::success();
-  }
-
-  int fd_;
+  net::stream_socket sock_;
   channel_options opt_;
-  std::atomic<bool> closed_{false};
-  bool timed_out_ = false;
   // Keyed connection state; one thread sends and receives at a time (the
   // client under its lock, the server on its connection's thread).
   bool keyed_ = false;
@@ -282,19 +246,7 @@ inline status dial_control(const peer_address& peer, const channel_options& opt,
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   DCR_RETURN_ERROR_IF(fd < 0, unavailable, who + ": socket: " + std::strerror(errno));
   auto sock = std::make_unique<control_socket>(fd, opt); // owns fd from here
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    DCR_RETURN_ERROR_IF(errno != EINPROGRESS, unavailable,
-                        who + ": connect: " + std::strerror(errno));
-    pollfd pf{fd, POLLOUT, 0};
-    const int r = ::poll(&pf, 1, static_cast<int>(opt.connect_timeout.count()));
-    DCR_RETURN_ERROR_IF(r <= 0, unavailable,
-                        who + ": connect timed out after " +
-                            std::to_string(opt.connect_timeout.count()) + " ms");
-    int err = 0;
-    socklen_t len = sizeof err;
-    (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    DCR_RETURN_ERROR_IF(err != 0, unavailable, who + ": connect: " + std::strerror(err));
-  }
+  DCR_TRY(net::connect_within(fd, a, opt.connect_timeout, who));
   if (!opt.key.empty()) {
     // Nonces first (see control_frame.hpp); a server without the key answers
     // with its refusal, which is returned as it came.
@@ -416,22 +368,12 @@ public:
   /// Listen on `host:port` (port 0: the OS picks one; `port()` tells).
   status listen(const std::string& host, unsigned short port) {
     const std::string who = "control server " + host + ":" + std::to_string(port) + ": ";
-    lfd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    DCR_RETURN_ERROR_IF(lfd_ < 0, io, who + std::strerror(errno));
-    const int one = 1;
-    (void)::setsockopt(lfd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
     DCR_RETURN_ERROR_IF(::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1, invalid_argument,
                         who + "not an IPv4 address");
-    DCR_RETURN_ERROR_IF(::bind(lfd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0, io,
-                        who + "bind: " + std::strerror(errno));
-    DCR_RETURN_ERROR_IF(::listen(lfd_, 64) != 0, io, who + "listen: " + std::strerror(errno));
-    socklen_t len = sizeof a;
-    DCR_RETURN_ERROR_IF(::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len) != 0, io,
-                        who + std::strerror(errno));
-    port_ = ntohs(a.sin_port);
+    DCR_TRY(net::listen_tcp(a, who, lfd_, port_));
     acceptor_ = std::thread([this] { accept_loop(); });
     return status::success();
   }

@@ -38,6 +38,7 @@
 #include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
+#include "dcr/net/frame_preamble.hpp"
 
 namespace dcr::protocol {
 
@@ -107,6 +108,8 @@ inline digest128 control_tag(const control_mac& m, std::span<const std::byte> fr
 inline constexpr std::uint32_t control_magic = 0x43524344u;
 inline constexpr std::uint16_t control_version = 1;
 inline constexpr std::size_t control_header_size = 24;
+inline constexpr net::frame_preamble control_preamble{"control frame", control_magic,
+                                                      control_version, control_header_size};
 inline constexpr std::size_t control_trailer_size = 16;
 /// Largest body accepted: control calls carry ids, digests and names only.
 inline constexpr std::uint64_t max_control_body = std::uint64_t{64} << 20;
@@ -146,23 +149,15 @@ inline std::vector<std::byte> encode_control_frame(control_type type, std::uint6
 /// (`length_overflow`).
 inline status decode_control_header(std::span<const std::byte> b, std::uint64_t max_body,
                                     control_header& out) {
-  DCR_RETURN_ERROR_IF(b.size() < control_header_size, truncated,
-                      "control frame: " + std::to_string(b.size()) + " bytes, header needs 24");
-  DCR_RETURN_ERROR_IF(load_le<std::uint32_t>(b.data()) != control_magic, bad_magic,
-                      "control frame: bad magic at byte 0");
-  const auto ver = load_le<std::uint16_t>(b.data() + 4);
-  DCR_RETURN_ERROR_IF(ver != control_version, unsupported_version,
-                      "control frame: version " + std::to_string(ver));
-  const auto type = load_le<std::uint16_t>(b.data() + 6);
+  std::uint16_t type = 0;
+  DCR_TRY(net::check_preamble(b, control_preamble, type));
   DCR_RETURN_ERROR_IF(!known_control_type(type), bad_format,
                       "control frame: unknown type " + std::to_string(type));
   control_header h;
   h.type = static_cast<control_type>(type);
   h.attempt = load_le<std::uint64_t>(b.data() + 8);
   h.length = load_le<std::uint64_t>(b.data() + 16);
-  DCR_RETURN_ERROR_IF(h.length > max_body, length_overflow,
-                      "control frame: body of " + std::to_string(h.length) +
-                          " bytes exceeds the cap of " + std::to_string(max_body));
+  DCR_TRY(net::check_body_cap(control_preamble, h.length, max_body));
   out = h;
   return status::success();
 }

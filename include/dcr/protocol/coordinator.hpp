@@ -84,6 +84,56 @@ struct attempt_report {
   double wall_seconds = 0;
 };
 
+/// A best-effort step of a transition: one whose failure does not change
+/// the transition's result (the protocol stays correct without it) but
+/// leaves something an operator may want to see (garbage kept, a gate shut,
+/// a receiver not dropped).
+enum class best_effort_step {
+  read_manifests,     ///< after a failed attempt: manifests unreadable, every staged receiver
+                      ///< distrusted
+  drop_receiver,      ///< after a failed attempt: a distrusted receiver was not dropped
+  list_staged,        ///< after a failed attempt: a node could not say what it staged (all dropped)
+  collect_garbage,    ///< objects of the finished attempts not deleted
+  list_stale_exports, ///< dense exports of older versions not listed
+  remove_stale_export, ///< a dense export of an older version not deleted
+  open_gate,           ///< a node's request gate not reopened after the transition
+};
+
+inline const char* name_of(best_effort_step s) noexcept {
+  switch (s) {
+  case best_effort_step::read_manifests:
+    return "read_manifests";
+  case best_effort_step::drop_receiver:
+    return "drop_receiver";
+  case best_effort_step::list_staged:
+    return "list_staged";
+  case best_effort_step::collect_garbage:
+    return "collect_garbage";
+  case best_effort_step::list_stale_exports:
+    return "list_stale_exports";
+  case best_effort_step::remove_stale_export:
+    return "remove_stale_export";
+  case best_effort_step::open_gate:
+    return "open_gate";
+  }
+  return "?";
+}
+
+/// One best-effort step that failed: which, in which attempt, on what
+/// (a node, receiver or object), and the status it failed with.
+struct best_effort_failure {
+  best_effort_step step = best_effort_step::collect_garbage;
+  std::uint64_t attempt = 0;
+  std::string subject;
+  status cause;
+
+  /// "open_gate, attempt 7, node 1: <cause>", for logs.
+  std::string text() const {
+    return std::string(name_of(step)) + ", attempt " + std::to_string(attempt) +
+           (subject.empty() ? "" : ", " + subject) + ": " + cause.message;
+  }
+};
+
 /// Outcome of one transition.
 struct transition_report {
   status result;
@@ -94,6 +144,9 @@ struct transition_report {
   double commit_seconds = 0;  ///< CAS + baseline update + GC
   double wall_seconds = 0;
   std::size_t collected_objects = 0;
+  /// Best-effort steps that failed, in the order they ran: the transition's
+  /// `result` stands, these say what it left behind.
+  std::vector<best_effort_failure> best_effort;
 };
 
 /// Knobs of a coordinator (runtime values; what changes code paths is a template parameter).
@@ -332,7 +385,7 @@ private:
       if constexpr (transport::object_store<Store>) {
         transport::incarnation_scope<Store> scoped(*store_, inc);
         ar.result = run_attempt(scoped, inc, tau, cur.record.version + 1, mode, ar, acks);
-        if (!ar.result && !dead_) distrust_unlisted(scoped, tau);
+        if (!ar.result && !dead_) distrust_unlisted(scoped, tau, rep);
       } else {
         ar.result = run_attempt(*store_, inc, tau, cur.record.version + 1, mode, ar, acks);
       }
@@ -370,16 +423,28 @@ private:
   /// owners that never published a manifest are this attempt's own partial
   /// writes, which the retry repairs in place.
   template <class Scoped>
-  void distrust_unlisted(Scoped& medium, std::uint64_t tau) {
+  void distrust_unlisted(Scoped& medium, std::uint64_t tau, transition_report& rep) {
+    auto report = [&](best_effort_step step, std::string subject, status cause) {
+      rep.best_effort.push_back({step, tau, std::move(subject), std::move(cause)});
+    };
+    auto drop = [&](std::size_t r, const std::string& id) {
+      if (auto s = nodes_[r]->kill(id); !s)
+        report(best_effort_step::drop_receiver, "node " + std::to_string(r) + ", receiver " + id,
+               std::move(s));
+    };
     transport::listed_payloads listed;
-    const bool known = transport::read_listed(medium, tau, listed).ok();
+    auto read = transport::read_listed(medium, tau, listed);
+    const bool known = read.ok();
+    if (!known) report(best_effort_step::read_manifests, {}, std::move(read));
     std::set<std::uint32_t> ours;
     for (auto* o : owners_) ours.insert(o->owner_id());
-    for (auto* n : nodes_) {
+    for (std::size_t r = 0; r < nodes_.size(); ++r) {
+      auto* n = nodes_[r];
       std::vector<staged_set> staged;
-      if (!n->staged_payloads(tau, staged)) {
+      if (auto s = n->staged_payloads(tau, staged); !s) {
         // The node cannot tell what it staged (it is gone): drop all of it.
-        for (auto& id : n->ids()) (void)n->kill(id);
+        report(best_effort_step::list_staged, "node " + std::to_string(r), std::move(s));
+        for (auto& id : n->ids()) drop(r, id);
         continue;
       }
       for (auto& set : staged) {
@@ -394,30 +459,43 @@ private:
           const auto it = listed.entries.find(name);
           trusted = trusted && it != listed.entries.end() && it->second == d;
         }
-        if (!trusted) (void)n->kill(set.receiver);
+        if (!trusted) drop(r, set.receiver);
       }
     }
   }
 
+  /// After a commit: garbage collection and gates, best effort (the commit
+  /// stands whatever they do; failures go to `rep.best_effort`).
   void finish_transition(const std::string& inc, std::uint64_t tau, transition_report& rep) {
+    auto report = [&](best_effort_step step, std::string subject, status cause) {
+      if (!cause) rep.best_effort.push_back({step, tau, std::move(subject), std::move(cause)});
+    };
     if (opt_.collect_garbage) {
       if constexpr (transport::object_store<Store>) {
         transport::incarnation_scope<Store> scoped(*store_, inc);
-        (void)transport::collect(scoped, tau, &rep.collected_objects);
+        report(best_effort_step::collect_garbage, {},
+               transport::collect(scoped, tau, &rep.collected_objects));
         // Dense exports of an older committed version (restores) are stale now.
         std::vector<std::string> dense;
-        if (scoped.list("dense/", dense))
-          for (auto& d : dense) (void)scoped.remove(d);
+        auto listed = scoped.list("dense/", dense);
+        report(best_effort_step::list_stale_exports, "dense/", listed);
+        if (listed)
+          for (auto& d : dense) report(best_effort_step::remove_stale_export, d, scoped.remove(d));
       } else {
-        (void)transport::collect(*store_, tau, &rep.collected_objects);
+        report(best_effort_step::collect_garbage, {},
+               transport::collect(*store_, tau, &rep.collected_objects));
       }
     }
     // A node that cannot be reached keeps its gate as it is; it is restored
-    // (and its gate reopened) when it rejoins.
-    (void)each_node([&](std::size_t r) {
-      (void)nodes_[r]->open_gate(tau); // every other node's gate opens all the same
+    // (and its gate reopened) when it rejoins. Every other node's gate opens
+    // all the same: each call reports its own outcome.
+    std::vector<status> gates(nodes_.size(), status::success());
+    (void)each_node([&](std::size_t r) { // never fails: the outcomes are in `gates`
+      gates[r] = nodes_[r]->open_gate(tau);
       return status::success();
     });
+    for (std::size_t r = 0; r < gates.size(); ++r)
+      report(best_effort_step::open_gate, "node " + std::to_string(r), std::move(gates[r]));
   }
 
   /// One attempt over `medium` (the object store seen through this history's

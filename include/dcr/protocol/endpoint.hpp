@@ -3,9 +3,9 @@
 /// The rollout-side endpoint of one receiver: owns the receiver, fences stale
 /// attempts (payloads, control calls and gate operations of a replaced attempt
 /// are ignored), suppresses duplicates, and handles membership (a killed
-/// receiver is recreated and restored to the committed version by dense refit
-/// before it joins the next attempt). Shared by every coordinator that drives
-/// this receiver; all calls are serialised.
+/// receiver, or one that reports its storage lost, is recreated and restored
+/// to the committed version by dense refit before it joins the next attempt). Shared by every
+/// coordinator that drives this receiver; all calls are serialised.
 
 #include <algorithm>
 #include <chrono>
@@ -66,13 +66,6 @@ public:
   std::uint64_t attempt() const {
     std::lock_guard l(m_);
     return attempt_;
-  }
-
-  /// Kill the receiver after it has staged `n` more payloads (fault injection;
-  /// models a process crash mid-refit). 0 disables.
-  void kill_after(std::uint64_t n) {
-    std::lock_guard l(m_);
-    kill_after_ = n;
   }
 
   /// Membership step between attempts: recreate and dense-restore a dead
@@ -140,10 +133,7 @@ public:
     }
     ++c_.staged;
     staged_.emplace_back(std::string(name), digest(bytes));
-    if (kill_after_ && --kill_after_ == 0) {
-      r_.reset(); // crash: storage lost, whatever was applied
-      return fail(errc::aborted, "receiver " + id_ + " killed mid-refit");
-    }
+    if (lost_locked()) return drop_lost();
     if (apply_now) s = apply_locked();
     c_.apply_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -169,7 +159,9 @@ public:
     DCR_RETURN_ERROR_IF(attempt != attempt_, stale_attempt,
                         "finish of replaced attempt " + std::to_string(attempt));
     DCR_RETURN_ERROR_IF(!r_, aborted, "receiver " + id_ + " is down");
-    DCR_TRY(r_->finish());
+    auto done = r_->finish();
+    if (lost_locked()) return drop_lost();
+    DCR_TRY(std::move(done));
     ack = r_->state_digest();
     return status::success();
   }
@@ -227,8 +219,26 @@ private:
   status apply_locked() {
     ++c_.applied_calls;
     auto s = r_->apply_staged();
+    if (lost_locked()) return drop_lost();
     if (!s) s.message = "receiver " + id_ + ": " + s.message;
     return s;
+  }
+
+  /// Whether the receiver says its storage is gone (`lost()`, optional in
+  /// the role: a receiver whose process or device died mid-refit, whatever
+  /// it had applied). Such a receiver is dropped like a killed one and
+  /// rejoins only after a restore.
+  bool lost_locked() const {
+    if constexpr (requires(const Receiver& r) {
+                    { r.lost() } -> std::convertible_to<bool>;
+                  })
+      return r_ && r_->lost();
+    else
+      return false;
+  }
+  status drop_lost() {
+    r_.reset();
+    return fail(errc::aborted, "receiver " + id_ + " lost its storage mid-refit");
   }
 
   const std::string id_;
@@ -238,7 +248,6 @@ private:
   request_gate* gate_ = nullptr;
   std::unique_ptr<Receiver> r_;
   std::uint64_t attempt_ = 0;
-  std::uint64_t kill_after_ = 0;
   std::set<std::string> seen_;
   std::vector<std::pair<std::string, digest128>> staged_;
   endpoint_counters c_;

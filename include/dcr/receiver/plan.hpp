@@ -6,16 +6,27 @@
 /// loader conditions that can be checked in advance, and decides per tensor
 /// whether XOR items are allowed. Paths that cannot satisfy the conditions
 /// are rejected here with `errc::unsupported_loader`.
+///
+/// The same dry run over `plan_store`, storage that holds each parameter's
+/// name, shape and dtype and an address range but no bytes (`plan_copies`),
+/// yields the identical plan for any deployment size: what `dcr-plan` runs.
 
 #include <algorithm>
+#include <cerrno>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
@@ -75,11 +86,160 @@ struct copy_plan {
   }
 };
 
+/// Address space without memory: `n` bytes mapped read-only, anonymous and
+/// unreserved, so no page is ever committed; every read sees zero (the
+/// kernel's shared zero page) and a write faults. What a dry run needs of a
+/// buffer it must address but never fill.
+class reserved_bytes {
+public:
+  reserved_bytes() = default;
+  explicit reserved_bytes(std::uint64_t n) : n_(static_cast<std::size_t>(n)) {
+    if (n_ == 0) return;
+    void* p = ::mmap(nullptr, n_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      throw error(errc::io, "reserving " + std::to_string(n) +
+                                " bytes of address space: " + std::strerror(e));
+    }
+    p_ = static_cast<std::byte*>(p);
+  }
+  reserved_bytes(const reserved_bytes&) = delete;
+  reserved_bytes& operator=(const reserved_bytes&) = delete;
+  reserved_bytes(reserved_bytes&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; }
+  reserved_bytes& operator=(reserved_bytes&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = o.p_;
+      n_ = o.n_;
+      o.p_ = nullptr;
+    }
+    return *this;
+  }
+  ~reserved_bytes() { release(); }
+  std::byte* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+private:
+  void release() noexcept {
+    if (p_) ::munmap(p_, n_);
+    p_ = nullptr;
+  }
+  std::byte* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// Metadata-only parameter storage for planning: each parameter has its
+/// name, shape, dtype and an address range of its own (`reserved_bytes`),
+/// and no bytes. A loader declares into it and takes views of it exactly as
+/// of a `parameter_store` (same `add`, `view`, `index_of`), so the recording
+/// sink sees the same destinations; planning a rank costs its metadata, not
+/// its parameters. Storage reads as zero and must not be written (a write
+/// faults): loaders write storage only through the sink.
+class plan_store {
+public:
+  /// One parameter: what a `parameter_store` entry holds, less the bytes.
+  struct entry {
+    tensor_meta meta;
+    reserved_bytes range;
+    std::byte* data() const noexcept { return range.data(); }
+    tensor_view view() const {
+      return {range.data(), meta.dtype, strided_layout::row_major(meta.shape)};
+    }
+  };
+
+  plan_store() = default;
+  plan_store(const plan_store&) = delete;
+  plan_store& operator=(const plan_store&) = delete;
+  plan_store(plan_store&&) noexcept = default;
+  plan_store& operator=(plan_store&&) noexcept = default;
+
+  /// Declare a parameter; throws `invalid_argument` on a duplicate name,
+  /// `bad_dtype` on an unknown dtype (as `parameter_store::add`).
+  tensor_view add(std::string name, std::vector<std::uint64_t> shape, dtype_id dtype) {
+    if (by_name_.count(name))
+      throw error(errc::invalid_argument, "parameter declared twice: " + name);
+    if (!info(dtype)) throw error(errc::bad_dtype, "parameter " + name + ": unknown dtype");
+    auto p = std::make_unique<entry>();
+    p->meta = {std::move(name), std::move(shape), dtype};
+    p->range = reserved_bytes(p->meta.nbytes());
+    const auto idx = params_.size();
+    by_name_.emplace(p->meta.name, idx);
+    if (p->range.size() > 0) by_address_.emplace(p->range.data(), idx);
+    params_.push_back(std::move(p));
+    return params_.back()->view();
+  }
+
+  std::size_t size() const noexcept { return params_.size(); }
+  const entry& operator[](std::size_t i) const { return *params_[i]; }
+
+  std::optional<std::size_t> index_of(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    if (it == by_name_.end()) return std::nullopt;
+    return it->second;
+  }
+  /// Whole-parameter view by name; throws `not_found`.
+  tensor_view view(std::string_view name) const {
+    auto i = index_of(name);
+    if (!i) throw error(errc::not_found, "no parameter named " + std::string(name));
+    return params_[*i]->view();
+  }
+  /// Index of the parameter whose range contains `[lo, hi)`, if any.
+  std::optional<std::size_t> locate(const std::byte* lo, const std::byte* hi) const {
+    auto it = by_address_.upper_bound(lo);
+    if (it == by_address_.begin()) return std::nullopt;
+    --it;
+    const auto& p = *params_[it->second];
+    const std::byte* end = p.data() + p.range.size();
+    if (lo >= p.data() && hi <= end && lo <= hi) return it->second;
+    return std::nullopt;
+  }
+  /// Bytes the parameters would take (none is allocated).
+  std::uint64_t nbytes() const noexcept {
+    std::uint64_t n = 0;
+    for (auto& p : params_) n += p->meta.nbytes();
+    return n;
+  }
+
+private:
+  std::vector<std::unique_ptr<entry>> params_;
+  std::unordered_map<std::string, std::size_t> by_name_;
+  std::map<const std::byte*, std::size_t> by_address_;
+};
+
+namespace detail {
+inline const std::byte* param_data(const parameter_store& s, std::size_t i) {
+  return s[i].bytes.data();
+}
+inline const std::byte* param_data(const plan_store& s, std::size_t i) { return s[i].data(); }
+} // namespace detail
+
+/// Storage a plan can be made against: `parameter_store` (the receiver's
+/// prewarm) or `plan_store` (planning without bytes).
+template <class S>
+concept plan_storage = requires(const S& s, std::size_t i, const std::byte* p) {
+  { s.size() } -> std::convertible_to<std::size_t>;
+  { s[i].meta } -> std::convertible_to<const tensor_meta&>;
+  { s.locate(p, p) } -> std::same_as<std::optional<std::size_t>>;
+  { s.index_of(std::string_view{}) } -> std::same_as<std::optional<std::size_t>>;
+  { detail::param_data(s, i) } -> std::same_as<const std::byte*>;
+};
+
+/// A native loader that also declares into and loads against a `plan_store`
+/// (its `declare` / `load` take the store as a template parameter, or have
+/// `plan_store` overloads): what `plan_copies` needs.
+template <class L>
+concept plannable_loader = native_loader<L> &&
+    requires(L& l, plan_store& store, std::span<const tensor_meta> canonical, std::string_view name,
+             const tensor_view& src, copy_sink& sink) {
+  {l.declare(store, canonical)};
+  { l.load(name, src, store, sink) } -> std::same_as<load_report>;
+};
+
 /// Classify one `copy(dst, src)` made while the loader ran over `input`.
 /// Returns "" and fills `out`, or says which condition the copy breaks.
-inline std::string classify_copy(const parameter_store& store, const tensor_view& input,
-                                 const tensor_view& dst, const tensor_view& src,
-                                 planned_copy& out) {
+template <plan_storage Store>
+std::string classify_copy(const Store& store, const tensor_view& input, const tensor_view& dst,
+                          const tensor_view& src, planned_copy& out) {
   if (!info(dst.dtype) || !info(src.dtype)) return "copy with an unknown dtype";
   if (dst.dtype != src.dtype)
     return "copy changes dtype " + std::string(name_of(src.dtype)) + " -> " +
@@ -93,17 +253,17 @@ inline std::string classify_copy(const parameter_store& store, const tensor_view
   auto p = store.locate(dlo, dhi);
   if (!p) return "destination is not inside one parameter of rank storage";
   const auto& par = store[*p];
+  const std::byte* base = detail::param_data(store, *p);
   if (par.meta.dtype != dst.dtype)
     return "destination view is " + std::string(name_of(dst.dtype)) + " but parameter " +
            par.meta.name + " is " + std::string(name_of(par.meta.dtype));
-  if ((dlo - par.bytes.data()) % w != 0)
-    return "destination not aligned to an element of " + par.meta.name;
+  if ((dlo - base) % w != 0) return "destination not aligned to an element of " + par.meta.name;
   auto [slo, shi] = src.byte_range();
   if (store.locate(slo, shi) || (src.size() > 0 && store.locate(slo, slo + 1)))
     return "source lies in rank storage (copies between parameters are not supported)";
   out = {};
   out.param = *p;
-  out.dst_offset = (dlo - par.bytes.data()) / w;
+  out.dst_offset = (dlo - base) / w;
   out.dst_layout = dst.layout;
   out.dtype = dst.dtype;
   out.src_layout = src.layout;
@@ -122,9 +282,10 @@ inline std::string classify_copy(const parameter_store& store, const tensor_view
 }
 
 /// Dry-run sink: records the copies and skips of one tensor without writing.
-class recording_sink final : public copy_sink {
+template <plan_storage Store>
+class basic_recording_sink final : public copy_sink {
 public:
-  recording_sink(const parameter_store& store, const tensor_view& input, std::string_view name)
+  basic_recording_sink(const Store& store, const tensor_view& input, std::string_view name)
       : store_(store), input_(input), name_(name) {}
   void copy(const tensor_view& dst, const tensor_view& src) override {
     planned_copy c;
@@ -144,19 +305,21 @@ public:
   const std::string& error_text() const noexcept { return error_; }
 
 private:
-  const parameter_store& store_;
+  const Store& store_;
   tensor_view input_;
   std::string_view name_;
   std::vector<planned_copy> copies_;
   bool skipped_ = false;
   std::string error_;
 };
+using recording_sink = basic_recording_sink<parameter_store>;
 
 namespace detail {
 
 /// Sorted unique parameter indices of reported names; "" or an error.
-inline std::string resolve_report(const parameter_store& store, const load_report& r,
-                                  std::vector<std::size_t>& out) {
+template <plan_storage Store>
+std::string resolve_report(const Store& store, const load_report& r,
+                           std::vector<std::size_t>& out) {
   out.clear();
   for (auto& n : r.loaded) {
     auto i = store.index_of(n);
@@ -189,8 +352,8 @@ inline std::vector<digest128> param_digests(const parameter_store& s) {
 /// element. Marks `self_overlap`; overlaps between different tensors are an
 /// error (items apply in any order, so such writes could not match a dense
 /// refit unless they always agree, which no receiver can check).
-inline std::string analyse_overlaps(const parameter_store& store,
-                                    std::vector<tensor_plan>& tensors) {
+template <plan_storage Store>
+std::string analyse_overlaps(const Store& store, std::vector<tensor_plan>& tensors) {
   struct span_rec {
     std::size_t param;
     std::int64_t lo, hi; // elements
@@ -277,12 +440,10 @@ inline std::vector<std::size_t> storage_groups(const copy_plan& plan, std::size_
   return group;
 }
 
-/// Prewarm: declare the loader's parameters into `store`, dry-run the loader
-/// over every canonical tensor and build the copy plan. Throws
-/// `dcr::error(unsupported_loader)` naming the tensor when a path breaks a
-/// loader condition, `invalid_argument` for bad canonical metadata.
-template <native_loader L>
-copy_plan prewarm(L& loader, parameter_store& store, std::span<const tensor_meta> canonical) {
+namespace detail {
+
+/// The plan's tensors from the canonical metadata (checked); `scratch_bytes` set.
+inline copy_plan plan_skeleton(std::span<const tensor_meta> canonical) {
   copy_plan plan;
   for (auto& m : canonical) {
     if (!info(m.dtype))
@@ -295,32 +456,61 @@ copy_plan prewarm(L& loader, parameter_store& store, std::span<const tensor_meta
     plan.tensors.back().meta = m;
     plan.scratch_bytes = std::max(plan.scratch_bytes, m.nbytes());
   }
-  loader.declare(store, canonical);
-  const auto before = detail::param_digests(store);
-  std::vector<std::uint64_t> scratch_words((plan.scratch_bytes + 7) / 8 + 1, 0);
-  auto* scratch = reinterpret_cast<std::byte*>(scratch_words.data());
-  auto reject = [](const std::string& tensor, const std::string& why) {
-    throw error(errc::unsupported_loader, "tensor " + tensor + ": " + why);
-  };
+  return plan;
+}
+
+[[noreturn]] inline void reject_tensor(const std::string& tensor, const std::string& why) {
+  throw error(errc::unsupported_loader, "tensor " + tensor + ": " + why);
+}
+
+/// The dry run proper: the loader over every tensor of `plan` with the input
+/// at `scratch` (holding the largest canonical tensor), each copy recorded
+/// and checked against `store`. The same code for either storage, so a plan
+/// made without bytes is the plan the receiver makes.
+template <class L, plan_storage Store>
+void record_loads(L& loader, Store& store, copy_plan& plan, std::byte* scratch) {
   for (auto& tp : plan.tensors) {
     tensor_view input{scratch, tp.meta.dtype, strided_layout::row_major(tp.meta.shape)};
-    recording_sink sink(store, input, tp.meta.name);
+    basic_recording_sink<Store> sink(store, input, tp.meta.name);
     load_report rep = loader.load(tp.meta.name, input, store, sink);
-    if (!sink.error_text().empty()) reject(tp.meta.name, sink.error_text());
+    if (!sink.error_text().empty()) reject_tensor(tp.meta.name, sink.error_text());
     tp.copies = std::move(sink.copies());
     tp.skipped = sink.skipped();
     if (tp.copies.empty() && !tp.skipped)
-      reject(tp.meta.name, "loader made no copy and declared no skip");
+      reject_tensor(tp.meta.name, "loader made no copy and declared no skip");
     if (!tp.copies.empty() && tp.skipped)
-      reject(tp.meta.name, "loader both copied and skipped the tensor");
-    if (auto why = detail::resolve_report(store, rep, tp.reported); !why.empty())
-      reject(tp.meta.name, why);
-    if (tp.reported != detail::written_params(tp.copies))
-      reject(tp.meta.name,
-             "parameters reported as loaded differ from the parameters its copies wrote");
+      reject_tensor(tp.meta.name, "loader both copied and skipped the tensor");
+    if (auto why = resolve_report(store, rep, tp.reported); !why.empty())
+      reject_tensor(tp.meta.name, why);
+    if (tp.reported != written_params(tp.copies))
+      reject_tensor(tp.meta.name,
+                    "parameters reported as loaded differ from the parameters its copies wrote");
     tp.direct = !tp.copies.empty();
     for (auto& c : tp.copies) tp.direct = tp.direct && c.mapped;
   }
+}
+
+/// Overlaps and the XOR decision, once every tensor is recorded.
+template <plan_storage Store>
+void finish_plan(const Store& store, copy_plan& plan) {
+  if (auto why = analyse_overlaps(store, plan.tensors); !why.empty())
+    throw error(errc::unsupported_loader, why);
+  for (auto& tp : plan.tensors) tp.xor_allowed = tp.direct && !tp.self_overlap;
+}
+
+} // namespace detail
+
+/// Prewarm: declare the loader's parameters into `store`, dry-run the loader
+/// over every canonical tensor and build the copy plan. Throws
+/// `dcr::error(unsupported_loader)` naming the tensor when a path breaks a
+/// loader condition, `invalid_argument` for bad canonical metadata.
+template <native_loader L>
+copy_plan prewarm(L& loader, parameter_store& store, std::span<const tensor_meta> canonical) {
+  copy_plan plan = detail::plan_skeleton(canonical);
+  loader.declare(store, canonical);
+  const auto before = detail::param_digests(store);
+  std::vector<std::uint64_t> scratch_words((plan.scratch_bytes + 7) / 8 + 1, 0);
+  detail::record_loads(loader, store, plan, reinterpret_cast<std::byte*>(scratch_words.data()));
   const auto after = detail::param_digests(store);
   for (std::size_t i = 0; i < store.size(); ++i)
     if (before[i] != after[i])
@@ -329,9 +519,24 @@ copy_plan prewarm(L& loader, parameter_store& store, std::span<const tensor_meta
   for (std::size_t i = 0; i < scratch_words.size(); ++i)
     if (scratch_words[i] != 0)
       throw error(errc::unsupported_loader, "loader wrote into its input tensor");
-  if (auto why = detail::analyse_overlaps(store, plan.tensors); !why.empty())
-    throw error(errc::unsupported_loader, why);
-  for (auto& tp : plan.tensors) tp.xor_allowed = tp.direct && !tp.self_overlap;
+  detail::finish_plan(store, plan);
+  return plan;
+}
+
+/// The plan `prewarm` makes, made without parameter bytes: the loader
+/// declares into the metadata-only `store` and runs over an input that is
+/// address space only (`reserved_bytes`), so memory is the plan and the
+/// metadata, whatever the model's size. Same checks and errors as `prewarm`
+/// except the two that need bytes: a loader that writes its input or storage
+/// outside the sink faults here instead (both are read-only mappings); the
+/// receiver's `prewarm` reports them as `unsupported_loader`.
+template <plannable_loader L>
+copy_plan plan_copies(L& loader, plan_store& store, std::span<const tensor_meta> canonical) {
+  copy_plan plan = detail::plan_skeleton(canonical);
+  loader.declare(store, canonical);
+  const reserved_bytes input(plan.scratch_bytes + 8);
+  detail::record_loads(loader, store, plan, input.data());
+  detail::finish_plan(store, plan);
   return plan;
 }
 

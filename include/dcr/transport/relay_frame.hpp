@@ -22,6 +22,7 @@
 
 #include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
+#include "dcr/net/frame_preamble.hpp"
 
 namespace dcr::transport {
 
@@ -40,6 +41,8 @@ enum class frame_kind : std::uint16_t {
 inline constexpr std::uint32_t frame_magic = 0x46524344u;
 inline constexpr std::uint16_t frame_version = 1;
 inline constexpr std::size_t frame_header_size = 32;
+inline constexpr net::frame_preamble frame_preamble_spec{"relay frame", frame_magic, frame_version,
+                                                         frame_header_size};
 /// Largest body accepted unless a smaller cap is configured.
 inline constexpr std::uint64_t default_max_frame_body = std::uint64_t{1} << 30;
 
@@ -78,14 +81,8 @@ inline std::array<std::byte, frame_header_size> encode_frame_header(const frame_
 /// some) and against `max_body` (`length_overflow`).
 inline status decode_frame_header(std::span<const std::byte> b, std::uint64_t max_body,
                                   frame_header& out) {
-  DCR_RETURN_ERROR_IF(b.size() < frame_header_size, truncated,
-                      "relay frame: " + std::to_string(b.size()) + " bytes, header needs 32");
-  DCR_RETURN_ERROR_IF(load_le<std::uint32_t>(b.data()) != frame_magic, bad_magic,
-                      "relay frame: bad magic at byte 0");
-  const auto ver = load_le<std::uint16_t>(b.data() + 4);
-  DCR_RETURN_ERROR_IF(ver != frame_version, unsupported_version,
-                      "relay frame: version " + std::to_string(ver));
-  const auto kind = load_le<std::uint16_t>(b.data() + 6);
+  std::uint16_t kind = 0;
+  DCR_TRY(net::check_preamble(b, frame_preamble_spec, kind));
   DCR_RETURN_ERROR_IF(kind < 1 || kind > 6, bad_format,
                       "relay frame: unknown kind " + std::to_string(kind));
   frame_header h;
@@ -95,9 +92,7 @@ inline status decode_frame_header(std::span<const std::byte> b, std::uint64_t ma
   h.sequence = load_le<std::uint32_t>(b.data() + 20);
   h.length = load_le<std::uint64_t>(b.data() + 24);
   DCR_RETURN_ERROR_IF(h.attempt == 0, bad_format, "relay frame: attempt 0 (attempts start at 1)");
-  DCR_RETURN_ERROR_IF(h.length > max_body, length_overflow,
-                      "relay frame: body of " + std::to_string(h.length) +
-                          " bytes exceeds the cap of " + std::to_string(max_body));
+  DCR_TRY(net::check_body_cap(frame_preamble_spec, h.length, max_body));
   if (h.kind == frame_kind::payload)
     DCR_RETURN_ERROR_IF(h.length == 0, bad_format, "relay frame: payload with an empty body");
   else

@@ -5,15 +5,15 @@
 /// reports them); a parent dials its children and owners dial the root.
 /// Sockets are non-blocking and every wait is a `poll` with a timeout, so a
 /// stalled peer is a typed `errc::unavailable`, never a hang; a full socket
-/// buffer blocks the writer, which is the tree's backpressure.
+/// buffer blocks the writer, which is the tree's backpressure. The socket
+/// loops, dial and listen are net/framed_socket.hpp's, shared with the
+/// control channel.
 ///
 /// Why POSIX and not Asio: the tree runs one thread per link with
 /// synchronous, deadline-bounded reads and writes, and wakes a blocked reader
 /// by `shutdown(2)`. Asio's reactor would never run here (it was used only as
 /// a socket wrapper), while its headers cost about 70k preprocessed lines in
-/// every translation unit that builds a TCP tree. With POSIX calls the header
-/// stays light and free of Boost, and `send` carries `MSG_NOSIGNAL`, so a
-/// peer that vanished is an error, never a SIGPIPE.
+/// every translation unit that builds a TCP tree.
 
 #include <algorithm>
 #include <array>
@@ -41,6 +41,7 @@
 #include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
+#include "dcr/net/framed_socket.hpp"
 #include "dcr/transport/relay_frame.hpp"
 #include "dcr/transport/relay_tree.hpp"
 
@@ -48,32 +49,22 @@ namespace dcr::transport {
 
 namespace detail {
 inline std::string errno_text(int e) { return std::strerror(e); }
-
-/// Wait until `fd` is ready for `events` or `deadline` passes, in slices of
-/// at most 200 ms so that a closed flag is seen promptly. False: timed out.
+/// `net::poll_until` in the relay links' 200 ms slices.
 inline bool poll_until(int fd, short events, std::chrono::steady_clock::time_point deadline) {
-  const auto now = std::chrono::steady_clock::now();
-  if (now >= deadline) return false;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-  pollfd pf{fd, events, 0};
-  (void)::poll(&pf, 1, static_cast<int>(std::min<long long>(left + 1, 200)));
-  return true;
+  return net::poll_until(fd, events, deadline, 200);
 }
 } // namespace detail
 
-/// One TCP connection carrying relay frames. Owns the descriptor.
+/// One TCP connection carrying relay frames (net/framed_socket.hpp moves the
+/// bytes). Owns the descriptor.
 class tcp_frame_conn final : public frame_conn {
 public:
   /// `fd`: a connected, non-blocking stream socket. `body_timeout`: how long
   /// a peer that started a frame may take to finish it.
   tcp_frame_conn(int fd, std::uint64_t max_body, std::chrono::milliseconds body_timeout)
-      : fd_(fd), max_(max_body), body_timeout_(body_timeout) {
-    const int one = 1;
-    (void)::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  }
+      : sock_(fd, "relay link", 200), max_(max_body), body_timeout_(body_timeout) {}
   tcp_frame_conn(const tcp_frame_conn&) = delete;
   tcp_frame_conn& operator=(const tcp_frame_conn&) = delete;
-  ~tcp_frame_conn() override { ::close(fd_); }
 
   /// Keyed link, dialling end: right after connecting (before any other
   /// use), exchange nonces with the accepting end (`accept_key`). From then
@@ -163,10 +154,7 @@ public:
   void observe_reads(read_observer f) { observer_ = std::move(f); }
   /// `shutdown(2)` is safe while other threads poll the socket and wakes them;
   /// the descriptor itself is closed only by the destructor.
-  void close() override {
-    closed_ = true;
-    ::shutdown(fd_, SHUT_RDWR);
-  }
+  void close() override { sock_.shutdown(); }
 
 private:
   std::array<std::byte, 20> make_hello() const {
@@ -192,35 +180,14 @@ private:
   }
 
   status io(std::byte* p, std::size_t n, bool out, std::chrono::steady_clock::time_point deadline) {
-    while (n > 0) {
-      DCR_RETURN_ERROR_IF(closed_.load(), unavailable, "relay link closed");
-      const ssize_t k = out ? ::send(fd_, p, n, MSG_NOSIGNAL) : ::recv(fd_, p, n, 0);
-      if (k > 0) {
-        p += k;
-        n -= static_cast<std::size_t>(k);
-        continue;
-      }
-      DCR_RETURN_ERROR_IF(k == 0 && !out, unavailable,
-                          "relay link: receive: connection closed by the peer");
-      const int e = errno;
-      if (k < 0 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
-        return fail(errc::unavailable, std::string("relay link: ") +
-                                           (out ? "send: " : "receive: ") + detail::errno_text(e));
-      DCR_RETURN_ERROR_IF(
-          !detail::poll_until(fd_, static_cast<short>(out ? POLLOUT : POLLIN), deadline),
-          unavailable,
-          std::string("relay link: peer ") + (out ? "took no bytes" : "sent no bytes") +
-              " in time");
-    }
-    return status::success();
+    return out ? sock_.send_all(p, n, deadline) : sock_.receive_all(p, n, deadline);
   }
 
-  int fd_;
+  net::stream_socket sock_;
   std::uint64_t max_;
   std::chrono::milliseconds body_timeout_;
   read_observer observer_;
   std::mutex wm_;
-  std::atomic<bool> closed_{false};
   // Keyed link state: set by `dial_key` or the first read after
   // `accept_key`, before frames flow; the sequence numbers are the writer's
   // (under `wm_`) and the single reader's.
@@ -253,19 +220,12 @@ public:
     accept_ = std::move(accept);
     for (std::uint32_t i = 0; i < nodes; ++i) {
       const std::string who = "relay node " + std::to_string(i) + ": listen: ";
-      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      DCR_RETURN_ERROR_IF(fd < 0, io, who + detail::errno_text(errno));
-      listeners_.push_back(fd);
-      const int one = 1;
-      (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      sockaddr_in a = loopback(0);
-      socklen_t len = sizeof a;
-      DCR_RETURN_ERROR_IF(::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0, io,
-                          who + detail::errno_text(errno));
-      DCR_RETURN_ERROR_IF(::listen(fd, 64) != 0, io, who + detail::errno_text(errno));
-      DCR_RETURN_ERROR_IF(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0, io,
-                          who + detail::errno_text(errno));
-      ports_.push_back(ntohs(a.sin_port));
+      int fd = -1;
+      unsigned short port = 0;
+      auto s = net::listen_tcp(loopback(0), who, fd, port);
+      if (fd >= 0) listeners_.push_back(fd); // closed by `shutdown`, also on failure
+      DCR_TRY(std::move(s));
+      ports_.push_back(port);
     }
     for (std::uint32_t i = 0; i < nodes; ++i) threads_.emplace_back([this, i] { accept_loop(i); });
     return status::success();
@@ -278,25 +238,7 @@ public:
     DCR_RETURN_ERROR_IF(fd < 0, unavailable, who + ": socket: " + detail::errno_text(errno));
     auto conn =
         std::make_shared<tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout); // owns fd from here
-    const sockaddr_in a = loopback(ports_[node]);
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-      DCR_RETURN_ERROR_IF(errno != EINPROGRESS, unavailable,
-                          who + ": connect: " + detail::errno_text(errno));
-      // A non-blocking connect completes when the socket turns writable;
-      // SO_ERROR then tells whether it succeeded.
-      const auto deadline = std::chrono::steady_clock::now() + opt_.connect_timeout;
-      for (;;) {
-        pollfd pf{fd, POLLOUT, 0};
-        if (::poll(&pf, 1, 0) > 0) break;
-        DCR_RETURN_ERROR_IF(stop_ || !detail::poll_until(fd, POLLOUT, deadline), unavailable,
-                            who + ": connect timed out after " +
-                                std::to_string(opt_.connect_timeout.count()) + " ms");
-      }
-      int err = 0;
-      socklen_t len = sizeof err;
-      (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      DCR_RETURN_ERROR_IF(err != 0, unavailable, who + ": connect: " + detail::errno_text(err));
-    }
+    DCR_TRY(net::connect_within(fd, loopback(ports_[node]), opt_.connect_timeout, who, &stop_));
     DCR_TRY(conn->dial_key(opt_.key, opt_.connect_timeout));
     out = std::move(conn);
     return status::success();
