@@ -107,12 +107,11 @@ sweep_case draw(std::mt19937_64& rng) {
       b.grouping = payload_grouping::by_expert;
       b.expert_blocks = pick<std::uint32_t>(rng, {0, 2});
     }
-    b.encoding.locations =
-        pick<codec::location_scheme>(rng, {codec::location_scheme::escape_u8,
-                                           codec::location_scheme::gaps,
-                                           codec::location_scheme::planes,
-                                           codec::location_scheme::varint});
-    b.encoding.filter = rng() % 4 == 0 ? codec::value_filter::none : codec::value_filter::byte_planes;
+    b.encoding.locations = pick<codec::location_scheme>(
+        rng, {codec::location_scheme::escape_u8, codec::location_scheme::gaps,
+              codec::location_scheme::planes, codec::location_scheme::varint});
+    b.encoding.filter =
+        rng() % 4 == 0 ? codec::value_filter::none : codec::value_filter::byte_planes;
     k.from_changes = rng() % 3 == 0;
     k.fraction = pick<double>(rng, {0.0, 0.012, 0.05, 0.3, 1.0});
     k.seed = rng();
@@ -215,46 +214,46 @@ struct recorded {
 
 // Recorded from the builder before the split (see the file comment).
 const recorded golden[] = {
-    {"1d0c337812c51b2b", 4}, // llama f16 tp1 pp2 dp1 ep1 conv2 threads1 f0.300000
+    {"1d0c337812c51b2b", 4},  // llama f16 tp1 pp2 dp1 ep1 conv2 threads1 f0.300000
     {"8c45e23e30ff1944", 22}, // qwen3 f16 tp2 pp2 dp2 ep1 conv0 threads2 changes f0.050000
     {"92887bf689ff3893", 32}, // llama f16 tp4 pp2 dp2 ep1 conv3 threads1 f0.050000
     {"2a6769ec1c3c60fe", 18}, // llama bf16 tp1 pp1 dp1 ep1 conv2 threads1 f1.000000
     {"7d970d95073a18a9", 12}, // qwen3_moe bf16 fp8 tp1 pp1 dp2 ep1 conv0 threads2 changes f1.000000
     {"1accb94433869ac6", 14}, // qwen3 bf16 fp8 tp1 pp2 dp2 ep1 conv4 threads1 f0.300000
     {"e9b7851fd226ff70", 22}, // qwen3_moe bf16 tp2 pp1 dp2 ep2 conv1 threads1 f1.000000
-    {"39275423d45c4d73", 2}, // qwen3_moe bf16 fp8 tp1 pp1 dp1 ep1 conv0 threads1 changes f0.300000
+    {"39275423d45c4d73", 2},  // qwen3_moe bf16 fp8 tp1 pp1 dp1 ep1 conv0 threads1 changes f0.300000
     {"bbd5db50d1d5f79b", 32}, // qwen2 f16 tp1 pp2 dp2 ep1 conv3 threads1 f0.300000
     {"446ca5c9bd3f208c", 16}, // qwen3 bf16 tp2 pp2 dp2 ep1 conv3 threads1 f1.000000
     {"5087cc64158ce22f", 12}, // qwen3 f32 tp1 pp1 dp2 ep1 conv0 threads1 f0.300000
     {"f2ba5f658e2679d1", 16}, // qwen3 bf16 fp8 tp4 pp1 dp1 ep1 conv0 threads1 changes f0.300000
     {"bb5543ad14ea496d", 32}, // qwen2 bf16 fp8 tp4 pp2 dp2 ep1 conv4 threads1 f1.000000
-    {"285a00b39c26bd3b", 8}, // qwen3 bf16 fp8 tp4 pp1 dp1 ep1 conv0 threads1 f1.000000
-    {"f9702cd536353095", 4}, // llama bf16 fp8 tp1 pp1 dp2 ep1 conv1 threads1 f1.000000
-    {"2d06800538d394c2", 0}, // qwen3_moe f16 tp2 pp2 dp1 ep2 conv1 threads1 f0.000000
+    {"285a00b39c26bd3b", 8},  // qwen3 bf16 fp8 tp4 pp1 dp1 ep1 conv0 threads1 f1.000000
+    {"f9702cd536353095", 4},  // llama bf16 fp8 tp1 pp1 dp2 ep1 conv1 threads1 f1.000000
+    {"2d06800538d394c2", 0},  // qwen3_moe f16 tp2 pp2 dp1 ep2 conv1 threads1 f0.000000
     {"60bc10495655bad8", 48}, // qwen3_moe bf16 fp8 tp2 pp1 dp2 ep1 conv3 threads2 changes f0.300000
     {"f0e9e6089b40042e", 106}, // qwen2 f32 tp4 pp2 dp1 ep1 conv4 threads1 changes f1.000000
-    {"b5cae0cde71a0b22", 49}, // qwen3_moe bf16 fp8 tp1 pp1 dp2 ep2 conv2 threads1 f0.012000
-    {"09d509c1a40f23e4", 12}, // qwen2 f32 tp1 pp2 dp1 ep1 conv3 threads1 f0.012000
-    {"e72f640c65c69377", 8}, // qwen3 bf16 fp8 tp2 pp2 dp1 ep1 conv0 threads1 f1.000000
-    {"f50376c49b6c452d", 8}, // llama bf16 tp2 pp1 dp2 ep1 conv2 threads1 f0.012000
-    {"f1a12e8b807bac42", 16}, // qwen3_moe f16 tp4 pp2 dp1 ep2 conv1 threads1 f0.012000
-    {"596bccd304c6b12d", 22}, // qwen2 bf16 tp1 pp1 dp2 ep1 conv3 threads1 f0.300000
-    {"e6620adcd72e9af1", 4}, // qwen3 bf16 fp8 tp1 pp1 dp2 ep1 conv4 threads1 f0.012000
-    {"efdc0759fe5e56fd", 32}, // qwen2 bf16 tp4 pp2 dp2 ep1 conv4 threads1 changes f1.000000
-    {"ea6295c9a3163654", 4}, // qwen3 f16 tp2 pp1 dp1 ep1 conv4 threads1 changes f0.012000
-    {"2d06800538d394c2", 0}, // llama f32 tp4 pp2 dp2 ep1 conv1 threads2 f0.000000
-    {"2d06800538d394c2", 0}, // qwen3_moe bf16 tp2 pp1 dp2 ep1 conv3 threads1 f0.000000
-    {"fcbb1d409ff40af6", 4}, // qwen3 bf16 tp2 pp1 dp1 ep1 conv2 threads1 changes f0.012000
-    {"1cfd0861c0384674", 8}, // llama f16 tp2 pp2 dp1 ep1 conv3 threads2 f0.050000
-    {"2d06800538d394c2", 0}, // qwen3 bf16 tp2 pp1 dp1 ep1 conv2 threads1 f0.000000
-    {"0dc9ca0ceae8e691", 60}, // qwen3_moe bf16 tp2 pp2 dp2 ep1 conv3 threads1 f0.300000
-    {"fba966ea8be32f77", 4}, // qwen3 f16 tp1 pp2 dp1 ep1 conv1 threads1 f0.012000
-    {"d92c5e8fd0d14f55", 2}, // qwen2 bf16 tp1 pp1 dp1 ep1 conv1 threads1 f0.012000
-    {"f54eb503f9f95c77", 8}, // llama f16 tp1 pp2 dp2 ep1 conv0 threads2 f0.300000
-    {"afccaad53f565230", 8}, // qwen2 f16 tp2 pp1 dp2 ep1 conv0 threads2 changes f0.300000
-    {"c465e910af6223b6", 16}, // qwen2 bf16 tp4 pp2 dp1 ep1 conv3 threads2 changes f0.012000
-    {"849e5f11f4cc4ee9", 28}, // llama bf16 tp1 pp2 dp2 ep1 conv3 threads2 f1.000000
-    {"56add9654890c599", 2}, // qwen2 bf16 fp8 tp1 pp1 dp1 ep1 conv3 threads1 f1.000000
+    {"b5cae0cde71a0b22", 49},  // qwen3_moe bf16 fp8 tp1 pp1 dp2 ep2 conv2 threads1 f0.012000
+    {"09d509c1a40f23e4", 12},  // qwen2 f32 tp1 pp2 dp1 ep1 conv3 threads1 f0.012000
+    {"e72f640c65c69377", 8},   // qwen3 bf16 fp8 tp2 pp2 dp1 ep1 conv0 threads1 f1.000000
+    {"f50376c49b6c452d", 8},   // llama bf16 tp2 pp1 dp2 ep1 conv2 threads1 f0.012000
+    {"f1a12e8b807bac42", 16},  // qwen3_moe f16 tp4 pp2 dp1 ep2 conv1 threads1 f0.012000
+    {"596bccd304c6b12d", 22},  // qwen2 bf16 tp1 pp1 dp2 ep1 conv3 threads1 f0.300000
+    {"e6620adcd72e9af1", 4},   // qwen3 bf16 fp8 tp1 pp1 dp2 ep1 conv4 threads1 f0.012000
+    {"efdc0759fe5e56fd", 32},  // qwen2 bf16 tp4 pp2 dp2 ep1 conv4 threads1 changes f1.000000
+    {"ea6295c9a3163654", 4},   // qwen3 f16 tp2 pp1 dp1 ep1 conv4 threads1 changes f0.012000
+    {"2d06800538d394c2", 0},   // llama f32 tp4 pp2 dp2 ep1 conv1 threads2 f0.000000
+    {"2d06800538d394c2", 0},   // qwen3_moe bf16 tp2 pp1 dp2 ep1 conv3 threads1 f0.000000
+    {"fcbb1d409ff40af6", 4},   // qwen3 bf16 tp2 pp1 dp1 ep1 conv2 threads1 changes f0.012000
+    {"1cfd0861c0384674", 8},   // llama f16 tp2 pp2 dp1 ep1 conv3 threads2 f0.050000
+    {"2d06800538d394c2", 0},   // qwen3 bf16 tp2 pp1 dp1 ep1 conv2 threads1 f0.000000
+    {"0dc9ca0ceae8e691", 60},  // qwen3_moe bf16 tp2 pp2 dp2 ep1 conv3 threads1 f0.300000
+    {"fba966ea8be32f77", 4},   // qwen3 f16 tp1 pp2 dp1 ep1 conv1 threads1 f0.012000
+    {"d92c5e8fd0d14f55", 2},   // qwen2 bf16 tp1 pp1 dp1 ep1 conv1 threads1 f0.012000
+    {"f54eb503f9f95c77", 8},   // llama f16 tp1 pp2 dp2 ep1 conv0 threads2 f0.300000
+    {"afccaad53f565230", 8},   // qwen2 f16 tp2 pp1 dp2 ep1 conv0 threads2 changes f0.300000
+    {"c465e910af6223b6", 16},  // qwen2 bf16 tp4 pp2 dp1 ep1 conv3 threads2 changes f0.012000
+    {"849e5f11f4cc4ee9", 28},  // llama bf16 tp1 pp2 dp2 ep1 conv3 threads2 f1.000000
+    {"56add9654890c599", 2},   // qwen2 bf16 fp8 tp1 pp1 dp1 ep1 conv3 threads1 f1.000000
 };
 
 } // namespace
