@@ -71,8 +71,9 @@ static_assert(codec::location_policy<gap_locations>);
 
 /// The training side: compare -> project -> encode, as the library's builder
 /// composes them (`stages::delta`), fixed at compile time.
-using trainer = stages::refit_pipeline<stages::compare<dcr::bf16>, stages::project<row_parallel_map>,
-                                       stages::encode<codec::xor_mask, gap_locations>>;
+using trainer =
+    stages::refit_pipeline<stages::compare<dcr::bf16>, stages::project<row_parallel_map>,
+                           stages::encode<codec::xor_mask, gap_locations>>;
 /// The rollout side: decode -> scatter -> apply, fixed the same way.
 using rollout = stages::receive_pipeline<stages::decode<gap_locations>, stages::scatter<dcr::bf16>,
                                          stages::apply<codec::xor_mask>>;
@@ -100,8 +101,7 @@ inline std::vector<std::byte> shard_payload(const payload_id& id, const tensor_m
   std::vector<item> items;
   if (!records.indices.empty()) items.push_back(stages::to_item<trainer>(meta, std::move(records)));
   std::vector<std::byte> bytes;
-  throw_if_failed(
-      codec::encode_payload_with(id, items, payload_options(), gap_locations{}, bytes));
+  throw_if_failed(codec::encode_payload_with(id, items, payload_options(), gap_locations{}, bytes));
   return bytes;
 }
 

@@ -46,7 +46,8 @@ TEST_CASE("custom pipeline: payload bytes equal the generic builder's, applied e
     const std::shared_ptr<const source_plan> cplan = plan;
 
     std::vector<std::vector<std::uint16_t>> v0;
-    for (std::uint64_t r = 0; r < ranks; ++r) v0.push_back(sim::normal_bf16(rows * kl, 0.02f, rng()));
+    for (std::uint64_t r = 0; r < ranks; ++r)
+      v0.push_back(sim::normal_bf16(rows * kl, 0.02f, rng()));
     auto view_of = [&](const std::vector<std::vector<std::uint16_t>>& v) {
       source_view sv;
       for (auto& s : v) sv.shards.push_back(std::as_bytes(std::span(s)));

@@ -280,8 +280,8 @@ private:
       if (units[u].residual) {
         const auto& task = plan.tasks[tasks[i]];
         const stages::residual<residual_rule> run{task.rule};
-        run(task_inputs(plan, tasks[i], candidate), base_.residual(i), task.outputs,
-            plan.canonical, produced,
+        run(task_inputs(plan, tasks[i], candidate), base_.residual(i), task.outputs, plan.canonical,
+            produced,
             [&](const tensor_meta& meta, std::uint32_t tensor, std::span<const std::byte> o,
                 std::span<const std::byte> c) {
               select.residual(meta, tensor, o, c, residual_enc, st);

@@ -124,7 +124,8 @@ private:
   /// Merges two sorted record lists of one tensor (disjoint by construction:
   /// each destination has one owner); `dst_alt` and `src.alt_values` (add
   /// words, when recorded) follow the same order.
-  static void merge_into(item& dst, std::vector<std::byte>& dst_alt, const stages::tensor_records& src, std::size_t w) {
+  static void merge_into(item& dst, std::vector<std::byte>& dst_alt,
+                         const stages::tensor_records& src, std::size_t w) {
     if (dst.indices.empty() || src.indices.front() > dst.indices.back()) {
       dst.indices.insert(dst.indices.end(), src.indices.begin(), src.indices.end());
       dst.values.insert(dst.values.end(), src.values.begin(), src.values.end());

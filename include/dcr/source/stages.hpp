@@ -149,13 +149,15 @@ struct refit_pipeline {
 /// Records of one (tensor, encoding) under construction: canonical indices
 /// and little-endian value words, in the order they were found; with an
 /// `encode_either` stage also the alternative encoding's words (else empty).
-/// `sorted`: the indices increase (false once a run starts below the last
-/// record, as a map that is not monotone per tensor makes it).
+/// `sorted`: known to be sorted by index (set by the stages' writer, which
+/// fills a buffer run by run: true from its first run until a run starts at
+/// or below the last record, as a map that is not monotone per tensor makes
+/// it); false, the default, leaves the check to `sort_records`.
 struct record_buffer {
   std::vector<std::uint64_t> indices;
   std::vector<std::byte> values;
   std::vector<std::byte> alt_values;
-  bool sorted = true;
+  bool sorted = false;
 };
 
 /// A `record_buffer` with its tensor and encoding: what a chunk of the
@@ -195,7 +197,9 @@ public:
     close();
     b_ = &b;
     const std::size_t n = b.indices.size();
-    if (b.sorted && n > 0 && first <= b.indices.back())
+    if (n == 0)
+      b.sorted = true;
+    else if (b.sorted && first <= b.indices.back())
       b.sorted = false; // conservative: sort_records checks before sorting
     reserve(b.indices, n + most);
     reserve(b.values, (n + most) * sizeof(W));
@@ -206,13 +210,45 @@ public:
     flush();
     b_ = nullptr;
   }
-  /// Appends one record (`alt`: ignored unless `Either`).
-  void put(std::uint64_t index, W value, W alt) noexcept {
-    if (k_ == cap) flush();
-    ib_[k_] = index;
-    vb_[k_] = value;
-    if constexpr (Either) ab_[k_] = alt;
-    ++k_;
+  /// Appends the records of one 64-word block with change mask `mask`
+  /// (bit b: local word `first + b` changed): canonical index `j + shift`,
+  /// value `Encode{}(o[j], c[j])` (the encode stage) and, when `Either`, its
+  /// alternative's `A::make(o[j], c[j])`.
+  /// The count stays in a register through the block (the buffers are
+  /// words of the count's type: writing them through the member would
+  /// reload it per record).
+  template <class Encode>
+  void put_block(std::uint64_t first, std::uint64_t mask, std::uint64_t shift, const W* o,
+                 const W* c) noexcept {
+    if (k_ > cap - change_block_words) flush();
+    std::size_t k = k_;
+    while (mask) {
+      const std::uint64_t j = first + static_cast<std::uint64_t>(std::countr_zero(mask));
+      mask &= mask - 1;
+      ib_[k] = j + shift;
+      vb_[k] = Encode{}(o[j], c[j]);
+      if constexpr (Either) ab_[k] = Encode::alternative::make(o[j], c[j]);
+      ++k;
+    }
+    k_ = k;
+  }
+  /// Appends the records of the sorted changed local words `[lo, hi)`.
+  template <class Encode>
+  void put_list(const std::uint64_t* lo, const std::uint64_t* hi, std::uint64_t shift, const W* o,
+                const W* c) noexcept {
+    while (lo != hi) {
+      if (k_ == cap) flush();
+      const std::size_t n = std::min<std::size_t>(cap - k_, static_cast<std::size_t>(hi - lo));
+      std::size_t k = k_;
+      for (const auto* end = lo + n; lo != end; ++lo) {
+        const std::uint64_t j = *lo;
+        ib_[k] = j + shift;
+        vb_[k] = Encode{}(o[j], c[j]);
+        if constexpr (Either) ab_[k] = Encode::alternative::make(o[j], c[j]);
+        ++k;
+      }
+      k_ = k;
+    }
   }
 
 private:
@@ -248,18 +284,12 @@ private:
 template <class W, class Project, class Encode>
 void delta_records(const Project& proj, std::span<const W> old_w, std::span<const W> new_w,
                    target_ref target, const std::span<const std::uint64_t>* changed) {
-  using A = typename Encode::alternative;
-  constexpr bool either = !std::is_void_v<A>;
-  const Encode enc{};
+  constexpr bool either = !std::is_void_v<typename Encode::alternative>;
+  static_assert(std::is_same_v<W, decltype(Encode{}(W{}, W{}))>);
   const compare_words<W> cmp{};
   const W* o = old_w.data();
   const W* c = new_w.data();
   record_writer<W, either> out;
-  auto put = [&](std::uint64_t j, std::uint64_t shift) {
-    W alt{};
-    if constexpr (either) alt = A::make(o[j], c[j]);
-    out.put(j + shift, enc(o[j], c[j]), alt);
-  };
   proj([&](const canonical_run& r) {
     record_buffer& b = target.get(target.ctx, r.tensor);
     const std::uint64_t shift =
@@ -269,16 +299,13 @@ void delta_records(const Project& proj, std::span<const W> old_w, std::span<cons
       auto hi = std::lower_bound(lo, changed->end(), r.local_start + r.count);
       if (lo == hi) return;
       out.open(b, *lo + shift, static_cast<std::uint64_t>(hi - lo));
-      for (; lo != hi; ++lo) put(*lo, shift);
+      out.template put_list<Encode>(&*lo, &*lo + (hi - lo), shift, o, c);
       out.close();
       return;
     }
     out.open(b, r.canonical_start, r.count);
     cmp(old_w, new_w, r.local_start, r.count, [&](std::uint64_t first, std::uint64_t mask) {
-      while (mask) {
-        put(first + static_cast<std::uint64_t>(std::countr_zero(mask)), shift);
-        mask &= mask - 1;
-      }
+      if (mask) out.template put_block<Encode>(first, mask, shift, o, c);
     });
     out.close();
   });
@@ -392,8 +419,11 @@ inline void choose_smaller(item& it, std::vector<std::byte>& alt, value_encoding
 template <class W>
 void sort_records(record_buffer& b) {
   if (b.sorted) return;
+  if (std::is_sorted(b.indices.begin(), b.indices.end())) {
+    b.sorted = true;
+    return;
+  }
   b.sorted = true;
-  if (std::is_sorted(b.indices.begin(), b.indices.end())) return;
   std::vector<std::size_t> order(b.indices.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(),
