@@ -40,11 +40,11 @@ struct builder_options {
   /// Threads that build chunks (0: `std::thread::hardware_concurrency()`;
   /// 1, the default: the calling thread only). Payload bytes do not depend
   /// on it. One is the default because the merge into buckets and their
-  /// encoding stay on the calling thread: on 2 hardware threads a 2-thread
-  /// build is 1.56x faster at 1.2 % change but 0.59x at 5 %
-  /// (docs/training-side.md). With
-  /// more than one, residual rules (`residual_rule::convert`) of different
-  /// tasks run concurrently, so a rule must not share mutable state.
+  /// encoding stay on the calling thread, and on the 2-core development
+  /// machine 2 threads have not been measured reliably faster at 5 %
+  /// change (docs/training-side.md, "Threads and memory"). With more than
+  /// one, residual rules (`residual_rule::convert`) of different tasks run
+  /// concurrently, so a rule must not share mutable state.
   std::size_t threads = 1;
   /// Memory bound of a parallel build: at most this many chunks are being
   /// built or wait, built, for their turn to be merged into a bucket (0:
