@@ -26,9 +26,9 @@
 
 #include "bench_common.hpp"
 #include "dcr/codec/payload.hpp"
-#include "dcr/source/detect.hpp"
-#include "dcr/source/simulator.hpp"
+#include "dcr/core/detect.hpp"
 #include "dcr/source/stages.hpp"
+#include "examples/common/simulator.hpp"
 
 namespace {
 

@@ -23,7 +23,7 @@
 #include "bench_common.hpp"
 #include "dcr/core/hash.hpp"
 #include "dcr/core/set_digest.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
+#include "examples/common/simulator.hpp"
 
 using namespace dcr;
 using namespace dcr::protocol;

@@ -24,9 +24,9 @@
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/transport/object_store.hpp"
+#include "examples/common/simulator.hpp"
 
 using namespace dcr;
 using namespace dcr::protocol;

@@ -51,7 +51,7 @@
 #include "dcr/pipeline/parallel.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "dcr/source/detect.hpp"
-#include "dcr/source/simulator.hpp"
+#include "dcr/core/detect.hpp"
+#include "examples/common/simulator.hpp"
 
 namespace {
 

@@ -30,7 +30,8 @@
 #include "bench_common.hpp"
 #include "dcr/source/builder.hpp"
 #include "dcr/source/fp8_plan.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
+#include "examples/common/training_side.hpp"
 
 namespace {
 

@@ -26,11 +26,11 @@
 #include "dcr/protocol/control_channel.hpp"
 #include "dcr/protocol/links.hpp"
 #include "dcr/protocol/remote_links.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "examples/cluster/cluster_job.hpp"
 #include "examples/cluster/relay_job.hpp"
 #include "examples/cluster/timeline.hpp"
+#include "examples/common/simulator.hpp"
 
 using namespace dcr;
 using member_t = protocol::training_round::member;

@@ -18,7 +18,7 @@
 #include "dcr/io/safetensors.hpp"
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/config.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
 #include "support/report.hpp"
 
 namespace dcr::examples {

@@ -42,10 +42,10 @@
 #include "dcr/source/fp8_plan.hpp"
 #include "dcr/source/plan.hpp"
 #include "dcr/source/row_split_plan.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/transport/object_store.hpp"
 #include "examples/common/model_setup.hpp"
+#include "examples/common/simulator.hpp"
 #include "support/faults.hpp"
 #include "support/report.hpp"
 

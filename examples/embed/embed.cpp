@@ -10,8 +10,9 @@
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/builder.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
+#include "examples/common/simulator.hpp"
+#include "examples/common/training_side.hpp"
 
 using namespace dcr;
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dcr/core/rounding.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
 
 using namespace dcr;
 

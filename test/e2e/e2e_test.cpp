@@ -14,9 +14,9 @@
 #include "dcr/protocol/coordinator.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/tensor_set.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/transport/object_store.hpp"
+#include "examples/common/simulator.hpp"
 #include "support/faults.hpp"
 
 using namespace dcr;

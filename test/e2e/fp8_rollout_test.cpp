@@ -25,9 +25,10 @@
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/builder.hpp"
 #include "dcr/source/fp8_plan.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/twin/scatter.hpp"
+#include "examples/common/simulator.hpp"
+#include "examples/common/training_side.hpp"
 
 using namespace dcr;
 

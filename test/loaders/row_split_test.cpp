@@ -15,8 +15,9 @@
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/builder.hpp"
 #include "dcr/source/row_split_plan.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
+#include "examples/common/simulator.hpp"
+#include "examples/common/training_side.hpp"
 #include "receiver/refit_check.hpp"
 #include "receiver/workload.hpp"
 

@@ -19,8 +19,9 @@
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/source/fp8_plan.hpp"
-#include "dcr/source/simulator.hpp"
 #include "dcr/source/state.hpp"
+#include "examples/common/simulator.hpp"
+#include "examples/common/training_side.hpp"
 #include "receiver/refit_check.hpp"
 #include "receiver/workload.hpp"
 

@@ -18,7 +18,7 @@
 #include "dcr/core/rounding.hpp"
 #include "dcr/core/word_delta.hpp"
 #include "dcr/receiver/tensor_set.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
 
 namespace dcr::test {
 

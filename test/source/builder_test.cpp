@@ -11,6 +11,7 @@
 
 #include "dcr/codec/payload.hpp"
 #include "dcr/source/builder.hpp"
+#include "examples/common/training_side.hpp"
 
 using namespace dcr;
 

@@ -12,8 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dcr/source/detect.hpp"
-#include "dcr/source/simulator.hpp"
+#include "dcr/core/detect.hpp"
+#include "examples/common/simulator.hpp"
 
 using namespace dcr;
 

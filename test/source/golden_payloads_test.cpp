@@ -23,6 +23,7 @@
 #include "dcr/codec/payload.hpp"
 #include "dcr/core/hash.hpp"
 #include "dcr/source/builder.hpp"
+#include "examples/common/training_side.hpp"
 
 using namespace dcr;
 

@@ -4,6 +4,7 @@
 #include "training_fixture.hpp"
 
 #include "dcr/source/builder.hpp"
+#include "examples/common/training_side.hpp"
 
 using namespace dcr;
 

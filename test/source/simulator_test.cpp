@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "dcr/core/detect.hpp"
 #include "dcr/core/rounding.hpp"
-#include "dcr/source/detect.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
 
 using namespace dcr;
 

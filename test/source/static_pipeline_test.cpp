@@ -11,6 +11,7 @@
 #include "dcr/receiver/stages.hpp"
 #include "dcr/receiver/tensor_set.hpp"
 #include "dcr/source/builder.hpp"
+#include "examples/common/training_side.hpp"
 
 using namespace dcr;
 

@@ -16,7 +16,7 @@
 #include "dcr/core/rounding.hpp"
 #include "dcr/core/tensor.hpp"
 #include "dcr/map/fp8.hpp"
-#include "dcr/source/simulator.hpp"
+#include "examples/common/simulator.hpp"
 
 namespace dcr::test {
 

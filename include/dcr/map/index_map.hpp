@@ -64,6 +64,19 @@ concept index_map = requires(const M& m, std::uint64_t j, void (*out)(const cano
   m.map_run(j, j, out);
 };
 
+namespace maps {
+/// A mapping class of the affine kind: a type whose objects send a shard's
+/// local indices to canonical destinations, in runs of constant shift
+/// (`index_map`'s laws). Every named class below is one (the box of a
+/// replicated tensor, row / column splits, vocabulary padding, the
+/// piecewise fused QKV and gate-up maps; per-expert slices are column /
+/// row splits of an expert's tensor), as are `piecewise_map`, their runtime
+/// form, and `flat_map` over an application's own index function;
+/// `stages::project<M>` is instantiated per type.
+template <class M>
+concept affine_map = index_map<M>;
+} // namespace maps
+
 /// One row block of a piecewise map (see the file comment).
 struct map_piece {
   std::uint64_t local_row = 0, rows = 0;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -54,6 +55,21 @@ inline status run_rule(const residual_rule& r, std::span<const residual_input> i
   for (auto& m : r.outputs) out.emplace_back(m);
   return r.convert(in, out);
 }
+
+namespace maps {
+/// A mapping class of the residual kind: a type whose objects turn the
+/// candidate's inputs into canonical outputs that are then compared with a
+/// residual baseline (`stages::residual<R>`): `run_rule(r, inputs, outputs)`
+/// (found by argument-dependent lookup) and a name for errors.
+/// `dcr::residual_rule` (gather, tied, stack, cast and FP8 rules) is one.
+template <class R>
+concept residual_rule = requires(const R& r, std::span<const residual_input> in,
+                                 std::vector<host_tensor>& out) {
+  { run_rule(r, in, out) } -> std::same_as<status>;
+  { r.name } -> std::convertible_to<std::string>;
+};
+static_assert(residual_rule<dcr::residual_rule>);
+} // namespace maps
 
 /// Assembles parts into output tensors with coverage and overlap checks.
 class part_assembler {

@@ -1,29 +1,45 @@
 #pragma once
 /// \file
-/// The training side's refit stages, as compile-time policies:
+/// The training side's refit stages. Each stage is a small object whose call
+/// operator works over spans; the policy that changes its code path is a
+/// template parameter, the data it works on stays runtime:
 ///
-///   compare<Dtype>  which stored words changed (64-word change masks);
-///   project<Map>    local shard index -> canonical (tensor, index), in runs of
-///                   constant shift (`index_map::map_run`);
+///   compare<Dtype>  `(old, new, lo, len, f)`: the changed words of a local
+///                   range, as 64-word blocks with change masks (`f(first,
+///                   mask)`; dtypes of one word width share the scan);
+///   project<Map>    `(f)`: the shard's local indices through its mapping
+///                   class `Map` (any `maps::affine_map`: the box of a
+///                   replicated tensor, row / column splits, the piecewise
+///                   fused QKV and gate-up maps, per-expert slices, the two
+///                   maps of a blockwise FP8 shard), as runs of constant
+///                   shift (`canonical = local + shift` inside a run);
 ///   encode<Encoding, Locations>
-///                   the value of a changed element (`Encoding::make(old, new)`,
-///                   a `codec::delta_encoding`) and how an item's locations
-///                   travel (a `codec::location_policy`);
+///                   `(old, new)`: the value of a changed element
+///                   (`Encoding::make`, a `codec::delta_encoding`), and the
+///                   policy coding an item's locations (`Locations`, a
+///                   `codec::location_policy`, run by the payload encoder);
 ///   encode_either<Encoding, Alternative, Locations>
-///                   as encode, recording the values of a second encoding
-///                   too, so the item can take whichever codes smaller
-///                   (`choose_smaller`: XOR or add where both are exact).
+///                   as encode, recording a second encoding's values too so
+///                   that the item can take whichever codes smaller
+///                   (`choose_smaller`: XOR or add where both are exact);
+///   residual<Rule>  `(inputs, baseline, emit)`: a residual task's rule
+///                   (a `maps::residual_rule`) assembles / converts canonical
+///                   outputs from the candidate's inputs, and each output
+///                   runs compare -> identity project -> encode against its
+///                   residual baseline.
 ///
-/// `changes_to_records` composes the three over one shard; the owner's
-/// builder (builder.hpp) runs exactly this, selecting the instantiation for
+/// `delta<Compare, Project, Encode>` composes the first three over one shard
+/// and appends records (canonical index, value) to `record_buffer`s: it is
+/// the one hot loop of the training side. The owner's delta builder
+/// (delta_builder.hpp) runs exactly this, selecting the instantiation for
 /// each shard's runtime dtype and encoding from a table built at compile time
-/// (pipeline/dispatch.hpp), and an application that knows its configuration
+/// (pipeline/dispatch.hpp); an application that knows its configuration
 /// composes one instantiation itself and compiles nothing else:
 ///
 /// ```cpp
-/// using bf16_xor = refit_pipeline<compare<bf16>, project<piecewise_map>,
-///                                 encode<codec::xor_mask, codec::run_or<codec::escape_u8>>>;
-/// owner.build<bf16_xor>(candidate, required, base_id, options);
+/// using bf16_xor = refit_pipeline<compare<bf16>, project<row_parallel_map>,
+///                                 encode<codec::xor_mask, codec::run_or<codec::gap_u16>>>;
+/// stages::shard_records<bf16_xor>(map, old_words, new_words, target);
 /// ```
 
 #include <algorithm>
@@ -39,9 +55,10 @@
 #include "dcr/codec/item.hpp"
 #include "dcr/codec/locations.hpp"
 #include "dcr/codec/values.hpp"
+#include "dcr/core/detect.hpp"
 #include "dcr/core/dtype.hpp"
 #include "dcr/map/index_map.hpp"
-#include "dcr/source/detect.hpp"
+#include "dcr/map/residual.hpp"
 
 namespace dcr::stages {
 
@@ -54,8 +71,8 @@ struct compare_words {
   /// word `first + b` changed; blocks without changes may be skipped or
   /// passed with mask 0).
   template <class F>
-  static void blocks(std::span<const W> old_w, std::span<const W> new_w, std::uint64_t lo,
-                     std::uint64_t len, F&& f) {
+  void operator()(std::span<const W> old_w, std::span<const W> new_w, std::uint64_t lo,
+                  std::uint64_t len, F&& f) const {
     for_each_change_mask<W>(old_w.subspan(lo, len), new_w.subspan(lo, len), lo, f);
   }
 };
@@ -79,21 +96,21 @@ struct identity_map {
     if (count) out(canonical_run{s, count, tensor, s});
   }
 };
-static_assert(index_map<identity_map>);
+static_assert(maps::affine_map<identity_map>);
 
-/// project<M>: a shard's local indices through its index map, in runs of
+/// project<M>: a shard's local indices through its mapping class, in runs of
 /// constant shift (`canonical = local + shift` inside a run).
-template <index_map M>
+template <maps::affine_map M>
 struct project {
   using map_type = M;
   const M& map;
   /// `f(run)` for every run covering the mapped elements, in local order.
   template <class F>
-  void runs(F&& f) const {
+  void operator()(F&& f) const {
     map.map_run(0, map.domain_size(), f);
   }
-  /// XOR records through this map are exact only when no two local elements
-  /// share a destination.
+  /// Relative records (XOR, add) through this map are exact only when no two
+  /// local elements share a destination.
   bool unique() const { return map.is_unique(); }
 };
 
@@ -101,10 +118,11 @@ struct project {
 template <codec::delta_encoding E, codec::location_policy L>
 struct encode {
   using encoding = E;
+  using alternative = void; ///< no second encoding recorded
   using locations = L;
   static constexpr value_encoding id = E::id;
   template <class W>
-  static constexpr W value(W old_w, W new_w) noexcept {
+  constexpr W operator()(W old_w, W new_w) const noexcept {
     return E::make(old_w, new_w);
   }
 };
@@ -114,17 +132,6 @@ struct encode {
 template <codec::delta_encoding E, codec::delta_encoding A, codec::location_policy L>
 struct encode_either : encode<E, L> {
   using alternative = A;
-};
-
-/// The alternative encoding of an encode stage, or void.
-template <class Encode>
-struct alternative_of {
-  using type = void;
-};
-template <class Encode>
-requires requires { typename Encode::alternative; }
-struct alternative_of<Encode> {
-  using type = typename Encode::alternative;
 };
 
 /// A statically composed training-side pipeline.
@@ -142,10 +149,22 @@ struct refit_pipeline {
 /// Records of one (tensor, encoding) under construction: canonical indices
 /// and little-endian value words, in the order they were found; with an
 /// `encode_either` stage also the alternative encoding's words (else empty).
+/// `sorted`: known to be sorted by index (set by the stages' writer, which
+/// fills a buffer run by run: true from its first run until a run starts at
+/// or below the last record, as a map that is not monotone per tensor makes
+/// it); false, the default, leaves the check to `sort_records`.
 struct record_buffer {
   std::vector<std::uint64_t> indices;
   std::vector<std::byte> values;
   std::vector<std::byte> alt_values;
+  bool sorted = false;
+};
+
+/// A `record_buffer` with its tensor and encoding: what a chunk of the
+/// delta builder yields, one per (tensor, encoding) it found records of.
+struct tensor_records : record_buffer {
+  std::uint32_t tensor = 0;
+  value_encoding enc = value_encoding::xor_mask;
 };
 
 namespace detail {
@@ -156,103 +175,217 @@ struct target_ref {
   record_buffer& (*get)(void*, std::uint32_t);
 };
 
+/// Appends records of word type `W` (and alternative words when `Either`)
+/// to one `record_buffer` at a time. Each run reserves its worst case
+/// (every element changed) in the target before its records stream in, so a
+/// buffer never reallocates (no copy of the records found so far, no second
+/// set of pages touched; reserved pages that are never written are never
+/// backed); records pass through a small buffer that stays in L1 and reach
+/// the target in blocks.
+template <class W, bool Either>
+class record_writer {
+public:
+  record_writer() = default;
+  record_writer(const record_writer&) = delete;
+  record_writer& operator=(const record_writer&) = delete;
+  ~record_writer() { close(); }
+
+  /// Makes `b` the target of a run of at most `most` records whose indices
+  /// start at `first` or above (until `close`: the target may move when the
+  /// caller adds buffers, so a writer holds it for one run only).
+  void open(record_buffer& b, std::uint64_t first, std::uint64_t most) {
+    close();
+    b_ = &b;
+    const std::size_t n = b.indices.size();
+    if (n == 0)
+      b.sorted = true;
+    else if (b.sorted && first <= b.indices.back())
+      b.sorted = false; // conservative: sort_records checks before sorting
+    reserve(b.indices, n + most);
+    reserve(b.values, (n + most) * sizeof(W));
+    if constexpr (Either) reserve(b.alt_values, (n + most) * sizeof(W));
+  }
+  /// Appends the buffered records to the target and releases it.
+  void close() {
+    flush();
+    b_ = nullptr;
+  }
+  /// Appends the records of one 64-word block with change mask `mask`
+  /// (bit b: local word `first + b` changed): canonical index `j + shift`,
+  /// value `Encode{}(o[j], c[j])` (the encode stage) and, when `Either`, its
+  /// alternative's `A::make(o[j], c[j])`.
+  /// The count stays in a register through the block (the buffers are
+  /// words of the count's type: writing them through the member would
+  /// reload it per record).
+  template <class Encode>
+  void put_block(std::uint64_t first, std::uint64_t mask, std::uint64_t shift, const W* o,
+                 const W* c) noexcept {
+    if (k_ > cap - change_block_words) flush();
+    std::size_t k = k_;
+    while (mask) {
+      const std::uint64_t j = first + static_cast<std::uint64_t>(std::countr_zero(mask));
+      mask &= mask - 1;
+      ib_[k] = j + shift;
+      vb_[k] = Encode{}(o[j], c[j]);
+      if constexpr (Either) ab_[k] = Encode::alternative::make(o[j], c[j]);
+      ++k;
+    }
+    k_ = k;
+  }
+  /// Appends the records of the sorted changed local words `[lo, hi)`.
+  template <class Encode>
+  void put_list(const std::uint64_t* lo, const std::uint64_t* hi, std::uint64_t shift, const W* o,
+                const W* c) noexcept {
+    while (lo != hi) {
+      if (k_ == cap) flush();
+      const std::size_t n = std::min<std::size_t>(cap - k_, static_cast<std::size_t>(hi - lo));
+      std::size_t k = k_;
+      for (const auto* end = lo + n; lo != end; ++lo) {
+        const std::uint64_t j = *lo;
+        ib_[k] = j + shift;
+        vb_[k] = Encode{}(o[j], c[j]);
+        if constexpr (Either) ab_[k] = Encode::alternative::make(o[j], c[j]);
+        ++k;
+      }
+      k_ = k;
+    }
+  }
+
+private:
+  void flush() {
+    if (!k_) return;
+    b_->indices.insert(b_->indices.end(), ib_, ib_ + k_);
+    const auto* vp = reinterpret_cast<const std::byte*>(vb_);
+    b_->values.insert(b_->values.end(), vp, vp + k_ * sizeof(W));
+    if constexpr (Either) {
+      const auto* ap = reinterpret_cast<const std::byte*>(ab_);
+      b_->alt_values.insert(b_->alt_values.end(), ap, ap + k_ * sizeof(W));
+    }
+    k_ = 0;
+  }
+
+  static constexpr std::size_t cap = 1024;
+  template <class V>
+  static void reserve(V& v, std::size_t n) {
+    if (n > v.capacity()) v.reserve(std::max(n, 2 * v.capacity()));
+  }
+  record_buffer* b_ = nullptr;
+  std::size_t k_ = 0;
+  std::uint64_t ib_[cap];
+  W vb_[cap];
+  W ab_[Either ? cap : 1];
+};
+
+/// compare -> project -> encode over one shard, for word type `W`, encode
+/// stage `Encode` (its encoding and alternative) and any project stage.
 /// `changed`: null to find the changed words by comparing (the compare
 /// stage), or the sorted changed local indices found before (by the same
 /// comparison), so that the work is O(changes + runs) instead of O(shard).
-template <class W, class Project, class E, class A = void>
-void changes_to_records(const Project& proj, std::span<const W> old_w, std::span<const W> new_w,
-                        target_ref target,
-                        const std::span<const std::uint64_t>* changed = nullptr) {
-  constexpr bool either = !std::is_void_v<A>;
-  constexpr std::size_t cap = 1024;
-  std::uint64_t ib[cap];
-  W vb[cap];
-  W ab[either ? cap : 1];
-  std::size_t k = 0;
-  record_buffer* b = nullptr;
+template <class W, class Project, class Encode>
+void delta_records(const Project& proj, std::span<const W> old_w, std::span<const W> new_w,
+                   target_ref target, const std::span<const std::uint64_t>* changed) {
+  constexpr bool either = !std::is_void_v<typename Encode::alternative>;
+  static_assert(std::is_same_v<W, decltype(Encode{}(W{}, W{}))>);
+  const compare_words<W> cmp{};
   const W* o = old_w.data();
   const W* c = new_w.data();
-  auto flush = [&] {
-    b->indices.insert(b->indices.end(), ib, ib + k);
-    const auto* vp = reinterpret_cast<const std::byte*>(vb);
-    b->values.insert(b->values.end(), vp, vp + k * sizeof(W));
-    if constexpr (either) {
-      const auto* ap = reinterpret_cast<const std::byte*>(ab);
-      b->alt_values.insert(b->alt_values.end(), ap, ap + k * sizeof(W));
-    }
-    k = 0;
-  };
-  proj.runs([&](const canonical_run& r) {
-    b = &target.get(target.ctx, r.tensor);
+  record_writer<W, either> out;
+  proj([&](const canonical_run& r) {
+    record_buffer& b = target.get(target.ctx, r.tensor);
     const std::uint64_t shift =
         r.canonical_start - r.local_start; // modular: canonical = local + shift
     if (changed) {
       auto lo = std::lower_bound(changed->begin(), changed->end(), r.local_start);
       auto hi = std::lower_bound(lo, changed->end(), r.local_start + r.count);
-      for (; lo != hi; ++lo) {
-        if (k == cap) flush();
-        const std::uint64_t j = *lo;
-        ib[k] = j + shift;
-        vb[k] = E::make(o[j], c[j]);
-        if constexpr (either) ab[k] = A::make(o[j], c[j]);
-        ++k;
-      }
-      if (k) flush();
+      if (lo == hi) return;
+      out.open(b, *lo + shift, static_cast<std::uint64_t>(hi - lo));
+      out.template put_list<Encode>(&*lo, &*lo + (hi - lo), shift, o, c);
+      out.close();
       return;
     }
-    compare_words<W>::blocks(
-        old_w, new_w, r.local_start, r.count, [&](std::uint64_t first, std::uint64_t mask) {
-          if (mask == 0) return;
-          if (k > cap - change_block_words) flush();
-          while (mask) {
-            const std::uint64_t j = first + static_cast<std::uint64_t>(std::countr_zero(mask));
-            mask &= mask - 1;
-            ib[k] = j + shift;
-            vb[k] = E::make(o[j], c[j]);
-            if constexpr (either) ab[k] = A::make(o[j], c[j]);
-            ++k;
-          }
-        });
-    if (k) flush();
+    out.open(b, r.canonical_start, r.count);
+    cmp(old_w, new_w, r.local_start, r.count, [&](std::uint64_t first, std::uint64_t mask) {
+      if (mask) out.template put_block<Encode>(first, mask, shift, o, c);
+    });
+    out.close();
   });
+}
+
+template <class T>
+target_ref target_of(T& target) {
+  return {const_cast<void*>(static_cast<const void*>(&target)),
+          [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }};
 }
 } // namespace detail
 
-/// compare -> project -> encode over one shard: every changed local word of
-/// `old_w`/`new_w` whose map sends it somewhere becomes a record (canonical
-/// index, `Encoding::make(old, new)`) appended to `target(tensor)` (a
-/// `record_buffer&`; called once per run, before the run's records, so the
-/// caller sees every tensor the shard maps into, in map order). Each run is
-/// scanned with a constant local -> canonical shift, and a changed word's
-/// record is written while its cache line is still hot from the compare.
+/// delta<Compare, Project, Encode>: the composition of the three stages over
+/// one shard. Every changed local word of `old_w`/`new_w` whose map sends it
+/// somewhere becomes a record (canonical index, `Encoding::make(old, new)`)
+/// appended to `target(tensor)` (a `record_buffer&`; called once per run,
+/// before the run's records, so the caller sees every tensor the shard maps
+/// into, in map order). Each run is scanned with a constant local ->
+/// canonical shift, and a changed word's record is written while its cache
+/// line is still hot from the compare. With `changed` (exactly the sorted
+/// local indices where `old_w` and `new_w` differ, what `detect_changes`
+/// returns) the compare is skipped: the same records in the same order, in
+/// O(changes + map runs).
+template <class Compare, class Project, class Encode>
+struct delta {
+  using word = typename Compare::word;
+  Project project;
+  template <class Target>
+  void operator()(std::span<const word> old_w, std::span<const word> new_w, Target&& target) const {
+    detail::delta_records<word, Project, Encode>(project, old_w, new_w, detail::target_of(target),
+                                                 nullptr);
+  }
+  template <class Target>
+  void operator()(std::span<const word> old_w, std::span<const word> new_w,
+                  std::span<const std::uint64_t> changed, Target&& target) const {
+    detail::delta_records<word, Project, Encode>(project, old_w, new_w, detail::target_of(target),
+                                                 &changed);
+  }
+};
+
+/// The functions the library exposed before `delta`: the same composition.
 template <class Compare, class Project, class Encode, class Target>
 void changes_to_records(const Project& proj, std::span<const typename Compare::word> old_w,
                         std::span<const typename Compare::word> new_w, Target&& target) {
-  using T = std::remove_reference_t<Target>;
-  detail::changes_to_records<typename Compare::word, Project, typename Encode::encoding,
-                             typename alternative_of<Encode>::type>(
-      proj, old_w, new_w,
-      detail::target_ref{
-          const_cast<void*>(static_cast<const void*>(&target)),
-          [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }});
+  delta<Compare, Project, Encode>{proj}(old_w, new_w, target);
 }
-/// As above for a shard whose changed words were found already: `changed`
-/// holds exactly the local indices where `old_w` and `new_w` differ, sorted
-/// (what `detect_changes` returns). The records are the same, in the same
-/// order; the work is O(changes + map runs).
 template <class Compare, class Project, class Encode, class Target>
 void changes_to_records(const Project& proj, std::span<const typename Compare::word> old_w,
                         std::span<const typename Compare::word> new_w,
                         std::span<const std::uint64_t> changed, Target&& target) {
-  using T = std::remove_reference_t<Target>;
-  detail::changes_to_records<typename Compare::word, Project, typename Encode::encoding,
-                             typename alternative_of<Encode>::type>(
-      proj, old_w, new_w,
-      detail::target_ref{
-          const_cast<void*>(static_cast<const void*>(&target)),
-          [](void* ctx, std::uint32_t t) -> record_buffer& { return (*static_cast<T*>(ctx))(t); }},
-      &changed);
+  delta<Compare, Project, Encode>{proj}(old_w, new_w, changed, target);
 }
+
+/// residual<Rule>: one residual task. The rule converts the candidate's
+/// inputs into canonical outputs (assemble, cast, quantise); each output is
+/// compared with its residual baseline and encoded through the identity map
+/// by `Delta`, a callable `(meta, tensor id, baseline bytes, candidate bytes)`
+/// (the delta builder passes the dispatched compare -> project -> encode
+/// composition of the output's dtype). `produced` is scratch the caller keeps
+/// across tasks. Throws `dcr::error` (the rule's failure, `shape_mismatch`
+/// for an output or baseline of the wrong size).
+template <maps::residual_rule Rule>
+struct residual {
+  const Rule& rule;
+  template <class Delta>
+  void operator()(std::span<const residual_input> inputs, std::span<const host_tensor> baseline,
+                  std::span<const std::uint32_t> outputs, std::span<const tensor_meta> canonical,
+                  std::vector<host_tensor>& produced, Delta&& delta) const {
+    throw_if_failed(run_rule(rule, inputs, produced));
+    for (std::size_t k = 0; k < produced.size(); ++k) {
+      const auto& meta = canonical[outputs[k]];
+      if (produced[k].bytes.size() != meta.nbytes() || k >= baseline.size() ||
+          baseline[k].bytes.size() != meta.nbytes())
+        throw error(errc::shape_mismatch,
+                    rule.name + ": output " + meta.name + " has the wrong size");
+      delta(meta, outputs[k], std::span<const std::byte>(baseline[k].bytes),
+            std::span<const std::byte>(produced[k].bytes));
+    }
+  }
+};
 
 /// Words of each encoding `choose_smaller` estimates (evenly strided sample).
 inline constexpr std::size_t choice_sample_words = std::size_t{1} << 16;
@@ -281,10 +414,16 @@ inline void choose_smaller(item& it, std::vector<std::byte>& alt, value_encoding
 }
 
 /// Sorts `b`'s records (words of type `W`) by canonical index when a map
-/// emitted them out of order (maps that are not monotone per tensor).
+/// emitted them out of order (maps that are not monotone per tensor; the
+/// writer tracks it, so sorted records cost nothing here).
 template <class W>
 void sort_records(record_buffer& b) {
-  if (std::is_sorted(b.indices.begin(), b.indices.end())) return;
+  if (b.sorted) return;
+  if (std::is_sorted(b.indices.begin(), b.indices.end())) {
+    b.sorted = true;
+    return;
+  }
+  b.sorted = true;
   std::vector<std::size_t> order(b.indices.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(),
@@ -310,20 +449,18 @@ item to_item(const tensor_meta& meta, record_buffer&& b,
              codec::value_filter filter = codec::value_filter::byte_planes) {
   sort_records<word_t<typename P::dtype>>(b);
   item it{meta, P::encoding::id, std::move(b.indices), std::move(b.values)};
-  if constexpr (requires { typename P::encode_stage::alternative; })
+  if constexpr (!std::is_void_v<typename P::encode_stage::alternative>)
     choose_smaller(it, b.alt_values, P::encode_stage::alternative::id, filter);
   return it;
 }
 
-/// compare -> project -> encode of pipeline `P` over one shard (see
-/// `changes_to_records`).
+/// compare -> project -> encode of pipeline `P` over one shard (`delta`).
 template <class P, class Target>
 void shard_records(const typename P::map_type& map,
                    std::span<const word_t<typename P::dtype>> old_w,
                    std::span<const word_t<typename P::dtype>> new_w, Target&& target) {
-  changes_to_records<typename P::compare_stage, typename P::project_stage,
-                     typename P::encode_stage>(typename P::project_stage{map}, old_w, new_w,
-                                               target);
+  delta<typename P::compare_stage, typename P::project_stage, typename P::encode_stage>{
+      typename P::project_stage{map}}(old_w, new_w, target);
 }
 
 } // namespace dcr::stages

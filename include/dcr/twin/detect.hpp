@@ -8,7 +8,7 @@
 /// Host twin of the CUDA change detection (`cuda/dcr/gpu/detect.cuh`):
 /// compare two word buffers and append `base + i` for every `i` whose stored
 /// bits differ, in increasing order. It is the training side's
-/// `dcr::detect_changes` (source/detect.hpp, SSE2 masks) behind a status
+/// `dcr::detect_changes` (core/detect.hpp, SSE2 masks) behind a status
 /// for buffers of different lengths and for a base that would overflow.
 
 #include <cstdint>
@@ -17,8 +17,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "dcr/core/detect.hpp"
 #include "dcr/core/error.hpp"
-#include "dcr/source/detect.hpp"
 #include "dcr/twin/element.hpp"
 
 namespace dcr::twin {
