@@ -67,7 +67,9 @@ struct dense_source {
       shards.shards.resize(plan.shards.size());
       for (std::uint32_t id = 0; id < plan.shards.size(); ++id) {
         auto& b = shards.shards[id];
-        DCR_TRY(scoped.get(cluster::dense_shard_name(version, id), b));
+        const auto name = cluster::dense_shard_name(version, id);
+        DCR_TRY(scoped.get(name, b));
+        DCR_TRY(cluster::open_dense_shard(incarnation, name, b, j->flags.key));
         DCR_RETURN_ERROR_IF(b.size() != plan.shards[id].nbytes(), shape_mismatch,
                             "dense export of shard " + plan.shards[id].key + ": " +
                                 std::to_string(b.size()) + " bytes, expected " +
