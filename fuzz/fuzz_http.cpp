@@ -6,10 +6,14 @@
 // parse), one byte (the bytes per read of the second parse), then the bytes
 // the peer sent before closing. Checked: no crash, hang or out-of-bounds
 // read; a failure is one of the client's codes (length_overflow, bad_format,
-// unavailable); a response that parses has a 3-digit status and a body
-// within the limit (none for HEAD); and the outcome - status code, or the
-// whole response and its keep-alive - does not depend on how the bytes were
-// split into reads, nor on reading them all at once.
+// unavailable); a response that parses has a status of three digits and a body
+// within the limit (none for HEAD); and the outcome - success or failure,
+// the whole response and its keep-alive, the failure's code except for a
+// response cut off mid-header (see `same`) - does not depend on how the
+// bytes were split into reads, nor on reading them all at once.
+// As in the dcr-net library (meson.build): Beast's debug assertions are off,
+// since one of them (a last chunk split across reads) is reachable by a peer.
+#define BOOST_DISABLE_ASSERTS 1
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -34,8 +38,15 @@ outcome parse(std::string_view bytes, bool head, std::size_t step) {
 }
 
 bool same(const outcome& a, const outcome& b) {
-  if (a.s.code != b.s.code) return false;
-  if (!a.s.ok()) return true;
+  if (a.s.ok() != b.s.ok()) return false;
+  // A response the peer cut off before its header ended may be refused as
+  // malformed when the parser sees the bad bytes in one piece, or as cut off
+  // (`unavailable`) when it is still waiting for the header's end at the
+  // close: Beast validates a header only once its end has arrived. Both
+  // refuse; any other difference of code is a finding.
+  if (!a.s.ok())
+    return a.s.code == b.s.code || a.s.code == dcr::errc::unavailable ||
+           b.s.code == dcr::errc::unavailable;
   if (a.keep_alive != b.keep_alive || a.r.status != b.r.status || a.r.reason != b.r.reason ||
       a.r.body != b.r.body || a.r.headers.size() != b.r.headers.size())
     return false;
@@ -57,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       whole.s.code != dcr::errc::bad_format && whole.s.code != dcr::errc::unavailable)
     std::abort();
   if (whole.s.ok()) {
-    if (whole.r.status < 100 || whole.r.status > 999) std::abort();
+    if (whole.r.status > 999) std::abort(); // three digits (Beast takes "050" as 50)
     if (whole.r.body.size() > max_body) std::abort();
     if (head && !whole.r.body.empty()) std::abort();
   }

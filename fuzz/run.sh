@@ -89,5 +89,12 @@ printf '\x06\x00HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close
 printf '\x01\x05HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nETag: "abc"\r\n\r\n' >"$h/head"
 printf '\x02\x03HTTP/1.0 500 Internal Server Error\r\n\r\n{"error":"etcdserver: request timed out","code":14}' >"$h/eof-body"
 printf '\x08\x01HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n' >"$h/continue"
+# Found by the campaign: a header that never ends (a bare LF after a fold)
+# and a close; refused as malformed or as cut off depending on the reads.
+printf '\x10\x01HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 27\r\n\t\n{"header":{"revision":\xa21"}}' >"$h/unterminated-header"
+printf '\x02\x00' >"$h/empty" # found by the campaign: a close before any byte
+# Found by the campaign: a last chunk with a trailer, read a byte at a time
+# (Beast 1.81 asserted; dcr-net builds Beast with its assertions off).
+printf '\x00\x02HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nhello\r\n6\x04;x=y\r\n world\r\n0\r\nTrailer: t\r\n\r\n' >"$h/split-last-chunk"
 run fuzz_http "$per_target" "$out/corpus-http" "$out/seeds-http"
 echo "fuzz: no crashes in $((seconds + (seconds / 10 > 5 ? seconds / 10 : 5) + 5 * per_target)) s"

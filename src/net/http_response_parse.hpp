@@ -92,6 +92,11 @@ inline status parse_response_bytes(std::string_view bytes, std::size_t max_body,
   step = std::max<std::size_t>(step, 1);
   std::size_t at = 0, end = std::min(bytes.size(), step);
   boost::beast::error_code ec;
+  // Closed before the first byte: what a socket read reports (Beast's
+  // parser must not see an end of stream before any input).
+  if (bytes.empty())
+    return read_error_status(response_failure::transport, http::error::end_of_stream, max_body,
+                             "HTTP response");
   while (!p.is_done()) {
     if (at == end && end == bytes.size()) {
       p.put_eof(ec);
