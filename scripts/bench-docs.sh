@@ -62,6 +62,7 @@ if [ "${1:-}" = "--section" ]; then
   name=$2
   shift 2
   grep -q "^## .*(\`$name\`)" "$out" || { echo "bench-docs: $out has no section of $name" >&2; exit 1; }
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
   run_bench "$name" "$@" >"$tmp.section"
   {
     awk -v n="(\`$name\`)" '/^## / && index($0, n) { exit } { print }' "$out"
@@ -69,7 +70,8 @@ if [ "${1:-}" = "--section" ]; then
     sed -n '/^## /{p;q}' "$tmp.section"
     echo
     echo "_This section was regenerated on its own by \`scripts/bench-docs.sh --section $name${*:+ $*}\`"
-    echo "on $(date -u +%Y-%m-%d); the other sections are from their last run._"
+    echo "on $(date -u +%Y-%m-%d), load average $load at its start (other"
+    echo "jobs on the machine); the other sections are from their last run._"
     sed '1,/^## /d' "$tmp.section"
     echo
     awk -v n="(\`$name\`)" 'on && /^## / { go = 1 } go { print } /^## / && index($0, n) { on = 1 }' "$out"
