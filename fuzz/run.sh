@@ -3,9 +3,10 @@
 # each for a bounded time: SECONDS in total (decode and body 30% each,
 # roundtrip and the text decoders 20% each), then the control-channel
 # decoders for a tenth on top, then each decoder of arriving input that has
-# its own target (payload_if, locations, config, net) for PER_TARGET seconds
-# (default: a sixth of SECONDS, at least 10). CI runs it with 60: about
-# 60 + 6 + 4 x 10 s, under 2 minutes of fuzzing after the build.
+# its own target (payload_if, locations, config, net, http) for PER_TARGET
+# seconds (default: a sixth of SECONDS, at least 10). CI runs it with 60:
+# about 60 + 6 + 5 x 10 s, under 2 minutes of fuzzing after the build.
+# Every target in fuzz/meson.build runs (the list below is checked against it).
 # Exits non-zero when a target crashes; reproducers land in build-fuzz/fuzz/.
 # A longer run: DCR_JOBS=1 fuzz/run.sh 3600 600 (docs/wire-format.md,
 # "Fuzzing", has the executions per target so far).
@@ -19,8 +20,15 @@ if [ ! -f build-fuzz/build.ninja ]; then
 fi
 ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_text fuzz/fuzz_control \
   fuzz/fuzz_make_seed fuzz/fuzz_make_text_seeds \
-  fuzz/fuzz_payload_if fuzz/fuzz_locations fuzz/fuzz_config fuzz/fuzz_net fuzz/fuzz_make_wire_seeds
+  fuzz/fuzz_payload_if fuzz/fuzz_locations fuzz/fuzz_config fuzz/fuzz_net fuzz/fuzz_http fuzz/fuzz_make_wire_seeds
 out=build-fuzz/fuzz
+# Every fuzz_* target that fuzz/meson.build builds must be run below.
+for t in $(sed -n "/^foreach t : \[/,/\]/p" fuzz/meson.build | grep -o "'[a-z_]*'" | tr -d "'"); do
+  case " decode body roundtrip text control payload_if locations config net http " in
+    *" $t "*) ;;
+    *) echo "fuzz/run.sh: target fuzz_$t is built but not run" >&2; exit 1 ;;
+  esac
+done
 seeds=$out/seeds
 mkdir -p "$seeds"
 # Seeds of both format versions: v2 (header in the digest, add items) and v1.
@@ -71,4 +79,22 @@ run fuzz_payload_if "$per_target" "$out/corpus-payload-if" "$out/seeds-payload-i
 run fuzz_locations "$per_target" "$out/corpus-locations" "$out/seeds-locations"
 run fuzz_config "$per_target" "$out/corpus-config" "$out/seeds-config"
 run fuzz_net "$per_target" "$out/corpus-net" "$out/seeds-net"
-echo "fuzz: no crashes in $((seconds + (seconds / 10 > 5 ? seconds / 10 : 5) + 4 * per_target)) s"
+# HTTP responses as etcd and S3 send them: a flags byte (bit 0: HEAD; bits
+# 1-7: bytes per read), a second read size, then the response bytes.
+mkdir -p "$out/seeds-http"
+h=$out/seeds-http
+printf '\x10\x01HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 27\r\n\r\n{"header":{"revision":"1"}}' >"$h/etcd-200"
+printf '\x00\x02HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nTrailer: t\r\n\r\n' >"$h/chunked"
+printf '\x06\x00HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found' >"$h/404-close"
+printf '\x01\x05HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nETag: "abc"\r\n\r\n' >"$h/head"
+printf '\x02\x03HTTP/1.0 500 Internal Server Error\r\n\r\n{"error":"etcdserver: request timed out","code":14}' >"$h/eof-body"
+printf '\x08\x01HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n' >"$h/continue"
+# Found by the campaign: a header that never ends (a bare LF after a fold)
+# and a close; refused as malformed or as cut off depending on the reads.
+printf '\x10\x01HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 27\r\n\t\n{"header":{"revision":\xa21"}}' >"$h/unterminated-header"
+printf '\x02\x00' >"$h/empty" # found by the campaign: a close before any byte
+# Found by the campaign: a last chunk with a trailer, read a byte at a time
+# (Beast 1.81 asserted; dcr-net builds Beast with its assertions off).
+printf '\x00\x02HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nhello\r\n6\x04;x=y\r\n world\r\n0\r\nTrailer: t\r\n\r\n' >"$h/split-last-chunk"
+run fuzz_http "$per_target" "$out/corpus-http" "$out/seeds-http"
+echo "fuzz: no crashes in $((seconds + (seconds / 10 > 5 ? seconds / 10 : 5) + 5 * per_target)) s"

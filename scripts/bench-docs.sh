@@ -6,17 +6,87 @@
 #                   its output in place of the file's cluster section, from
 #                   its heading to the end; every other section stays as the
 #                   last full run wrote it, and the section says so.
+#   --section BENCH [ARGS...]  run only BENCH (e.g. dcr-bench-digest,
+#                   dcr-bench-apply) with --markdown ARGS and put its output in
+#                   place of its section (from the "## " heading that names
+#                   `BENCH` to the next "## " heading); the section says it
+#                   was regenerated on its own, with which arguments.
+# Analysis written by hand is never in a bench's section: it goes in the
+# dated "Notes (hand-written, ...)" section at the end, which this script
+# keeps as it is.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+# --section builds only its bench (setup.sh builds everything otherwise).
+if [ "${1:-}" = "--section" ] && [ -n "${2:-}" ]; then
+  export DCR_BUILD_TARGETS=${DCR_BUILD_TARGETS:-bench/$2}
+fi
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" >&2
 cd "$DCR_ROOT"
 out=docs/benchmarks.md
 tmp=$(mktemp)
 cluster_heading="## Refit vs full checkpoint on the testbed (\`dcr-bench-cluster\`)"
+notes_prefix="## Notes (hand-written"
+# Benches whose --markdown output has no "## " heading of its own get this one.
+heading_of() {
+  case "$1" in
+    dcr-bench-digest) echo "## State-digest update per write (\`dcr-bench-digest\`)" ;;
+    dcr-bench-cuda) echo "## CUDA kernels (\`dcr-bench-cuda\`)" ;;
+    *) echo "" ;;
+  esac
+}
+# run_bench NAME ARGS...: its section on stdout (heading first); 77 from the
+# bench (no GPU) and a missing binary are reported in the section.
+run_bench() {
+  local b=$1 exe rc h
+  shift
+  exe=$(find build/bench -name "$b" -type f -perm -u+x 2>/dev/null | head -n1)
+  h=$(heading_of "$b")
+  if [ -z "$exe" ]; then
+    [ -z "$h" ] || { echo; echo "$h"; }
+    echo; echo "_${b}: not built in build/ (for dcr-bench-cuda: no CUDA; see docs/cuda.md), not measured._"
+    return 0
+  fi
+  echo "== $b" >&2
+  # dcr-bench-cuda prints its own heading when it measures.
+  [ -z "$h" ] || [ "$b" = dcr-bench-cuda ] || { echo; echo "$h"; echo; }
+  set +e
+  "$exe" --markdown "$@"
+  rc=$?
+  set -e
+  if [ $rc -eq 77 ]; then [ "$b" != dcr-bench-cuda ] || { echo; echo "$h"; }; echo; echo "_${b}: unmeasured: this machine has no GPU (\`scripts/gpu-check.sh\` on one produces this table)._";
+  elif [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; return $rc; fi
+}
+# The hand-written notes, kept from the current file (empty if none).
+notes() { [ -f "$out" ] && awk -v p="$notes_prefix" 'index($0, p) == 1 { on = 1 } on { print }' "$out"; }
+if [ "${1:-}" = "--section" ]; then
+  [ $# -ge 2 ] || { echo "bench-docs: --section BENCH [ARGS...]" >&2; exit 2; }
+  name=$2
+  shift 2
+  grep -q "^## .*(\`$name\`)" "$out" || { echo "bench-docs: $out has no section of $name" >&2; exit 1; }
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
+  run_bench "$name" "$@" >"$tmp.section"
+  {
+    awk -v n="(\`$name\`)" '/^## / && index($0, n) { exit } { print }' "$out"
+    # The bench's heading line, the note, then the rest of its output.
+    sed -n '/^## /{p;q}' "$tmp.section"
+    echo
+    echo "_This section was regenerated on its own by \`scripts/bench-docs.sh --section $name${*:+ $*}\`"
+    echo "on $(date -u +%Y-%m-%d), load average $load at its start (other"
+    echo "jobs on the machine); the other sections are from their last run._"
+    sed '1,/^## /d' "$tmp.section"
+    echo
+    awk -v n="(\`$name\`)" 'on && /^## / { go = 1 } go { print } /^## / && index($0, n) { on = 1 }' "$out"
+  } >"$tmp"
+  rm -f "$tmp.section"
+  mv "$tmp" "$out"
+  echo "wrote the $name section of $out"
+  exit 0
+fi
 cluster_only=0
 if [ "${1:-}" = "--cluster-only" ]; then
   cluster_only=1
   shift
 fi
+notes_text=$(notes || true)
 {
 if [ $cluster_only = 1 ]; then
   # Everything before the cluster section, as the last full run wrote it.
@@ -38,20 +108,9 @@ else
   echo "the items' value bytes (not their indices). Construction floor = the detection floor over every"
   echo "source shard plus a memcpy of the value bytes emitted."
   for b in dcr-bench-table2 dcr-bench-payload dcr-bench-detect dcr-bench-construct dcr-bench-fp8-rollout \
-           dcr-bench-apply dcr-bench-cuda dcr-bench-refit dcr-bench-scaling; do
-    exe=$(find build/bench -name "$b" -type f -perm -u+x 2>/dev/null | head -n1)
-    if [ -z "$exe" ]; then
-      echo; echo "_${b}: not built in build/ (for dcr-bench-cuda: no CUDA; see docs/cuda.md), not measured._"
-      continue
-    fi
+           dcr-bench-digest dcr-bench-apply dcr-bench-cuda dcr-bench-refit dcr-bench-scaling; do
     echo
-    echo "== $b" >&2
-    set +e
-    "$exe" --markdown "$@"
-    rc=$?
-    set -e
-    if [ $rc -eq 77 ]; then echo; echo "_${b}: unmeasured: this machine has no GPU (\`scripts/gpu-check.sh\` on one produces this table)._"; 
-    elif [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; exit $rc; fi
+    run_bench "$b" "$@"
   done
 fi
   # The cluster bench runs on the network-namespace testbed (root): the role
@@ -109,6 +168,8 @@ fi
   else
     echo; echo "_dcr-bench-cluster: needs root and build/bench/dcr-bench-cluster; not measured._"
   fi
+  # The hand-written notes of the current file, unchanged, last.
+  [ -z "$notes_text" ] || { echo; echo "$notes_text"; }
 } > "$tmp"
 mv "$tmp" "$out"
 echo "wrote $out"

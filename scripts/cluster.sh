@@ -44,6 +44,9 @@
 #   in turn); a new coordinator process takes over.
 # --kill-coordinator-at POINT:STEP: the same, once, at that point of that step.
 # --kill-owner-at STEP: owner 0 is SIGKILLed mid-upload of that step.
+# --forge-relay-digest ATTEMPT (relay_tree): rollout node 0 reports a wrong
+#   relay stream digest once, at the first attempt id >= ATTEMPT; the
+#   coordinator must fail that attempt (a test of the binding) and retry.
 # --etcd URLS: keep the commit record in that etcd (keys under dcr/cluster-<pid>/).
 # --s3 URL: keep the objects in bucket dcr-cluster-<pid> there (keys from
 #   DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY).
@@ -82,6 +85,7 @@ ranks=2
 kill_rx=0
 kill_co=0
 kill_owner=0
+forge_relay=0
 kill_co_at=""
 etcd=""
 s3=""
@@ -113,6 +117,7 @@ while [ $# -gt 0 ]; do
     --kill-coordinator-every) kill_co=$2; shift 2 ;;
     --kill-coordinator-at) kill_co_at=$2; shift 2 ;;
     --kill-owner-at) kill_owner=$2; shift 2 ;;
+    --forge-relay-digest) forge_relay=$2; shift 2 ;;
     --etcd) etcd=$2; shift 2 ;;
     --s3) s3=$2; shift 2 ;;
     --json) json=1; shift ;;
@@ -247,6 +252,7 @@ for ((j = 0; j < nodes; j++)); do
       if [ $(( (s / kill_rx - 1) % nodes )) -eq "$j" ]; then extra=(--die-mid-apply "$s"); break; fi
     done
   fi
+  [ "$forge_relay" -gt 0 ] && [ "$j" -eq 0 ] && extra+=(--forge-relay-digest "$forge_relay")
   h=$(node_host "$j")
   [ "$testbed" = 1 ] && at_node "$(rollout_node "$j")"
   supervise "node$j" "${at[@]}" "$bin/dcr-rollout" --node "$j" --listen "$h:$((port + 100 + j))" "${job[@]}" "${extra[@]}"

@@ -8,14 +8,18 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -436,6 +440,7 @@ public:
     o.http.tls.ca_file = j.flags.etcd_ca;
     o.http.tls.cert_file = j.flags.etcd_cert;
     o.http.tls.key_file = j.flags.etcd_key;
+    etcd_opt_ = o;
     etcd_ = std::make_unique<protocol::etcd_commit_store>(std::move(o));
 #else
     throw error(errc::invalid_argument,
@@ -456,6 +461,39 @@ public:
     return visit([&](auto& s) { return s.compare_and_set(e, a, r, k); });
   }
 
+  /// Claims owner id `owner` for this process's life (the owner lease, see
+  /// commit_store.hpp): `errc::conflict` when another process still holds it
+  /// after `wait`. `ttl`: the etcd lease's TTL (the file store's flock needs none).
+  status claim_owner(std::uint32_t owner, std::chrono::seconds ttl,
+                     std::chrono::milliseconds wait) {
+#if DCR_CLUSTER_NET
+    if (etcd_)
+      return protocol::etcd_owner_lease::acquire(etcd_opt_, owner, {ttl, wait}, etcd_lease_);
+#endif
+    (void)ttl;
+    const auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      auto s = protocol::file_owner_lease::acquire(file_->directory(), owner, file_lease_);
+      if (s || s.code != errc::conflict || std::chrono::steady_clock::now() >= until) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  /// Success iff this process still holds its owner lease (`conflict` otherwise).
+  status check_owner() {
+#if DCR_CLUSTER_NET
+    if (etcd_lease_) return etcd_lease_->check();
+#endif
+    DCR_RETURN_ERROR_IF(!file_lease_, conflict, "no owner lease held");
+    return file_lease_->check();
+  }
+  /// The fence token of the lease held (empty: none).
+  std::string owner_token() const {
+#if DCR_CLUSTER_NET
+    if (etcd_lease_) return etcd_lease_->token();
+#endif
+    return file_lease_ ? file_lease_->token() : std::string();
+  }
+
 private:
   template <class F>
   status visit(F&& f) {
@@ -465,8 +503,11 @@ private:
     return f(*file_);
   }
   std::unique_ptr<protocol::file_commit_store> file_;
+  std::unique_ptr<protocol::file_owner_lease> file_lease_;
 #if DCR_CLUSTER_NET
+  protocol::etcd_options etcd_opt_;
   std::unique_ptr<protocol::etcd_commit_store> etcd_;
+  std::unique_ptr<protocol::etcd_owner_lease> etcd_lease_;
 #endif
 };
 static_assert(protocol::commit_store<job_commit_store>);
@@ -560,6 +601,55 @@ inline protocol::stored_record load_record(job_commit_store& commits) {
 /// it owns, and a reader assembles the canonical tensors from all of them.
 inline std::string dense_shard_name(std::uint64_t version, std::uint32_t shard) {
   return "dense/v" + std::to_string(version) + "/shard/" + std::to_string(shard);
+}
+
+/// Dense export objects are sealed: the shard's committed bytes, then 16
+/// bytes of BLAKE2b-128 over "dcr-dense 1\n", the incarnation, "\n", the
+/// object name, "\n" and the bytes, keyed by the job key when there is one.
+/// A restore reads the committed state from these objects alone, so with a
+/// job key anyone who can write the bucket but lacks the key cannot make a
+/// receiver restore from bytes no owner exported; the name and incarnation
+/// in the seal stop a genuine object from being replayed as another
+/// version's or shard's. Without a key the seal is a checksum (damage only).
+inline digest128 dense_shard_seal(std::string_view incarnation, std::string_view name,
+                                  std::span<const std::byte> bytes, const seal_key& key) {
+  const std::string head =
+      "dcr-dense 1\n" + std::string(incarnation) + "\n" + std::string(name) + "\n";
+  return blake2b_128{key}.update(std::as_bytes(std::span(head))).update(bytes).final();
+}
+inline constexpr std::size_t dense_seal_bytes = 16;
+
+/// The object `dense_shard_name` names: `bytes` and their seal.
+inline std::vector<std::byte> seal_dense_shard(std::string_view incarnation, std::string_view name,
+                                               std::span<const std::byte> bytes,
+                                               const seal_key& key) {
+  std::vector<std::byte> out(bytes.size() + dense_seal_bytes);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  const auto d = dense_shard_seal(incarnation, name, bytes, key);
+  std::memcpy(out.data() + bytes.size(), d.data(), d.size());
+  return out;
+}
+
+/// Check and strip the seal of a dense export object read as `name` under
+/// `incarnation`: `digest_mismatch` (naming the object) when it was
+/// modified, forged, moved from another name or sealed with another key;
+/// `truncated` when it is shorter than a seal.
+inline status open_dense_shard(std::string_view incarnation, std::string_view name,
+                               std::vector<std::byte>& object, const seal_key& key) {
+  DCR_RETURN_ERROR_IF(object.size() < dense_seal_bytes, truncated,
+                      "dense export " + std::string(name) + ": " + std::to_string(object.size()) +
+                          " bytes, shorter than its seal");
+  const auto n = object.size() - dense_seal_bytes;
+  digest128 want{};
+  std::memcpy(want.data(), object.data() + n, want.size());
+  const auto got = dense_shard_seal(incarnation, name, std::span(object).first(n), key);
+  DCR_RETURN_ERROR_IF(!same_digest(got, want), digest_mismatch,
+                      "dense export " + std::string(name) +
+                          (key.empty() ? ": seal does not match its contents (damaged or moved)"
+                                       : ": keyed seal does not match its contents (damaged, "
+                                         "forged, moved, or sealed without the job key)"));
+  object.resize(n);
+  return status::success();
 }
 
 } // namespace dcr::cluster

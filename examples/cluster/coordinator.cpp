@@ -188,7 +188,13 @@ int main(int argc, char** argv) try {
     for (;;) {
       rep = coord.transition();
       attempts += rep.attempts.size();
-      for (auto& a : rep.attempts) bytes += a.payload_bytes;
+      for (auto& a : rep.attempts) {
+        bytes += a.payload_bytes;
+        // Every failed attempt, with why (the transition retried it).
+        if (!a.result)
+          std::cerr << "dcr-coordinator: version " << target << " attempt " << a.attempt << ": "
+                    << to_string(a.result.code) << ": " << a.result.message << std::endl;
+      }
       if (rep.result || clk::now() > until) break;
       // Committed after all, with every owner's baseline moved (e.g. the
       // reply to a baseline update was lost with its link): this step is

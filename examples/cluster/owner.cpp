@@ -10,9 +10,18 @@
 // (the simulator is deterministic in seed, shard and step) and serves from
 // there. See docs/deployment.md.
 //
+// The process holds an owner lease in the commit store for its life (see
+// "Owner leases" in dcr/protocol/commit_store.hpp): a second process started
+// as the same rank while this one runs is refused and exits 3; the lease is
+// checked before and after every publish and dense export, so a process that
+// lost it writes nothing the coordinator accepts.
+//
 //   dcr-owner --rank R --listen HOST:PORT [job flags] [--die-mid-upload STEP]
+//             [--lease-ttl SECONDS] [--lease-wait SECONDS]
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <iostream>
@@ -68,6 +77,9 @@ int main(int argc, char** argv) try {
   bool have_rank = false;
   protocol::peer_address listen{"127.0.0.1", 0};
   std::uint64_t die_step = 0;
+  std::chrono::seconds lease_ttl{10};
+  double lease_wait =
+      -1; // < 0: 2 s (file store), the TTL + 2 s (etcd: a killed holder's lease expires)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (cluster::parse_job_flag(flags, i, argc, argv)) continue;
@@ -78,8 +90,13 @@ int main(int argc, char** argv) try {
       throw_if_failed(protocol::parse_peer_address(argv[++i], listen));
     } else if (a == "--die-mid-upload" && i + 1 < argc) {
       die_step = std::stoull(argv[++i]);
+    } else if (a == "--lease-ttl" && i + 1 < argc) {
+      lease_ttl = std::chrono::seconds(std::max<unsigned long>(1, std::stoul(argv[++i])));
+    } else if (a == "--lease-wait" && i + 1 < argc) {
+      lease_wait = std::stod(argv[++i]);
     } else {
       std::cerr << "usage: dcr-owner --rank R --listen HOST:PORT [--die-mid-upload STEP]\n"
+                   "                 [--lease-ttl SECONDS] [--lease-wait SECONDS]\n"
                 << cluster::job_usage;
       return 2;
     }
@@ -102,6 +119,18 @@ int main(int argc, char** argv) try {
   throw_if_failed(objects.prepare());
   cluster::job_commit_store commits(job);
   owner_store store{&objects, &job, die_step};
+  {
+    // The owner lease: one process per rank. A second one is refused here,
+    // before it trains or serves anything.
+    const auto wait = std::chrono::milliseconds(static_cast<std::int64_t>(
+        1000 *
+        (lease_wait >= 0 ? lease_wait : (flags.etcd.empty() ? 2.0 : lease_ttl.count() + 2.0))));
+    if (auto s = commits.claim_owner(rank, lease_ttl, wait); !s) {
+      std::cerr << who << ": " << s.message << std::endl;
+      return s.code == errc::conflict ? 3 : 1;
+    }
+    std::cerr << who << ": owner lease held, fence token " << commits.owner_token() << std::endl;
+  }
 
   // ---- training: this process is one training rank. It holds the shards its
   // owner owns (and its residual tasks' inputs), nothing else of the model:
@@ -244,9 +273,12 @@ int main(int argc, char** argv) try {
     // canonical tensors from all owners' shards (rollout.cpp).
     transport::incarnation_scope<cluster::job_object_store> scoped(objects, inc);
     try {
-      for (auto s : plan.owned_shards(rank))
-        DCR_TRY(
-            scoped.put(cluster::dense_shard_name(v, s), round.baseline(rank).committed_shard(s)));
+      for (auto s : plan.owned_shards(rank)) {
+        const auto name = cluster::dense_shard_name(v, s);
+        DCR_TRY(scoped.put(name, cluster::seal_dense_shard(inc, name,
+                                                           round.baseline(rank).committed_shard(s),
+                                                           job.flags.key)));
+      }
     } catch (const error& e) {
       return fail(e.code(), who + ": dense export: " + e.what());
     }
@@ -262,6 +294,14 @@ int main(int argc, char** argv) try {
             protocol::body_writer& out) {
           std::lock_guard l(one_call);
           commit_call_ns = cluster::timeline::now_ns();
+          // The fence: a process that no longer holds the owner lease
+          // publishes, exports and moves its baseline no more. Checked again
+          // after a publish or export, so a success reply means the lease was
+          // held while it wrote (a lost claim never comes back with this token).
+          const bool writes = f.type == protocol::control_type::publish ||
+                              f.type == protocol::control_type::export_dense;
+          if (writes || f.type == protocol::control_type::commit_baseline)
+            DCR_TRY(commits.check_owner());
           // Calls that read the candidate wait for its training and detect its
           // changes first (a repeated commit of the version the baseline is at
           // is a no-op and does not wait).
@@ -280,7 +320,9 @@ int main(int argc, char** argv) try {
             std::uint64_t target = 0;
             if (r.u64(target)) store.target = target;
           }
-          return service(f, stop, out);
+          DCR_TRY(service(f, stop, out));
+          if (writes) DCR_TRY(commits.check_owner());
+          return status::success();
         },
         cluster::job_channel_options(job.flags));
     throw_if_failed(server.listen(listen.host, listen.port));

@@ -8,14 +8,20 @@
 // the node link reads every payload once and feeds all local receivers.
 // Dense exports and restores still go through the object store.
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <netdb.h>
@@ -28,6 +34,25 @@
 #include "examples/cluster/timeline.hpp"
 
 namespace dcr::cluster {
+
+/// What one owner streamed through the relay tree in attempt τ, as one
+/// digest: BLAKE2b-128 (keyed by the job key, if any) over
+/// "dcr-relay-stream 1", τ, the owner, the payload count and the
+/// BLAKE2b-128 of each payload's bytes, sorted (the tree delivers each
+/// payload once, not in a fixed order across owners; each payload's header
+/// carries its sequence number, so the set fixes the stream). The relay
+/// tree's stand-in for a manifest digest: the owner computes it over what
+/// it sent, every node over what it delivered.
+inline digest128 relay_stream_digest(std::uint64_t attempt, std::uint32_t owner,
+                                     std::vector<digest128> payloads, const seal_key& key) {
+  std::sort(payloads.begin(), payloads.end());
+  blake2b_128 h{key};
+  const std::string head = "dcr-relay-stream 1\n" + std::to_string(attempt) + " " +
+                           std::to_string(owner) + " " + std::to_string(payloads.size()) + "\n";
+  h.update(std::as_bytes(std::span(head)));
+  for (const auto& d : payloads) h.update(std::as_bytes(std::span(d)));
+  return h.final();
+}
 
 /// Relay links between processes: node i is at `addrs[i]`; this process
 /// listens only for its own node (`self`; none in an owner).
@@ -153,6 +178,10 @@ class process_relay {
 public:
   /// Called after each payload an owner's writer sent (a fault hook).
   std::function<void()> after_payload;
+  /// Fault hook of a node: true makes the reader report a wrong stream
+  /// digest for the first owner of that attempt (as a node that took a
+  /// forged stream would), to show that the coordinator compares them.
+  std::function<bool(std::uint64_t attempt)> forge_digest;
 
   process_relay(const job& j, std::optional<std::uint32_t> node) {
     std::vector<protocol::peer_address> addrs;
@@ -185,10 +214,15 @@ public:
     if (node_) node_->shutdown();
   }
 
+  /// Streams one owner's payloads of one attempt to the root, and digests
+  /// what it sent (`relay_stream_digest`): the owner reports it with its
+  /// publish reply (`manifest_digest`), as an object-store owner reports its
+  /// manifest's, so the coordinator binds the attempt to it.
   class writer {
   public:
-    writer(transport::relay_writer w, const std::function<void()>* hook)
-        : w_(std::move(w)), hook_(hook) {}
+    writer(transport::relay_writer w, const std::function<void()>* hook, std::uint64_t attempt,
+           std::uint32_t owner, const seal_key& key)
+        : w_(std::move(w)), hook_(hook), attempt_(attempt), owner_(owner), key_(key) {}
     status put_payload(std::span<const std::byte> b) {
       // Timed as an "upload", as the object store's puts are: the write of
       // one payload into the tree, which returns once the writer's window
@@ -196,27 +230,99 @@ public:
       // "fetch" intervals time that side).
       const auto t0 = timeline::now_ns();
       DCR_TRY(w_.put_payload(b));
+      sent_.push_back(digest(b));
       timeline::record("upload", t0, timeline::now_ns(), b.size());
       if (*hook_) (*hook_)();
       return status::success();
     }
     status finish() { return w_.finish(); }
+    digest128 manifest_digest() const { return relay_stream_digest(attempt_, owner_, sent_, key_); }
 
   private:
     transport::relay_writer w_;
     const std::function<void()>* hook_;
+    std::uint64_t attempt_;
+    std::uint32_t owner_;
+    seal_key key_;
+    std::vector<digest128> sent_;
+  };
+
+  /// Reads one attempt at this node and digests, per owner, what it
+  /// delivered (`relay_stream_digest`); the node reports those digests with
+  /// its refit reply (`manifest_digests`), and the coordinator compares them
+  /// with what each owner reported sending (docs/protocol.md, "Binding an
+  /// attempt to the owners' manifests").
+  class reader {
+  public:
+    reader(transport::relay_reader r, std::uint64_t attempt, std::vector<std::uint32_t> owners,
+           const seal_key& key, bool forge = false)
+        : r_(std::move(r)), attempt_(attempt), owners_(std::move(owners)), key_(key),
+          forge_(forge) {}
+    template <class Deliver>
+    status run(Deliver&& deliver, const std::atomic<bool>& stop,
+               std::chrono::steady_clock::time_point deadline) {
+      return r_.run(
+          [&](std::string_view name, std::span<const std::byte> b) -> status {
+            DCR_TRY(deliver(name, b));
+            std::uint32_t owner = 0;
+            DCR_RETURN_ERROR_IF(!payload_owner(name, owner), bad_format,
+                                "relay_tree: payload name " + std::string(name) +
+                                    " names no owner");
+            std::lock_guard l(m_);
+            got_[owner].push_back(digest(b));
+            return status::success();
+          },
+          stop, deadline);
+    }
+    std::vector<std::pair<std::uint32_t, digest128>> manifest_digests() const {
+      std::lock_guard l(m_);
+      std::vector<std::pair<std::uint32_t, digest128>> out;
+      for (auto o : owners_) {
+        const auto it = got_.find(o);
+        out.emplace_back(
+            o, relay_stream_digest(attempt_, o,
+                                   it == got_.end() ? std::vector<digest128>{} : it->second, key_));
+      }
+      if (forge_ && !out.empty()) out.front().second[0] ^= 1;
+      return out;
+    }
+
+  private:
+    /// The owner in a payload name (`transport::payload_name`: ".../payload/o<10 digits>-s...").
+    static bool payload_owner(std::string_view name, std::uint32_t& owner) {
+      const auto at = name.rfind("/payload/o");
+      if (at == std::string_view::npos || name.size() < at + 10 + 10) return false;
+      std::uint64_t v = 0;
+      for (char c : name.substr(at + 10, 10)) {
+        if (c < '0' || c > '9') return false;
+        v = v * 10 + static_cast<std::uint64_t>(c - '0');
+      }
+      if (v > 0xffffffffu) return false;
+      owner = static_cast<std::uint32_t>(v);
+      return true;
+    }
+    transport::relay_reader r_;
+    std::uint64_t attempt_;
+    std::vector<std::uint32_t> owners_;
+    seal_key key_;
+    bool forge_ = false;
+    mutable std::mutex m_;
+    std::map<std::uint32_t, std::vector<digest128>> got_;
   };
 
   writer open_writer(std::uint64_t attempt, std::uint32_t owner) {
-    return writer(transport::relay_writer(*net_, opt_, attempt, owner), &after_payload);
+    return writer(transport::relay_writer(*net_, opt_, attempt, owner), &after_payload, attempt,
+                  owner, opt_.key);
   }
-  transport::relay_reader open_reader(std::uint64_t attempt, std::size_t,
-                                      std::vector<std::uint32_t> owners) {
+  reader open_reader(std::uint64_t attempt, std::size_t, std::vector<std::uint32_t> owners) {
     if (!node_)
-      return transport::relay_reader(
-          nullptr, 0, attempt, std::move(owners),
-          fail(errc::invalid_argument, "relay_tree: this process hosts no relay node"));
-    return transport::relay_reader(node_.get(), 0, attempt, std::move(owners));
+      return reader(transport::relay_reader(nullptr, 0, attempt, owners,
+                                            fail(errc::invalid_argument,
+                                                 "relay_tree: this process hosts no relay node")),
+                    attempt, owners, opt_.key);
+    const bool forge = forge_digest && forge_digest(attempt);
+    return reader(transport::relay_reader(node_.get(), 0, attempt, owners), attempt, owners,
+                  opt_.key, forge);
   }
   /// A node holds only the current attempt, which the next one replaces.
   status collect(std::uint64_t, std::size_t* removed) {

@@ -67,7 +67,9 @@ struct dense_source {
       shards.shards.resize(plan.shards.size());
       for (std::uint32_t id = 0; id < plan.shards.size(); ++id) {
         auto& b = shards.shards[id];
-        DCR_TRY(scoped.get(cluster::dense_shard_name(version, id), b));
+        const auto name = cluster::dense_shard_name(version, id);
+        DCR_TRY(scoped.get(name, b));
+        DCR_TRY(cluster::open_dense_shard(incarnation, name, b, j->flags.key));
         DCR_RETURN_ERROR_IF(b.size() != plan.shards[id].nbytes(), shape_mismatch,
                             "dense export of shard " + plan.shards[id].key + ": " +
                                 std::to_string(b.size()) + " bytes, expected " +
@@ -178,7 +180,8 @@ struct node_process_link {
 
 template <class Loader>
 int serve_node(const cluster::job& job, unsigned node, const protocol::peer_address& listen,
-               std::uint64_t die_step, std::vector<Loader> layouts, std::vector<std::string> ids) {
+               std::uint64_t die_step, std::uint64_t forge_relay_at, std::vector<Loader> layouts,
+               std::vector<std::string> ids) {
   using rr = rank_receiver<Loader>;
   using endpoint_t = protocol::receiver_endpoint<rr>;
   const std::string who = "dcr-rollout " + std::to_string(node);
@@ -276,6 +279,10 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   };
   if (job.relay()) {
     cluster::process_relay relay(job, node);
+    if (forge_relay_at) // --forge-relay-digest: once, at the first attempt from that id on
+      relay.forge_digest = [&](std::uint64_t attempt) {
+        return attempt >= forge_relay_at && cluster::fire_once(job, "relay-forge");
+      };
     std::cerr << who << ": relay node listening on " << job.flags.relay_nodes[node] << std::endl;
     protocol::local_node_link<rr, cluster::process_relay> link(eps, relay, node);
     const int rc = serve(link);
@@ -303,6 +310,7 @@ int main(int argc, char** argv) try {
   bool have_node = false;
   protocol::peer_address listen{"127.0.0.1", 0};
   std::uint64_t die_step = 0;
+  std::uint64_t forge_relay_at = 0; // test fault: report a wrong relay stream digest once
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (cluster::parse_job_flag(flags, i, argc, argv)) continue;
@@ -313,8 +321,11 @@ int main(int argc, char** argv) try {
       throw_if_failed(protocol::parse_peer_address(argv[++i], listen));
     } else if (a == "--die-mid-apply" && i + 1 < argc) {
       die_step = std::stoull(argv[++i]);
+    } else if (a == "--forge-relay-digest" && i + 1 < argc) {
+      forge_relay_at = std::stoull(argv[++i]);
     } else {
       std::cerr << "usage: dcr-rollout --node K --listen HOST:PORT [--die-mid-apply STEP]\n"
+                   "                   [--forge-relay-digest ATTEMPT]\n"
                 << cluster::job_usage;
       return 2;
     }
@@ -337,7 +348,8 @@ int main(int argc, char** argv) try {
       layouts.emplace_back(world, r, job.metas);
       ids.push_back("rank" + std::to_string(r));
     }
-    return serve_node(job, node, listen, die_step, std::move(layouts), std::move(ids));
+    return serve_node(job, node, listen, die_step, forge_relay_at, std::move(layouts),
+                      std::move(ids));
   }
   // vLLM as started for the job: TP = receivers per node, DP = nodes (expert parallel).
   const auto vp = examples::vllm_config(job.cfg, flags.ranks, flags.nodes);
@@ -350,7 +362,8 @@ int main(int argc, char** argv) try {
     layouts.emplace_back(job.cfg, rl);
     ids.push_back(examples::vllm_rank_id(rl));
   }
-  return serve_node(job, node, listen, die_step, std::move(layouts), std::move(ids));
+  return serve_node(job, node, listen, die_step, forge_relay_at, std::move(layouts),
+                    std::move(ids));
 } catch (const std::exception& e) {
   std::cerr << "dcr-rollout: " << e.what() << "\n";
   return 1;

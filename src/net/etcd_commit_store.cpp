@@ -2,10 +2,14 @@
 /// The compiled implementation of `etcd_commit_store` (contract in
 /// dcr/protocol/etcd_commit_store.hpp).
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -17,6 +21,8 @@
 #include "dcr/protocol/etcd_response.hpp"
 
 #include "dcr/protocol/etcd_commit_store.hpp"
+
+#include <unistd.h>
 
 namespace dcr::protocol {
 
@@ -240,5 +246,205 @@ status etcd_commit_store::compare_and_set(std::uint64_t epoch, std::uint64_t att
                                           const commit_record& next) {
   return impl_->compare_and_set(epoch, attempt, expected_revision, next);
 }
+
+// ---- owner lease ------------------------------------------------------------
+
+struct etcd_owner_lease::impl {
+  impl(const etcd_options& opt, std::uint32_t owner, owner_lease_options lo)
+      : http_(parse_endpoints(opt.endpoints), opt.http), owner_(owner), lo_(lo),
+        key_(opt.prefix + "owners/" + std::to_string(owner)) {}
+
+  ~impl() {
+    {
+      std::lock_guard g(stop_m_);
+      stop_ = true;
+    }
+    stop_cv_.notify_all();
+    if (renewer_.joinable()) renewer_.join();
+    if (lease_id_) revoke(); // deletes the key: a clean exit frees the id at once
+  }
+
+  static std::vector<net::http_endpoint> parse_endpoints(const std::vector<std::string>& urls) {
+    if (urls.empty()) throw error(errc::invalid_argument, "etcd owner lease: no endpoint");
+    std::vector<net::http_endpoint> eps;
+    for (auto& u : urls) {
+      net::http_endpoint e;
+      throw_if_failed(net::parse_endpoint(u, e));
+      eps.push_back(std::move(e));
+    }
+    return eps;
+  }
+
+  /// POST `body` to `target`, the parsed JSON answer in `doc`.
+  status post(const char* target, const std::string& body, const char* op, json_value& doc) {
+    std::lock_guard g(http_m_);
+    net::http_request rq;
+    rq.method = "POST";
+    rq.target = target;
+    rq.headers = {{"Content-Type", "application/json"}};
+    rq.body = body;
+    rq.idempotent = true;
+    net::http_response res;
+    const std::string where = std::string("etcd ") + op + " of owner " + std::to_string(owner_);
+    if (auto s = http_.request(rq, res); !s) {
+      s.message = where + ": " + s.message;
+      return s;
+    }
+    if (res.status != 200) return etcd::http_error(where, res.status, res.reason, res.body);
+    return parse_json(res.body, doc, where + " response");
+  }
+
+  status txn(const std::string& body, const char* op, etcd::txn_result& out) {
+    std::lock_guard g(http_m_);
+    net::http_request rq;
+    rq.method = "POST";
+    rq.target = "/v3/kv/txn";
+    rq.headers = {{"Content-Type", "application/json"}};
+    rq.body = body;
+    rq.idempotent = true; // a second create fails its compare; a check only reads
+    net::http_response res;
+    const std::string where = std::string("etcd ") + op + " of owner " + std::to_string(owner_);
+    if (auto s = http_.request(rq, res); !s) {
+      s.message = where + ": " + s.message;
+      return s;
+    }
+    if (res.status != 200) return etcd::http_error(where, res.status, res.reason, res.body);
+    return etcd::parse_txn_response(res.body, where, out);
+  }
+
+  status grant() {
+    json_value doc;
+    DCR_TRY(post("/v3/lease/grant", R"({"TTL":")" + std::to_string(lo_.ttl.count()) + R"("})",
+                 "lease grant", doc));
+    const auto* id = doc.get("ID");
+    DCR_RETURN_ERROR_IF(!id || !id->as_u64(lease_id_) || lease_id_ == 0, bad_format,
+                        "etcd lease grant: no lease ID in the answer");
+    return status::success();
+  }
+
+  void revoke() {
+    json_value doc;
+    (void)post("/v3/lease/revoke", R"({"ID":")" + std::to_string(lease_id_) + R"("})",
+               "lease revoke", doc);
+  }
+
+  std::string b64(const std::string& s) const { return net::base64_encode(s); }
+
+  /// One create: compare version == 0, put the claim with the lease; the
+  /// failure branch reads the holder's value into `holder`.
+  status try_create(bool& won, std::string& holder) {
+    const std::string body =
+        R"({"compare":[{"result":"EQUAL","target":"VERSION","key":")" + b64(key_) +
+        R"(","version":"0"}],"success":[{"request_put":{"key":")" + b64(key_) + R"(","value":")" +
+        b64(value_) + R"(","lease":")" + std::to_string(lease_id_) +
+        R"("}}],"failure":[{"request_range":{"key":")" + b64(key_) + R"("}}]})";
+    etcd::txn_result t;
+    DCR_TRY(txn(body, "lease claim", t));
+    won = t.succeeded;
+    holder.clear();
+    if (won) return status::success();
+    const json_value* kv = nullptr;
+    DCR_TRY(etcd::kv_of(t, 0, key_, kv));
+    if (kv) DCR_TRY(etcd::value_of(*kv, key_, holder));
+    return status::success();
+  }
+
+  status acquire() {
+    token_ = new_incarnation();
+    value_ = "token " + token_ + " pid " + std::to_string(static_cast<long>(::getpid()));
+    DCR_TRY(grant());
+    const auto until = std::chrono::steady_clock::now() + lo_.wait;
+    std::string holder;
+    for (;;) {
+      bool won = false;
+      if (auto s = try_create(won, holder); !s) {
+        revoke();
+        lease_id_ = 0;
+        return s;
+      }
+      if (won) break;
+      if (std::chrono::steady_clock::now() >= until) {
+        revoke();
+        lease_id_ = 0;
+        return fail(errc::conflict, "owner " + std::to_string(owner_) +
+                                        " is held by another process (" +
+                                        (holder.empty() ? std::string("expiring") : holder) +
+                                        ", etcd key " + key_ + "): refused");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    renewer_ = std::thread([this] { renew_loop(); });
+    return status::success();
+  }
+
+  /// Renews every ttl/3; a renewal that finds the lease gone (TTL absent or
+  /// 0) marks the claim lost. Failed calls (etcd down) are retried: the
+  /// lease lives on in etcd until its TTL runs out.
+  void renew_loop() {
+    const auto every = std::max<std::chrono::milliseconds>(
+        std::chrono::milliseconds(100),
+        std::chrono::duration_cast<std::chrono::milliseconds>(lo_.ttl) / 3);
+    std::unique_lock l(stop_m_);
+    while (!stop_cv_.wait_for(l, every, [&] { return stop_; })) {
+      l.unlock();
+      json_value doc;
+      if (post("/v3/lease/keepalive", R"({"ID":")" + std::to_string(lease_id_) + R"("})",
+               "lease keepalive", doc)
+              .ok()) {
+        const auto* r = doc.get("result");
+        std::uint64_t ttl = 0;
+        const auto* t = r ? r->get("TTL") : nullptr;
+        if (r && (!t || !t->as_u64(ttl) || ttl == 0)) lost_ = true;
+      }
+      l.lock();
+    }
+  }
+
+  status check() {
+    DCR_RETURN_ERROR_IF(lost_, conflict,
+                        "owner " + std::to_string(owner_) + ": lease with token " + token_ +
+                            " expired: a stale owner process does not write");
+    const std::string body = R"({"compare":[{"result":"EQUAL","target":"VALUE","key":")" +
+                             b64(key_) + R"(","value":")" + b64(value_) +
+                             R"("}],"success":[],"failure":[{"request_range":{"key":")" +
+                             b64(key_) + R"("}}]})";
+    etcd::txn_result t;
+    DCR_TRY(txn(body, "lease check", t));
+    if (t.succeeded) return status::success();
+    std::string holder;
+    const json_value* kv = nullptr;
+    DCR_TRY(etcd::kv_of(t, 0, key_, kv));
+    if (kv) DCR_TRY(etcd::value_of(*kv, key_, holder));
+    return fail(errc::conflict, "owner " + std::to_string(owner_) + ": lease with token " + token_ +
+                                    " lost (etcd key " + key_ + " holds " +
+                                    (holder.empty() ? std::string("nothing") : holder) +
+                                    "): a stale owner process does not write");
+  }
+
+  std::mutex http_m_;
+  net::http_client http_;
+  std::uint32_t owner_;
+  owner_lease_options lo_;
+  std::string key_, token_, value_;
+  std::uint64_t lease_id_ = 0;
+  std::atomic<bool> lost_{false};
+  std::mutex stop_m_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  std::thread renewer_;
+};
+
+status etcd_owner_lease::acquire(const etcd_options& opt, std::uint32_t owner,
+                                 const owner_lease_options& lo,
+                                 std::unique_ptr<etcd_owner_lease>& out) {
+  auto p = std::make_unique<impl>(opt, owner, lo);
+  DCR_TRY(p->acquire());
+  out.reset(new etcd_owner_lease(std::move(p)));
+  return status::success();
+}
+etcd_owner_lease::etcd_owner_lease(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+etcd_owner_lease::~etcd_owner_lease() = default;
+const std::string& etcd_owner_lease::token() const noexcept { return impl_->token_; }
+status etcd_owner_lease::check() { return impl_->check(); }
 
 } // namespace dcr::protocol

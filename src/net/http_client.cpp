@@ -44,6 +44,7 @@
 
 #include "dcr/core/error.hpp"
 #include "dcr/net/http_client.hpp"
+#include "http_response_parse.hpp"
 
 namespace dcr::net {
 
@@ -340,33 +341,22 @@ struct http_client::impl {
     sent = written > 0 || !ec;
     if (ec) return transport_error(rq, "write", ec);
 
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(opt_.max_body);
-    if (rq.method == "HEAD") parser.skip(true);
+    detail::response_parser parser;
+    detail::configure(parser, opt_.max_body, rq.method == "HEAD");
     http::async_read(stream, buffer_, parser,
                      [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
     run();
     if (ec) {
-      if (ec == http::error::body_limit)
-        return fail(errc::length_overflow, where(&rq) + ": response body larger than " +
-                                               std::to_string(opt_.max_body) + " bytes");
-      if (ec == http::error::header_limit)
-        return fail(errc::length_overflow, where(&rq) + ": response header too large");
       // A closed or cut connection is a transport failure; any other parser
-      // error means the peer spoke, but not HTTP.
-      if (ec.category() == http::make_error_code(http::error::bad_version).category() &&
-          ec != http::error::end_of_stream && ec != http::error::partial_message)
-        return fail(errc::bad_format, where(&rq) + ": malformed HTTP response: " + ec.message());
+      // error means the peer spoke, but not HTTP (src/net/http_response_parse.hpp).
+      const auto f = detail::classify_read_error(ec);
+      if (f != detail::response_failure::transport)
+        return detail::read_error_status(f, ec, opt_.max_body, where(&rq));
       return transport_error(rq, "read", ec);
     }
-    auto res = parser.release();
-    out.status = res.result_int();
-    out.reason = std::string(res.reason());
-    out.headers.clear();
-    for (auto& f : res)
-      out.headers.push_back({std::string(f.name_string()), std::string(f.value())});
-    out.body = std::move(res.body());
-    if (!res.keep_alive()) drop();
+    bool keep_alive = false;
+    detail::to_response(parser.release(), out, keep_alive);
+    if (!keep_alive) drop();
     return status::success();
   }
 

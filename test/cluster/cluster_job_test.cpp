@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "examples/cluster/cluster_job.hpp"
+#include "examples/cluster/relay_job.hpp"
 
 using namespace dcr;
 
@@ -127,4 +128,109 @@ TEST_CASE("cluster job: --job-key, --s3-credentials and --etcd-credentials files
   CHECK(etcd.etcd_key == "/b");
   CHECK(code_of({"--etcd-credentials", write("etcdb", "cert /a\n")}) == errc::invalid_argument);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("cluster job: dense export objects are sealed and checked on read") {
+  using namespace dcr;
+  std::vector<std::byte> bytes(1000);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 7 + 3);
+  seal_key key, other;
+  REQUIRE(seal_key::make("a job key of 32 bytes, not more.", key).ok());
+  REQUIRE(seal_key::make("another key", other).ok());
+  const std::string inc = "0123456789abcdef0123456789abcdef";
+  const std::string name = cluster::dense_shard_name(3, 5);
+  CHECK(name == "dense/v3/shard/5");
+  for (const seal_key& used : {key, seal_key{}}) {
+    const auto sealed = cluster::seal_dense_shard(inc, name, bytes, used);
+    REQUIRE(sealed.size() == bytes.size() + cluster::dense_seal_bytes);
+    auto ok = sealed;
+    REQUIRE(cluster::open_dense_shard(inc, name, ok, used).ok());
+    CHECK(ok == bytes); // the exported bytes exactly
+    // Any modified byte, of the shard or of the seal.
+    for (std::size_t at : {std::size_t{0}, std::size_t{499}, bytes.size(), sealed.size() - 1}) {
+      auto bad = sealed;
+      bad[at] ^= std::byte{1};
+      auto s = cluster::open_dense_shard(inc, name, bad, used);
+      CHECK(s.code == errc::digest_mismatch);
+      CHECK(s.message.find(name) != std::string::npos);
+    }
+    // A genuine object replayed as another version's, shard's or history's.
+    auto moved = sealed;
+    CHECK(cluster::open_dense_shard(inc, cluster::dense_shard_name(4, 5), moved, used).code ==
+          errc::digest_mismatch);
+    CHECK(cluster::open_dense_shard(inc, cluster::dense_shard_name(3, 6), moved, used).code ==
+          errc::digest_mismatch);
+    CHECK(cluster::open_dense_shard("fedcba9876543210fedcba9876543210", name, moved, used).code ==
+          errc::digest_mismatch);
+    std::vector<std::byte> tiny(cluster::dense_seal_bytes - 1);
+    CHECK(cluster::open_dense_shard(inc, name, tiny, used).code == errc::truncated);
+  }
+  // A writer without the job key: an unkeyed seal, or one with another key,
+  // over the bytes it chose, is refused by a reader holding the key.
+  auto forged = cluster::seal_dense_shard(inc, name, bytes, seal_key{});
+  CHECK(cluster::open_dense_shard(inc, name, forged, key).code == errc::digest_mismatch);
+  forged = cluster::seal_dense_shard(inc, name, bytes, other);
+  CHECK(cluster::open_dense_shard(inc, name, forged, key).code == errc::digest_mismatch);
+}
+
+TEST_CASE("cluster job: the file store's owner lease refuses a second claim, fences a stale one") {
+  using namespace dcr;
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("dcr-lease-test-" + std::to_string(static_cast<long>(::getpid())));
+  std::filesystem::remove_all(dir);
+  std::unique_ptr<protocol::file_owner_lease> a, b, c;
+  REQUIRE(protocol::file_owner_lease::acquire(dir, 1, a).ok());
+  CHECK(valid_incarnation(a->token()));
+  CHECK(a->check().ok());
+  // Another claim of owner 1 (another open file description: as another
+  // process) is refused while `a` lives; owner 2 is independent.
+  auto s = protocol::file_owner_lease::acquire(dir, 1, b);
+  CHECK(s.code == errc::conflict);
+  CHECK(s.message.find("held by another process") != std::string::npos);
+  CHECK(s.message.find(a->token()) != std::string::npos); // names the holder
+  CHECK(!b);
+  REQUIRE(protocol::file_owner_lease::acquire(dir, 2, c).ok());
+  CHECK(c->token() != a->token());
+  // Released (as by the kernel when the holder dies): the next claim wins
+  // with a new token.
+  const auto old = a->token();
+  a.reset();
+  REQUIRE(protocol::file_owner_lease::acquire(dir, 1, b).ok());
+  CHECK(b->token() != old);
+  // The lock file replaced by hand: a new claim can lock the new inode, and
+  // the old holder is fenced (conflict), not left writing beside it.
+  std::filesystem::remove(dir / "owners" / "1.lock");
+  CHECK(b->check().code == errc::conflict);
+  REQUIRE(protocol::file_owner_lease::acquire(dir, 1, a).ok());
+  CHECK(a->check().ok());
+  CHECK(b->check().code == errc::conflict);
+  a.reset();
+  b.reset();
+  c.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("cluster job: the relay tree's stream digest binds attempt, owner and payload set") {
+  using namespace dcr;
+  auto d = [](int i) {
+    std::vector<std::byte> b(64, std::byte(i));
+    return digest(b);
+  };
+  seal_key key;
+  REQUIRE(seal_key::make("job key", key).ok());
+  const std::vector<digest128> sent{d(1), d(2), d(3)};
+  const auto want = cluster::relay_stream_digest(7, 1, sent, key);
+  // Delivered in another order across the tree: the same stream.
+  CHECK(cluster::relay_stream_digest(7, 1, {d(3), d(1), d(2)}, key) == want);
+  // A payload missing, one too many, one replaced, or the same payloads
+  // under another attempt, owner or key: another stream.
+  CHECK(cluster::relay_stream_digest(7, 1, {d(1), d(2)}, key) != want);
+  CHECK(cluster::relay_stream_digest(7, 1, {d(1), d(2), d(3), d(3)}, key) != want);
+  CHECK(cluster::relay_stream_digest(7, 1, {d(1), d(2), d(4)}, key) != want);
+  CHECK(cluster::relay_stream_digest(8, 1, sent, key) != want);
+  CHECK(cluster::relay_stream_digest(7, 2, sent, key) != want);
+  CHECK(cluster::relay_stream_digest(7, 1, sent, seal_key{}) != want);
+  // An owner that sent nothing still has a digest, which a node that
+  // delivered nothing of it matches.
+  CHECK(cluster::relay_stream_digest(7, 1, {}, key) == cluster::relay_stream_digest(7, 1, {}, key));
 }

@@ -13,6 +13,8 @@
 #                            with it) SIGKILLed mid-stream, restarted
 #   relay-owner-mid-upload   --transport relay_tree, owner 0 SIGKILLed mid-stream
 #   relay-coordinator-mid_delivery  --transport relay_tree, the coordinator killed mid-delivery
+#   relay-forged-digest      --transport relay_tree, a node reports a wrong relay stream
+#                            digest once: the attempt fails naming the owner, the retry commits
 # relay-*: besides, the payloads crossed the relay nodes (their counters), and
 # the object store holds no payload of any attempt.
 # Checked after each: the verification line says PASS (every receiver equals,
@@ -48,6 +50,10 @@ case "$scenario" in
     head -c 32 /dev/urandom >"$work/job.key"
     args=(--transport relay_tree --job-key "$work/job.key") ;;
   relay-clean) args=(--transport relay_tree --relay-fanout 1) ;;
+  relay-forged-digest)
+    # Node 0 reports a wrong stream digest for owner 0 once (attempt >= 2):
+    # the coordinator's binding fails that attempt, the retry commits.
+    args=(--transport relay_tree --forge-relay-digest 2); marker=relay-forge ;;
   relay-receiver-mid-apply) args=(--transport relay_tree --kill-receiver-every 2); marker=rollout-apply-2 ;;
   relay-owner-mid-upload) args=(--transport relay_tree --kill-owner-at 2); marker=owner-upload-2 ;;
   relay-coordinator-mid_delivery)
@@ -83,6 +89,13 @@ case "$scenario" in
   coordinator-*|relay-coordinator-*)
     runs=$(grep -o '"coordinator_runs":[0-9]*' <<<"$out" | cut -d: -f2)
     [ "$runs" -gt "$steps" ] || { echo "FAIL: no coordinator took over"; exit 1; } ;;
+  relay-forged-digest)
+    # The binding refused the forged digest, naming the owner, and retried.
+    grep -q "owner 0: node of .* read manifest .*, the owner reported publishing" \
+      "$work/run/logs/coordinator.log" ||
+      { tail -n 30 "$work/run/logs/coordinator.log"; echo "FAIL: the forged digest was not refused"; exit 1; }
+    grep -o '"attempts":[0-9]*' <<<"$out" | grep -qv '"attempts":1' ||
+      { echo "FAIL: no step needed a second attempt"; exit 1; } ;;
 esac
 if [ "${scenario#relay-}" != "$scenario" ]; then
   # Payloads went node 0 -> node 1 through the relay tree, not the object store.

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -459,5 +460,113 @@ private:
   seal_key key_{}; ///< job key of the record's seal (empty: unkeyed)
 };
 static_assert(commit_store<file_commit_store>);
+
+/// Owner leases: at most one process serves an owner id at a time.
+///
+/// An owner process claims its id in the commit store at startup and holds
+/// the claim for its life; a second process claiming the same id meanwhile
+/// is refused (`errc::conflict`, naming the holder). Each claim carries a
+/// fresh random token (the fence token). The owner checks, before and after
+/// every publish and dense export, that the store still names its token: a
+/// stale process (its claim lost or replaced) refuses to write, and a claim
+/// held at both checks was held throughout, since no later claim can bring
+/// the same token back. What an attacker with bucket access can still write
+/// is caught by the coordinator's manifest binding and the keyed seals
+/// (docs/protocol.md, "Threat model").
+///
+/// `file_owner_lease`: `<dir>/owners/<id>.lock`, flock'd (LOCK_EX, not
+/// blocking) for the holder's life and holding its token and pid. The kernel
+/// drops the flock when the holder dies, SIGKILL included, so a restarted
+/// owner gets the lease at once. The check also compares the lock file's
+/// inode with the one locked, so a lock file deleted or replaced by hand
+/// (which would let a second process lock a new inode) fences the old holder.
+class file_owner_lease {
+public:
+  /// Claims owner `owner` in the commit store directory `dir`. `errc::conflict`
+  /// while another process holds it; `errc::io` when the file cannot be made.
+  static status acquire(const std::filesystem::path& dir, std::uint32_t owner,
+                        std::unique_ptr<file_owner_lease>& out) {
+    auto l = std::unique_ptr<file_owner_lease>(new file_owner_lease());
+    std::error_code ec;
+    std::filesystem::create_directories(dir / "owners", ec);
+    DCR_RETURN_ERROR_IF(ec, io, "create " + (dir / "owners").string() + ": " + ec.message());
+    l->path_ = dir / "owners" / (std::to_string(owner) + ".lock");
+    l->owner_ = owner;
+    l->fd_ = ::open(l->path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    DCR_RETURN_ERROR_IF(l->fd_ < 0, io, "open " + l->path_.string() + ": " + std::strerror(errno));
+    while (::flock(l->fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK)
+        return fail(errc::io, "flock " + l->path_.string() + ": " + std::strerror(errno));
+      std::string holder;
+      read_all(l->fd_, holder);
+      while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+      for (auto& c : holder)
+        if (c == '\n') c = ' ';
+      return fail(errc::conflict,
+                  "owner " + std::to_string(owner) + " is held by another process (" +
+                      (holder.empty() ? std::string("no holder recorded") : holder) + ", " +
+                      l->path_.string() + "): refused");
+    }
+    l->token_ = new_incarnation();
+    const std::string text =
+        "token " + l->token_ + "\npid " + std::to_string(static_cast<long>(::getpid())) + "\n";
+    DCR_RETURN_ERROR_IF(::ftruncate(l->fd_, 0) != 0 ||
+                            ::pwrite(l->fd_, text.data(), text.size(), 0) !=
+                                static_cast<ssize_t>(text.size()) ||
+                            ::fsync(l->fd_) != 0,
+                        io, "write " + l->path_.string() + ": " + std::strerror(errno));
+    out = std::move(l);
+    return status::success();
+  }
+
+  file_owner_lease(const file_owner_lease&) = delete;
+  file_owner_lease& operator=(const file_owner_lease&) = delete;
+  ~file_owner_lease() {
+    if (fd_ >= 0) ::close(fd_); // closing drops the flock
+  }
+
+  /// The fence token of this claim (32 hex digits).
+  const std::string& token() const noexcept { return token_; }
+
+  /// Success iff this process still holds the claim: the lock file at its
+  /// path is the inode it locked and names its token. Otherwise
+  /// `errc::conflict` (a stale holder must not write).
+  status check() const {
+    struct stat mine {};
+    struct stat now {};
+    DCR_RETURN_ERROR_IF(::fstat(fd_, &mine) != 0, io,
+                        "fstat " + path_.string() + ": " + std::strerror(errno));
+    const bool same =
+        ::stat(path_.c_str(), &now) == 0 && now.st_dev == mine.st_dev && now.st_ino == mine.st_ino;
+    std::string text;
+    if (same) read_all(fd_, text);
+    DCR_RETURN_ERROR_IF(!same || text.rfind("token " + token_ + "\n", 0) != 0, conflict,
+                        "owner " + std::to_string(owner_) + ": lease with token " + token_ +
+                            " lost (" + path_.string() +
+                            " was replaced): a stale owner "
+                            "process does not write");
+    return status::success();
+  }
+
+private:
+  file_owner_lease() = default;
+  static void read_all(int fd, std::string& out) {
+    char buf[512];
+    out.clear();
+    for (off_t at = 0;;) {
+      const auto n = ::pread(fd, buf, sizeof buf, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || out.size() > 4096) return;
+      out.append(buf, static_cast<std::size_t>(n));
+      at += n;
+    }
+  }
+
+  std::filesystem::path path_;
+  std::uint32_t owner_ = 0;
+  int fd_ = -1;
+  std::string token_;
+};
 
 } // namespace dcr::protocol

@@ -61,6 +61,7 @@
 /// fails verification, or that refuses the client's, is `errc::io`, not
 /// `errc::unavailable`: nothing was written, and retrying will not help.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -115,5 +116,50 @@ private:
   std::unique_ptr<impl> impl_;
 };
 static_assert(commit_store<etcd_commit_store>);
+
+/// How an `etcd_owner_lease` is held.
+struct owner_lease_options {
+  /// TTL of the etcd lease: a holder that stops renewing (killed, cut off
+  /// from etcd) loses the claim this long after its last renewal.
+  std::chrono::seconds ttl{10};
+  /// How long `acquire` waits for a held claim to be released or expire
+  /// before refusing (0: refuse at once). A restart after SIGKILL needs up
+  /// to `ttl`.
+  std::chrono::milliseconds wait{0};
+};
+
+/// The owner lease (see "Owner leases" in commit_store.hpp) in etcd: key
+/// `P owners/<id>` (P: the store's prefix) holds "token <hex> pid <pid>",
+/// attached to an etcd lease of `ttl` seconds that a thread renews every
+/// ttl/3. `acquire` grants the lease and creates the key in one transaction
+/// that compares the key's version with 0 (so exactly one claimant wins);
+/// the destructor stops renewing and revokes the lease, which deletes the
+/// key, so a clean exit frees the id at once. `check` compares the key's
+/// value with this claim's in one transaction. A renewal that finds the
+/// lease expired marks the claim lost: every later `check` is `conflict`.
+class etcd_owner_lease {
+public:
+  /// Claims owner `owner` under `opt.prefix`: `errc::conflict` naming the
+  /// holder when it is still held after `lo.wait`; `errc::unavailable` when
+  /// etcd cannot be reached.
+  static status acquire(const etcd_options& opt, std::uint32_t owner, const owner_lease_options& lo,
+                        std::unique_ptr<etcd_owner_lease>& out);
+  etcd_owner_lease(const etcd_owner_lease&) = delete;
+  etcd_owner_lease& operator=(const etcd_owner_lease&) = delete;
+  ~etcd_owner_lease();
+
+  /// The fence token of this claim (32 hex digits).
+  const std::string& token() const noexcept;
+  /// Success iff etcd still names this claim's token for the owner id;
+  /// `errc::conflict` when it does not (a stale owner does not write),
+  /// `errc::unavailable` when etcd cannot be asked.
+  status check();
+
+  struct impl;
+
+private:
+  explicit etcd_owner_lease(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
 
 } // namespace dcr::protocol

@@ -1,0 +1,126 @@
+#pragma once
+/// \file
+/// How `net::http_client` turns the bytes of an HTTP response into an
+/// `http_response`: Boost.Beast's response parser with the client's limits,
+/// the mapping of its errors to `errc`, and the conversion of the parsed
+/// message. Private to the dcr-net library (it includes Beast); the client
+/// reads from its socket through it, and fuzz/fuzz_http.cpp feeds it bytes.
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
+
+#include "dcr/core/error.hpp"
+#include "dcr/net/http_client.hpp"
+
+namespace dcr::net::detail {
+
+/// What a failed read of a response means.
+enum class response_failure {
+  body_too_large,   ///< the body limit (`errc::length_overflow`)
+  header_too_large, ///< Beast's header limit (`errc::length_overflow`)
+  malformed,        ///< the peer spoke, but not HTTP (`errc::bad_format`)
+  transport,        ///< closed, cut or timed out before a whole response (`errc::unavailable`)
+};
+
+inline response_failure classify_read_error(const boost::beast::error_code& ec) {
+  namespace http = boost::beast::http;
+  if (ec == http::error::body_limit) return response_failure::body_too_large;
+  if (ec == http::error::header_limit) return response_failure::header_too_large;
+  if (ec.category() == http::make_error_code(http::error::bad_version).category() &&
+      ec != http::error::end_of_stream && ec != http::error::partial_message)
+    return response_failure::malformed;
+  return response_failure::transport;
+}
+
+/// The status of a non-transport failure (`where`: the request, for messages).
+inline status read_error_status(response_failure f, const boost::beast::error_code& ec,
+                                std::size_t max_body, const std::string& where) {
+  switch (f) {
+  case response_failure::body_too_large:
+    return fail(errc::length_overflow,
+                where + ": response body larger than " + std::to_string(max_body) + " bytes");
+  case response_failure::header_too_large:
+    return fail(errc::length_overflow, where + ": response header too large");
+  case response_failure::malformed:
+    return fail(errc::bad_format, where + ": malformed HTTP response: " + ec.message());
+  case response_failure::transport:
+    break;
+  }
+  return fail(errc::unavailable, where + ": read failed: " + ec.message());
+}
+
+using response_parser = boost::beast::http::response_parser<boost::beast::http::string_body>;
+
+/// A parser set up as the client reads with it.
+inline void configure(response_parser& p, std::size_t max_body, bool head) {
+  p.body_limit(max_body);
+  if (head) p.skip(true); // a HEAD response has no body, whatever its length says
+}
+
+/// The parsed message as an `http_response`; `keep_alive`: whether the
+/// connection may carry the next request.
+inline void to_response(boost::beast::http::response<boost::beast::http::string_body>&& res,
+                        http_response& out, bool& keep_alive) {
+  out.status = res.result_int();
+  out.reason = std::string(res.reason());
+  out.headers.clear();
+  for (auto& f : res) out.headers.push_back({std::string(f.name_string()), std::string(f.value())});
+  out.body = std::move(res.body());
+  keep_alive = res.keep_alive();
+}
+
+/// Parse `bytes` (everything the peer sent before it closed the connection)
+/// as the client would read them off a socket that delivers `step` bytes per
+/// read: the parser gets what has arrived and not been consumed, asks for
+/// more, and sees end of stream after the last byte. The result does not
+/// depend on `step` (fuzz/fuzz_http.cpp checks this); bytes after a complete
+/// response stay unread, as on a kept-alive connection.
+inline status parse_response_bytes(std::string_view bytes, std::size_t max_body, bool head,
+                                   std::size_t step, http_response& out, bool& keep_alive) {
+  namespace http = boost::beast::http;
+  response_parser p;
+  configure(p, max_body, head);
+  step = std::max<std::size_t>(step, 1);
+  std::size_t at = 0, end = std::min(bytes.size(), step);
+  boost::beast::error_code ec;
+  // Closed before the first byte: what a socket read reports (Beast's
+  // parser must not see an end of stream before any input).
+  if (bytes.empty())
+    return read_error_status(response_failure::transport, http::error::end_of_stream, max_body,
+                             "HTTP response");
+  while (!p.is_done()) {
+    if (at == end && end == bytes.size()) {
+      p.put_eof(ec);
+      if (!ec && !p.is_done()) ec = http::error::partial_message;
+      break;
+    }
+    const auto n = p.put(boost::asio::buffer(bytes.data() + at, end - at), ec);
+    at += n;
+    if (ec == http::error::need_more || (!ec && n == 0)) {
+      ec = {};
+      if (end == bytes.size()) {
+        p.put_eof(ec);
+        if (!ec && !p.is_done()) ec = http::error::partial_message;
+        break;
+      }
+      end = std::min(bytes.size(), end + step);
+      continue;
+    }
+    if (ec) break;
+    if (at == end && end < bytes.size() && !p.is_done()) end = std::min(bytes.size(), end + step);
+  }
+  if (ec) return read_error_status(classify_read_error(ec), ec, max_body, "HTTP response");
+  to_response(p.release(), out, keep_alive);
+  return status::success();
+}
+
+} // namespace dcr::net::detail
