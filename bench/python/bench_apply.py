@@ -6,12 +6,13 @@ The receiver is one vLLM-like rank (`examples/python/refit_models.py`,
 Llama layout: fused QKV, merged gate/up, vocab-parallel embedding) holding
 the whole model; the owner is one training rank (TP 1). Changes are spread
 uniformly over every tensor (RL updates are). "apply s" is `stage` ("stage s": the C++
-decoder over every byte) plus `apply` (one `load_weights` call per item
-under the dispatch hook, the item's entries mapped through the loader's
-views and written with torch index ops); "dense s" is the model's
-`load_weights` over the full tensors without the hook. "per item ms" is the
-apply time of a payload changing one element of every tensor, divided by the
-items: the Python cost of running the loader under the hook per item.
+decoder over every byte) plus `apply` ("hook s": one `load_weights` call per
+item under the dispatch hook, the item's entries mapped through the
+loader's views and landed by the extension); "dense s" is the model's
+`load_weights` over the full tensors without the hook. "per item ms" is
+"apply s" over the items; in the `1/tensor` row (a payload changing one
+element of every tensor) it is the fixed cost of running the loader under
+the hook per item.
 Every run ends with a byte comparison of the two models.
 
     .venv/bin/python3 bench/python/bench_apply.py [--hidden 1024 --layers 4 --vocab 32000]
@@ -85,7 +86,8 @@ def main() -> int:
           f"one vLLM-like receiver (TP 1); torch threads {a.threads}; best of {a.repeat}; "
           f"prewarm {prewarm_s:.2f} s\n")
     head = (f"{'change %':>8}  {'items':>5}  {'entries':>9}  {'payload MB':>10}  {'build s':>7}  "
-            f"{'stage s':>7}  {'apply s':>7}  {'dense s':>7}  {'apply/dense':>11}  {'per item ms':>11}  equal")
+            f"{'stage s':>7}  {'hook s':>7}  {'apply s':>7}  {'dense s':>7}  {'apply/dense':>11}  "
+            f"{'hook/dense':>10}  {'per item ms':>11}  equal")
     print(head)
     print("-" * len(head))
     ok_all = True
@@ -116,8 +118,9 @@ def main() -> int:
         ok_all &= ok
         label = "1/tensor" if pct == 0.0 else f"{pct:.1f}"
         print(f"{label:>8}  {st['items']:>5}  {entries:>9}  "
-              f"{sum(len(p) for p in payloads) / 1e6:>10.2f}  {build_s:>7.3f}  {stage_s:>7.3f}  {apply_s:>7.3f}  "
-              f"{d:>7.3f}  {apply_s / d:>10.2f}x  {1e3 * apply_s / st['items']:>11.2f}  "
+              f"{sum(len(p) for p in payloads) / 1e6:>10.2f}  {build_s:>7.3f}  {stage_s:>7.3f}  "
+              f"{st['seconds']:>7.3f}  {apply_s:>7.3f}  {d:>7.3f}  {apply_s / d:>10.2f}x  "
+              f"{st['seconds'] / d:>9.2f}x  {1e3 * apply_s / st['items']:>11.2f}  "
               f"{'yes' if ok else 'NO'}")
     return 0 if ok_all else 1
 

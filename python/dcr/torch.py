@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from . import _dcr, errors
 from ._tensors import DTYPES, PLACEHOLDER, WORD, dtype_of, span_of, word_view
@@ -46,7 +47,7 @@ class CanonicalMeta:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 def canonical_metas(tensors) -> list[CanonicalMeta]:
@@ -128,6 +129,7 @@ class _Op:
     direct: bool = False    # source is a same-dtype view of the scratch
     mapped: bool = False    # direct, and its source view inverts (`_invertible`)
     src: tuple | None = None  # its (offset, shape, stride) in the scratch's elements
+    native: object = None   # mapped: its `_dcr.MappedCopy` (made at prewarm)
 
     def same_path(self, other: "_Op") -> bool:
         return (self.kind, self.key, self.dst, self.direct, self.src) == \
@@ -142,6 +144,9 @@ class _TensorPlan:
     direct: bool = True        # every copy a same-dtype view of the scratch
     xor_allowed: bool = False  # direct and no destination element written twice
     disjoint: bool = False     # no destination element written twice (over all tensors)
+    width: int = 0             # bytes of a stored word
+    words: object = None       # the scratch's first `numel` words, flat (made at prewarm)
+    all_mapped: bool = False   # every copy mapped (no mask of the indices needed)
 
     @property
     def skipped(self) -> bool:
@@ -155,6 +160,64 @@ class _Storage:
     ptr: int
 
 
+# twin::scatter_op codes of `_dcr.MappedCopy.apply`.
+_XOR, _OVERWRITE, _ADD = 1, 2, 3
+
+
+class _Entries:
+    """An item's entries: the decoder's arrays (what the C++ paths read) and,
+    made on first use, torch tensors of them on the receiver's device (what
+    the torch paths read)."""
+
+    __slots__ = ("np_idx", "np_vals", "width", "device", "scattered", "_idx", "_words")
+
+    def __init__(self, idx: np.ndarray, vals: np.ndarray, width: int, device):
+        self.np_idx, self.np_vals, self.width, self.device = idx, vals, width, device
+        self._idx = self._words = None
+        self.scattered = False
+
+    @property
+    def idx(self) -> torch.Tensor:
+        if self._idx is None:
+            self._idx = torch.from_numpy(self.np_idx.view(np.int64)).to(self.device)
+        return self._idx
+
+    @property
+    def words(self) -> torch.Tensor:
+        if self._words is None:
+            self._words = torch.from_numpy(self.np_vals).view(WORD[self.width]).to(self.device)
+        return self._words
+
+
+# Arguments each aten overload writes ((position, name) pairs), by overload.
+_WRITES: dict = {}
+
+
+def _writes_of(func) -> tuple:
+    w = _WRITES.get(func)
+    if w is None:
+        w = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                  if a.alias_info is not None and a.alias_info.is_write) \
+            if func._schema.is_mutable else ()
+        _WRITES[func] = w
+    return w
+
+
+# Whether an aten overload is a view (every result aliases an input, nothing
+# written): it reads no element, so it does not need the item's values.
+_VIEWS: dict = {}
+
+
+def _is_view(func) -> bool:
+    v = _VIEWS.get(func)
+    if v is None:
+        rs = func._schema.returns
+        v = not func._schema.is_mutable and len(rs) > 0 and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in rs)
+        _VIEWS[func] = v
+    return v
+
+
 class _Hook(TorchDispatchMode):
     """Routes the loader's writes into registered storage to the receiver."""
 
@@ -166,11 +229,10 @@ class _Hook(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is aten.copy_.default:
             return self.on_copy(args[0], args[1])
-        if func._schema.is_mutable:
-            for i, a in enumerate(func._schema.arguments):
-                if a.alias_info is None or not a.alias_info.is_write:
-                    continue
-                v = args[i] if i < len(args) else kwargs.get(a.name)
+        writes = _writes_of(func)
+        if writes:
+            for i, name in writes:
+                v = args[i] if i < len(args) else kwargs.get(name)
                 if isinstance(v, torch.Tensor) and self.rx._key_of(v) is not None:
                     if func is aten.fill_.Scalar and args[1] == 0:
                         return self.on_fill(v)
@@ -178,6 +240,9 @@ class _Hook(TorchDispatchMode):
                         errors.LoaderCondition,
                         f"tensor {self.rx._current}: the loader writes "
                         f"{self.rx._name_of(v)} with {func} instead of copy_")
+        if self.rx._pending is not None and not _is_view(func) and \
+                self.rx._reads_scratch((args, kwargs)):
+            self.rx._pending()  # the loader reads the scratch: the item's values first
         return func(*args, **kwargs)
 
 
@@ -213,7 +278,12 @@ class Receiver:
         self.device = torch.device(device)
         biggest = max((m.nbytes for m in self.metas.values()), default=0)
         self._scratch = torch.zeros(max(biggest, 8), dtype=torch.uint8, device=self.device)
+        # Entries move in the C++ extension when the scratch and every
+        # registered storage are host memory; otherwise through torch ops.
+        self._native = self.device.type == "cpu" and \
+            all(s.flat.device.type == "cpu" for s in self._storages.values())
         self._current = ""
+        self._pending = None  # scatters the current item into the scratch, once
         self._plans: dict[str, _TensorPlan] = {}
         self._attempt = 0
         self._staged: list = []
@@ -244,6 +314,10 @@ class Receiver:
 
     def _aliases_scratch(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() == self._scratch.untyped_storage().data_ptr()
+
+    def _reads_scratch(self, tree) -> bool:
+        return any(isinstance(t, torch.Tensor) and self._aliases_scratch(t)
+                   for t in tree_leaves(tree))
 
     def _op_of(self, kind: str, dst: torch.Tensor, src: torch.Tensor | None,
                meta: CanonicalMeta) -> _Op:
@@ -317,6 +391,20 @@ class Receiver:
             plan.disjoint = all(bool((self._dst_view(o, counts[o.key]) == 1).all())
                                 for o in plan.ops)
             plan.xor_allowed = plan.direct and not plan.skipped and plan.disjoint
+            self._finish_plan(plan)
+
+    def _finish_plan(self, plan: _TensorPlan) -> None:
+        """What every apply of the tensor reuses: its word width, a flat word
+        view of the scratch and, for each mapped copy, the C++ mapping."""
+        meta = plan.meta
+        plan.width = meta.dtype.itemsize
+        plan.words = word_view(self._scratch_for(meta)).view(-1)
+        copies = [o for o in plan.ops if o.kind == "copy"]
+        plan.all_mapped = all(o.mapped for o in copies)
+        for o in copies:
+            if o.mapped and self._native:
+                (so, shape, sst), (do, _, dst) = o.src, o.dst
+                o.native = _dcr.MappedCopy(so, list(shape), list(sst), do, list(dst))
 
     def _check_report(self, plan: _TensorPlan, reported, written: set, cls) -> None:
         if reported is None:
@@ -425,33 +513,30 @@ class Receiver:
         increasing), `values` (little-endian stored words as uint8)."""
         plan = self._plan(name)
         meta = plan.meta
-        width = torch.empty((), dtype=meta.dtype).element_size()
-        idx = torch.from_numpy(np.asarray(indices).view(np.int64)).to(self.device)
-        vals = torch.from_numpy(np.asarray(values).view(np.uint8))
-        if vals.numel() != idx.numel() * width:
+        width = plan.width
+        idx = np.ascontiguousarray(np.asarray(indices)).view(np.uint64)
+        vals = np.ascontiguousarray(np.asarray(values)).view(np.uint8)
+        if vals.size != idx.size * width:
             errors.raise_error(errors.ShapeMismatch,
-                               f"tensor {name}: {vals.numel()} value bytes for {idx.numel()} "
+                               f"tensor {name}: {vals.size} value bytes for {idx.size} "
                                f"entries of width {width}")
-        if idx.numel() and (int(idx[-1]) >= meta.numel or int(idx[0]) < 0):
+        if idx.size and (int(idx[-1]) >= meta.numel or int(idx[0]) >= meta.numel):
             errors.raise_error(errors.IndexOutOfRange, f"tensor {name}: index out of range")
         if encoding not in ("xor", "add", "overwrite"):
             errors.raise_error(errors.BadEncoding, f"tensor {name}: encoding {encoding!r}")
         if plan.skipped:
             return  # this rank holds none of it (the loader skipped it at prewarm)
-        words = vals.view(WORD[width]).to(self.device)
+        e = _Entries(idx, vals, width, self.device)
         if encoding in ("xor", "add"):
             if not plan.xor_allowed:
                 errors.raise_error(errors.UnsupportedLoader,
                                    f"tensor {name}: {encoding} item for a tensor whose loader "
                                    "path is not XOR-allowed (send overwrites)")
-            self._apply_relative(plan, encoding, idx, words)
-        elif encoding == "overwrite":
-            if plan.direct:
-                self._apply_overwrite_direct(plan, idx, words)
-            else:
-                self._apply_overwrite_two_fill(plan, idx, words)
+            self._apply_relative(plan, encoding, e)
+        elif plan.direct:
+            self._apply_overwrite_direct(plan, e)
         else:
-            errors.raise_error(errors.BadEncoding, f"tensor {name}: encoding {encoding!r}")
+            self._apply_overwrite_two_fill(plan, e.idx, e.words)
 
     def _run(self, plan: _TensorPlan, on_copy, on_fill=None):
         """Run the loader over the scratch; check the path and the report."""
@@ -469,7 +554,7 @@ class Receiver:
                                    f"planned at prewarm (into {self._name_of(dst)})")
             seen.append(op)
             written.add(op.key)
-            return on_copy(dst, src, op)
+            return on_copy(dst, src, plan.ops[k])
 
         def fill_hook(dst):
             op = self._op_of("fill", dst, None, meta)
@@ -481,9 +566,10 @@ class Receiver:
             seen.append(op)
             return dst.fill_(0) if on_fill is None else on_fill(dst)
 
+        scratch = self._scratch_for(meta)  # made outside the hook: its views are ours
         try:
             with torch.no_grad(), _Hook(self, copy_hook, fill_hook):
-                reported = self.load_weights([(meta.name, self._scratch_for(meta))])
+                reported = self.load_weights([(meta.name, scratch)])
         except errors.Error:
             raise
         except Exception as e:  # a loader that throws fails the apply
@@ -497,12 +583,15 @@ class Receiver:
                            errors.LoaderCondition)
         self._current = ""
 
-    def _apply_relative(self, plan: _TensorPlan, encoding: str, idx, words) -> None:
+    def _apply_relative(self, plan: _TensorPlan, encoding: str, e: "_Entries") -> None:
         """XOR masks / add differences: scattered on a zero scratch, so every
         inactive position carries the identity (0)."""
-        sw = word_view(self._scratch_for(plan.meta)).view(-1)
-        sw.index_copy_(0, idx, words)
+        # Destinations proven disjoint at prewarm need no marks: the entries
+        # move in C++ (scatter into the scratch, mapped XOR/add into storage).
+        native = self._native and plan.disjoint
+        ensure = self._stage_scratch(plan, e, native)
         marks: list = []
+        op_code = _XOR if encoding == "xor" else _ADD
 
         def on_copy(dst, src, op):
             if not op.direct or not self._aliases_scratch(src):
@@ -513,10 +602,16 @@ class Receiver:
                 errors.raise_error(errors.LoaderCondition,
                                    f"tensor {plan.meta.name}: overlapping {encoding} writes "
                                    f"within one copy_ into {self._name_of(dst)}")
-            if op.mapped:
+            if op.mapped and native:
                 # O(entries): the item's indices through the source view to
                 # destination offsets; the scratch is read for nothing.
-                pos, at = _map_entries(idx, op.src, op.dst)
+                flat = self._storages[op.key].flat
+                op.native.apply(flat.data_ptr(), flat.numel(), plan.width, e.np_idx,
+                                e.np_vals, op_code)
+                return dst
+            ensure()
+            if op.mapped:
+                pos, at = _map_entries(e.idx, op.src, op.dst)
                 if not plan.disjoint:
                     # Prewarm proved the planned writes disjoint, and every
                     # write is checked to be the planned one; otherwise mark.
@@ -528,7 +623,7 @@ class Receiver:
                     mark.index_fill_(0, at, 1)
                     marks.append((mark, at))
                 flat = word_view(self._storages[op.key].flat)
-                w, old = words[pos], flat.index_select(0, at)
+                w, old = e.words[pos], flat.index_select(0, at)
                 flat.index_copy_(0, at, old ^ w if encoding == "xor" else _add_unzigzag(old, w))
                 return dst
             mark = self._mark_view(op)
@@ -553,7 +648,43 @@ class Receiver:
                     m.zero_()
                 else:
                     m.index_fill_(0, at, 0)
-            sw.index_fill_(0, idx, 0)
+            self._unstage_scratch(plan, e, native)
+
+    def _stage_scratch(self, plan: _TensorPlan, e: "_Entries", native: bool) -> Callable:
+        """The item's words into the (zero) scratch at its indices, on the C++
+        path when the loader first reads the scratch: a loader that only takes
+        views of it and copies them (mapped copies land from the entries)
+        never needs them, and any other aten op on it, or a copy the torch
+        path lands, scatters them first (returns that `ensure`)."""
+        e.scattered = False
+
+        def ensure():
+            if e.scattered:
+                return
+            if native:
+                _dcr.scatter_words(plan.words.data_ptr(), plan.meta.numel, plan.width,
+                                   e.np_idx, e.np_vals)
+            else:
+                plan.words.index_copy_(0, e.idx, e.words)
+            e.scattered = True
+            self._pending = None
+
+        if native:
+            self._pending = ensure
+        else:
+            ensure()
+        return ensure
+
+    def _unstage_scratch(self, plan: _TensorPlan, e: "_Entries", native: bool) -> None:
+        """The scratch back to zero after an item."""
+        self._pending = None
+        if not e.scattered:
+            return
+        if native:
+            _dcr.zero_words(plan.words.data_ptr(), plan.meta.numel, plan.width, e.np_idx)
+        else:
+            plan.words.index_fill_(0, e.idx, 0)
+        e.scattered = False
 
     def _marks_of(self, key: int) -> torch.Tensor:
         """Per-storage marks of the elements the current item's XOR/add copies wrote."""
@@ -569,21 +700,27 @@ class Receiver:
     def _mark_view(self, op: _Op) -> torch.Tensor:
         return self._dst_view(op, self._marks_of(op.key))
 
-    def _apply_overwrite_direct(self, plan: _TensorPlan, idx, words) -> None:
+    def _apply_overwrite_direct(self, plan: _TensorPlan, e: "_Entries") -> None:
         """Overwrites where every copy is a view of the scratch: the active
         positions are the same view of a mask of the item's indices."""
         meta = plan.meta
-        sw = word_view(self._scratch_for(meta)).view(-1)
-        sw.index_copy_(0, idx, words)
+        native = self._native
+        ensure = self._stage_scratch(plan, e, native)
         active = None
-        if not all(o.mapped for o in plan.ops if o.kind == "copy"):
+        if not plan.all_mapped:
             active = torch.zeros(meta.numel, dtype=torch.bool, device=self.device)
-            active.index_fill_(0, idx, True)
+            active.index_fill_(0, e.idx, True)
 
         def on_copy(dst, src, op):
+            if op.mapped and native:
+                flat = self._storages[op.key].flat
+                op.native.apply(flat.data_ptr(), flat.numel(), plan.width, e.np_idx,
+                                e.np_vals, _OVERWRITE)
+                return dst
+            ensure()
             if op.mapped:
-                pos, at = _map_entries(idx, op.src, op.dst)
-                word_view(self._storages[op.key].flat).index_copy_(0, at, words[pos])
+                pos, at = _map_entries(e.idx, op.src, op.dst)
+                word_view(self._storages[op.key].flat).index_copy_(0, at, e.words[pos])
                 return dst
             off, shape, stride = op.src
             m = active.as_strided(shape, stride, off)
@@ -594,7 +731,7 @@ class Receiver:
         try:
             self._run(plan, on_copy)
         finally:
-            sw.index_fill_(0, idx, 0)
+            self._unstage_scratch(plan, e, native)
 
     def _apply_overwrite_two_fill(self, plan: _TensorPlan, idx, words) -> None:
         """Overwrites through a transform (a cast, a scale): the loader runs on a

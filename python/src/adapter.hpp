@@ -10,12 +10,15 @@
 /// decoding (`read_payload_id`, `decode_payload`), and attempt objects in an
 /// object store (`attempt_writer`, `read_listed` over `incarnation_scope`).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dcr/assembly/adapters.hpp"
@@ -27,6 +30,7 @@
 #include "dcr/source/state.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/object_store.hpp"
+#include "dcr/twin/scatter.hpp"
 
 namespace dcr_py {
 
@@ -334,5 +338,176 @@ inline std::vector<decoded_item> decode(bytes_view bytes, payload_id& id) {
                    std::move(it.values)});
   return out;
 }
+
+// ---------------------------------------------------------------------------
+// Hook apply (dcr.torch.Receiver): the per-entry work of one item on raw
+// pointers of CPU tensors, through the host twin's scatter (`twin::scatter`:
+// locations checked strictly increasing and inside the storage before the
+// first write, then `scatter_word` per entry, the element code the CUDA
+// kernels share). The caller holds the tensors and checked their device,
+// dtype and bounds; these run without the GIL.
+
+/// `base[at[k] - minus] = scatter_word(base[at[k] - minus], w[k], op)` for
+/// every k: the twin scatter's loop over a contiguous destination, with the
+/// op a constant of each loop (the locations were checked by the caller).
+template <dcr::twin::word W>
+void land(W* base, const std::uint64_t* at, std::uint64_t minus, const W* w, std::size_t n,
+          dcr::twin::scatter_op op) {
+  auto run = [&](auto c) {
+    for (std::size_t k = 0; k < n; ++k) {
+      W& d = base[at[k] - minus];
+      d = dcr::twin::scatter_word(d, w[k], decltype(c)::value);
+    }
+  };
+  using dcr::twin::scatter_op;
+  switch (op) {
+  case scatter_op::xor_mask:
+    return run(std::integral_constant<scatter_op, scatter_op::xor_mask>{});
+  case scatter_op::add:
+    return run(std::integral_constant<scatter_op, scatter_op::add>{});
+  default:
+    return run(std::integral_constant<scatter_op, scatter_op::overwrite>{});
+  }
+}
+
+/// Writes `values[k]` at flat index `idx[k]` of a contiguous buffer of
+/// `numel` words (the scratch). As `twin::scatter`: every index is checked
+/// (strictly increasing, in range) before the first write.
+template <dcr::twin::word W>
+void scatter_words(W* data, std::uint64_t numel, std::span<const std::uint64_t> idx,
+                   std::span<const W> values) {
+  if (idx.size() != values.size())
+    throw dcr::error(dcr::errc::invalid_argument, std::to_string(idx.size()) + " locations but " +
+                                                      std::to_string(values.size()) + " values");
+  dcr::throw_if_failed(dcr::twin::check_locations(idx, numel));
+  land(data, idx.data(), 0, values.data(), idx.size(), dcr::twin::scatter_op::overwrite);
+}
+
+/// Sets the words at `idx` back to 0 (the scratch after an item); indices
+/// out of range are left alone (the scatter refused them before writing).
+/// Where the entries average one or more per cache line, clearing the whole
+/// range they span is cheaper than a store per entry (and the scratch is
+/// zero outside the entries).
+template <dcr::twin::word W>
+void zero_words(W* data, std::uint64_t numel, std::span<const std::uint64_t> idx) {
+  if (idx.empty()) return;
+  const std::uint64_t lo = idx.front(), hi = idx.back();
+  if (lo <= hi && hi < numel && (hi - lo + 1) * sizeof(W) <= idx.size() * 64) {
+    std::fill(data + lo, data + hi + 1, W{0});
+    return;
+  }
+  for (auto i : idx)
+    if (i < numel) data[i] = 0;
+}
+
+/// One planned `copy_` of a loader whose source is an invertible view of
+/// the scratch (offset, extents, strides in elements) and whose destination
+/// is a view of the same extents into a registered storage: maps an item's
+/// canonical flat indices through the source view to destination element
+/// offsets, and lands the item's words there.
+class mapped_copy {
+public:
+  mapped_copy(std::int64_t src_offset, const std::vector<std::int64_t>& extents,
+              const std::vector<std::int64_t>& src_strides, std::int64_t dst_offset,
+              const std::vector<std::int64_t>& dst_strides)
+      : src_off_(src_offset), dst_off_(dst_offset) {
+    if (extents.size() != src_strides.size() || extents.size() != dst_strides.size() ||
+        extents.size() > static_cast<std::size_t>(dcr::twin::layout_max_rank))
+      throw dcr::error(dcr::errc::invalid_argument, "mapped copy: rank mismatch");
+    if (src_offset < 0 || dst_offset < 0)
+      throw dcr::error(dcr::errc::invalid_argument, "mapped copy: negative offset");
+    const auto rank = static_cast<int>(extents.size());
+    src_ = dcr::twin::strided(extents.data(), src_strides.data(), rank);
+    dst_ = dcr::twin::strided(extents.data(), dst_strides.data(), rank);
+    if (!src_.is_non_negative() || !dst_.is_non_negative())
+      throw dcr::error(dcr::errc::invalid_argument, "mapped copy: negative extent or stride");
+    for (int i = 0; i < rank; ++i) {
+      if (extents[i] == 0) empty_ = true;
+      if (extents[i] > 1) {
+        order_.push_back(i);
+        reach_ += (extents[i] - 1) * src_strides[i];
+      }
+    }
+    // Greedy decomposition by decreasing source stride (`_invertible` on the
+    // Python side proved it unique).
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](int a, int b) { return src_.strides[a] > src_.strides[b]; });
+    block_ = src_.contiguous && dst_.contiguous;
+  }
+
+  /// Lands the entries of (`idx`, `words`) that the source view covers:
+  /// `op` is XOR, overwrite or add (`twin::scatter_op`). `storage` holds
+  /// `storage_numel` words. Returns the number of entries written.
+  template <dcr::twin::word W>
+  std::size_t apply(W* storage, std::uint64_t storage_numel, std::span<const std::uint64_t> idx,
+                    std::span<const W> words, dcr::twin::scatter_op op) const {
+    if (empty_ || idx.empty()) return 0;
+    const auto first = static_cast<std::uint64_t>(src_off_);
+    const auto last = first + static_cast<std::uint64_t>(reach_);
+    const auto lo =
+        static_cast<std::size_t>(std::lower_bound(idx.begin(), idx.end(), first) - idx.begin());
+    const auto hi = static_cast<std::size_t>(
+        std::upper_bound(idx.begin() + static_cast<std::ptrdiff_t>(lo), idx.end(), last) -
+        idx.begin());
+    if (lo == hi) return 0;
+    if (block_) {
+      // A block: destination offset = index + shift. The scatter's checks
+      // (indices strictly increasing, inside the block, the block inside
+      // the storage) run before the first write, without a location list.
+      const auto sub = idx.subspan(lo, hi - lo);
+      dcr::throw_if_failed(dcr::twin::check_locations(sub, last + 1));
+      if (static_cast<std::uint64_t>(dst_off_ + reach_) >= storage_numel)
+        throw dcr::error(dcr::errc::index_out_of_range, "mapped copy: destination outside storage");
+      land(storage + dst_off_, sub.data(), first, words.data() + lo, sub.size(), op);
+      return sub.size();
+    }
+    std::vector<std::uint64_t> loc;
+    std::vector<W> val;
+    loc.reserve(hi - lo);
+    val.reserve(hi - lo);
+    bool increasing = true;
+    for (std::size_t k = lo; k < hi; ++k) {
+      auto rem = static_cast<std::int64_t>(idx[k] - first);
+      std::int64_t out = dst_off_;
+      bool inside = true;
+      for (int d : order_) {
+        const std::int64_t q = rem / src_.strides[d];
+        if (q >= src_.extents[d]) {
+          inside = false;
+          break;
+        }
+        rem -= q * src_.strides[d];
+        out += q * dst_.strides[d];
+      }
+      if (!inside || rem != 0) continue;
+      const auto o = static_cast<std::uint64_t>(out);
+      if (!loc.empty() && o <= loc.back()) increasing = false;
+      loc.push_back(o);
+      val.push_back(words[k]);
+    }
+    if (!increasing) { // a permuted view: the scatter takes locations in order
+      std::vector<std::size_t> perm(loc.size());
+      std::iota(perm.begin(), perm.end(), std::size_t{0});
+      std::sort(perm.begin(), perm.end(), [&](auto a, auto b) { return loc[a] < loc[b]; });
+      std::vector<std::uint64_t> l2(loc.size());
+      std::vector<W> v2(loc.size());
+      for (std::size_t j = 0; j < perm.size(); ++j) {
+        l2[j] = loc[perm[j]];
+        v2[j] = val[perm[j]];
+      }
+      loc.swap(l2);
+      val.swap(v2);
+    }
+    dcr::throw_if_failed(dcr::twin::check_locations(loc, storage_numel));
+    land(storage, loc.data(), 0, val.data(), loc.size(), op);
+    return loc.size();
+  }
+
+private:
+  std::int64_t src_off_ = 0, dst_off_ = 0, reach_ = 0;
+  dcr::twin::layout src_, dst_;
+  std::vector<int> order_;
+  bool empty_ = false, block_ = false;
+};
 
 } // namespace dcr_py

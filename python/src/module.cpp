@@ -12,6 +12,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 #include "adapter.hpp"
 
 namespace py = pybind11;
@@ -70,6 +72,44 @@ py::dict tensor_dict(const dcr_py::tensor_info& t) {
   d["shape"] = py::tuple(py::cast(t.shape));
   d["dtype"] = t.dtype;
   return d;
+}
+
+/// Calls `f(W{})` with the unsigned word type of `width` bytes.
+template <class F>
+decltype(auto) with_word(unsigned width, F&& f) {
+  switch (width) {
+  case 1:
+    return f(std::uint8_t{});
+  case 2:
+    return f(std::uint16_t{});
+  case 4:
+    return f(std::uint32_t{});
+  case 8:
+    return f(std::uint64_t{});
+  }
+  throw dcr::error(dcr::errc::bad_dtype, "word width " + std::to_string(width));
+}
+
+/// A uint64 index array as a span (the decoder's arrays: no copy).
+using index_array = py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>;
+std::span<const std::uint64_t> index_span(const index_array& a) {
+  return {a.data(), static_cast<std::size_t>(a.size())};
+}
+
+/// Value bytes as words of `W`: `n` words expected; copied only when the
+/// bytes are not aligned for `W`.
+template <class W>
+std::span<const W> word_span(const py::buffer_info& b, std::size_t n, std::vector<W>& tmp) {
+  const auto bytes = static_cast<std::size_t>(b.size * b.itemsize);
+  if (bytes != n * sizeof(W))
+    throw dcr::error(dcr::errc::length_overflow, std::to_string(bytes) + " value bytes for " +
+                                                     std::to_string(n) + " words of " +
+                                                     std::to_string(sizeof(W)) + " bytes");
+  if (reinterpret_cast<std::uintptr_t>(b.ptr) % alignof(W) == 0)
+    return {static_cast<const W*>(b.ptr), n};
+  tmp.resize(n);
+  std::memcpy(tmp.data(), b.ptr, bytes);
+  return tmp;
 }
 
 } // namespace
@@ -261,4 +301,56 @@ PYBIND11_MODULE(_dcr, m) {
         return py::make_tuple(id_dict(id), l);
       },
       py::arg("payload"));
+  // Hook apply (dcr.torch.Receiver): per-entry work of an item on raw
+  // pointers of CPU tensors the caller holds and checked (address, number
+  // of words, word width); the GIL is released while the words move.
+  m.def(
+      "scatter_words",
+      [](std::uintptr_t data, std::uint64_t numel, unsigned width, const index_array& idx,
+         py::buffer values) {
+        auto info = values.request();
+        with_word(width, [&](auto w) {
+          using W = decltype(w);
+          std::vector<W> tmp;
+          auto words = word_span<W>(info, static_cast<std::size_t>(idx.size()), tmp);
+          py::gil_scoped_release nogil;
+          dcr_py::scatter_words<W>(reinterpret_cast<W*>(data), numel, index_span(idx), words);
+        });
+      },
+      py::arg("data"), py::arg("numel"), py::arg("width"), py::arg("indices"), py::arg("values"));
+  m.def(
+      "zero_words",
+      [](std::uintptr_t data, std::uint64_t numel, unsigned width, const index_array& idx) {
+        with_word(width, [&](auto w) {
+          using W = decltype(w);
+          py::gil_scoped_release nogil;
+          dcr_py::zero_words<W>(reinterpret_cast<W*>(data), numel, index_span(idx));
+        });
+      },
+      py::arg("data"), py::arg("numel"), py::arg("width"), py::arg("indices"));
+  py::class_<dcr_py::mapped_copy>(m, "MappedCopy")
+      .def(
+          py::init<std::int64_t, const std::vector<std::int64_t>&, const std::vector<std::int64_t>&,
+                   std::int64_t, const std::vector<std::int64_t>&>(),
+          py::arg("src_offset"), py::arg("shape"), py::arg("src_strides"), py::arg("dst_offset"),
+          py::arg("dst_strides"))
+      // op: 1 XOR, 2 overwrite, 3 add (twin::scatter_op); returns entries written.
+      .def(
+          "apply",
+          [](const dcr_py::mapped_copy& c, std::uintptr_t storage, std::uint64_t numel,
+             unsigned width, const index_array& idx, py::buffer values, int op) {
+            if (op < 1 || op > 3)
+              throw dcr::error(dcr::errc::bad_encoding, "scatter op " + std::to_string(op));
+            auto info = values.request();
+            return with_word(width, [&](auto w) {
+              using W = decltype(w);
+              std::vector<W> tmp;
+              auto words = word_span<W>(info, static_cast<std::size_t>(idx.size()), tmp);
+              py::gil_scoped_release nogil;
+              return c.apply<W>(reinterpret_cast<W*>(storage), numel, index_span(idx), words,
+                                static_cast<dcr::twin::scatter_op>(op));
+            });
+          },
+          py::arg("storage"), py::arg("numel"), py::arg("width"), py::arg("indices"),
+          py::arg("values"), py::arg("op"));
 }
