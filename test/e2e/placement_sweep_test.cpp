@@ -34,10 +34,11 @@ T pick(std::mt19937_64& rng, std::initializer_list<T> v) {
 }
 
 /// A model with the structure of a real family, at a size a test can refit.
-model_config random_model_config(std::mt19937_64& rng, int index) {
+/// `llama_bias`: every case a Llama with `attention_bias` (q/k/v and o_proj biased).
+model_config random_model_config(std::mt19937_64& rng, int index, bool llama_bias = false) {
   static const char* families[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe"};
   model_config c;
-  c.family = families[index % 5];
+  c.family = llama_bias ? "llama" : families[index % 5];
   // Query heads per KV head as in Llama-3 (4), Qwen2.5-7B (7), Qwen3-30B-A3B (8), MHA (1).
   c.kv_heads = pick<std::uint64_t>(rng, {1, 2, 4});
   c.heads = c.kv_heads * pick<std::uint64_t>(rng, {1, 4, 7, 8});
@@ -48,7 +49,8 @@ model_config random_model_config(std::mt19937_64& rng, int index) {
   c.ffn = pick<std::uint64_t>(rng, {48, 64, 96});
   c.vocab = pick<std::uint64_t>(rng, {128, 257, 320, 777});
   c.tied_embeddings = rng() % 3 == 0;
-  c.attention_bias = c.family == "qwen2";
+  c.attention_bias = c.family == "qwen2" || llama_bias;
+  c.o_proj_bias = llama_bias;
   c.qk_norm = c.family == "qwen3" || c.family == "qwen3_moe";
   if (c.family == "qwen3_moe") {
     c.experts = pick<std::uint64_t>(rng, {4, 6, 6, 8});
@@ -117,28 +119,29 @@ std::string describe(const model_config& c, const trainer_layout& t,
                      const loaders::vllm_parallel_config& p) {
   std::ostringstream o;
   o << c.family << " L" << c.layers << " h" << c.hidden << " nh" << c.heads << " nkv" << c.kv_heads
-    << " d" << c.head_dim << " V" << c.vocab << (c.tied_embeddings ? " tied" : "") << " E"
-    << c.experts << " step" << c.decoder_sparse_step << " | megatron tp" << t.tp << " pp" << t.pp
-    << " ep" << t.ep << " etp" << t.etp << " dp" << t.dp << " vb" << t.vocab_block << " first"
-    << t.first_stage_layers.value_or(0) << " last" << t.last_stage_layers.value_or(0)
-    << " | vllm tp" << p.tensor_parallel_size << " pp" << p.pipeline_parallel_size << " dp"
-    << p.data_parallel_size << (p.enable_expert_parallel ? " ep" : "") << " part'"
-    << p.pp_layer_partition << "'";
+    << " d" << c.head_dim << " V" << c.vocab << (c.tied_embeddings ? " tied" : "")
+    << (c.o_proj_bias ? " o_bias" : "") << " E" << c.experts << " step" << c.decoder_sparse_step
+    << " | megatron tp" << t.tp << " pp" << t.pp << " ep" << t.ep << " etp" << t.etp << " dp"
+    << t.dp << " vb" << t.vocab_block << " first" << t.first_stage_layers.value_or(0) << " last"
+    << t.last_stage_layers.value_or(0) << " | vllm tp" << p.tensor_parallel_size << " pp"
+    << p.pipeline_parallel_size << " dp" << p.data_parallel_size
+    << (p.enable_expert_parallel ? " ep" : "") << " part'" << p.pp_layer_partition << "'";
   return o.str();
 }
 
 struct sweep_stats {
   int cases = 0;
   std::uint64_t receivers = 0, payload_bytes = 0;
-  bool pp_both = false, ep_dp = false, uneven_experts = false, tied_pp = false, mixed = false;
+  bool pp_both = false, ep_dp = false, uneven_experts = false, tied_pp = false, mixed = false,
+       o_proj_bias = false;
 };
 
 /// Runs `n` random cases, two refit steps each; returns what was covered.
-sweep_stats sweep(int n, std::uint64_t seed) {
+sweep_stats sweep(int n, std::uint64_t seed, bool llama_bias = false) {
   std::mt19937_64 rng(seed);
   sweep_stats st;
   while (st.cases < n) {
-    const auto c = random_model_config(rng, st.cases);
+    const auto c = random_model_config(rng, st.cases, llama_bias);
     auto tl = random_trainer(rng, c);
     if (!tl) continue;
     auto vp = random_vllm(rng, c);
@@ -195,6 +198,7 @@ sweep_stats sweep(int n, std::uint64_t seed) {
       st.uneven_experts = st.uneven_experts || l.local_experts() != loaders_[0].local_experts();
     st.tied_pp = st.tied_pp || (c.tied_embeddings && tl->pp > 1 && vp->pipeline_parallel_size > 1);
     st.mixed = st.mixed || (c.is_moe() && c.has_dense_layer());
+    st.o_proj_bias = st.o_proj_bias || c.o_proj_bias;
     ++st.cases;
   }
   return st;
@@ -212,6 +216,14 @@ TEST_CASE("placement sweep: random real-shaped models, Megatron layouts and vLLM
   CHECK(st.uneven_experts);
   CHECK(st.tied_pp);
   CHECK(st.mixed);
+}
+
+TEST_CASE("placement sweep: Llama with attention_bias, o_proj's bias placed on both sides") {
+  // Megatron holds `linear_proj.bias` whole on every TP rank, vLLM's
+  // RowParallelLinear too; a refit through the plan equals a dense refit.
+  auto st = sweep(8, 20261205, true);
+  CHECK(st.o_proj_bias);
+  CHECK(st.pp_both);
 }
 
 TEST_CASE("placement sweep: 300 random cases" * doctest::test_suite("slow")) {

@@ -138,6 +138,32 @@ TEST_CASE("hf config: Qwen3-30B-A3B (128 experts, every layer MoE, q/k norms)") 
   CHECK(params == 30532122624ull); // Qwen3-30B-A3B: 30.5B parameters in total
 }
 
+TEST_CASE("hf config: Qwen3-MoE's expert count as transformers 5 writes it (num_local_experts)") {
+  auto with = [](std::string j, const std::string& from, const std::string& to) {
+    j.replace(j.find(from), from.size(), to);
+    return j;
+  };
+  const auto reference = model_config_from_hf_json(qwen3_30b_a3b);
+  const auto local = model_config_from_hf_json(
+      with(qwen3_30b_a3b, "\"num_experts\": 128", "\"num_local_experts\": 128"));
+  CHECK(local.experts == 128);
+  CHECK(canonical_tensors(local) == canonical_tensors(reference));
+  // Both names, agreeing: accepted.
+  CHECK(model_config_from_hf_json(with(qwen3_30b_a3b, "\"num_experts\": 128",
+                                       "\"num_experts\": 128, \"num_local_experts\": 128"))
+            .experts == 128);
+  // Both names, disagreeing: a typed error naming both.
+  std::string msg;
+  CHECK(code_of(with(qwen3_30b_a3b, "\"num_experts\": 128",
+                     "\"num_experts\": 128, \"num_local_experts\": 64"),
+                &msg) == errc::invalid_argument);
+  CHECK(msg.find("'num_local_experts'") != std::string::npos);
+  CHECK(msg.find("num_experts = 128") != std::string::npos);
+  // Neither: the count is required.
+  CHECK(code_of(with(qwen3_30b_a3b, "\"num_experts\": 128, ", ""), &msg) == errc::invalid_argument);
+  CHECK(msg.find("'num_experts'") != std::string::npos);
+}
+
 TEST_CASE("hf config: Qwen3-0.6B ties embeddings and has head_dim 128 over hidden 1024") {
   auto c = model_config_from_hf_json(qwen3_06b);
   CHECK(c.family == "qwen3");

@@ -66,6 +66,10 @@ std::vector<case_t> cases() {
   v.push_back({dense_t3(), {3, 3, 1, 1, 1, 4}});
   v.push_back({moe_small(), {2, 2, 2, 2, 2, 8}});
   v.push_back({moe_small(), {1, 2, 4, 1, 4, 16}});
+  auto llama_bias = dense_small(); // Llama's attention_bias: o_proj biased too
+  llama_bias.attention_bias = true;
+  llama_bias.o_proj_bias = true;
+  v.push_back({llama_bias, {4, 2, 1, 1, 2, 8}});
   auto tied = moe_small();
   tied.tied_embeddings = true;
   v.push_back({tied, {4, 2, 8, 1, 2, 8}});
@@ -196,6 +200,30 @@ TEST_CASE("megatron_plan uses Megatron parameter names") {
   CHECK(p.canonical[late.map->pieces()[0].tensor].name == expert_name(1, 7, "gate_proj.weight"));
   CHECK_THROWS_AS((void)p.shard_id("nope"), dcr::error);
   CHECK_THROWS_AS((void)p.tensor_id("nope"), dcr::error);
+}
+
+TEST_CASE("megatron_plan: Llama's o_proj bias is linear_proj.bias, whole on every TP rank") {
+  auto c = dense_small();
+  c.attention_bias = true;
+  c.o_proj_bias = true;
+  trainer_layout l{4, 2, 1, 1, 2, 16}; // TP 4, PP 2, DP 2
+  auto p = megatron_plan(c, l);
+  const auto& b = p.shards[p.shard_id("decoder.layers.0.self_attention.linear_proj.bias@pp1/2")];
+  CHECK(b.param == "decoder.layers.0.self_attention.linear_proj.bias");
+  CHECK(b.shape == std::vector<std::uint64_t>{c.hidden});
+  CHECK(b.replicas == std::vector<std::uint32_t>{8, 9, 10, 11, 12, 13, 14, 15});
+  REQUIRE(b.map->pieces().size() == 1);
+  CHECK(p.canonical[b.map->pieces()[0].tensor].name == layer_name(1, "self_attn.o_proj.bias"));
+  // Every canonical tensor has a shard: none left out of the training side.
+  std::vector<bool> held(p.canonical.size(), false);
+  for (auto& sh : p.shards)
+    for (auto& pc : sh.map->pieces()) held[pc.tensor] = true;
+  for (std::size_t t = 0; t < held.size(); ++t) CHECK_MESSAGE(held[t], p.canonical[t].name);
+  // Without the flag (Qwen2's attention_bias) there is no such parameter.
+  c.o_proj_bias = false;
+  auto q = megatron_plan(c, l);
+  CHECK_THROWS_AS((void)q.shard_id("decoder.layers.0.self_attention.linear_proj.bias@pp1/2"),
+                  dcr::error);
 }
 
 TEST_CASE("invalid layouts are rejected with invalid_argument") {

@@ -181,7 +181,15 @@ inline model_config model_config_from_hf_json(std::string_view json) {
   c.o_proj_bias = type == "llama" && c.attention_bias;
   c.qk_norm = type == "qwen3" || type == "qwen3_moe";
   if (type == "qwen3_moe") {
-    c.experts = f.u64("num_experts");
+    // transformers 5 writes Qwen3-MoE's expert count as `num_local_experts`,
+    // earlier versions as `num_experts`; either, or both when they agree.
+    const bool has_n = f.find("num_experts") != nullptr,
+               has_local = f.find("num_local_experts") != nullptr;
+    if (has_n && has_local && f.u64("num_experts") != f.u64("num_local_experts"))
+      hf_fields::bad(errc::invalid_argument, "num_local_experts",
+                     "= " + std::to_string(f.u64("num_local_experts")) +
+                         " disagrees with num_experts = " + std::to_string(f.u64("num_experts")));
+    c.experts = f.u64(has_local && !has_n ? "num_local_experts" : "num_experts");
     c.moe_ffn = c.experts ? f.u64("moe_intermediate_size") : 0;
     c.decoder_sparse_step = f.u64_or("decoder_sparse_step", 1);
     if (c.decoder_sparse_step == 0)

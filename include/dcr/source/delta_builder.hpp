@@ -207,11 +207,23 @@ public:
       if (req.contains(tasks[i]))
         add({true, static_cast<std::uint32_t>(i)}, plan.tasks[tasks[i]].output_bytes);
 
+    const auto solo = solo_tensors(opt, units, chunks);
     pipeline::for_each_ordered(
         chunks.size(), pipeline::resolve_threads(opt.threads), opt.chunks_in_flight,
         [&](std::size_t c) {
           chunk_state st;
           build_chunk(select, candidate, opt, ch, units, chunks[c], st);
+          // The per-item encoding choice (grouping.hpp) of a tensor no other
+          // chunk touches is made here, on the worker: its records in this
+          // chunk are the whole item the bucket would choose on, so the choice
+          // and the payload bytes are the same; the bucket's choice then finds
+          // no alternative words left.
+          if (!solo.empty())
+            for (auto& b : st.records)
+              if (!b.alt_values.empty() && solo[b.tensor])
+                stages::choose_smaller(b.values, b.enc, b.alt_values, value_encoding::add,
+                                       width_of(plan.canonical[b.tensor].dtype),
+                                       opt.encoding.filter);
           return std::move(st.records);
         },
         [&](std::size_t c, std::vector<stages::tensor_records>&& records) {
@@ -257,6 +269,45 @@ private:
     std::size_t first, last;
     std::uint64_t bytes;
   };
+
+  /// Per canonical tensor: whether exactly one chunk's units reach it (from
+  /// the plan, before any chunk runs). Empty when no item records an
+  /// alternative encoding (nothing to choose).
+  std::vector<std::uint8_t> solo_tensors(const builder_options& opt, const std::vector<unit>& units,
+                                         const std::vector<chunk_span>& chunks) const {
+    if (opt.relative != relative_choice::smallest || opt.encoding.format_version < 2 ||
+        opt.mode != refit_mode::mixed)
+      return {};
+    const auto& plan = base_.plan();
+    const auto shards = base_.owned_shards();
+    const auto tasks = base_.owned_tasks();
+    constexpr std::size_t none = ~std::size_t{0};
+    std::vector<std::size_t> chunk_of(plan.canonical.size(), none);
+    std::vector<std::uint8_t> solo(plan.canonical.size(), 0);
+    auto touch = [&](std::uint32_t t, std::size_t c) {
+      if (chunk_of[t] == none) {
+        chunk_of[t] = c;
+        solo[t] = 1;
+      } else if (chunk_of[t] != c) {
+        solo[t] = 0;
+      }
+    };
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      for (std::size_t u = chunks[c].first; u < chunks[c].last; ++u) {
+        if (units[u].residual) {
+          for (auto t : plan.tasks[tasks[units[u].at]].outputs) touch(t, c);
+          continue;
+        }
+        const auto& sh = plan.shards[shards[units[u].at]];
+        if (sh.blockwise) {
+          for (auto& p : sh.blockwise->codes.pieces()) touch(p.tensor, c);
+          for (auto& p : sh.blockwise->scales.pieces()) touch(p.tensor, c);
+        } else {
+          for (auto& p : sh.map->pieces()) touch(p.tensor, c);
+        }
+      }
+    return solo;
+  }
 
   /// The records of one chunk, each tensor's sorted (on the worker, so the
   /// merge in chunk order only concatenates or merges sorted lists).

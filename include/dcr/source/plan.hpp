@@ -362,6 +362,8 @@ void convert_to_residual(source_plan& p, Pick&& pick) {
 ///   `LanguageModule.setup_embeddings_and_output_layer` allocates it there;
 /// - `linear_qkv.weight|bias`: fused QKV interleaved per query group;
 /// - `linear_proj.weight`, `linear_fc2.weight`: row-parallel;
+/// - `linear_proj.bias` (Llama's `o_proj` bias, `model_config::o_proj_bias`):
+///   whole on every TP rank of the stage, as `RowParallelLinear` holds it;
 /// - `linear_fc1.weight`: gated [G_r; U_r];
 /// - norms and router: replicated over TP;
 /// - MoE layers (`model_config::is_moe_layer`; other layers of a MoE model
@@ -466,6 +468,11 @@ inline source_plan megatron_plan(const model_config& c, const trainer_layout& l,
         p.add_shard(key(o, tpc(r, t), true), o, {H, nh * d / t}, c.dtype, tp_group(s, r),
                     row_parallel_map(tid(L("self_attn.o_proj.weight")), H, nh * d, t, r).pieces());
       }
+      // `RowParallelLinear`'s bias is added after the all-reduce, so every TP
+      // rank holds the whole [hidden] vector (Megatron-Core allocates it with
+      // `output_size`, not the per-partition size): replicated over the stage.
+      if (c.o_proj_bias)
+        replicated(M("self_attention.linear_proj.bias"), L("self_attn.o_proj.bias"), s, true);
       if (c.qk_norm) {
         replicated(M("self_attention.q_layernorm.weight"), L("self_attn.q_norm.weight"), s, true);
         replicated(M("self_attention.k_layernorm.weight"), L("self_attn.k_norm.weight"), s, true);

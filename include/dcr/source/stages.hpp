@@ -398,19 +398,25 @@ inline constexpr std::size_t choice_sample_words = std::size_t{1} << 16;
 /// picks come to compressing each way), over at most `choice_sample_words`
 /// words of each, the same evenly strided words of both. Ties keep the
 /// item's encoding. `alt` is consumed (left empty).
-inline void choose_smaller(item& it, std::vector<std::byte>& alt, value_encoding alt_id,
+/// The same choice over one item's parts: `values` of encoding `enc` (words
+/// of `w` bytes) against `alt` of `alt_id`.
+inline void choose_smaller(std::vector<std::byte>& values, value_encoding& enc,
+                           std::vector<std::byte>& alt, value_encoding alt_id, std::size_t w,
                            codec::value_filter filter) {
-  if (alt.size() == it.values.size() && !alt.empty()) {
-    const std::size_t w = width_of(it.tensor.dtype);
-    const std::size_t n = it.values.size() / w;
+  if (alt.size() == values.size() && !alt.empty()) {
+    const std::size_t n = values.size() / w;
     const std::size_t stride = (n + choice_sample_words - 1) / choice_sample_words;
     if (codec::estimate_value_bytes(alt, w, filter, stride) <
-        codec::estimate_value_bytes(it.values, w, filter, stride)) {
-      it.values.swap(alt);
-      it.encoding = alt_id;
+        codec::estimate_value_bytes(values, w, filter, stride)) {
+      values.swap(alt);
+      enc = alt_id;
     }
   }
   alt.clear();
+}
+inline void choose_smaller(item& it, std::vector<std::byte>& alt, value_encoding alt_id,
+                           codec::value_filter filter) {
+  choose_smaller(it.values, it.encoding, alt, alt_id, width_of(it.tensor.dtype), filter);
 }
 
 /// Sorts `b`'s records (words of type `W`) by canonical index when a map
