@@ -57,11 +57,13 @@ inline status decode_gaps(std::uint64_t first, unsigned width, std::span<const s
   return status::success();
 }
 
-/// Scatter `values[k]` onto `dst` at row-major location `locations[k]`.
-template <word W>
+/// Scatter `values[k]` onto `dst` at row-major location `locations[k]`:
+/// the resident word becomes `E::apply(resident, values[k])` (`E`: the
+/// codec's `xor_mask`, `overwrite` or `add`). Host twin of the kernel
+/// `gpu::scatter<E>`.
+template <codec::delta_encoding E, word W>
 status scatter(view<W> dst, std::span<const std::uint64_t> locations,
-               std::type_identity_t<std::span<const W>> values,
-               scatter_op op = scatter_op::xor_mask) {
+               std::type_identity_t<std::span<const W>> values) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_RETURN_ERROR_IF(locations.size() != values.size(), invalid_argument,
                       std::to_string(locations.size()) + " locations but " +
@@ -70,9 +72,20 @@ status scatter(view<W> dst, std::span<const std::uint64_t> locations,
   DCR_TRY(check_locations(locations, size));
   for (std::size_t k = 0; k < locations.size(); ++k) {
     W& d = dst.at(static_cast<std::int64_t>(locations[k]));
-    d = scatter_word(d, values[k], op);
+    d = E::apply(d, values[k]);
   }
   return status::success();
+}
+
+/// As above with the encoding as a runtime `scatter_op` (numerically a
+/// `value_encoding`), turned into its type once here.
+template <word W>
+status scatter(view<W> dst, std::span<const std::uint64_t> locations,
+               std::type_identity_t<std::span<const W>> values,
+               scatter_op op = scatter_op::xor_mask) {
+  return codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    return scatter<decltype(e), W>(dst, locations, values);
+  });
 }
 
 /// XOR `masks[k]` into `dst` at row-major location `locations[k]`.
