@@ -39,8 +39,9 @@ std::string device_difference(const R& r, const parameter_store& expected) {
 }
 
 template <class L>
-void run_case(const std::string& name, const std::vector<L>& ranks, const std::vector<tensor_meta>& metas,
-              const tensor_set& v, const tensor_set& v1, test::delta_mode mode, std::uint64_t seed) {
+void run_case(const std::string& name, const std::vector<L>& ranks,
+              const std::vector<tensor_meta>& metas, const tensor_set& v, const tensor_set& v1,
+              test::delta_mode mode, std::uint64_t seed) {
   using rx = receiver<L, cuda::device_sink>;
   std::vector<rx> rs;
   for (auto& l : ranks) rs.emplace_back(l, metas);
@@ -72,7 +73,8 @@ void run_case(const std::string& name, const std::vector<L>& ranks, const std::v
 
 int main() {
   if (auto s = cuda::device_sink::available(); !s.ok()) {
-    std::printf("SKIP: receiver<L, cuda::device_sink> needs a CUDA device: %s\n", s.message.c_str());
+    std::printf("SKIP: receiver<L, cuda::device_sink> needs a CUDA device: %s\n",
+                s.message.c_str());
     return 77;
   }
   std::uint64_t seed = 500;
@@ -84,11 +86,13 @@ int main() {
       auto v1 = test::clone(v);
       test::stress(v1, 0.03, 0.05, seed + 1);
       const std::string name = c.family + " mode " + std::to_string(static_cast<int>(mode));
-      run_case(name + " tp2", loaders::vllm_style_loaders(c, [] {
-                 loaders::vllm_parallel_config p;
-                 p.tensor_parallel_size = 2;
-                 return p;
-               }()),
+      run_case(name + " tp2",
+               loaders::vllm_style_loaders(c,
+                                           [] {
+                                             loaders::vllm_parallel_config p;
+                                             p.tensor_parallel_size = 2;
+                                             return p;
+                                           }()),
                metas, v, v1, mode, seed);
       if (mode != test::delta_mode::xor_only && mode != test::delta_mode::add_only)
         run_case(name + " cast", std::vector{loaders::cast_transpose_loader(c)}, metas, v, v1, mode,

@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
       items.push_back(std::move(it));
     }
     using rx = receiver<loaders::vllm_style_loader>;
-    rx r(loaders::vllm_style_loader(cfg, {}), metas), ref(loaders::vllm_style_loader(cfg, {}), metas);
+    rx r(loaders::vllm_style_loader(cfg, {}), metas),
+        ref(loaders::vllm_style_loader(cfg, {}), metas);
     ref.dense_refit(next);
     row x{e, metas.size(), items.size(), entries, 0, 1e300, 1e300};
     for (int k = 0; k <= reps; ++k) {

@@ -93,16 +93,16 @@ status device_sink::scatter(std::size_t p, std::span<const std::uint64_t> at,
   if (at.empty()) return status::success();
   DCR_TRY(m.locations.reserve(at.size_bytes(), "cudaMalloc(locations)"));
   DCR_TRY(m.values.reserve(values.size_bytes(), "cudaMalloc(values)"));
-  DCR_TRY(gpu::check(
-      cudaMemcpy(m.locations.ptr, at.data(), at.size_bytes(), cudaMemcpyHostToDevice),
-      "cudaMemcpy(locations)"));
+  DCR_TRY(
+      gpu::check(cudaMemcpy(m.locations.ptr, at.data(), at.size_bytes(), cudaMemcpyHostToDevice),
+                 "cudaMemcpy(locations)"));
   DCR_TRY(gpu::check(
       cudaMemcpy(m.values.ptr, values.data(), values.size_bytes(), cudaMemcpyHostToDevice),
       "cudaMemcpy(values)"));
   const twin::view<W> dst{static_cast<W*>(m.params[p].ptr),
                           twin::linear(static_cast<std::int64_t>(m.sizes[p] / sizeof(W)))};
-  DCR_TRY(gpu::scatter<E, W>(dst, static_cast<const std::uint64_t*>(m.locations.ptr),
-                             static_cast<const W*>(m.values.ptr), at.size(), m.ws));
+  DCR_TRY((gpu::scatter<E, W>(dst, static_cast<const std::uint64_t*>(m.locations.ptr),
+                              static_cast<const W*>(m.values.ptr), at.size(), m.ws)));
   DCR_TRY(gpu::synchronize(0));
   ++m.scatters;
   m.entries += at.size();
@@ -130,7 +130,7 @@ std::uint64_t device_sink::scatters() const noexcept { return impl_->scatters; }
 std::uint64_t device_sink::entries() const noexcept { return impl_->entries; }
 
 #define DCR_DEVICE_SINK_SCATTER(E, W)                                                              \
-  template status device_sink::scatter<E, W>(std::size_t, std::span<const std::uint64_t>,         \
+  template status device_sink::scatter<E, W>(std::size_t, std::span<const std::uint64_t>,          \
                                              std::span<const W>);
 #define DCR_DEVICE_SINK_WORDS(E)                                                                   \
   DCR_DEVICE_SINK_SCATTER(E, std::uint8_t)                                                         \

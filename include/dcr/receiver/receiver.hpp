@@ -3,11 +3,22 @@
 /// A receiver: one serving rank's side of a refit. Construction is prewarm
 /// (copy plan, one scratch for the largest canonical tensor); `dense_refit`
 /// loads full canonical tensors through the native loader (restore path and
-/// the reference for bit-exactness); `apply_item` applies one decoded item
-/// through scratch -> loader -> intercepting sink: the stages scatter<Dtype>
-/// -> apply<Encoding> of receiver/stages.hpp, selected per item from a
-/// compile-time table over the dtype and encoding lists, or one statically
-/// composed pipeline (`apply_item<P>`).
+/// the reference for bit-exactness); `decode` runs the stage decode<L>;
+/// `apply_item` applies one decoded item through the stages of
+/// receiver/stages.hpp: scatter<Dtype> (scratch, when needed) -> loader ->
+/// intercepting sink -> apply<Encoding, Sink> per mapped copy. The per-item
+/// runtime dispatch only picks which composition runs, from a compile-time
+/// table over the dtype and encoding lists, or one statically composed
+/// pipeline (`apply_item<P>`).
+///
+/// Storage sink (`Sink`, a `storage_sink`, receiver/storage_sink.hpp): where
+/// applied words live besides the host store. `host_sink` (default): nowhere
+/// else. `cuda::device_sink`: a device copy of every parameter, written by
+/// the CUDA scatter kernels from the apply stage's (element, value) pairs and
+/// re-uploaded whole where the apply stage does not see the writes (dense
+/// refit, unmapped or overlapping copies, a failed load); after every call
+/// it equals the host store. `twin::device_sink` is its host twin. A sink
+/// that is not `concurrent` requires `apply_threads` 1.
 ///
 /// Scratch: the loader always runs over the scratch view of the item's
 /// tensor. For a direct tensor (every copy maps the scratch through a unique
