@@ -78,7 +78,7 @@ public:
                  std::to_string(plan_.copies.size());
       else if (skipped_ != plan_.skipped)
         error_ = "loader did not repeat its skip";
-      else {
+      else if (!reports_plan(rep)) {
         std::vector<std::size_t> r;
         auto why = detail::resolve_report(store_, rep, r);
         if (!why.empty())
@@ -93,6 +93,15 @@ public:
   bool failed() const noexcept { return !error_.empty(); }
 
 protected:
+  /// True when the report names exactly the planned parameters in plan order
+  /// (what `resolve_report` would turn into `plan_.reported`), checked
+  /// without lookups or allocation; otherwise `finish` resolves it in full.
+  bool reports_plan(const load_report& rep) const noexcept {
+    if (rep.loaded.size() != plan_.reported.size()) return false;
+    for (std::size_t i = 0; i < rep.loaded.size(); ++i)
+      if (rep.loaded[i] != store_[plan_.reported[i]].meta.name) return false;
+    return true;
+  }
   /// The planned copy this call must be, or nullptr after recording why not.
   const planned_copy* next(const tensor_view& dst, const tensor_view& src) {
     const std::size_t k = n_++;
@@ -101,6 +110,7 @@ protected:
       violate("copy " + std::to_string(k) + " is not in the plan");
       return nullptr;
     }
+    if (repeats_alias(plan_.copies[k], dst, src)) return &plan_.copies[k];
     planned_copy c;
     auto why = classify_copy(store_, input_, dst, src, c);
     if (!why.empty()) {
@@ -115,6 +125,21 @@ protected:
   }
   void violate(std::string why) {
     if (error_.empty()) error_ = std::move(why);
+  }
+  /// True when the loader's copy is planned aliasing copy `c` again, bit for
+  /// bit: same dtype, layouts, destination address and source offset in the
+  /// input. `classify_copy` would then classify it exactly as at prewarm
+  /// (parameters never move, the input has the planned dtype and shape), so
+  /// the per-item path skips its storage lookups and view inversion. Any
+  /// other copy (a temporary source, a changed address) is classified in full.
+  bool repeats_alias(const planned_copy& c, const tensor_view& dst,
+                     const tensor_view& src) const noexcept {
+    if (!c.alias || dst.dtype != c.dtype || src.dtype != c.dtype || input_.dtype != c.dtype)
+      return false;
+    const auto w = static_cast<std::int64_t>(width_of(c.dtype));
+    return dst.data == store_[c.param].bytes.data() + c.dst_offset * w &&
+           src.data == input_.data + c.src_offset * w && dst.layout == c.dst_layout &&
+           src.layout == c.src_layout;
   }
   std::byte* param_data(std::size_t p) { return store_[p].bytes.data(); }
 

@@ -7,9 +7,12 @@
 ///
 /// Host twin of the CUDA scatter kernels (`cuda/dcr/gpu/scatter.cuh`):
 /// records (location, value) of one item land in a destination view, XORed
-/// in (`scatter_op::xor_mask`), added as zigzag integer differences
-/// (`scatter_op::add`, "add scatter") or written (`scatter_op::overwrite`). A
-/// location is a row-major flat index into the view's own extents.
+/// in (`codec::xor_mask`), added as zigzag integer differences (`codec::add`,
+/// "add scatter") or written (`codec::overwrite`): the loops run
+/// `E::apply` of the codec's encoding type, as the kernels and the host apply
+/// do; entry points that take a runtime `scatter_op` (numerically a
+/// `value_encoding`) turn it into the type once. A location is a row-major
+/// flat index into the view's own extents.
 ///
 /// Semantics shared with the kernels: the destination is checked first
 /// (`check_destination_view`), then the record counts, then every location
@@ -110,10 +113,13 @@ status scatter_run(view<W> dst, std::uint64_t start,
                    scatter_op op = scatter_op::xor_mask) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_TRY(check_run(start, values.size(), static_cast<std::uint64_t>(dst.size())));
-  for (std::size_t k = 0; k < values.size(); ++k) {
-    W& d = dst.at(static_cast<std::int64_t>(start + k));
-    d = scatter_word(d, values[k], op);
-  }
+  codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    using E = decltype(e);
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      W& d = dst.at(static_cast<std::int64_t>(start + k));
+      d = E::apply(d, values[k]);
+    }
+  });
   return status::success();
 }
 
@@ -135,12 +141,15 @@ status scatter_gaps(view<W> dst, std::uint64_t first, unsigned width,
     if (cur >= size) return location_failure(1, k, size);
     prev = cur;
   }
-  std::uint64_t loc = 0;
-  for (std::uint64_t k = 0; k < values.size(); ++k) {
-    loc += gap_scan_term(first, gaps.data(), width, k);
-    W& d = dst.at(static_cast<std::int64_t>(loc));
-    d = scatter_word(d, values[k], op);
-  }
+  codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    using E = decltype(e);
+    std::uint64_t loc = 0;
+    for (std::uint64_t k = 0; k < values.size(); ++k) {
+      loc += gap_scan_term(first, gaps.data(), width, k);
+      W& d = dst.at(static_cast<std::int64_t>(loc));
+      d = E::apply(d, values[k]);
+    }
+  });
   return status::success();
 }
 
