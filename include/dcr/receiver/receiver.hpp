@@ -214,9 +214,10 @@ public:
     }
   }
 
-  /// The sink's last failure to mirror the store after a dense refit
-  /// (success for a sink that mirrors nothing); an apply after such a
-  /// failure refuses to run (`errc::io`).
+  /// The sink's failure to mirror the store (at the last dense refit, or
+  /// when it re-uploaded the parameters of a failed item); success for a
+  /// sink that mirrors nothing. While it is set, every apply returns it
+  /// without running; the next successful dense refit clears it.
   const status& sink_failure() const noexcept { return sink_failure_; }
 
   /// Apply one decoded item (XOR, add or overwrite) through scratch -> loader ->
