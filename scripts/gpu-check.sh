@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: builds the CUDA kernel tests and
-# dcr-bench-cuda in build/ (CUDA enabled), runs the tests and the bench, and
+# On a machine with an NVIDIA GPU: builds the CUDA kernel tests (among them
+# receiver<L, cuda::device_sink> against a dense refit), dcr-bench-cuda and
+# dcr-demo in build/ (CUDA enabled), runs the tests, the bench and the demo
+# with --device cuda, and
 # writes everything to gpu-results/<UTC time>-<host>/ (test log, bench table
 # as Markdown, bench JSON, device facts). Meant to finish in under 5 minutes.
 # Usage: scripts/gpu-check.sh [--quick]   (--quick: small bench inputs)
@@ -44,13 +46,17 @@ for t in json.load(sys.stdin):
             print(exe)')
 [ "${#cuda_tests[@]}" -gt 0 ] || { echo "gpu-check: meson lists no test in the cuda suite" >&2; exit 1; }
 echo "gpu-check: building ${cuda_tests[*]}" | tee "$out/build.log"
-ninja -C build -j "$jobs" "${cuda_tests[@]}" bench/dcr-bench-cuda \
+ninja -C build -j "$jobs" "${cuda_tests[@]}" bench/dcr-bench-cuda examples/dcr-demo \
   2>&1 | tee -a "$out/build.log" | tail -n 3
 
 set +e
 meson test -C build --no-rebuild --suite cuda --print-errorlogs 2>&1 | tee "$out/tests.log"
 test_rc=${PIPESTATUS[0]}
 cp build/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null
+# The refit end to end with the receivers applying through cuda::device_sink
+# (the demo checks every receiver's device copy against a dense refit).
+timeout 240 build/examples/dcr-demo --size small --steps 3 --device cuda > "$out/demo.log" 2>&1
+demo_rc=$?
 timeout 240 build/bench/dcr-bench-cuda --markdown --json-file="$out/bench.json" "$@" \
   > "$out/bench.md" 2> "$out/bench.err"
 bench_rc=$?
@@ -59,6 +65,7 @@ cat "$out/bench.md"
 {
   echo "tests: exit $test_rc"
   echo "bench: exit $bench_rc"
+  echo "demo --device cuda: exit $demo_rc"
 } > "$out/summary.txt"
-echo "gpu-check: results in $out (tests exit $test_rc, bench exit $bench_rc)"
-[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+echo "gpu-check: results in $out (tests exit $test_rc, bench exit $bench_rc, demo --device cuda exit $demo_rc)"
+[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$demo_rc" -eq 0 ]

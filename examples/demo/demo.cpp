@@ -29,6 +29,9 @@
 #include <csignal>
 #include <unistd.h>
 
+#ifdef DCR_DEMO_CUDA
+#include "dcr/gpu/device_sink.hpp"
+#endif
 #include "dcr/assembly/adapters.hpp"
 #include "dcr/io/safetensors.hpp"
 #include "dcr/loaders/row_split.hpp"
@@ -66,6 +69,7 @@ struct options {
   std::string save_checkpoint;
   std::uint64_t seed = 42;
   std::string rollout_dtype = "bf16"; ///< "fp8": the rollout serves block-FP8
+  std::string device = "cpu"; ///< "cuda": receivers apply into device storage (cuda::device_sink)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -75,7 +79,9 @@ struct options {
       << "                [--kill-receiver-every K] [--json] [--workdir DIR] [--seed S]\n"
       << "                [--save-checkpoint FILE.safetensors]   (write the initial weights and "
          "exit)\n"
-      << "                [--rollout-dtype bf16|fp8]   (fp8: train in BF16, serve block-FP8)\n";
+      << "                [--rollout-dtype bf16|fp8]   (fp8: train in BF16, serve block-FP8)\n"
+      << "                [--device cpu|cuda]   (cuda: receivers apply with the CUDA kernels into "
+         "device storage)\n";
   std::exit(2);
 }
 
@@ -113,6 +119,12 @@ options parse(int argc, char** argv) {
       o.rollout_dtype = value();
       if (o.rollout_dtype != "bf16" && o.rollout_dtype != "fp8")
         usage("--rollout-dtype: bf16 or fp8, not " + o.rollout_dtype);
+    } else if (a == "--device") {
+      o.device = value();
+      if (o.device != "cpu" && o.device != "cuda") usage("--device: cpu or cuda, not " + o.device);
+#ifndef DCR_DEMO_CUDA
+      if (o.device == "cuda") usage("--device cuda: this dcr-demo was built without CUDA");
+#endif
     } else if (a == "--help" || a == "-h")
       usage("help");
     else
@@ -159,12 +171,12 @@ struct fp8_rollout {
   std::shared_ptr<const source_plan> training;
 };
 
-template <class Loader>
-int run_demo(const options& opt, const progress& say, clk::time_point t_start,
-             std::shared_ptr<const source_plan> plan, std::vector<host_tensor> initial,
-             rollout<Loader> ro, const std::string& model_desc, const std::string& trainer_desc,
-             const fp8_rollout* fp8 = nullptr) {
-  using rank_receiver = receiver<Loader>;
+template <class Loader, class Sink>
+int run_demo_on(const options& opt, const progress& say, clk::time_point t_start,
+                std::shared_ptr<const source_plan> plan, std::vector<host_tensor> initial,
+                rollout<Loader> ro, const std::string& model_desc, const std::string& trainer_desc,
+                const fp8_rollout* fp8) {
+  using rank_receiver = receiver<Loader, Sink>;
   using staged = support::crash_injectable<protocol::receiver_role_adapter<rank_receiver>>;
   using endpoint_t = protocol::receiver_endpoint<staged>;
   using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store,
@@ -450,7 +462,14 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
       rank_receiver ref(layouts[k], metas);
       ref.dense_refit(canon);
       endpoints[k]->with_receiver([&](staged& s) {
-        const auto diff = first_difference(s.inner().storage(), ref.storage());
+        auto diff = first_difference(s.inner().storage(), ref.storage());
+        if constexpr (Sink::mirrors) {
+          // Device storage, downloaded, against the dense refit.
+          const auto& sink = s.inner().sink();
+          for (std::size_t p = 0; diff.empty() && p < ref.storage().size(); ++p)
+            if (sink.bytes(p) != ref.storage()[p].bytes)
+              diff = "device copy of " + ref.storage()[p].meta.name;
+        }
         const bool digest_ok =
             k < cur.record.receivers.size() && cur.record.receivers[k].state == s.state_digest();
         std::lock_guard l(m);
@@ -511,6 +530,25 @@ int run_demo(const options& opt, const progress& say, clk::time_point t_start,
 }
 
 } // namespace
+
+/// `run_demo_on` with the receivers' storage sink that `--device` names.
+template <class Loader>
+int run_demo(const options& opt, const progress& say, clk::time_point t_start,
+             std::shared_ptr<const source_plan> plan, std::vector<host_tensor> initial,
+             rollout<Loader> ro, const std::string& model_desc, const std::string& trainer_desc,
+             const fp8_rollout* fp8 = nullptr) {
+#ifdef DCR_DEMO_CUDA
+  if (opt.device == "cuda") {
+    throw_if_failed(cuda::device_sink::available());
+    say("receivers apply with the CUDA kernels into device storage");
+    return run_demo_on<Loader, cuda::device_sink>(opt, say, t_start, std::move(plan),
+                                                  std::move(initial), std::move(ro), model_desc,
+                                                  trainer_desc, fp8);
+  }
+#endif
+  return run_demo_on<Loader, host_sink>(opt, say, t_start, std::move(plan), std::move(initial),
+                                        std::move(ro), model_desc, trainer_desc, fp8);
+}
 
 int main(int argc, char** argv) try {
   const auto opt = parse(argc, argv);

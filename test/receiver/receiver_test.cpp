@@ -11,6 +11,7 @@
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/receiver/receiver.hpp"
 #include "dcr/receiver/view_map.hpp"
+#include "dcr/twin/device_sink.hpp"
 #include "receiver/refit_check.hpp"
 #include "receiver/workload.hpp"
 
@@ -637,4 +638,46 @@ TEST_CASE("overlapping overwrites must agree") {
   CHECK_THROWS_AS(r.dense_refit(v), error);
   it.encoding = value_encoding::xor_mask;
   CHECK(r.apply_item(it).code == errc::unsupported_loader);
+}
+
+TEST_CASE(
+    "device sink twin: failed loads and overlapping copies leave the sink equal to the store") {
+  int mode = 0;
+  bad_loader l;
+  l.apply_mode = &mode;
+  receiver<bad_loader, twin::device_sink> r(l, two_tensors());
+  tensor_set v(two_tensors());
+  r.dense_refit(v);
+  item it;
+  it.tensor = two_tensors()[1];
+  it.encoding = value_encoding::xor_mask;
+  it.indices = {3, 20};
+  it.values = {std::byte{1}, std::byte{0}, std::byte{2}, std::byte{0}};
+  REQUIRE(r.apply_item(it).ok());
+  CHECK(r.sink().entries() == 2); // through the sink's scatter
+  CHECK(twin::mirror_difference(r.sink(), r.storage()) == "");
+  for (int m : {1, 2, 3, 4, 6}) {
+    INFO("mode " << m);
+    mode = m;
+    CHECK(r.apply_item(it).code == errc::loader_condition);
+    mode = 0;
+    CHECK(twin::mirror_difference(r.sink(), r.storage()) == "");
+  }
+
+  std::vector<tensor_meta> metas = {{"t", {2, 6}, dtype_id::bf16}};
+  receiver<overlap_loader, twin::device_sink> o(overlap_loader{}, metas);
+  tensor_set z(metas);
+  o.dense_refit(z);
+  item ow;
+  ow.tensor = metas[0];
+  ow.encoding = value_encoding::overwrite;
+  ow.indices = {2, 8};
+  ow.values = {std::byte{5}, std::byte{1}, std::byte{5}, std::byte{1}};
+  REQUIRE(o.apply_item(ow).ok());
+  CHECK(o.storage()[0].bytes[4] == std::byte{5});
+  CHECK(o.sink().refreshes() > 0); // overlapping copies are re-uploaded whole
+  CHECK(twin::mirror_difference(o.sink(), o.storage()) == "");
+  ow.values[2] = std::byte{6};
+  CHECK(o.apply_item(ow).code == errc::loader_condition);
+  CHECK(twin::mirror_difference(o.sink(), o.storage()) == "");
 }

@@ -13,6 +13,7 @@
 #include "dcr/loaders/vllm_style.hpp"
 #include "dcr/model/config.hpp"
 #include "dcr/receiver/receiver.hpp"
+#include "dcr/twin/device_sink.hpp"
 #include "receiver/workload.hpp"
 
 namespace dcr::test {
@@ -37,14 +38,17 @@ inline loaders::vllm_parallel_config vllm_deployment(std::uint64_t tp, std::uint
 /// Result counters so callers can assert the check did real work.
 struct refit_stats {
   std::uint64_t receivers = 0, items = 0, changed = 0, xor_items = 0, add_items = 0;
+  std::uint64_t mirrored_entries = 0; ///< entries a mirroring sink scattered
 };
 
-template <class L>
+/// `Sink`: the receivers' storage sink; one that mirrors storage (the device
+/// sink's host twin) must also hold exactly the dense refit's bytes.
+template <class L, class Sink = host_sink>
 refit_stats check_delta_equals_dense(const std::vector<L>& loaders,
                                      const std::vector<tensor_meta>& metas, const tensor_set& v,
                                      const tensor_set& v1, delta_mode mode, std::uint64_t seed,
                                      int owners = 2) {
-  std::vector<receiver<L>> rs;
+  std::vector<receiver<L, Sink>> rs;
   for (auto& l : loaders) rs.emplace_back(l, metas);
   auto xor_ok = [&](const std::string& n) {
     return std::all_of(rs.begin(), rs.end(), [&](auto& r) { return r.xor_allowed(n); });
@@ -69,6 +73,10 @@ refit_stats check_delta_equals_dense(const std::vector<L>& loaders,
     ref.dense_refit(v1);
     INFO("receiver " << k);
     CHECK(first_difference(r.storage(), ref.storage()) == "");
+    if constexpr (Sink::mirrors) {
+      CHECK(twin::mirror_difference(r.sink(), ref.storage()) == "");
+      st.mirrored_entries += r.sink().entries();
+    }
     CHECK(r.state_digest() == ref.state_digest());
     auto vs = r.verify(v1);
     CHECK_MESSAGE(vs.ok(), vs.message);

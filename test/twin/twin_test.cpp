@@ -221,7 +221,7 @@ TEST_CASE_TEMPLATE("scatter twin equals a naive scatter through core offsets", W
           std::vector<W> deltas(loc.size());
           for (std::size_t k = 0; k < loc.size(); ++k) {
             const auto at = static_cast<std::size_t>(c.base + naive_offset(c.l, loc[k]));
-            deltas[k] = codec::add_delta::make(init[at], target[at]);
+            deltas[k] = codec::add::make(init[at], target[at]);
           }
           REQUIRE(twin::add_scatter<W>(gv, loc, deltas).ok());
           for (std::size_t k = 0; k < loc.size(); ++k) {
@@ -440,7 +440,7 @@ TEST_CASE("scatter_item applies an item's little-endian words by its encoding") 
     for (std::size_t k = 0; k < it.indices.size(); ++k) {
       auto& r = ref[static_cast<std::size_t>(naive_offset(l, it.indices[k]))];
       r = enc == value_encoding::xor_mask ? static_cast<std::uint16_t>(r ^ w[k])
-          : enc == value_encoding::add    ? codec::add_delta::apply(r, w[k])
+          : enc == value_encoding::add    ? codec::add::apply(r, w[k])
                                           : w[k];
     }
     CHECK(same(got, ref));

@@ -236,16 +236,9 @@ public:
 private:
   status by_width(const device_tensor& dst, const device_tensor& src,
                   twin::view<const std::uint8_t> mask) {
-    switch (dst.width) {
-    case 1:
-      return typed<std::uint8_t>(dst, src, mask);
-    case 2:
-      return typed<std::uint16_t>(dst, src, mask);
-    case 4:
-      return typed<std::uint32_t>(dst, src, mask);
-    case 8:
-      return typed<std::uint64_t>(dst, src, mask);
-    }
+    if (is_word_width(dst.width))
+      return visit_word(dst.width,
+                        [&](auto word) { return typed<decltype(word)>(dst, src, mask); });
     return fail(errc::bad_dtype, "sink copy: word width " + std::to_string(dst.width));
   }
 

@@ -34,6 +34,7 @@
 #include <utility>
 
 #include "dcr/codec/locations.hpp"
+#include "dcr/codec/values.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/gpu/runtime.cuh"
 #include "dcr/twin/element.hpp"
@@ -149,15 +150,30 @@ __global__ void iota_kernel(std::uint64_t* DCR_RESTRICT out, std::uint64_t first
 
 /// Record k: value word k of the value bytes (plain or byte planes) lands
 /// at `loc[k]`, or at `start + k` when `loc` is null (a run).
-template <twin::word W>
+/// The resident word becomes `E::apply(resident, value)` (`E`: the codec's
+/// encoding type, the code the host apply runs).
+template <codec::delta_encoding E, twin::word W>
 __global__ void scatter_bytes_kernel(twin::view<W> dst, const std::uint64_t* DCR_RESTRICT loc,
                                      std::uint64_t start, const std::uint8_t* DCR_RESTRICT values,
-                                     std::uint64_t n, bool planes, twin::scatter_op op) {
+                                     std::uint64_t n, bool planes) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const std::uint64_t l = loc != nullptr ? loc[k] : start + k;
     W& d = dst.at(static_cast<std::int64_t>(l));
-    d = twin::scatter_word(d, twin::load_value_word<W>(values, n, k, planes), op);
+    d = E::apply(d, twin::load_value_word<W>(values, n, k, planes));
   }
+}
+
+/// Launch `scatter_bytes_kernel` for the runtime `op` (turned into its type once).
+template <twin::word W>
+status launch_scatter_bytes(twin::view<W> dst, const std::uint64_t* loc, std::uint64_t start,
+                            const std::uint8_t* values, std::uint64_t n, bool planes,
+                            twin::scatter_op op, const tuning& t, const device_facts& f,
+                            cudaStream_t stream) {
+  codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    scatter_bytes_kernel<decltype(e), W>
+        <<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(dst, loc, start, values, n, planes);
+  });
+  return check_launch("scatter_bytes_kernel");
 }
 
 /// Where a decode keeps its scratch in the workspace (byte offsets).
@@ -390,16 +406,12 @@ status scatter_encoded_planned(twin::view<W> dst, std::uint64_t first, std::uint
   const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
   if (done) {
     // A run, or a single record: the prechecks validated the whole range.
-    scatter_bytes_kernel<W><<<grid_for(count, 1, t, f), t.block_threads, 0, stream>>>(
-        dst, nullptr, first, d_values, count, planes, op);
-    return check_launch("scatter_bytes_kernel");
+    return launch_scatter_bytes<W>(dst, nullptr, first, d_values, count, planes, op, t, f, stream);
   }
   auto* idx = reinterpret_cast<std::uint64_t*>(ws.data() + L.idx_at);
   DCR_TRY(run_decode(id, coded_of(id, d_locations, location_bytes, count), first, numel, count, idx,
                      L, f, ws, stream));
-  scatter_bytes_kernel<W><<<grid_for(count, 1, t, f), t.block_threads, 0, stream>>>(
-      dst, idx, 0, d_values, count, planes, op);
-  return check_launch("scatter_bytes_kernel");
+  return launch_scatter_bytes<W>(dst, idx, 0, d_values, count, planes, op, t, f, stream);
 }
 
 } // namespace detail

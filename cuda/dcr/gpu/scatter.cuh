@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dcr/codec/values.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/gpu/runtime.cuh"
 #include "dcr/twin/check.hpp"
@@ -46,15 +47,16 @@ __global__ void check_locations_kernel(const std::uint64_t* DCR_RESTRICT loc, st
   }
 }
 
-/// Record k lands at `loc[k]`, or at `start + k` when `loc` is null (a run).
-template <twin::word W>
+/// Record k lands at `loc[k]`, or at `start + k` when `loc` is null (a run):
+/// the resident word becomes `E::apply(resident, values[k])` (`E`: the
+/// codec's `xor_mask`, `overwrite` or `add`, the types the host apply uses).
+template <codec::delta_encoding E, twin::word W>
 __global__ void scatter_kernel(twin::view<W> dst, const std::uint64_t* DCR_RESTRICT loc,
-                               std::uint64_t start, const W* DCR_RESTRICT values, std::uint64_t n,
-                               twin::scatter_op op) {
+                               std::uint64_t start, const W* DCR_RESTRICT values, std::uint64_t n) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) {
     const std::uint64_t l = loc != nullptr ? loc[k] : start + k;
     W& d = dst.at(static_cast<std::int64_t>(l));
-    d = twin::scatter_word(d, values[k], op);
+    d = E::apply(d, values[k]);
   }
 }
 
@@ -103,23 +105,53 @@ inline status check_device_locations(const std::uint64_t* loc, std::uint64_t n, 
   return status::success();
 }
 
+template <codec::delta_encoding E, twin::word W>
+status launch_scatter(const twin::view<W>& dst, const std::uint64_t* loc, std::uint64_t start,
+                      const W* values, std::uint64_t n, const device_facts& f,
+                      cudaStream_t stream) {
+  if (n == 0) return status::success();
+  const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
+  scatter_kernel<E, W>
+      <<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(dst, loc, start, values, n);
+  return check_launch("scatter_kernel");
+}
+
+/// The runtime `scatter_op` of the older entry points, turned into its
+/// encoding type once per launch.
 template <twin::word W>
 status launch_scatter(const twin::view<W>& dst, const std::uint64_t* loc, std::uint64_t start,
                       const W* values, std::uint64_t n, twin::scatter_op op, const device_facts& f,
                       cudaStream_t stream) {
-  if (n == 0) return status::success();
-  const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
-  scatter_kernel<W>
-      <<<grid_for(n, 1, t, f), t.block_threads, 0, stream>>>(dst, loc, start, values, n, op);
-  return check_launch("scatter_kernel");
+  return codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    return launch_scatter<decltype(e), W>(dst, loc, start, values, n, f, stream);
+  });
 }
 
 } // namespace detail
 
-/// Scatter `count` records (`d_locations[k]`, `d_values[k]`) onto `dst`;
-/// all pointers in device memory. Locations are checked on the device first
-/// (strictly increasing, inside the view); on failure nothing is written.
-/// Returns after the launch; call `synchronize(stream)` before reading.
+/// Scatter `count` records (`d_locations[k]`, `d_values[k]`) onto `dst`,
+/// applying encoding `E` (`codec::xor_mask`, `codec::overwrite`,
+/// `codec::add`); all pointers in device memory. Locations are checked on
+/// the device first (strictly increasing, inside the view); on failure
+/// nothing is written. Returns after the launch; call `synchronize(stream)`
+/// before reading. Host twin: `twin::scatter<E>`.
+template <codec::delta_encoding E, twin::word W>
+status scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
+               std::uint64_t count, workspace& ws, cudaStream_t stream = 0) {
+  DCR_TRY(detail::check_scatter_args(dst, d_values, count));
+  DCR_RETURN_ERROR_IF(count > 0 && d_locations == nullptr, invalid_argument,
+                      "scatter: null locations");
+  detail::device_facts f;
+  DCR_TRY(detail::prepare(dst.data, d_locations, d_values, f));
+  if (count == 0) return status::success();
+  DCR_TRY(ws.reserve(256));
+  DCR_TRY(detail::check_device_locations(d_locations, count, static_cast<std::uint64_t>(dst.size()),
+                                         f, ws, stream));
+  return detail::launch_scatter<E, W>(dst, d_locations, 0, d_values, count, f, stream);
+}
+
+/// As above with the encoding as a runtime `scatter_op` (numerically a
+/// `value_encoding`).
 template <twin::word W>
 status scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
                std::uint64_t count, twin::scatter_op op, workspace& ws, cudaStream_t stream = 0) {

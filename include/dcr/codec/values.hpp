@@ -75,7 +75,7 @@ static_assert(delta_encoding<overwrite>);
 /// that moved a few units in the last place the word is small and centred on
 /// zero, where the XOR mask carries the old bits' carry chain (0x0001,
 /// 0x0003, 0x0007, ...).
-struct add_delta {
+struct add {
   static constexpr value_encoding id = value_encoding::add;
   static constexpr bool relative = true;
   template <class W>
@@ -87,7 +87,27 @@ struct add_delta {
     return apply_zigzag_delta(resident, v);
   }
 };
-static_assert(delta_encoding<add_delta>);
+static_assert(delta_encoding<add>);
+
+/// Deprecated: the former name of `add`, kept while callers move to `add`.
+using add_delta = add;
+
+/// The encoding type of a wire id: `f(E{})` for `xor_mask`, `overwrite` or
+/// `add`; returns what `f` returns. Precondition: `is_known_encoding(e)`
+/// (anything else is treated as `xor_mask`). For the few places that turn a
+/// runtime id into the type once, at an entry point (the receiver picks its
+/// pipeline from a compile-time table instead).
+template <class F>
+constexpr decltype(auto) visit_encoding(value_encoding e, F&& f) {
+  switch (e) {
+  case value_encoding::overwrite:
+    return f(overwrite{});
+  case value_encoding::add:
+    return f(add{});
+  default:
+    return f(xor_mask{});
+  }
+}
 
 /// True when `raw` is a value encoding id this build knows (any format version).
 constexpr bool is_known_encoding(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 3; }

@@ -165,6 +165,29 @@ constexpr std::optional<dtype_id> from_safetensors_name(std::string_view s) noex
   return std::nullopt;
 }
 
+/// True when `width` is the byte width of a stored word (1, 2, 4 or 8).
+constexpr DCR_HOST_DEVICE bool is_word_width(std::size_t width) noexcept {
+  return width == 1 || width == 2 || width == 4 || width == 8;
+}
+
+/// Call `f(W{})` with the unsigned word type `W` of `width` bytes; returns
+/// what `f` returns. The one switch from a runtime word width to a word type
+/// (sinks, copies, digests, device copies). Precondition: `is_word_width(width)`
+/// (any other width is treated as 8).
+template <class F>
+constexpr decltype(auto) visit_word(std::size_t width, F&& f) {
+  switch (width) {
+  case 1:
+    return f(std::uint8_t{});
+  case 2:
+    return f(std::uint16_t{});
+  case 4:
+    return f(std::uint32_t{});
+  default:
+    return f(std::uint64_t{});
+  }
+}
+
 /// Call `f(tag{})` with the dtype tag for a runtime id; returns what `f` returns.
 /// Precondition: `id` is known (check with `info`).
 template <class F>
@@ -183,6 +206,16 @@ constexpr decltype(auto) visit_dtype(dtype_id id, F&& f) {
   }
   DCR_UNREACHABLE();
   return f(bf16{});
+}
+
+/// True when word `w` (zero-extended) of runtime dtype `d` is a NaN; false
+/// for an unknown id.
+constexpr bool is_nan_bits(dtype_id d, std::uint64_t w) noexcept {
+  if (!info(d)) return false;
+  return visit_dtype(d, [w](auto tag) {
+    using D = decltype(tag);
+    return is_nan_word<D>(static_cast<word_t<D>>(w));
+  });
 }
 
 } // namespace dcr

@@ -297,20 +297,7 @@ public:
   /// As above over bytes holding little-endian words of `width` bytes.
   void add_bytes(const set_digest_key& k, std::span<const std::byte> bytes, std::size_t width,
                  std::uint64_t first = 0) noexcept {
-    switch (width) {
-    case 1:
-      add_words(k, as_words<std::uint8_t>(bytes), first);
-      break;
-    case 2:
-      add_words(k, as_words<std::uint16_t>(bytes), first);
-      break;
-    case 4:
-      add_words(k, as_words<std::uint32_t>(bytes), first);
-      break;
-    default:
-      add_words(k, as_words<std::uint64_t>(bytes), first);
-      break;
-    }
+    visit_word(width, [&](auto word) { add_words(k, as_words<decltype(word)>(bytes), first); });
   }
 
   set_digest& operator+=(const set_digest& o) noexcept {

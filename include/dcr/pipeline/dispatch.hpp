@@ -46,7 +46,7 @@ namespace hana = boost::hana;
 /// The policy type lists of the wire: every dtype, value encoding and
 /// location coding.
 using dtype_list = decltype(hana::tuple_t<bf16, f16, f32, f8e4m3fn, f8e5m2>);
-using encoding_list = decltype(hana::tuple_t<codec::xor_mask, codec::overwrite, codec::add_delta>);
+using encoding_list = decltype(hana::tuple_t<codec::xor_mask, codec::overwrite, codec::add>);
 using location_list =
     decltype(hana::tuple_t<codec::run, codec::gap_u8, codec::gap_u16, codec::gap_u32,
                            codec::gap_u64, codec::planes_u16, codec::planes_u32, codec::planes_u64,

@@ -3,11 +3,22 @@
 /// A receiver: one serving rank's side of a refit. Construction is prewarm
 /// (copy plan, one scratch for the largest canonical tensor); `dense_refit`
 /// loads full canonical tensors through the native loader (restore path and
-/// the reference for bit-exactness); `apply_item` applies one decoded item
-/// through scratch -> loader -> intercepting sink: the stages scatter<Dtype>
-/// -> apply<Encoding> of receiver/stages.hpp, selected per item from a
-/// compile-time table over the dtype and encoding lists, or one statically
-/// composed pipeline (`apply_item<P>`).
+/// the reference for bit-exactness); `decode` runs the stage decode<L>;
+/// `apply_item` applies one decoded item through the stages of
+/// receiver/stages.hpp: scatter<Dtype> (scratch, when needed) -> loader ->
+/// intercepting sink -> apply<Encoding, Sink> per mapped copy. The per-item
+/// runtime dispatch only picks which composition runs, from a compile-time
+/// table over the dtype and encoding lists, or one statically composed
+/// pipeline (`apply_item<P>`).
+///
+/// Storage sink (`Sink`, a `storage_sink`, receiver/storage_sink.hpp): where
+/// applied words live besides the host store. `host_sink` (default): nowhere
+/// else. `cuda::device_sink`: a device copy of every parameter, written by
+/// the CUDA scatter kernels from the apply stage's (element, value) pairs and
+/// re-uploaded whole where the apply stage does not see the writes (dense
+/// refit, unmapped or overlapping copies, a failed load); after every call
+/// it equals the host store. `twin::device_sink` is its host twin. A sink
+/// that is not `concurrent` requires `apply_threads` 1.
 ///
 /// Scratch: the loader always runs over the scratch view of the item's
 /// tensor. For a direct tensor (every copy maps the scratch through a unique
@@ -107,14 +118,19 @@ struct receiver_options {
 /// would revert it. A failed apply fails the attempt; its remaining payloads
 /// are refused (`errc::aborted`) until a newer attempt begins (typically an
 /// all-overwrite retry, which repairs any partial state).
-template <native_loader L>
+template <native_loader L, storage_sink Sink = host_sink>
 class receiver {
 public:
+  using sink_type = Sink;
+
   /// Prewarm. Throws `dcr::error(unsupported_loader)` when a loader path
-  /// cannot satisfy the loader conditions.
-  receiver(L loader, std::vector<tensor_meta> canonical, receiver_options options = {})
-      : loader_(std::move(loader)), canonical_(std::move(canonical)) {
+  /// cannot satisfy the loader conditions, and the sink's error when it
+  /// cannot hold the rank's storage.
+  receiver(L loader, std::vector<tensor_meta> canonical, receiver_options options = {},
+           Sink sink = Sink{})
+      : loader_(std::move(loader)), canonical_(std::move(canonical)), sink_(std::move(sink)) {
     plan_ = prewarm(loader_, store_, canonical_);
+    throw_if_failed(sink_.attach(store_));
     scratch_.assign(scratch_words(), 0);
     group_ = storage_groups(plan_, store_.size());
     for (auto g : group_) groups_ = std::max(groups_, g + 1);
@@ -134,6 +150,9 @@ public:
       throw error(errc::invalid_argument,
                   "apply_threads " + std::to_string(threads) +
                       ": the loader does not declare concurrent_load (receiver/loader.hpp)");
+    if (threads != 1 && !Sink::concurrent)
+      throw error(errc::invalid_argument, "apply_threads " + std::to_string(threads) +
+                                              ": the storage sink applies on one thread only");
     apply_threads_ = pipeline::resolve_threads(threads);
   }
   /// Threads `apply_items` uses at most (0 resolved to the hardware threads).
@@ -147,6 +166,9 @@ public:
   const std::vector<tensor_meta>& canonical() const noexcept { return canonical_; }
   const parameter_store& storage() const noexcept { return store_; }
   L& loader() noexcept { return loader_; }
+  /// The storage sink (for a mirroring one: its copy of every parameter).
+  Sink& sink() noexcept { return sink_; }
+  const Sink& sink() const noexcept { return sink_; }
   /// Bytes of the one scratch buffer (the largest canonical tensor).
   std::uint64_t scratch_bytes() const noexcept { return plan_.scratch_bytes; }
 
@@ -181,12 +203,22 @@ public:
       parameter_store& s;
       ~recompute_on_exit() { s.recompute_digest(); }
     } guard{store_};
+    struct mirror_on_exit { // the sink holds what the store holds, also after a throw
+      receiver& r;
+      ~mirror_on_exit() { r.sink_failure_ = r.sink_.attach(r.store_); }
+    } mirror{*this};
     for (auto& tp : plan_.tensors) {
       tensor_view v = source_view(src, tp.meta);
       dense_sink sink(store_, tp, v);
       throw_if_failed(run(tp, v, sink));
     }
   }
+
+  /// The sink's failure to mirror the store (at the last dense refit, or
+  /// when it re-uploaded the parameters of a failed item); success for a
+  /// sink that mirrors nothing. While it is set, every apply returns it
+  /// without running; the next successful dense refit clears it.
+  const status& sink_failure() const noexcept { return sink_failure_; }
 
   /// Apply one decoded item (XOR, add or overwrite) through scratch -> loader ->
   /// sink: one table lookup selects scatter<D> -> apply<E> for the item's
@@ -369,7 +401,7 @@ public:
   status decode(std::span<const std::byte> payload, decoded_payload& out) const {
     codec::decode_limits limits;
     limits.key = key_;
-    return codec::decode_payload_if<typename Dec::locations>(
+    return stages::decode<typename Dec::locations>{}(
         payload, out, [this](const codec::item_row& row) { return needs(row.tensor.name); },
         limits);
   }
@@ -579,21 +611,45 @@ private:
     }
   };
 
-  /// scatter<D> -> apply<E> of one admitted item.
+  /// scatter<D> -> loader -> apply<E, Sink> of one admitted item.
   template <class D, class E>
   status apply_as(const apply_context& ctx, const tensor_plan& tp, const item& it) {
-    using scatter = stages::scatter<D>;
+    DCR_TRY(sink_failure_);
+    status st = apply_stages<D, E>(ctx, tp, it);
+    if constexpr (Sink::mirrors) {
+      // A failed load may have written part of a copy outside the apply
+      // stage's view of it: the sink copies the item's parameters whole.
+      if (!st.ok())
+        for (const auto& c : tp.copies) {
+          status r = sink_.refresh(store_, c.param);
+          if (!r.ok()) {
+            sink_failure_ = r;
+            break;
+          }
+        }
+    }
+    return st;
+  }
+
+  template <class D, class E>
+  status apply_stages(const apply_context& ctx, const tensor_plan& tp, const item& it) {
     using W = word_t<D>;
+    using sink_t = delta_sink<E, W, Sink>;
+    constexpr stages::scatter<D> scatter{};
     std::byte* s = ctx.scratch;
+    W* scratch = reinterpret_cast<W*>(s);
     tensor_view input{s, tp.meta.dtype, strided_layout::row_major(tp.meta.shape)};
     const active_entries active{it.indices, it.values};
+    const std::span<const W> values(reinterpret_cast<const W*>(it.values.data()),
+                                    it.indices.size());
+    const std::span<W> extent(scratch, static_cast<std::size_t>(tp.meta.numel()));
     if (tp.skipped || tp.direct) {
       // Every copy aliases the scratch through a unique view: the sinks read
       // the item's words directly (see `active_entries`), so the scratch is
       // neither written nor reset and the work is O(entries).
-      delta_sink<E, W> sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr,
-                            ctx.digest);
-      return run(tp, input, sink);
+      sink_t sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr, ctx.digest,
+                  &sink_);
+      return finish(sink, run(tp, input, sink));
     }
     if constexpr (E::relative) {
       // `xor_allowed` implies `direct`; `admit` refused this item already.
@@ -608,26 +664,26 @@ private:
       // compares transformed bits of two fills and never asks whether a word
       // is NaN, which for 256 codes depends on the format a transform writes
       // (E4M3fn and E4M3fnuz name different NaNs).
-      if (sizeof(W) > 1 && !scatter::any_nan(it)) {
-        scatter::fill_placeholder(tp.meta, s);
-        scatter::entries(it, s);
-        delta_sink<E, W> sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr,
-                              ctx.digest);
-        st = run(tp, input, sink);
+      if (sizeof(W) > 1 && !scatter.any_nan(values)) {
+        scatter.fill_placeholder(extent);
+        scatter(it.indices, values, scratch);
+        sink_t sink(store_, tp, input, active, overwrite_pass::placeholder, nullptr, ctx.digest,
+                    &sink_);
+        st = finish(sink, run(tp, input, sink));
       } else {
         auto& captures = *ctx.captures;
         captures.clear();
         std::memset(s, 0, nbytes);
-        scatter::entries(it, s);
-        delta_sink<E, W> first(store_, tp, input, active, overwrite_pass::capture, &captures,
-                               ctx.digest);
-        st = run(tp, input, first);
+        scatter(it.indices, values, scratch);
+        sink_t first(store_, tp, input, active, overwrite_pass::capture, &captures, ctx.digest,
+                     &sink_);
+        st = finish(first, run(tp, input, first));
         if (st.ok()) {
-          scatter::fill_placeholder(tp.meta, s);
-          scatter::entries(it, s);
-          delta_sink<E, W> second(store_, tp, input, active, overwrite_pass::compare, &captures,
-                                  ctx.digest);
-          st = run(tp, input, second);
+          scatter.fill_placeholder(extent);
+          scatter(it.indices, values, scratch);
+          sink_t second(store_, tp, input, active, overwrite_pass::compare, &captures, ctx.digest,
+                        &sink_);
+          st = finish(second, run(tp, input, second));
         }
         captures.clear();
       }
@@ -636,9 +692,26 @@ private:
     }
   }
 
+  /// After a load: the sink mirrors what the load wrote outside the apply
+  /// stage, and reports its own failure when the load succeeded.
+  template <class S>
+  status finish(const S& sink, status st) {
+    if constexpr (Sink::mirrors) {
+      auto params = sink.unmirrored();
+      std::sort(params.begin(), params.end());
+      params.erase(std::unique(params.begin(), params.end()), params.end());
+      for (auto p : params) {
+        status r = sink_.refresh(store_, p);
+        if (!r.ok() && st.ok()) st = std::move(r);
+      }
+      if (st.ok() && !sink.sink_status().ok()) st = sink.sink_status();
+    }
+    return st;
+  }
+
   /// Run the loader on one tensor; a loader that throws fails the apply.
-  template <class Sink>
-  status run(const tensor_plan& tp, const tensor_view& input, Sink& sink) {
+  template <class CopySink>
+  status run(const tensor_plan& tp, const tensor_view& input, CopySink& sink) {
     load_report rep;
     try {
       rep = loader_.load(tp.meta.name, input, store_, sink);
@@ -650,6 +723,8 @@ private:
 
   L loader_;
   std::vector<tensor_meta> canonical_;
+  Sink sink_;
+  status sink_failure_;
   parameter_store store_;
   copy_plan plan_;
   std::vector<std::uint64_t> scratch_;

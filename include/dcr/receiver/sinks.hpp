@@ -32,42 +32,11 @@
 #include "dcr/core/tensor.hpp"
 #include "dcr/receiver/loader.hpp"
 #include "dcr/receiver/plan.hpp"
+#include "dcr/receiver/stages.hpp"
 #include "dcr/receiver/storage.hpp"
 #include "dcr/receiver/view_map.hpp"
 
 namespace dcr {
-
-/// Call `f(W{})` with the unsigned word type of a width in bytes.
-template <class F>
-decltype(auto) visit_word(std::size_t width, F&& f) {
-  switch (width) {
-  case 1:
-    return f(std::uint8_t{});
-  case 2:
-    return f(std::uint16_t{});
-  case 4:
-    return f(std::uint32_t{});
-  default:
-    return f(std::uint64_t{});
-  }
-}
-
-/// True when word `w` of runtime dtype `d` is a NaN.
-inline bool is_nan_bits(dtype_id d, std::uint64_t w) noexcept {
-  switch (d) {
-  case dtype_id::bf16:
-    return is_nan_word<bf16>(static_cast<std::uint16_t>(w));
-  case dtype_id::f16:
-    return is_nan_word<f16>(static_cast<std::uint16_t>(w));
-  case dtype_id::f32:
-    return is_nan_word<f32>(static_cast<std::uint32_t>(w));
-  case dtype_id::f8e4m3fn:
-    return is_nan_word<f8e4m3fn>(static_cast<std::uint8_t>(w));
-  case dtype_id::f8e5m2:
-    return is_nan_word<f8e5m2>(static_cast<std::uint8_t>(w));
-  }
-  return false;
-}
 
 /// Base of the post-prewarm sinks: plan matching, skip checks, report check,
 /// agreement of overlapping writes.
@@ -109,7 +78,7 @@ public:
                  std::to_string(plan_.copies.size());
       else if (skipped_ != plan_.skipped)
         error_ = "loader did not repeat its skip";
-      else {
+      else if (!reports_plan(rep)) {
         std::vector<std::size_t> r;
         auto why = detail::resolve_report(store_, rep, r);
         if (!why.empty())
@@ -124,6 +93,15 @@ public:
   bool failed() const noexcept { return !error_.empty(); }
 
 protected:
+  /// True when the report names exactly the planned parameters in plan order
+  /// (what `resolve_report` would turn into `plan_.reported`), checked
+  /// without lookups or allocation; otherwise `finish` resolves it in full.
+  bool reports_plan(const load_report& rep) const noexcept {
+    if (rep.loaded.size() != plan_.reported.size()) return false;
+    for (std::size_t i = 0; i < rep.loaded.size(); ++i)
+      if (rep.loaded[i] != store_[plan_.reported[i]].meta.name) return false;
+    return true;
+  }
   /// The planned copy this call must be, or nullptr after recording why not.
   const planned_copy* next(const tensor_view& dst, const tensor_view& src) {
     const std::size_t k = n_++;
@@ -132,6 +110,7 @@ protected:
       violate("copy " + std::to_string(k) + " is not in the plan");
       return nullptr;
     }
+    if (repeats_alias(plan_.copies[k], dst, src)) return &plan_.copies[k];
     planned_copy c;
     auto why = classify_copy(store_, input_, dst, src, c);
     if (!why.empty()) {
@@ -146,6 +125,21 @@ protected:
   }
   void violate(std::string why) {
     if (error_.empty()) error_ = std::move(why);
+  }
+  /// True when the loader's copy is planned aliasing copy `c` again, bit for
+  /// bit: same dtype, layouts, destination address and source offset in the
+  /// input. `classify_copy` would then classify it exactly as at prewarm
+  /// (parameters never move, the input has the planned dtype and shape), so
+  /// the per-item path skips its storage lookups and view inversion. Any
+  /// other copy (a temporary source, a changed address) is classified in full.
+  bool repeats_alias(const planned_copy& c, const tensor_view& dst,
+                     const tensor_view& src) const noexcept {
+    if (!c.alias || dst.dtype != c.dtype || src.dtype != c.dtype || input_.dtype != c.dtype)
+      return false;
+    const auto w = static_cast<std::int64_t>(width_of(c.dtype));
+    return dst.data == store_[c.param].bytes.data() + c.dst_offset * w &&
+           src.data == input_.data + c.src_offset * w && dst.layout == c.dst_layout &&
+           src.layout == c.src_layout;
   }
   std::byte* param_data(std::size_t p) { return store_[p].bytes.data(); }
 
@@ -269,58 +263,6 @@ void for_each_active(const active_entries& a, const planned_copy& c, F&& f) {
                             [&](std::size_t j, std::int64_t e) { f(first + j, e); });
 }
 
-/// How many entries the mapped-copy apply loop runs ahead of its writes.
-/// At ~1-5 % change the destinations of consecutive entries lie on different
-/// 64-byte lines, so each write waits on a cache miss; prefetching the line
-/// of the entry 64 places ahead keeps that many misses in flight (about what
-/// a core's fill buffers and L2 queue hold) instead of the one or two that
-/// an in-order read-modify-write loop gets. `dcr-bench-apply` measures it.
-inline constexpr std::size_t apply_write_lag = 64;
-
-/// Apply `E` at every active entry a mapped copy reaches: element `e` of
-/// parameter words `D` becomes `E::apply(D[e], V[j])` (`V[j]`: the value of
-/// active entry `j`), and each changed word is folded into `digest` under
-/// `key`. The writes happen in entry order, exactly as one read-modify-write
-/// per entry would, each `apply_write_lag` entries after its line was
-/// prefetched. Words whose stored bits do not change are not written. The
-/// destinations come a block at a time from `view_inverse::map_sorted` and
-/// the digest sees the writes in batches (`set_digest::replace_batch`), so
-/// that the loop's counters live in registers: with a callback per entry
-/// they went through memory (the word arrays may alias them) and the loop
-/// ran at ~2x the time of its misses. For copies whose destinations never
-/// overlap (`tensor_plan::self_overlap` false).
-template <codec::delta_encoding E, class W>
-void apply_mapped_entries(W* D, const W* V, const active_entries& a, const planned_copy& c,
-                          set_digest& digest, const set_digest_key& key) noexcept {
-  constexpr std::size_t lag = apply_write_lag, block = 1024, batch = 256;
-  const auto sub = active_in(a.indices, c);
-  const W* values = V + (sub.data() - a.indices.data());
-  std::size_t bj[block];
-  std::int64_t be[block];
-  std::uint64_t pos[batch], before[batch], after[batch];
-  std::size_t pending = 0;
-  for (std::size_t from = 0; from < sub.size();) {
-    const std::size_t n = c.inverse.map_sorted(sub.data(), sub.size(), from, bj, be, block);
-    for (std::size_t k = 0; k < std::min(lag, n); ++k) __builtin_prefetch(D + be[k], 1, 3);
-    for (std::size_t k = 0; k < n; ++k) {
-      if (k + lag < n) __builtin_prefetch(D + be[k + lag], 1, 3);
-      const std::int64_t e = be[k];
-      const W old = D[e];
-      const W now = E::apply(old, values[bj[k]]);
-      if (old == now) continue;
-      D[e] = now;
-      pos[pending] = static_cast<std::uint64_t>(e);
-      before[pending] = old;
-      after[pending] = now;
-      if (++pending == batch) {
-        digest.replace_batch(key, pos, before, after, batch);
-        pending = 0;
-      }
-    }
-  }
-  if (pending) digest.replace_batch(key, pos, before, after, pending);
-}
-
 /// How the overwrite sink finds the active positions of unmapped copies.
 enum class overwrite_pass {
   placeholder, ///< active = source word is not NaN (scratch filled with the NaN placeholder)
@@ -332,7 +274,7 @@ enum class overwrite_pass {
 /// destinations of the item's active indices with `E::apply(resident, value)`
 /// (`codec::delta_encoding`; `W` is the tensor's stored word).
 ///
-/// XOR (`codec::xor_mask`) and add (`codec::add_delta`), the relative
+/// XOR (`codec::xor_mask`) and add (`codec::add`), the relative
 /// encodings, require `xor_allowed`: every copy mapped, no destination
 /// written twice. Overwrite (`codec::overwrite`): mapped copies
 /// write the values at the item's active indices (no placeholder involved,
@@ -343,15 +285,27 @@ enum class overwrite_pass {
 /// fills and a position is active exactly when its source bits do not depend
 /// on the fill (elementwise deterministic transforms, and distinct images of
 /// the two fills).
-template <codec::delta_encoding E, class W>
+///
+/// Mapped copies of tensors without overlapping copies go through the apply
+/// stage `stages::apply<E, Sink>` (the one write loop, which also feeds a
+/// mirroring `Sink`); parameters written any other way (unmapped or
+/// overlapping copies) are listed in `unmirrored()` for the receiver to
+/// `Sink::refresh` after the load.
+template <codec::delta_encoding E, class W, storage_sink Sink = host_sink>
 class delta_sink final : public checked_sink {
 public:
   delta_sink(parameter_store& store, const tensor_plan& plan, const tensor_view& input,
              active_entries active, overwrite_pass pass = overwrite_pass::placeholder,
              std::vector<std::vector<std::byte>>* captures = nullptr,
-             set_digest* digest_into = nullptr)
+             set_digest* digest_into = nullptr, Sink* sink = nullptr)
       : checked_sink(store, plan, input, digest_into), active_(active), pass_(pass),
-        captures_(captures) {}
+        captures_(captures), apply_(sink_or_default(sink)) {}
+
+  /// Parameters this sink wrote outside the apply stage (to refresh in a
+  /// mirroring sink), possibly repeated.
+  const std::vector<std::size_t>& unmirrored() const noexcept { return unmirrored_; }
+  /// The first failure of the mirroring sink, if any.
+  const status& sink_status() const noexcept { return sink_status_; }
 
   void copy(const tensor_view& dst, const tensor_view& src) override {
     const std::size_t k = n_;
@@ -367,11 +321,16 @@ public:
       auto* D = reinterpret_cast<W*>(param_data(c->param));
       auto* V = reinterpret_cast<const W*>(active_.values.data());
       const auto p = c->param;
-      if (plan_.self_overlap)
+      if (plan_.self_overlap) {
         for_each_active(active_, *c,
                         [&](std::size_t j, std::int64_t e) { put(D, p, e, E::apply(D[e], V[j])); });
-      else
-        apply_mapped_entries<E>(D, V, active_, *c, digest_delta_, store_.digest_key(p));
+        unmirrored_.push_back(p);
+      } else {
+        status st =
+            apply_(D, p, c->inverse, active_.indices, std::span<const W>(V, active_.indices.size()),
+                   digest_delta_, store_.digest_key(p));
+        if (!st.ok() && sink_status_.ok()) sink_status_ = std::move(st);
+      }
       return;
     }
     if constexpr (E::relative) {
@@ -385,6 +344,7 @@ private:
   void unmapped(const planned_copy& cp, std::size_t k, const tensor_view& dst,
                 const tensor_view& src) {
     const planned_copy* c = &cp;
+    if (pass_ != overwrite_pass::capture) unmirrored_.push_back(c->param);
     visit_word(dst.width(), [&](auto word) {
       using U = decltype(word);
       auto* D = reinterpret_cast<U*>(param_data(c->param));
@@ -424,16 +384,29 @@ private:
     });
   }
 
+  /// `*sink`; a sink that mirrors nothing may be omitted (a shared stateless one).
+  static Sink& sink_or_default(Sink* sink) {
+    if constexpr (Sink::mirrors) {
+      return *sink;
+    } else {
+      static Sink none;
+      return sink ? *sink : none;
+    }
+  }
+
   active_entries active_;
   overwrite_pass pass_;
   std::vector<std::vector<std::byte>>* captures_;
+  stages::apply<E, Sink> apply_;
+  std::vector<std::size_t> unmirrored_;
+  status sink_status_;
 };
 
 /// The sinks of the wire's encodings.
 template <class W>
 using xor_sink = delta_sink<codec::xor_mask, W>;
 template <class W>
-using add_sink = delta_sink<codec::add_delta, W>;
+using add_sink = delta_sink<codec::add, W>;
 template <class W>
 using overwrite_sink = delta_sink<codec::overwrite, W>;
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "dcr/core/config.hpp"
+#include "dcr/core/dtype.hpp"
 #include "dcr/core/tensor.hpp"
 
 namespace dcr {
@@ -205,27 +206,13 @@ inline void strided_copy(const tensor_view& dst, const tensor_view& src) {
     });
     return;
   }
-  auto typed = [&](auto word) {
+  visit_word(static_cast<std::size_t>(w), [&](auto word) {
     using W = decltype(word);
     auto* D = reinterpret_cast<W*>(dst.data);
     auto* S = reinterpret_cast<const W*>(src.data);
     for_each_offset_pair(dst.layout, src.layout,
                          [&](std::int64_t d, std::int64_t s) { D[d] = S[s]; });
-  };
-  switch (w) {
-  case 1:
-    typed(std::uint8_t{});
-    break;
-  case 2:
-    typed(std::uint16_t{});
-    break;
-  case 4:
-    typed(std::uint32_t{});
-    break;
-  default:
-    typed(std::uint64_t{});
-    break;
-  }
+  });
 }
 
 /// True when two layouts have the same rank and extents.

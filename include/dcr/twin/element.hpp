@@ -172,7 +172,10 @@ template <class W>
 concept word = std::is_same_v<W, std::uint8_t> || std::is_same_v<W, std::uint16_t> ||
     std::is_same_v<W, std::uint32_t> || std::is_same_v<W, std::uint64_t>;
 
-/// How a scattered value lands. Numeric values equal `dcr::value_encoding`.
+/// How a scattered value lands, as a runtime value for the entry points that
+/// take one. Numeric values equal `dcr::value_encoding`; the loops themselves
+/// (kernels and twins) are templates on the codec's encoding types
+/// (`codec::xor_mask`, `codec::overwrite`, `codec::add`) and run `E::apply`.
 enum class scatter_op : std::uint8_t {
   xor_mask = 1,  ///< dst ^= value
   overwrite = 2, ///< dst = value
@@ -222,7 +225,8 @@ constexpr DCR_HOST_DEVICE bool is_nan_by(W w, nan_rule r) noexcept {
   return r.mantissa != 0 && (v & r.exponent) == r.exponent && (v & r.mantissa) != 0;
 }
 
-/// Result of scattering `value` onto resident word `dst`.
+/// Result of scattering `value` onto resident word `dst` (the runtime form of
+/// `E::apply`, for checks that iterate over the ops).
 template <word W>
 constexpr DCR_HOST_DEVICE W scatter_word(W dst, W value, scatter_op op) noexcept {
   switch (op) {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "dcr/codec/locations.hpp"
+#include "dcr/codec/values.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/twin/check.hpp"
 #include "dcr/twin/element.hpp"
@@ -282,10 +283,14 @@ status scatter_encoded(view<W> dst, std::uint64_t first, std::uint64_t count, co
   std::vector<std::uint64_t> loc;
   DCR_TRY(
       decode_locations(id, locations, first, static_cast<std::uint64_t>(dst.size()), count, loc));
-  for (std::uint64_t k = 0; k < count; ++k) {
-    W& d = dst.at(static_cast<std::int64_t>(loc[k]));
-    d = scatter_word(d, load_value_word<W>(values.data(), count, k, planes), op);
-  }
+  // The encoding becomes its type once; the loop runs `E::apply`, as the kernel does.
+  codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    using E = decltype(e);
+    for (std::uint64_t k = 0; k < count; ++k) {
+      W& d = dst.at(static_cast<std::int64_t>(loc[k]));
+      d = E::apply(d, load_value_word<W>(values.data(), count, k, planes));
+    }
+  });
   return status::success();
 }
 

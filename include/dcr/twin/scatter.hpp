@@ -7,9 +7,12 @@
 ///
 /// Host twin of the CUDA scatter kernels (`cuda/dcr/gpu/scatter.cuh`):
 /// records (location, value) of one item land in a destination view, XORed
-/// in (`scatter_op::xor_mask`), added as zigzag integer differences
-/// (`scatter_op::add`, "add scatter") or written (`scatter_op::overwrite`). A
-/// location is a row-major flat index into the view's own extents.
+/// in (`codec::xor_mask`), added as zigzag integer differences (`codec::add`,
+/// "add scatter") or written (`codec::overwrite`): the loops run
+/// `E::apply` of the codec's encoding type, as the kernels and the host apply
+/// do; entry points that take a runtime `scatter_op` (numerically a
+/// `value_encoding`) turn it into the type once. A location is a row-major
+/// flat index into the view's own extents.
 ///
 /// Semantics shared with the kernels: the destination is checked first
 /// (`check_destination_view`), then the record counts, then every location
@@ -57,11 +60,13 @@ inline status decode_gaps(std::uint64_t first, unsigned width, std::span<const s
   return status::success();
 }
 
-/// Scatter `values[k]` onto `dst` at row-major location `locations[k]`.
-template <word W>
+/// Scatter `values[k]` onto `dst` at row-major location `locations[k]`:
+/// the resident word becomes `E::apply(resident, values[k])` (`E`: the
+/// codec's `xor_mask`, `overwrite` or `add`). Host twin of the kernel
+/// `gpu::scatter<E>`.
+template <codec::delta_encoding E, word W>
 status scatter(view<W> dst, std::span<const std::uint64_t> locations,
-               std::type_identity_t<std::span<const W>> values,
-               scatter_op op = scatter_op::xor_mask) {
+               std::type_identity_t<std::span<const W>> values) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_RETURN_ERROR_IF(locations.size() != values.size(), invalid_argument,
                       std::to_string(locations.size()) + " locations but " +
@@ -70,9 +75,20 @@ status scatter(view<W> dst, std::span<const std::uint64_t> locations,
   DCR_TRY(check_locations(locations, size));
   for (std::size_t k = 0; k < locations.size(); ++k) {
     W& d = dst.at(static_cast<std::int64_t>(locations[k]));
-    d = scatter_word(d, values[k], op);
+    d = E::apply(d, values[k]);
   }
   return status::success();
+}
+
+/// As above with the encoding as a runtime `scatter_op` (numerically a
+/// `value_encoding`), turned into its type once here.
+template <word W>
+status scatter(view<W> dst, std::span<const std::uint64_t> locations,
+               std::type_identity_t<std::span<const W>> values,
+               scatter_op op = scatter_op::xor_mask) {
+  return codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    return scatter<decltype(e), W>(dst, locations, values);
+  });
 }
 
 /// XOR `masks[k]` into `dst` at row-major location `locations[k]`.
@@ -97,10 +113,13 @@ status scatter_run(view<W> dst, std::uint64_t start,
                    scatter_op op = scatter_op::xor_mask) {
   DCR_TRY(check_destination_view(dst.shape, dst.data, "scatter destination"));
   DCR_TRY(check_run(start, values.size(), static_cast<std::uint64_t>(dst.size())));
-  for (std::size_t k = 0; k < values.size(); ++k) {
-    W& d = dst.at(static_cast<std::int64_t>(start + k));
-    d = scatter_word(d, values[k], op);
-  }
+  codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    using E = decltype(e);
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      W& d = dst.at(static_cast<std::int64_t>(start + k));
+      d = E::apply(d, values[k]);
+    }
+  });
   return status::success();
 }
 
@@ -122,12 +141,15 @@ status scatter_gaps(view<W> dst, std::uint64_t first, unsigned width,
     if (cur >= size) return location_failure(1, k, size);
     prev = cur;
   }
-  std::uint64_t loc = 0;
-  for (std::uint64_t k = 0; k < values.size(); ++k) {
-    loc += gap_scan_term(first, gaps.data(), width, k);
-    W& d = dst.at(static_cast<std::int64_t>(loc));
-    d = scatter_word(d, values[k], op);
-  }
+  codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    using E = decltype(e);
+    std::uint64_t loc = 0;
+    for (std::uint64_t k = 0; k < values.size(); ++k) {
+      loc += gap_scan_term(first, gaps.data(), width, k);
+      W& d = dst.at(static_cast<std::int64_t>(loc));
+      d = E::apply(d, values[k]);
+    }
+  });
   return status::success();
 }
 
