@@ -67,7 +67,8 @@ def committed_steps(run, co, commits, steps, *, attempts=1):
 
 
 def test_committed_refit_through_s3_and_etcd(etcd, swift, tmp_path):
-    run = Run("qwen3_moe", lr=1e-5,
+    # The trainer's parameters are the TP shards the owners read (views).
+    run = Run("qwen3_moe", lr=1e-5, sharded=True,
               make_receivers=vllm_receivers(2, enable_expert_parallel=True))
     store = s3_store(swift, "dcr-py-refit", tmp_path)
     commits = dcr.CommitStore(etcd_url(etcd, "py/refit"))
@@ -87,7 +88,8 @@ def test_overwrite_retry_through_s3_and_etcd(etcd, swift, tmp_path):
     # FP32 norms: a cast in the loader. At a learning rate that moves the
     # norms, the mixed attempt's relative items for them fail at the
     # receivers and the coordinator retries with every record an overwrite.
-    run = Run("llama", lr=1e-2, make_receivers=vllm_receivers(2, fp32_norms=True))
+    run = Run("llama", lr=1e-2, sharded=True,
+              make_receivers=vllm_receivers(2, fp32_norms=True))
     co = coordinated(run, dcr.CommitStore(etcd_url(etcd, "py/retry")),
                      s3_store(swift, "dcr-py-retry", tmp_path))
     for rep, _ in committed_steps(run, co, co.commits, 2, attempts=2):
