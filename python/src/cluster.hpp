@@ -81,8 +81,9 @@ public:
       o.region = s3.region;
       if (s3.access_key.empty() || s3.secret_key.empty())
         throw dcr::error(dcr::errc::invalid_argument,
-                         "object store '" + url + "': no S3 credentials (give a credentials "
-                         "file, or set DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY)");
+                         "object store '" + url +
+                             "': no S3 credentials (give a credentials "
+                             "file, or set DCR_S3_ACCESS_KEY and DCR_S3_SECRET_KEY)");
       o.credentials.access_key = s3.access_key;
       o.credentials.secret_key = s3.secret_key;
       auto h = std::make_unique<holder<dcr::transport::s3_object_store>>(std::move(o));
@@ -153,9 +154,10 @@ public:
     }
     const bool https = url.rfind("etcd+https://", 0) == 0;
     if (!https && url.rfind("etcd://", 0) != 0)
-      throw dcr::error(dcr::errc::invalid_argument,
-                       "commit store '" + url +
-                           "': expected file:<directory> or etcd://HOST:PORT[,HOST:PORT...][/prefix]");
+      throw dcr::error(
+          dcr::errc::invalid_argument,
+          "commit store '" + url +
+              "': expected file:<directory> or etcd://HOST:PORT[,HOST:PORT...][/prefix]");
     auto [authority, prefix] = authority_and_path(url, https ? 13 : 7);
     dcr::protocol::etcd_options o;
     o.endpoints.clear();

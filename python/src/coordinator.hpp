@@ -81,8 +81,8 @@ public:
     py::gil_scoped_acquire gil;
     try {
       // A read-only view of the fetched bytes: the decoder copies what it keeps.
-      rx_.attr("stage")(py::memoryview::from_memory(bytes.data(),
-                                                    static_cast<py::ssize_t>(bytes.size())));
+      rx_.attr("stage")(
+          py::memoryview::from_memory(bytes.data(), static_cast<py::ssize_t>(bytes.size())));
       return dcr::status::success();
     } catch (py::error_already_set& e) {
       return status_of(e, "receiver " + id_ + ": stage");
@@ -155,8 +155,8 @@ public:
   /// densely to the committed version, for one the coordinator dropped.
   py_coordinator(std::shared_ptr<any_commits> commits, std::shared_ptr<any_store> store,
                  std::vector<owner_t*> owners,
-                 std::vector<std::pair<std::string, py::object>> receivers,
-                 py::object digest_parts, py::object restore, const coordinator_args& a)
+                 std::vector<std::pair<std::string, py::object>> receivers, py::object digest_parts,
+                 py::object restore, const coordinator_args& a)
       : commits_(std::move(commits)), store_(std::move(store)) {
     if (owners.empty()) throw dcr::error(dcr::errc::invalid_argument, "coordinator: no owners");
     if (receivers.empty())
@@ -186,7 +186,8 @@ public:
     }
     dcr::protocol::coordinator_options o;
     o.max_attempts = a.max_attempts;
-    o.attempt_deadline = std::chrono::milliseconds(static_cast<std::int64_t>(a.attempt_deadline_s * 1e3));
+    o.attempt_deadline =
+        std::chrono::milliseconds(static_cast<std::int64_t>(a.attempt_deadline_s * 1e3));
     o.collect_garbage = a.collect_garbage;
     engine_ = std::make_unique<engine_t>(*commits_, *store_, std::move(owners), std::move(eps), o);
     for (auto* n : engine_->node_links()) n->fetch_all(a.fetch_all);

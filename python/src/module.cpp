@@ -277,9 +277,9 @@ PYBIND11_MODULE(_dcr, m) {
   py::class_<dcr_py::object_store>(m, "ObjectStore")
       .def(py::init([](const std::string& url, std::string incarnation, std::string region,
                        std::string access_key, std::string secret_key) {
-             return new dcr_py::object_store(url, std::move(incarnation),
-                                             {std::move(access_key), std::move(secret_key),
-                                              std::move(region)});
+             return new dcr_py::object_store(
+                 url, std::move(incarnation),
+                 {std::move(access_key), std::move(secret_key), std::move(region)});
            }),
            py::arg("url"), py::arg("incarnation") = std::string(),
            py::arg("region") = std::string("us-east-1"), py::arg("access_key") = std::string(),
@@ -287,12 +287,11 @@ PYBIND11_MODULE(_dcr, m) {
       .def_property_readonly("incarnation", &dcr_py::object_store::incarnation)
       .def_property_readonly("is_s3",
                              [](const dcr_py::object_store& s) { return s.store()->is_s3(); })
-      .def(
-          "create_bucket",
-          [](dcr_py::object_store& s) {
-            py::gil_scoped_release nogil;
-            s.store()->create_bucket();
-          })
+      .def("create_bucket",
+           [](dcr_py::object_store& s) {
+             py::gil_scoped_release nogil;
+             s.store()->create_bucket();
+           })
       .def(
           "publish",
           [](dcr_py::object_store& s, std::uint64_t attempt, std::uint32_t owner,
