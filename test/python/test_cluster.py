@@ -188,3 +188,19 @@ def test_coordinator_argument_errors(tmp_path):
     co.take_over()
     with pytest.raises(dcr.InvalidArgument, match="no candidate"):
         co.transition()
+
+
+def test_a_missing_server_fails_under_ci(monkeypatch):
+    import servers
+
+    monkeypatch.setattr(servers, "ETCD", "/nonexistent/etcd")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="etcd-server.*CI is set"):
+        servers.EtcdServer()
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="etcd-server"):
+        servers.EtcdServer()
+    monkeypatch.setattr(servers, "SWIFT_BINARIES", ["/nonexistent/swift-proxy-server"])
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="swift-proxy-server.*CI is set"):
+        servers.SwiftServer()
