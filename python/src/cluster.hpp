@@ -7,7 +7,9 @@
 /// `etcd://host:port[,host:port...][/prefix]` through dcr-net's
 /// `etcd_commit_store`). Each is one type-erased object that models the
 /// library's concept (`transport::object_store`, `protocol::commit_store`),
-/// so the library's coordinator runs over it unchanged.
+/// so the library's coordinator runs over it unchanged. A build without
+/// dcr-net (`-Dnet=disabled`, no libcrypto; DCR_PY_NET unset) refuses the
+/// S3 and etcd URLs with `invalid_argument`, as the cluster programs do.
 
 #include <chrono>
 #include <cstdint>
@@ -20,9 +22,11 @@
 
 #include "dcr/core/error.hpp"
 #include "dcr/protocol/commit_store.hpp"
-#include "dcr/protocol/etcd_commit_store.hpp"
 #include "dcr/transport/object_store.hpp"
+#if DCR_PY_NET
+#include "dcr/protocol/etcd_commit_store.hpp"
 #include "dcr/transport/s3_object_store.hpp"
+#endif
 
 namespace dcr_py {
 
@@ -69,6 +73,7 @@ public:
       impl_ = std::make_unique<holder<dcr::transport::fs_object_store>>(
           std::filesystem::path(url.substr(3)));
     } else if (url.rfind("s3://", 0) == 0 || url.rfind("s3+https://", 0) == 0) {
+#if DCR_PY_NET
       const bool https = url.rfind("s3+https://", 0) == 0;
       auto [authority, bucket] = authority_and_path(url, https ? 11 : 5);
       if (!bucket.empty() && bucket.back() == '/') bucket.pop_back();
@@ -89,6 +94,12 @@ public:
       auto h = std::make_unique<holder<dcr::transport::s3_object_store>>(std::move(o));
       s3_ = &h->store;
       impl_ = std::move(h);
+#else
+      (void)s3;
+      throw dcr::error(dcr::errc::invalid_argument,
+                       "object store '" + url +
+                           "': this build has no dcr-net (configure -Dnet=enabled)");
+#endif
     } else {
       throw dcr::error(dcr::errc::invalid_argument,
                        "object store '" + url +
@@ -99,7 +110,9 @@ public:
   /// CreateBucket (S3; success when this account owns it already); nothing
   /// for the other stores.
   void create_bucket() {
+#if DCR_PY_NET
     if (s3_) dcr::throw_if_failed(s3_->create_bucket());
+#endif
   }
   bool is_s3() const noexcept { return s3_ != nullptr; }
 
@@ -112,7 +125,10 @@ public:
   /// How long a waiting attempt reader sleeps between listings (S3: its
   /// billed, rate-limited LISTs; else 5 ms as the cluster programs).
   std::chrono::microseconds list_poll_max() const {
-    return s3_ ? s3_->list_poll_max() : std::chrono::microseconds(5000);
+#if DCR_PY_NET
+    if (s3_) return s3_->list_poll_max();
+#endif
+    return std::chrono::microseconds(5000);
   }
 
 private:
@@ -140,7 +156,11 @@ private:
     dcr::status remove(std::string_view n) override { return store.remove(n); }
   };
   std::unique_ptr<base> impl_;
+#if DCR_PY_NET
   dcr::transport::s3_object_store* s3_ = nullptr;
+#else
+  void* s3_ = nullptr; // never set: no S3 in this build
+#endif
 };
 static_assert(dcr::transport::object_store<any_store>);
 
@@ -158,6 +178,7 @@ public:
           dcr::errc::invalid_argument,
           "commit store '" + url +
               "': expected file:<directory> or etcd://HOST:PORT[,HOST:PORT...][/prefix]");
+#if DCR_PY_NET
     auto [authority, prefix] = authority_and_path(url, https ? 13 : 7);
     dcr::protocol::etcd_options o;
     o.endpoints.clear();
@@ -176,6 +197,12 @@ public:
     o.http.tls.cert_file = tls.cert_file;
     o.http.tls.key_file = tls.key_file;
     etcd_ = std::make_unique<dcr::protocol::etcd_commit_store>(std::move(o));
+#else
+    (void)tls;
+    throw dcr::error(dcr::errc::invalid_argument,
+                     "commit store '" + url +
+                         "': this build has no dcr-net (configure -Dnet=enabled)");
+#endif
   }
 
   dcr::status load(dcr::protocol::stored_record& out) {
@@ -195,10 +222,15 @@ public:
 private:
   template <class F>
   dcr::status visit(F&& f) {
-    return etcd_ ? f(*etcd_) : f(*file_);
+#if DCR_PY_NET
+    if (etcd_) return f(*etcd_);
+#endif
+    return f(*file_);
   }
   std::unique_ptr<dcr::protocol::file_commit_store> file_;
+#if DCR_PY_NET
   std::unique_ptr<dcr::protocol::etcd_commit_store> etcd_;
+#endif
 };
 static_assert(dcr::protocol::commit_store<any_commits>);
 
