@@ -19,7 +19,8 @@ cluster programs run them: the library's coordinator publishes through the
 object store (`memory:`, `fs:DIR`, `s3://HOST:PORT/BUCKET` with
 `--s3-credentials` or DCR_S3_ACCESS_KEY / DCR_S3_SECRET_KEY) and commits
 each version in the commit store (`file:DIR`, `etcd://HOST:PORT/prefix`)
-once every receiver acknowledged it.
+once every receiver acknowledged it; `--transport relay_tree` streams the
+payloads through a k-ary tree of the receivers instead of an object store.
 
     scripts/setup-python.sh && scripts/setup.sh    # once: .venv/ and the extension in build/
     .venv/bin/python3 examples/python/refit.py --model qwen3_moe --steps 5
@@ -65,6 +66,11 @@ def main() -> int:
                     help="lines 'access_key K' and 'secret_key S' (else DCR_S3_ACCESS_KEY, "
                          "DCR_S3_SECRET_KEY)")
     ap.add_argument("--s3-region", default="us-east-1")
+    ap.add_argument("--transport", choices=["object_store", "relay_tree"], default="object_store",
+                    help="how a coordinated run's payloads travel (relay_tree: a k-ary tree of "
+                         "the receivers, no object store)")
+    ap.add_argument("--relay-fanout", type=int, default=2)
+    ap.add_argument("--relay-tcp", action="store_true", help="relay tree links over loopback TCP")
     ap.add_argument("--commits", metavar="URL",
                     help="commit store of a coordinated run: file:DIR, etcd://HOST:PORT/prefix "
                          "(default with --store: file: in a temporary directory)")
@@ -92,10 +98,15 @@ def main() -> int:
     for rx in rxs:
         rx.dense_refit(canon)
     coordinator = None
-    if a.store or a.commits:
-        store = dcr.ObjectStore(a.store or "memory:", region=a.s3_region,
-                                credentials=a.s3_credentials)
-        store.create_bucket()
+    if a.store or a.commits or a.transport == "relay_tree":
+        if a.transport == "relay_tree":
+            store = dcr.RelayTree(fanout=a.relay_fanout, tcp=a.relay_tcp)
+            where = f"a relay tree (fanout {a.relay_fanout}, {'TCP' if a.relay_tcp else 'pipes'})"
+        else:
+            store = dcr.ObjectStore(a.store or "memory:", region=a.s3_region,
+                                    credentials=a.s3_credentials)
+            store.create_bucket()
+            where = store.url
         commits = dcr.CommitStore(a.commits or f"file:{tempfile.mkdtemp(prefix='dcr-commits-')}")
         coordinator = dcr.Coordinator(commits, store, owners,
                                       {f"rx{i}": rx for i, rx in enumerate(rxs)})
@@ -103,7 +114,7 @@ def main() -> int:
         for r, o in enumerate(owners):
             o.set_candidate(shards[r])
         coordinator.bootstrap()
-        print(f"coordinated: objects in {store.url}, commit record in {commits.url} "
+        print(f"coordinated: payloads through {where}, commit record in {commits.url} "
               f"(version {commits.load()['version']} committed)")
     print(f"model {a.model}: {len(names)} tensors, {ckpt_bytes / 1e6:.2f} MB BF16; owners TP "
           f"{a.owners_tp}; {len(rxs)} vLLM-like receivers (TP {a.receivers_tp}"

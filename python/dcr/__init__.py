@@ -34,8 +34,8 @@ except ImportError as _e:  # pragma: no cover - message for a missing build
 _dcr._register_errors(dict(errors.BY_CODE))
 
 Plan = _dcr.Plan
-from .cluster import CommitStore, Coordinator, ObjectStore  # noqa: E402
+from .cluster import CommitStore, Coordinator, ObjectStore, RelayTree  # noqa: E402
 read_payload_id = _dcr.read_payload_id
 decode_payload = _dcr.decode_payload
 
-__all__ = ["Plan", "ObjectStore", "CommitStore", "Coordinator", "read_payload_id", "decode_payload", "errors", "Error"] + errors.__all__
+__all__ = ["Plan", "ObjectStore", "CommitStore", "Coordinator", "RelayTree", "read_payload_id", "decode_payload", "errors", "Error"] + errors.__all__

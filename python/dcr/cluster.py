@@ -8,6 +8,11 @@
 - `CommitStore(url)`: where the commit record lives. `file:<directory>` or
   `etcd://HOST:PORT[,HOST:PORT...][/prefix]` (`etcd+https://` with a
   credentials file of `ca`, `cert`, `key` lines, as `--etcd-credentials`).
+- `RelayTree(receivers_per_node=1, fanout=2, tcp=False)`: the other
+  transport of the C++ programs (`--transport relay_tree`): owners stream
+  payloads to a root node that forwards them through a k-ary tree of the
+  receivers' nodes (in-process pipes, or loopback TCP), sized by the
+  coordinator's receivers. Pass it where an object store goes.
 - `Coordinator(commits, store, owners, receivers)`: the library's
   coordinator (`protocol::coordinator`) driving owners of this process and
   Python receivers: `take_over()`, `bootstrap()` (commit version 0),
@@ -74,6 +79,9 @@ class ObjectStore(_dcr.ObjectStore):
         self.url = url
 
 
+RelayTree = _dcr.RelayTree
+
+
 class CommitStore(_dcr.CommitStore):
     """The commit record, epoch and attempt counters in a store named by URL.
 
@@ -126,7 +134,8 @@ class Coordinator:
     """The library's coordinator over `owners` (`dcr.torch.Owner`s of this
     process) and `receivers` (`{id: receiver}` or (id, receiver) pairs;
     `dcr.torch.Receiver` or anything with `begin_attempt`, `stage`, `apply`
-    and a `model`), publishing through `store` and committing in `commits`.
+    and a `model`), publishing through `store` (an `ObjectStore`, or a
+    `RelayTree` of the receivers) and committing in `commits`.
 
     Every receiver must hold the committed version when it joins (a dense
     `load_weights` of it). `restore(id)`, when given, returns a new receiver
@@ -136,7 +145,7 @@ class Coordinator:
     receiver's ACK digest covers (default: every parameter and buffer).
     """
 
-    def __init__(self, commits: CommitStore, store: ObjectStore, owners, receivers, *,
+    def __init__(self, commits: CommitStore, store, owners, receivers, *,
                  restore=None, state_parts=state_parts, max_attempts: int = 4,
                  deadline_s: float = 120.0, collect_garbage: bool = True,
                  fetch_all: bool = True):
@@ -193,4 +202,4 @@ class Coordinator:
         return self._core.counters(str(receiver_id))
 
 
-__all__ = ["ObjectStore", "CommitStore", "Coordinator", "state_parts"]
+__all__ = ["ObjectStore", "CommitStore", "RelayTree", "Coordinator", "state_parts"]

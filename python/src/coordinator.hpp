@@ -26,6 +26,8 @@
 
 #include "adapter.hpp"
 #include "dcr/protocol/coordinator.hpp"
+#include "dcr/transport/relay_tcp.hpp"
+#include "dcr/transport/relay_tree.hpp"
 
 namespace dcr_py {
 
@@ -143,21 +145,41 @@ struct coordinator_args {
   bool fetch_all = true;
 };
 
-/// The coordinator of one process's owners and Python receivers.
+/// A relay tree over this process's receivers (transport/relay_tree.hpp):
+/// one node per `receivers_per_node` receivers, a k-ary tree rooted at node
+/// 0, links through in-process pipes or loopback TCP. The coordinator's
+/// owners stream payloads to the root instead of uploading objects.
+struct relay_args {
+  std::uint32_t receivers = 1, receivers_per_node = 1, fanout = 2;
+  bool tcp = false;
+};
+inline std::shared_ptr<dcr::transport::relay_tree> make_relay_tree(const relay_args& a) {
+  if (a.receivers == 0 || a.receivers_per_node == 0 || a.fanout == 0)
+    throw dcr::error(dcr::errc::invalid_argument,
+                     "relay tree: receivers, receivers per node and fanout must be positive");
+  dcr::transport::relay_options o;
+  o.receivers = a.receivers;
+  o.receivers_per_node = a.receivers_per_node;
+  o.nodes = (a.receivers + a.receivers_per_node - 1) / a.receivers_per_node;
+  o.fanout = a.fanout;
+  return a.tcp ? dcr::transport::make_tcp_relay_tree(o) : dcr::transport::make_inproc_relay_tree(o);
+}
+
+/// The coordinator of one process's owners and Python receivers, over an
+/// object store (`any_store`) or a relay tree.
 class py_coordinator {
 public:
   using owner_t = dcr::protocol::training_round::member;
   using endpoint = dcr::protocol::receiver_endpoint<py_receiver>;
-  using engine_t = dcr::protocol::coordinator<owner_t, py_receiver, any_store, any_commits>;
 
   /// `receivers`: (id, Python receiver) pairs at the committed version.
   /// `restore(id)` (may be None) returns a new receiver of that id restored
   /// densely to the committed version, for one the coordinator dropped.
-  py_coordinator(std::shared_ptr<any_commits> commits, std::shared_ptr<any_store> store,
+  template <class Store>
+  py_coordinator(std::shared_ptr<any_commits> commits, std::shared_ptr<Store> store,
                  std::vector<owner_t*> owners,
                  std::vector<std::pair<std::string, py::object>> receivers, py::object digest_parts,
-                 py::object restore, const coordinator_args& a)
-      : commits_(std::move(commits)), store_(std::move(store)) {
+                 py::object restore, const coordinator_args& a) {
     if (owners.empty()) throw dcr::error(dcr::errc::invalid_argument, "coordinator: no owners");
     if (receivers.empty())
       throw dcr::error(dcr::errc::invalid_argument, "coordinator: no receivers");
@@ -189,38 +211,61 @@ public:
     o.attempt_deadline =
         std::chrono::milliseconds(static_cast<std::int64_t>(a.attempt_deadline_s * 1e3));
     o.collect_garbage = a.collect_garbage;
-    engine_ = std::make_unique<engine_t>(*commits_, *store_, std::move(owners), std::move(eps), o);
-    for (auto* n : engine_->node_links()) n->fetch_all(a.fetch_all);
+    auto e = std::make_unique<engine_of<Store>>(std::move(commits), std::move(store),
+                                                std::move(owners), std::move(eps), o);
+    if constexpr (dcr::transport::object_store<Store>)
+      for (auto* n : e->run.node_links()) n->fetch_all(a.fetch_all);
+    impl_ = std::move(e);
   }
   ~py_coordinator() {
-    // Receivers hold Python objects: dropped with the GIL (held by the caller).
-    engine_.reset();
+    // The engine before the endpoints it points at; receivers hold Python
+    // objects, dropped with the GIL (held by the caller).
+    impl_.reset();
     endpoints_.clear();
   }
 
-  std::uint64_t take_over() {
-    dcr::throw_if_failed(engine_->take_over());
-    return engine_->epoch();
-  }
-  void bootstrap() { dcr::throw_if_failed(engine_->bootstrap()); }
-  dcr::protocol::transition_report transition() { return engine_->transition(); }
-  std::uint64_t epoch() const { return engine_->epoch(); }
-  void kill(const std::string& id) {
-    for (auto& e : endpoints_)
-      if (e->id() == id) return e->kill();
-    throw dcr::error(dcr::errc::not_found, "no receiver '" + id + "'");
-  }
+  std::uint64_t take_over() { return impl_->take_over(); }
+  void bootstrap() { impl_->bootstrap(); }
+  dcr::protocol::transition_report transition() { return impl_->transition(); }
+  std::uint64_t epoch() const { return impl_->epoch(); }
+  void kill(const std::string& id) { find(id).kill(); }
   dcr::protocol::endpoint_counters counters(const std::string& id) const {
-    for (auto& e : endpoints_)
-      if (e->id() == id) return e->counters();
-    throw dcr::error(dcr::errc::not_found, "no receiver '" + id + "'");
+    return find(id).counters();
   }
 
 private:
-  std::shared_ptr<any_commits> commits_;
-  std::shared_ptr<any_store> store_;
+  endpoint& find(const std::string& id) const {
+    for (auto& e : endpoints_)
+      if (e->id() == id) return *e;
+    throw dcr::error(dcr::errc::not_found, "no receiver '" + id + "'");
+  }
+  struct base {
+    virtual ~base() = default;
+    virtual std::uint64_t take_over() = 0;
+    virtual void bootstrap() = 0;
+    virtual dcr::protocol::transition_report transition() = 0;
+    virtual std::uint64_t epoch() const = 0;
+  };
+  template <class Store>
+  struct engine_of : base {
+    std::shared_ptr<any_commits> commits;
+    std::shared_ptr<Store> store;
+    dcr::protocol::coordinator<owner_t, py_receiver, Store, any_commits> run;
+    engine_of(std::shared_ptr<any_commits> c, std::shared_ptr<Store> s,
+              std::vector<owner_t*> owners, std::vector<endpoint*> eps,
+              dcr::protocol::coordinator_options o)
+        : commits(std::move(c)), store(std::move(s)),
+          run(*commits, *store, std::move(owners), std::move(eps), std::move(o)) {}
+    std::uint64_t take_over() override {
+      dcr::throw_if_failed(run.take_over());
+      return run.epoch();
+    }
+    void bootstrap() override { dcr::throw_if_failed(run.bootstrap()); }
+    dcr::protocol::transition_report transition() override { return run.transition(); }
+    std::uint64_t epoch() const override { return run.epoch(); }
+  };
   std::vector<std::unique_ptr<endpoint>> endpoints_;
-  std::unique_ptr<engine_t> engine_;
+  std::unique_ptr<base> impl_;
 };
 
 } // namespace dcr_py

@@ -378,8 +378,20 @@ PYBIND11_MODULE(_dcr, m) {
 
   // The library's coordinator over owners of this process and Python
   // receivers (coordinator.hpp). Holds the stores and owners it drives.
+  py::class_<dcr_py::relay_args>(m, "RelayTree")
+      .def(py::init([](std::uint32_t per_node, std::uint32_t fanout, bool tcp) {
+             return dcr_py::relay_args{0, per_node, fanout, tcp};
+           }),
+           py::arg("receivers_per_node") = 1, py::arg("fanout") = 2, py::arg("tcp") = false)
+      .def_readonly("receivers_per_node", &dcr_py::relay_args::receivers_per_node)
+      .def_readonly("fanout", &dcr_py::relay_args::fanout)
+      .def_readonly("tcp", &dcr_py::relay_args::tcp);
+
+  // The library's coordinator over owners of this process and Python
+  // receivers (coordinator.hpp), over an object store or a relay tree of
+  // its receivers (built here, sized by them). Holds what it drives.
   py::class_<dcr_py::py_coordinator>(m, "Coordinator")
-      .def(py::init([](std::shared_ptr<dcr_py::any_commits> commits, dcr_py::object_store& store,
+      .def(py::init([](std::shared_ptr<dcr_py::any_commits> commits, py::object medium,
                        py::list owners, py::list receivers, py::object digest_parts,
                        py::object restore, int max_attempts, double deadline_s,
                        bool collect_garbage, bool fetch_all) {
@@ -390,16 +402,24 @@ PYBIND11_MODULE(_dcr, m) {
                auto t = r.cast<py::tuple>();
                rs.emplace_back(t[0].cast<std::string>(), t[1]);
              }
+             const dcr_py::coordinator_args a{max_attempts, deadline_s, collect_garbage, fetch_all};
+             if (py::isinstance<dcr_py::relay_args>(medium)) {
+               auto ra = medium.cast<dcr_py::relay_args>();
+               ra.receivers = static_cast<std::uint32_t>(rs.size());
+               return new dcr_py::py_coordinator(std::move(commits), dcr_py::make_relay_tree(ra),
+                                                 std::move(os), std::move(rs), digest_parts,
+                                                 restore, a);
+             }
              return new dcr_py::py_coordinator(
-                 std::move(commits), store.store(), std::move(os), std::move(rs), digest_parts,
-                 restore, {max_attempts, deadline_s, collect_garbage, fetch_all});
+                 std::move(commits), medium.cast<dcr_py::object_store&>().store(), std::move(os),
+                 std::move(rs), digest_parts, restore, a);
            }),
-           py::arg("commits"), py::arg("store"), py::arg("owners"), py::arg("receivers"),
+           py::arg("commits"), py::arg("medium"), py::arg("owners"), py::arg("receivers"),
            py::arg("digest_parts"), py::arg("restore") = py::none(), py::arg("max_attempts") = 4,
            py::arg("deadline_s") = 120.0, py::arg("collect_garbage") = true,
            py::arg("fetch_all") = true,
-           // The owners and the store live while the coordinator drives them.
-           py::keep_alive<1, 3>(), py::keep_alive<1, 4>())
+           // The owners live while the coordinator drives them.
+           py::keep_alive<1, 4>())
       .def_property_readonly("epoch", &dcr_py::py_coordinator::epoch)
       .def("take_over",
            [](dcr_py::py_coordinator& c) {

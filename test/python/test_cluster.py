@@ -204,3 +204,19 @@ def test_a_missing_server_fails_under_ci(monkeypatch):
     monkeypatch.setenv("CI", "1")
     with pytest.raises(pytest.fail.Exception, match="swift-proxy-server.*CI is set"):
         servers.SwiftServer()
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["pipes", "tcp"])
+def test_committed_refit_through_a_relay_tree(etcd, tcp):
+    """The relay tree transport (`--transport relay_tree`): payloads stream
+    from the owners through a k-ary tree of the receivers' nodes, the commit
+    record in etcd; one tree node per receiver (TP 4), fanout 2, over in-process
+    pipes or loopback TCP."""
+    run = Run("qwen3_moe", lr=1e-5, sharded=True,
+              make_receivers=vllm_receivers(4, enable_expert_parallel=True))
+    commits = dcr.CommitStore(etcd_url(etcd, f"py/relay-{'tcp' if tcp else 'pipes'}"))
+    co = coordinated(run, commits, dcr.RelayTree(fanout=2, tcp=tcp))
+    for rep, _ in committed_steps(run, co, commits, 2):
+        assert rep["collected_objects"] == 0  # nothing stored: nothing to collect
+    with pytest.raises(dcr.InvalidArgument, match="must be positive"):
+        dcr.Coordinator(commits, dcr.RelayTree(fanout=0), run.owners, {"a": run.receivers[0]})
