@@ -107,7 +107,8 @@ def main() -> int:
                                     credentials=a.s3_credentials)
             store.create_bucket()
             where = store.url
-        commits = dcr.CommitStore(a.commits or f"file:{tempfile.mkdtemp(prefix='dcr-commits-')}")
+        scratch = tempfile.TemporaryDirectory(prefix="dcr-commits-")  # removed at exit
+        commits = dcr.CommitStore(a.commits or f"file:{scratch.name}")
         coordinator = dcr.Coordinator(commits, store, owners,
                                       {f"rx{i}": rx for i, rx in enumerate(rxs)})
         coordinator.take_over()

@@ -115,7 +115,9 @@ def test_fenced_coordinator_gets_a_conflict(etcd, tmp_path):
     assert dcr.CommitStore(url).load()["version"] == 1
 
 
-def test_store_and_server_errors(swift, tmp_path):
+def test_store_and_server_errors(swift, tmp_path, monkeypatch):
+    monkeypatch.delenv("DCR_S3_ACCESS_KEY", raising=False)
+    monkeypatch.delenv("DCR_S3_SECRET_KEY", raising=False)
     port = free_port()  # nothing listens there
     with pytest.raises(dcr.Unavailable, match="cannot connect"):
         dcr.CommitStore(f"etcd://127.0.0.1:{port}").take_over()
@@ -124,7 +126,13 @@ def test_store_and_server_errors(swift, tmp_path):
     with pytest.raises(dcr.InvalidArgument, match="s3://HOST:PORT/BUCKET"):
         dcr.ObjectStore("s3://127.0.0.1:9000")
     with pytest.raises(dcr.InvalidArgument, match="no S3 credentials"):
-        dcr.ObjectStore("s3://127.0.0.1:9000/bucket")  # no file; the test environment has no keys
+        dcr.ObjectStore("s3://127.0.0.1:9000/bucket")  # no file, no keys in the environment
+    # The environment's keys, as the C++ programs take them.
+    monkeypatch.setenv("DCR_S3_ACCESS_KEY", swift.access_key)
+    monkeypatch.setenv("DCR_S3_SECRET_KEY", swift.secret_key)
+    env_store = dcr.ObjectStore(swift.url("dcr-py-env"), region=swift.region)
+    env_store.create_bucket()
+    assert env_store.fetch(1) == ([], [])
     bad = tmp_path / "bad"
     bad.write_text("access_key only-this\n")
     with pytest.raises(dcr.InvalidArgument, match="needs access_key and secret_key"):
