@@ -40,7 +40,7 @@ inline dcr::status status_of(py::error_already_set& e, const std::string& where)
   std::string text;
   try {
     py::object v = e.value();
-    if (py::hasattr(v, "code")) {
+    if (py::isinstance(v, py::module_::import("dcr.errors").attr("Error"))) {
       const int c = v.attr("code").cast<int>();
       if (c >= 1 && c <= static_cast<int>(dcr::errc::foreign_incarnation)) code = c;
     }
