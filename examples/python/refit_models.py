@@ -129,6 +129,152 @@ class Trainer:
         return float(loss.detach())
 
 
+def _source_index(plan, rank: int) -> dict[str, torch.Tensor]:
+    """For every shard rank `rank` holds: the flat position + 1 of each of its
+    elements in the canonical tensors laid end to end (0: an element no
+    canonical element feeds, e.g. vocabulary padding).
+
+    Found with the plan's own projection (the inverse of its maps, a byte
+    gather), run on canonical tensors whose stored words are their element
+    positions, 16 bits (or the word width) at a time: whatever Megatron
+    layout the plan has (fused QKV groups, merged fc1, row and column
+    splits, padded vocabulary, experts), this is where each element comes from."""
+    widths = {m.dtype.itemsize for m in plan.canonical}
+    if len(widths) != 1 or next(iter(widths)) not in (2, 4):
+        raise ValueError("source index: canonical tensors of one 2- or 4-byte dtype only")
+    width = next(iter(widths))
+    bits = 8 * width
+    word = {2: torch.int16, 4: torch.int32}[width]
+    total = sum(m.numel for m in plan.canonical)
+    if total + 1 >= 1 << 40:
+        raise ValueError("source index: model too large")
+    positions = torch.arange(1, total + 1, dtype=torch.int64)
+    out: dict[str, torch.Tensor] = {}
+    for shift in range(0, 40, bits):
+        part = (positions >> shift) & ((1 << bits) - 1)
+        part = (part - ((part >> (bits - 1)) << bits)).to(word)  # as signed words
+        canon, at = {}, 0
+        for m in plan.canonical:
+            canon[m.name] = part[at:at + m.numel].view(m.dtype).view(m.shape)
+            at += m.numel
+        shards = plan.project(rank, canon)
+        for k, t in shards.items():
+            w = t.view(word).to(torch.int64).view(-1) & ((1 << bits) - 1)
+            out[k] = out.get(k, torch.zeros_like(w)) | (w << shift)
+    return out
+
+
+_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+class ShardedTrainer:
+    """A Megatron-style TP trainer whose parameters are the ranks' source
+    shards themselves: `shards[rank]` is `{shard key: nn.Parameter}` in the
+    plan's layout (what dcr's owners read, as views, with no projection).
+
+    The forward pass is the `transformers` model run on canonical tensors
+    gathered from the shards (a differentiable gather, so real gradients
+    reach the shard parameters); BF16 parameters with an FP32 AdamW master,
+    as `Trainer`. Each shard element is trained in the shard of its owner
+    rank; replicated shards (norms, experts without EP) and other copies
+    are set from it after every step, as Megatron's gradient all-reduce
+    keeps replicas equal."""
+
+    def __init__(self, model: nn.Module, plan, lr: float, tokens: torch.Tensor, *,
+                 seq: int = 64, batch: int = 4, seed: int = 0):
+        self.model, self.plan, self.tokens, self.seq, self.batch = model, plan, tokens, seq, batch
+        self.names = [m.name for m in plan.canonical]
+        canon = canonical_views(model, self.names)
+        self.shards = []
+        self.index = []
+        for r in range(plan.world):
+            projected = plan.project(r, canon)
+            self.shards.append({k: nn.Parameter(t, requires_grad=True)
+                                for k, t in projected.items()})
+            self.index.append(_source_index(plan, r))
+        # The trained elements: each canonical element from its owner's shard.
+        total = sum(m.numel for m in plan.canonical)
+        self.trained: list[nn.Parameter] = []
+        sources, at = [], 0
+        gather = torch.full((total,), -1, dtype=torch.int64)
+        for r in range(plan.world):
+            for s in plan.rank_shards(r):
+                if s["owner"] != r:
+                    continue
+                idx = self.index[r][s["key"]]
+                valid = idx > 0
+                pos = idx[valid] - 1
+                free = gather[pos] < 0  # the first owner shard that holds it
+                gather[pos[free]] = torch.nonzero(valid).view(-1)[free] + at
+                self.trained.append(self.shards[r][s["key"]])
+                sources.append(s["key"])
+                at += idx.numel()
+        if bool((gather < 0).any()):
+            raise ValueError("sharded trainer: the owned shards do not cover every canonical element")
+        self.gather = gather
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.trained]
+        self.opt = torch.optim.AdamW(self.master, lr=lr)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.offsets = {}
+        at = 0
+        for m in plan.canonical:
+            self.offsets[m.name] = (at, m.numel, m.shape)
+            at += m.numel
+
+    def canonical(self, *, grad: bool = False) -> dict[str, torch.Tensor]:
+        """The canonical tensors gathered from the owners' shards (new tensors)."""
+        with torch.set_grad_enabled(grad):
+            flat = torch.cat([p.view(-1) for p in self.trained])[self.gather]
+        return {n: flat[a:a + k].view(shape) for n, (a, k, shape) in self.offsets.items()}
+
+    def _hf_params(self, canon):
+        """`canon` in the `transformers` model's parameter names (experts fused)."""
+        out, experts = {}, {}
+        for n, t in canon.items():
+            m = _EXPERTS.match(n)
+            if m is None:
+                out[n] = t
+            else:
+                experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = t
+        for prefix, by_e in experts.items():
+            order = sorted(by_e)
+            out[prefix + ".gate_up_proj"] = torch.stack(
+                [torch.cat([by_e[e]["gate"], by_e[e]["up"]]) for e in order])
+            out[prefix + ".down_proj"] = torch.stack([by_e[e]["down"] for e in order])
+        return out
+
+    def step(self) -> float:
+        starts = torch.randint(0, self.tokens.numel() - self.seq - 1, (self.batch,),
+                               generator=self.gen)
+        ids = torch.stack([self.tokens[s:s + self.seq + 1] for s in starts.tolist()])
+        params = self._hf_params(self.canonical(grad=True))
+        out = torch.func.functional_call(self.model, params, (ids[:, :-1],))
+        loss = nn.functional.cross_entropy(out.logits.float().reshape(-1, out.logits.shape[-1]),
+                                           ids[:, 1:].reshape(-1))
+        loss.backward()
+        for p, m in zip(self.trained, self.master):
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, m in zip(self.trained, self.master):
+                p.copy_(m)  # round to nearest BF16, in the parameter's own storage
+            self.sync_replicas()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def sync_replicas(self) -> None:
+        """Every shard element that is not the one trained set from the one
+        that is, in place (the shards stay the tensors the owners hold)."""
+        flat = torch.cat([p.view(-1) for p in self.trained])[self.gather]
+        for r, shards in enumerate(self.shards):
+            for k, p in shards.items():
+                idx = self.index[r][k]
+                valid = idx > 0
+                p.view(-1)[valid] = flat[idx[valid] - 1]
+
+
 # -- the serving model ---------------------------------------------------------
 
 

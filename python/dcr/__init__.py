@@ -1,8 +1,10 @@
 """dcr: bit-exact delta-compressed refit of policy weights, from PyTorch.
 
-`dcr.Plan` / `dcr.Owner` (training side) and `dcr.decode_payload` come from
-the C++ core (`dcr._dcr`); `dcr.torch` holds the PyTorch receiver and the
-torch-facing owner (docs/python.md).
+`dcr.Plan` and `dcr.decode_payload` come from the C++ core (`dcr._dcr`);
+`dcr.torch` holds the PyTorch receiver and the torch-facing owner;
+`dcr.ObjectStore`, `dcr.CommitStore` and `dcr.Coordinator` (`dcr/cluster.py`)
+are the object store, commit store and coordinator of the C++ cluster
+programs, chosen by URL (docs/python.md).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ except ImportError as _e:  # pragma: no cover - message for a missing build
 _dcr._register_errors(dict(errors.BY_CODE))
 
 Plan = _dcr.Plan
-ObjectStore = _dcr.ObjectStore
+from .cluster import CommitStore, Coordinator, ObjectStore, RelayTree  # noqa: E402
 read_payload_id = _dcr.read_payload_id
 decode_payload = _dcr.decode_payload
 
-__all__ = ["Plan", "ObjectStore", "read_payload_id", "decode_payload", "errors", "Error"] + errors.__all__
+__all__ = ["Plan", "ObjectStore", "CommitStore", "Coordinator", "RelayTree", "read_payload_id", "decode_payload", "errors", "Error"] + errors.__all__

@@ -32,6 +32,8 @@
 #include "dcr/transport/object_store.hpp"
 #include "dcr/twin/scatter.hpp"
 
+#include "cluster.hpp"
+
 namespace dcr_py {
 
 using bytes_view = std::span<const std::byte>;
@@ -165,6 +167,7 @@ public:
                                                         std::to_string(plan_->world));
     round_ = std::make_unique<dcr::protocol::training_round>(
         plan_, view_of(committed), dcr::builder_options{}, std::vector<std::uint32_t>{rank});
+    member_ = std::make_unique<dcr::protocol::training_round::member>(*round_, 0);
   }
 
   /// The shard ids this owner compares and emits.
@@ -177,21 +180,22 @@ public:
   /// Payloads of attempt `attempt` for version `target_version`.
   std::vector<std::vector<std::byte>> build(std::uint64_t attempt, std::uint64_t target_version,
                                             bool overwrite_all) {
-    auto members = round_->members();
     std::vector<std::vector<std::byte>> out;
     dcr::protocol::build_request rq{attempt, target_version,
                                     overwrite_all ? dcr::refit_mode::overwrite_all
                                                   : dcr::refit_mode::mixed};
-    dcr::throw_if_failed(members.at(0).build(rq, [&](std::vector<std::byte>&& b) {
+    dcr::throw_if_failed(member_->build(rq, [&](std::vector<std::byte>&& b) {
       out.push_back(std::move(b));
       return dcr::status::success();
     }));
     return out;
   }
   std::uint64_t changed_words() const { return round_->changes(rank_).count(); }
-  void commit() { round_->members().at(0).commit_baseline(); }
-  std::string baseline_digest() const { return hex(round_->members().at(0).baseline_digest()); }
-  std::string candidate_digest() const { return hex(round_->members().at(0).candidate_digest()); }
+  void commit() { member_->commit_baseline(); }
+  std::string baseline_digest() const { return hex(member_->baseline_digest()); }
+  std::string candidate_digest() const { return hex(member_->candidate_digest()); }
+  /// The protocol member (`owner_role`) a coordinator drives.
+  dcr::protocol::training_round::member& member() { return *member_; }
 
 private:
   dcr::source_view view_of(const std::map<std::uint32_t, bytes_view>& given) const {
@@ -216,94 +220,68 @@ private:
   std::shared_ptr<const dcr::source_plan> plan_;
   std::uint32_t rank_;
   std::unique_ptr<dcr::protocol::training_round> round_;
+  std::unique_ptr<dcr::protocol::training_round::member> member_;
 };
 
 /// Attempt objects of one commit history (incarnation) in an object store
-/// named by URL: "memory:" (this process) or "fs:<directory>". Owners
-/// publish each attempt's payloads and their manifest; receivers fetch what
-/// the manifests of an attempt list, digests checked.
+/// named by URL (cluster.hpp: "memory:" (this process), "fs:<directory>",
+/// "s3://host:port/bucket"). Owners publish each attempt's payloads and
+/// their manifest; receivers fetch what the manifests of an attempt list,
+/// digests checked. The store itself (`store()`) is what a coordinator runs
+/// over: it scopes it by the committed record's incarnation.
 class object_store {
 public:
-  object_store(const std::string& url, std::string incarnation) {
+  object_store(const std::string& url, std::string incarnation, const s3_args& s3 = {})
+      : store_(std::make_shared<any_store>(url, s3)) {
     if (incarnation.empty()) incarnation = dcr::new_incarnation();
-    if (url == "memory:" || url == "memory") {
-      store_ = std::make_unique<holder<dcr::transport::memory_object_store>>(incarnation);
-    } else if (url.rfind("fs:", 0) == 0 && url.size() > 3) {
-      store_ = std::make_unique<holder<dcr::transport::fs_object_store>>(
-          incarnation, std::filesystem::path(url.substr(3)));
-    } else {
-      throw dcr::error(dcr::errc::invalid_argument,
-                       "object store '" + url + "': expected memory: or fs:<directory>");
-    }
+    scope_ = std::make_unique<dcr::transport::incarnation_scope<any_store>>(*store_, incarnation);
     incarnation_ = std::move(incarnation);
   }
   const std::string& incarnation() const { return incarnation_; }
+  const std::shared_ptr<any_store>& store() const { return store_; }
 
   /// Upload owner `owner`'s payloads of attempt `attempt` (each indexed by
   /// the tensors it updates), then its manifest; returns the manifest digest.
   std::string publish(std::uint64_t attempt, std::uint32_t owner,
                       const std::vector<bytes_view>& payloads) {
-    return store_->publish(attempt, owner, payloads);
+    dcr::transport::attempt_writer<dcr::transport::incarnation_scope<any_store>> w(*scope_, attempt,
+                                                                                   owner);
+    std::vector<std::string> tensors;
+    for (auto p : payloads) {
+      dcr::throw_if_failed(dcr::codec::payload_tensors(p, tensors));
+      dcr::throw_if_failed(w.put_payload(p, tensors));
+    }
+    dcr::throw_if_failed(w.finish());
+    return hex(w.manifest_digest());
   }
   /// The payloads the manifests of attempt `attempt` list, in name order
   /// (owner, then sequence), each checked against its listed digest;
   /// `owners` receives the owners whose manifest is there.
   std::vector<std::vector<std::byte>> fetch(std::uint64_t attempt,
                                             std::vector<std::uint32_t>& owners) {
-    return store_->fetch(attempt, owners);
+    dcr::transport::listed_payloads listed;
+    dcr::throw_if_failed(dcr::transport::read_listed(*scope_, attempt, listed));
+    owners.assign(listed.owners.begin(), listed.owners.end());
+    std::vector<std::vector<std::byte>> out;
+    for (auto& [name, d] : listed.entries) {
+      auto& bytes = out.emplace_back();
+      dcr::throw_if_failed(scope_->get(name, bytes));
+      if (dcr::digest(bytes) != d)
+        throw dcr::error(dcr::errc::digest_mismatch,
+                         "object " + name + ": bytes differ from the manifest's digest");
+    }
+    return out;
   }
   /// Remove the objects of every attempt up to `attempt` (after its commit).
-  std::size_t collect(std::uint64_t attempt) { return store_->collect(attempt); }
+  std::size_t collect(std::uint64_t attempt) {
+    std::size_t n = 0;
+    dcr::throw_if_failed(dcr::transport::collect_attempts(*scope_, attempt, &n));
+    return n;
+  }
 
 private:
-  struct base {
-    virtual ~base() = default;
-    virtual std::string publish(std::uint64_t, std::uint32_t, const std::vector<bytes_view>&) = 0;
-    virtual std::vector<std::vector<std::byte>> fetch(std::uint64_t,
-                                                      std::vector<std::uint32_t>&) = 0;
-    virtual std::size_t collect(std::uint64_t) = 0;
-  };
-  template <class Store>
-  struct holder : base {
-    Store store;
-    dcr::transport::incarnation_scope<Store> scope;
-    template <class... A>
-    explicit holder(const std::string& id, A&&... a)
-        : store(std::forward<A>(a)...), scope(store, id) {}
-    std::string publish(std::uint64_t attempt, std::uint32_t owner,
-                        const std::vector<bytes_view>& payloads) override {
-      dcr::transport::attempt_writer<dcr::transport::incarnation_scope<Store>> w(scope, attempt,
-                                                                                 owner);
-      std::vector<std::string> tensors;
-      for (auto p : payloads) {
-        dcr::throw_if_failed(dcr::codec::payload_tensors(p, tensors));
-        dcr::throw_if_failed(w.put_payload(p, tensors));
-      }
-      dcr::throw_if_failed(w.finish());
-      return hex(w.manifest_digest());
-    }
-    std::vector<std::vector<std::byte>> fetch(std::uint64_t attempt,
-                                              std::vector<std::uint32_t>& owners) override {
-      dcr::transport::listed_payloads listed;
-      dcr::throw_if_failed(dcr::transport::read_listed(scope, attempt, listed));
-      owners.assign(listed.owners.begin(), listed.owners.end());
-      std::vector<std::vector<std::byte>> out;
-      for (auto& [name, d] : listed.entries) {
-        auto& bytes = out.emplace_back();
-        dcr::throw_if_failed(scope.get(name, bytes));
-        if (dcr::digest(bytes) != d)
-          throw dcr::error(dcr::errc::digest_mismatch,
-                           "object " + name + ": bytes differ from the manifest's digest");
-      }
-      return out;
-    }
-    std::size_t collect(std::uint64_t attempt) override {
-      std::size_t n = 0;
-      dcr::throw_if_failed(dcr::transport::collect_attempts(scope, attempt, &n));
-      return n;
-    }
-  };
-  std::unique_ptr<base> store_;
+  std::shared_ptr<any_store> store_;
+  std::unique_ptr<dcr::transport::incarnation_scope<any_store>> scope_;
   std::string incarnation_;
 };
 

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "adapter.hpp"
+#include "coordinator.hpp"
 
 namespace py = pybind11;
 
@@ -110,6 +111,43 @@ std::span<const W> word_span(const py::buffer_info& b, std::size_t n, std::vecto
   tmp.resize(n);
   std::memcpy(tmp.data(), b.ptr, bytes);
   return tmp;
+}
+
+/// A transition's report as a dict; `ok` False with `error` (code, message)
+/// when it failed (the Python side raises the typed error).
+py::dict report_dict(const dcr::protocol::transition_report& rep) {
+  auto st = [](const dcr::status& s) {
+    return s ? py::object(py::none())
+             : py::object(py::make_tuple(static_cast<int>(s.code), s.message));
+  };
+  py::dict d;
+  d["error"] = st(rep.result);
+  d["committed_version"] = rep.committed_version;
+  d["rolled_forward"] = rep.rolled_forward;
+  py::list atts;
+  for (auto& a : rep.attempts) {
+    py::dict x;
+    x["attempt"] = a.attempt;
+    x["mode"] = a.mode == dcr::refit_mode::overwrite_all ? "overwrite_all" : "mixed";
+    x["error"] = st(a.result);
+    x["payloads"] = a.payloads;
+    x["payload_bytes"] = a.payload_bytes;
+    x["construct_seconds"] = a.construct_seconds;
+    x["upload_seconds"] = a.upload_seconds;
+    x["fetch_seconds"] = a.fetch_seconds;
+    x["apply_seconds"] = a.apply_seconds;
+    x["wall_seconds"] = a.wall_seconds;
+    atts.append(x);
+  }
+  d["attempts"] = atts;
+  d["restore_seconds"] = rep.restore_seconds;
+  d["commit_seconds"] = rep.commit_seconds;
+  d["wall_seconds"] = rep.wall_seconds;
+  d["collected_objects"] = rep.collected_objects;
+  py::list be;
+  for (auto& b : rep.best_effort) be.append(b.text());
+  d["best_effort"] = be;
+  return d;
 }
 
 } // namespace
@@ -220,6 +258,7 @@ PYBIND11_MODULE(_dcr, m) {
             return l;
           },
           py::arg("attempt"), py::arg("target_version"), py::arg("overwrite_all") = false)
+      .def_property_readonly("has_candidate", [](const py_owner& o) { return !o.held.is_none(); })
       .def_property_readonly("changed_words",
                              [](const py_owner& o) { return o.inner.changed_words(); })
       .def("commit",
@@ -233,10 +272,26 @@ PYBIND11_MODULE(_dcr, m) {
       .def_property_readonly("candidate_digest",
                              [](const py_owner& o) { return o.inner.candidate_digest(); });
 
+  // Object store by URL (cluster.hpp); S3 credentials and region come from
+  // the Python side (dcr/cluster.py reads a file or the environment).
   py::class_<dcr_py::object_store>(m, "ObjectStore")
-      .def(py::init<const std::string&, std::string>(), py::arg("url"),
-           py::arg("incarnation") = std::string())
+      .def(py::init([](const std::string& url, std::string incarnation, std::string region,
+                       std::string access_key, std::string secret_key) {
+             return new dcr_py::object_store(
+                 url, std::move(incarnation),
+                 {std::move(access_key), std::move(secret_key), std::move(region)});
+           }),
+           py::arg("url"), py::arg("incarnation") = std::string(),
+           py::arg("region") = std::string("us-east-1"), py::arg("access_key") = std::string(),
+           py::arg("secret_key") = std::string())
       .def_property_readonly("incarnation", &dcr_py::object_store::incarnation)
+      .def_property_readonly("is_s3",
+                             [](const dcr_py::object_store& s) { return s.store()->is_s3(); })
+      .def("create_bucket",
+           [](dcr_py::object_store& s) {
+             py::gil_scoped_release nogil;
+             s.store()->create_bucket();
+           })
       .def(
           "publish",
           [](dcr_py::object_store& s, std::uint64_t attempt, std::uint32_t owner,
@@ -249,6 +304,7 @@ PYBIND11_MODULE(_dcr, m) {
               views.emplace_back(static_cast<const std::byte*>(i.ptr),
                                  static_cast<std::size_t>(i.size * i.itemsize));
             }
+            py::gil_scoped_release nogil;
             return s.publish(attempt, owner, views);
           },
           py::arg("attempt"), py::arg("owner"), py::arg("payloads"))
@@ -256,13 +312,148 @@ PYBIND11_MODULE(_dcr, m) {
           "fetch",
           [](dcr_py::object_store& s, std::uint64_t attempt) {
             std::vector<std::uint32_t> owners;
-            auto payloads = s.fetch(attempt, owners);
+            std::vector<std::vector<std::byte>> payloads;
+            {
+              py::gil_scoped_release nogil;
+              payloads = s.fetch(attempt, owners);
+            }
             py::list l;
             for (auto& b : payloads) l.append(owned_array<std::byte, std::uint8_t>(std::move(b)));
             return py::make_tuple(l, owners);
           },
           py::arg("attempt"))
-      .def("collect", &dcr_py::object_store::collect, py::arg("attempt"));
+      .def(
+          "collect",
+          [](dcr_py::object_store& s, std::uint64_t attempt) {
+            py::gil_scoped_release nogil;
+            return s.collect(attempt);
+          },
+          py::arg("attempt"));
+
+  // Commit store by URL: file:<dir> or etcd://host:port[,...][/prefix].
+  py::class_<dcr_py::any_commits, std::shared_ptr<dcr_py::any_commits>>(m, "CommitStore")
+      .def(py::init([](const std::string& url, std::string ca, std::string cert, std::string key) {
+             return std::make_shared<dcr_py::any_commits>(
+                 url, dcr_py::etcd_args{std::move(ca), std::move(cert), std::move(key)});
+           }),
+           py::arg("url"), py::arg("ca_file") = std::string(), py::arg("cert_file") = std::string(),
+           py::arg("key_file") = std::string())
+      .def("load",
+           [](dcr_py::any_commits& c) {
+             dcr::protocol::stored_record r;
+             {
+               py::gil_scoped_release nogil;
+               dcr::throw_if_failed(c.load(r));
+             }
+             py::dict d;
+             d["version"] = r.record.version;
+             d["revision"] = r.revision;
+             d["epoch"] = r.epoch;
+             d["attempt"] = r.attempt;
+             d["committed_attempt"] = r.record.attempt;
+             d["incarnation"] = r.record.incarnation;
+             d["source_baseline"] = dcr_py::hex(r.record.source_baseline);
+             py::list rx;
+             for (auto& a : r.record.receivers)
+               rx.append(py::make_tuple(a.receiver, dcr_py::hex(a.state)));
+             d["receivers"] = rx;
+             return d;
+           })
+      .def("take_over",
+           [](dcr_py::any_commits& c) {
+             std::uint64_t e = 0;
+             py::gil_scoped_release nogil;
+             dcr::throw_if_failed(c.take_over(e));
+             return e;
+           })
+      .def(
+          "prepare",
+          [](dcr_py::any_commits& c, std::uint64_t epoch) {
+            std::uint64_t a = 0;
+            py::gil_scoped_release nogil;
+            dcr::throw_if_failed(c.prepare(epoch, a));
+            return a;
+          },
+          py::arg("epoch"));
+
+  // The library's coordinator over owners of this process and Python
+  // receivers (coordinator.hpp). Holds the stores and owners it drives.
+  py::class_<dcr_py::relay_args>(m, "RelayTree")
+      .def(py::init([](std::uint32_t per_node, std::uint32_t fanout, bool tcp) {
+             return dcr_py::relay_args{0, per_node, fanout, tcp};
+           }),
+           py::arg("receivers_per_node") = 1, py::arg("fanout") = 2, py::arg("tcp") = false)
+      .def_readonly("receivers_per_node", &dcr_py::relay_args::receivers_per_node)
+      .def_readonly("fanout", &dcr_py::relay_args::fanout)
+      .def_readonly("tcp", &dcr_py::relay_args::tcp);
+
+  // The library's coordinator over owners of this process and Python
+  // receivers (coordinator.hpp), over an object store or a relay tree of
+  // its receivers (built here, sized by them). Holds what it drives.
+  py::class_<dcr_py::py_coordinator>(m, "Coordinator")
+      .def(py::init([](std::shared_ptr<dcr_py::any_commits> commits, py::object medium,
+                       py::list owners, py::list receivers, py::object digest_parts,
+                       py::object restore, int max_attempts, double deadline_s,
+                       bool collect_garbage, bool fetch_all) {
+             std::vector<dcr_py::py_coordinator::owner_t*> os;
+             for (auto o : owners) os.push_back(&o.cast<py_owner&>().inner.member());
+             std::vector<std::pair<std::string, py::object>> rs;
+             for (auto r : receivers) {
+               auto t = r.cast<py::tuple>();
+               rs.emplace_back(t[0].cast<std::string>(), t[1]);
+             }
+             const dcr_py::coordinator_args a{max_attempts, deadline_s, collect_garbage, fetch_all};
+             if (py::isinstance<dcr_py::relay_args>(medium)) {
+               auto ra = medium.cast<dcr_py::relay_args>();
+               ra.receivers = static_cast<std::uint32_t>(rs.size());
+               return new dcr_py::py_coordinator(std::move(commits), dcr_py::make_relay_tree(ra),
+                                                 std::move(os), std::move(rs), digest_parts,
+                                                 restore, a);
+             }
+             return new dcr_py::py_coordinator(
+                 std::move(commits), medium.cast<dcr_py::object_store&>().store(), std::move(os),
+                 std::move(rs), digest_parts, restore, a);
+           }),
+           py::arg("commits"), py::arg("medium"), py::arg("owners"), py::arg("receivers"),
+           py::arg("digest_parts"), py::arg("restore") = py::none(), py::arg("max_attempts") = 4,
+           py::arg("deadline_s") = 120.0, py::arg("collect_garbage") = true,
+           py::arg("fetch_all") = true,
+           // The owners live while the coordinator drives them.
+           py::keep_alive<1, 4>())
+      .def_property_readonly("epoch", &dcr_py::py_coordinator::epoch)
+      .def("take_over",
+           [](dcr_py::py_coordinator& c) {
+             py::gil_scoped_release nogil;
+             return c.take_over();
+           })
+      .def("bootstrap",
+           [](dcr_py::py_coordinator& c) {
+             py::gil_scoped_release nogil;
+             c.bootstrap();
+           })
+      .def("transition",
+           [](dcr_py::py_coordinator& c) {
+             dcr::protocol::transition_report rep;
+             {
+               py::gil_scoped_release nogil;
+               rep = c.transition();
+             }
+             return report_dict(rep);
+           })
+      .def("kill", &dcr_py::py_coordinator::kill, py::arg("receiver"))
+      .def(
+          "counters",
+          [](const dcr_py::py_coordinator& c, const std::string& id) {
+            auto k = c.counters(id);
+            py::dict d;
+            d["staged"] = k.staged;
+            d["applied_calls"] = k.applied_calls;
+            d["duplicates"] = k.duplicates;
+            d["stale"] = k.stale;
+            d["restores"] = k.restores;
+            return d;
+          },
+          py::arg("receiver"));
 
   m.def(
       "read_payload_id",

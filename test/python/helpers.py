@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dcr
 import dcr.torch as dt
-from refit_models import Trainer, VllmLikeModel, canonical_views, hf_config, hf_model, text_tokens
+from refit_models import (ShardedTrainer, Trainer, VllmLikeModel, canonical_views, hf_config,
+                          hf_model, text_tokens)
 
 _TOKENS = None
 
@@ -17,35 +18,49 @@ def tokens():
 
 
 class Run:
-    """A trainer (HF model, BF16 + FP32 AdamW), `owners` owner ranks (TP
-    shards), and receivers built by `make_receivers()` (a list of models)."""
+    """A trainer (BF16 + FP32 AdamW), `owners` owner ranks (TP shards), and
+    receivers built by `make_receivers()` (a list of models).
+
+    `sharded=False`: the trainer is the `transformers` model itself and the
+    owners' shards are projected from it after every step. `sharded=True`:
+    the trainer's parameters are the TP shards (`ShardedTrainer`) and the
+    owners read them as they are, views of the parameters, no copy."""
 
     def __init__(self, kind, *, lr=1e-6, owners_tp=2, make_receivers, tied=None, seed=0,
-                 vocab_block=0):
+                 vocab_block=0, sharded=False):
         self.cfg = hf_config(kind, tied=tied)
         self.model = hf_model(self.cfg, seed)
         self.plan = dt.TrainerPlan(self.cfg, tp=owners_tp, vocab_block=vocab_block)
         self.names = [m.name for m in self.plan.canonical]
         self.make_receivers = make_receivers
-        canon = self.canonical()
-        self.shards = [self.plan.project(r, canon) for r in range(self.plan.world)]
+        self.sharded = sharded
+        if sharded:
+            self.trainer = ShardedTrainer(self.model, self.plan, lr, tokens(), seed=seed)
+            self.shards = self.trainer.shards
+        else:
+            self.trainer = Trainer(self.model, lr, tokens(), seed=seed)
+            canon = self.canonical()
+            self.shards = [self.plan.project(r, canon) for r in range(self.plan.world)]
         self.owners = [dt.Owner(self.plan, r, self.shards[r]) for r in range(self.plan.world)]
         self.rx_models = make_receivers(self.cfg)
         self.receivers = [dt.Receiver(m, self.plan.canonical) for m in self.rx_models]
+        canon = self.canonical()
         for rx in self.receivers:
             rx.dense_refit(canon)
-        self.trainer = Trainer(self.model, lr, tokens(), seed=seed)
         self.version = 0
         self.attempt = 0
 
     def canonical(self):
+        if self.sharded:
+            return self.trainer.canonical()
         return canonical_views(self.model, self.names)
 
     def train(self):
         loss = self.trainer.step()
         canon = self.canonical()
         for r, o in enumerate(self.owners):
-            self.plan.project(r, canon, self.shards[r])
+            if not self.sharded:
+                self.plan.project(r, canon, self.shards[r])
             o.set_candidate(self.shards[r])
         self.version += 1
         return loss

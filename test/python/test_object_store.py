@@ -34,7 +34,9 @@ def test_fs_object_store_refit(tmp_path):
 
 
 def test_store_errors(tmp_path):
-    with pytest.raises(dcr.InvalidArgument, match="memory: or fs:"):
+    with pytest.raises(dcr.InvalidArgument, match="memory:, fs:<directory> or s3://"):
+        dcr.ObjectStore("gs://bucket")
+    with pytest.raises(dcr.InvalidArgument, match="expected s3://HOST:PORT/BUCKET"):
         dcr.ObjectStore("s3://bucket")
     with pytest.raises(dcr.InvalidArgument, match="32 lower-case hex"):
         dcr.ObjectStore("memory:", "not-an-id")
