@@ -22,7 +22,9 @@ std::vector<item> named_items(std::mt19937_64& rng, int n) {
     const std::uint64_t rows = 1 + rng() % 30, cols = 1 + rng() % 30;
     const double density = std::array{0.0, 0.02, 0.3, 1.0}[rng() % 4];
     auto idx = test::random_indices(rng, rows * cols, density, rng() % 5 == 0);
-    items.push_back(make_item("t" + std::to_string(i), {rows, cols}, dtypes[rng() % 4],
+    std::string name = "t"; // appended, not "t" + ...: GCC 12's -O3 -Wrestrict misfires on that
+    name += std::to_string(i);
+    items.push_back(make_item(std::move(name), {rows, cols}, dtypes[rng() % 4],
                               rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite,
                               std::move(idx), rng));
   }
