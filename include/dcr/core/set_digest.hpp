@@ -171,6 +171,22 @@ DCR_SET_DIGEST_TARGET_AVX2 inline __m256i digest_mix_word_x4(__m256i x,
   x = digest_mul_x4(digest_xorshift_x4(x, 33), c.lo[3], c.hi[3]);
   return digest_xorshift_x4(x, 33);
 }
+/// One step of the AVX2 `replace_batch` (4 writes, every lane of the digest).
+DCR_SET_DIGEST_TARGET_AVX2 inline void digest_step_x4(__m256i* acc, const __m256i* seed,
+                                                      const digest_mul_consts_x4& c, __m256i p,
+                                                      __m256i b, __m256i a) noexcept {
+  // Zero words are absent (also the padding of a short tail, zero on both sides).
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i a_zero = _mm256_cmpeq_epi64(a, zero);
+  const __m256i b_zero = _mm256_cmpeq_epi64(b, zero);
+  for (std::size_t i = 0; i < set_digest_lanes; ++i) {
+    const __m256i u = digest_mix_position_x4(_mm256_xor_si256(p, seed[i]), c);
+    const __m256i ha = digest_mix_word_x4(_mm256_xor_si256(u, a), c);
+    const __m256i hb = digest_mix_word_x4(_mm256_xor_si256(u, b), c);
+    acc[i] = _mm256_add_epi64(acc[i], _mm256_andnot_si256(a_zero, ha));
+    acc[i] = _mm256_sub_epi64(acc[i], _mm256_andnot_si256(b_zero, hb));
+  }
+}
 #endif
 } // namespace detail
 
@@ -325,24 +341,12 @@ public:
       acc[i] = _mm256_setzero_si256();
       seed[i] = _mm256_set1_epi64x(static_cast<long long>(k.seed[i]));
     }
-    const __m256i zero = _mm256_setzero_si256();
-    auto step = [&](__m256i p, __m256i b, __m256i a) DCR_SET_DIGEST_TARGET_AVX2 {
-      // Zero words are absent (also the padding of a short tail, zero on both sides).
-      const __m256i a_zero = _mm256_cmpeq_epi64(a, zero);
-      const __m256i b_zero = _mm256_cmpeq_epi64(b, zero);
-      for (std::size_t i = 0; i < set_digest_lanes; ++i) {
-        const __m256i u = detail::digest_mix_position_x4(_mm256_xor_si256(p, seed[i]), c);
-        const __m256i ha = detail::digest_mix_word_x4(_mm256_xor_si256(u, a), c);
-        const __m256i hb = detail::digest_mix_word_x4(_mm256_xor_si256(u, b), c);
-        acc[i] = _mm256_add_epi64(acc[i], _mm256_andnot_si256(a_zero, ha));
-        acc[i] = _mm256_sub_epi64(acc[i], _mm256_andnot_si256(b_zero, hb));
-      }
-    };
     std::size_t j = 0;
     for (; j + 4 <= n; j += 4)
-      step(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(position + j)),
-           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(before + j)),
-           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(after + j)));
+      detail::digest_step_x4(acc, seed, c,
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(position + j)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(before + j)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(after + j)));
     if (j < n) {
       alignas(32) std::uint64_t p[4] = {}, b[4] = {}, a[4] = {};
       for (std::size_t t = 0; j + t < n; ++t) {
@@ -350,9 +354,9 @@ public:
         b[t] = before[j + t];
         a[t] = after[j + t];
       }
-      step(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
-           _mm256_load_si256(reinterpret_cast<const __m256i*>(b)),
-           _mm256_load_si256(reinterpret_cast<const __m256i*>(a)));
+      detail::digest_step_x4(acc, seed, c, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(b)),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(a)));
     }
     for (std::size_t i = 0; i < set_digest_lanes; ++i) {
       alignas(32) std::uint64_t part[4];
