@@ -102,6 +102,14 @@ int main(int argc, char** argv) {
                     bench::do_not_optimize(d.value());
                   })});
 #ifdef DCR_SET_DIGEST_AVX512
+  if (set_digest::have_avx2())
+    rows.push_back({"v2: replace_batch, AVX2", best_seconds(reps, [&] {
+                      set_digest d;
+                      for (std::size_t j = 0; j < n; j += batch)
+                        d.replace_batch_avx2(key, &pos[j], &before[j], &after[j],
+                                             std::min(batch, n - j));
+                      bench::do_not_optimize(d.value());
+                    })});
   if (set_digest::have_avx512())
     rows.push_back({"v2: replace_batch, AVX-512", best_seconds(reps, [&] {
                       set_digest d;

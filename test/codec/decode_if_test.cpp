@@ -22,7 +22,9 @@ std::vector<item> named_items(std::mt19937_64& rng, int n) {
     const std::uint64_t rows = 1 + rng() % 30, cols = 1 + rng() % 30;
     const double density = std::array{0.0, 0.02, 0.3, 1.0}[rng() % 4];
     auto idx = test::random_indices(rng, rows * cols, density, rng() % 5 == 0);
-    items.push_back(make_item("t" + std::to_string(i), {rows, cols}, dtypes[rng() % 4],
+    std::string name = "t"; // appended, not "t" + ...: GCC 12's -O3 -Wrestrict misfires on that
+    name += std::to_string(i);
+    items.push_back(make_item(std::move(name), {rows, cols}, dtypes[rng() % 4],
                               rng() % 2 ? value_encoding::xor_mask : value_encoding::overwrite,
                               std::move(idx), rng));
   }
@@ -140,5 +142,42 @@ TEST_CASE("decode_payload_if: same verdict as decode_payload under byte flips, t
       check_same_verdict(p, reject_all);
     }
     CHECK(refused > 0); // the mutations reach the checks
+  }
+}
+
+TEST_CASE("decode_payload_if: a reused output holds exactly the new payload, nothing of the last") {
+  std::mt19937_64 rng(83);
+  // Large items first, then payloads with fewer, smaller, empty and rejected
+  // items: every decode into the one reused `out` (and one reused
+  // workspace) must equal a decode into a fresh object.
+  decoded_payload out;
+  payload_info ws;
+  auto dense = [&](const std::string& name, std::uint64_t n, value_encoding e) {
+    std::vector<std::uint64_t> idx(n);
+    for (std::uint64_t i = 0; i < n; ++i) idx[i] = i;
+    return make_item(name, {n + 5}, dtype_id::f32, e, std::move(idx), rng);
+  };
+  std::vector<std::vector<item>> rounds;
+  rounds.push_back({dense("t0", 900, value_encoding::xor_mask),
+                    dense("t2", 700, value_encoding::overwrite),
+                    dense("t4", 500, value_encoding::xor_mask)});
+  rounds.push_back(
+      {dense("t0", 3, value_encoding::overwrite), dense("t1", 400, value_encoding::xor_mask)});
+  rounds.push_back(named_items(rng, 9));
+  rounds.push_back({dense("t2", 0, value_encoding::xor_mask)});
+  rounds.push_back(named_items(rng, 5));
+  std::uint32_t seq = 0;
+  for (auto& items : rounds) {
+    const auto bytes = encode_payload({1, 0, 0, seq++}, items);
+    for (bool with_ws : {false, true}) {
+      decoded_payload fresh;
+      REQUIRE(decode_payload_if(bytes, fresh, keep_even).ok());
+      REQUIRE(
+          decode_payload_if(bytes, out, keep_even, decode_limits{}, with_ws ? &ws : nullptr).ok());
+      CHECK(out == fresh);
+      REQUIRE(out.items.size() == items.size());
+      for (std::size_t i = 0; i < items.size(); ++i)
+        if (keep_even(item_row{items[i].tensor})) CHECK(out.items[i] == items[i]);
+    }
   }
 }

@@ -1,10 +1,12 @@
 #include <doctest/doctest.h>
 
+#include <random>
 #include <set>
 
 #include "dcr/core/dtype.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
+#include "dcr/core/set_digest.hpp"
 #include "dcr/core/tensor.hpp"
 
 using namespace dcr;
@@ -82,5 +84,41 @@ TEST_CASE("errors carry their code and say what went wrong") {
   } catch (const error& e) {
     CHECK(e.code() == errc::digest_mismatch);
     CHECK(std::string(e.what()) == "digest_mismatch: payload 3: body digest differs");
+  }
+}
+
+TEST_CASE("set digest: every vector path of replace_batch equals one replace per write") {
+  // The paths this CPU runs (AVX-512DQ, AVX2) against `replace`, over batch
+  // sizes that leave every tail length, with zero words (absent) and
+  // unchanged words (which cancel) mixed in.
+  std::mt19937_64 rng(29);
+  const auto k = region_key("w", dtype_id::bf16, std::vector<std::uint64_t>{4096});
+  if (!set_digest::have_avx2()) MESSAGE("this CPU has no AVX2: its path is not run");
+  for (std::size_t n = 0; n < 300; n += 1 + n / 16) {
+    std::vector<std::uint64_t> pos(n), before(n), after(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      pos[j] = rng() % 4096;
+      const auto r = rng() % 8;
+      before[j] = r == 0 ? 0 : rng();
+      after[j] = r == 1 ? 0 : r == 2 ? before[j] : rng();
+    }
+    set_digest one;
+    for (std::size_t j = 0; j < n; ++j) one.replace(k, pos[j], before[j], after[j]);
+    CHECK(!(n > 8 && one.empty()));
+#ifdef DCR_SET_DIGEST_AVX512
+    if (set_digest::have_avx2()) {
+      set_digest v;
+      v.replace_batch_avx2(k, pos.data(), before.data(), after.data(), n);
+      CHECK(v == one);
+    }
+    if (set_digest::have_avx512()) {
+      set_digest v;
+      v.replace_batch_avx512(k, pos.data(), before.data(), after.data(), n);
+      CHECK(v == one);
+    }
+#endif
+    set_digest dispatched;
+    dispatched.replace_batch(k, pos.data(), before.data(), after.data(), n);
+    CHECK(dispatched == one);
   }
 }

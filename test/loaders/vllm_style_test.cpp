@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -507,5 +508,23 @@ TEST_CASE(
       REQUIRE(p2);
       CHECK(std::memcmp(st[*p2].bytes.data(), t.bytes.data(), t.bytes.size()) == 0);
     }
+  }
+}
+
+TEST_CASE("vLLM-style loader handles: one per known canonical tensor, none for unknown names") {
+  // `load_handle(handle(name), ...)` is the receiver's per-item path; every
+  // receiver test compares the copies it makes with the plan recorded through
+  // `load(name, ...)` at prewarm, so a handle that led elsewhere fails them.
+  // Here: the handles themselves.
+  for (auto c : {tiny_llama(), tiny_qwen3_moe()}) {
+    loaders::vllm_style_loader l(c, loaders::vllm_tp_rank(2, 1));
+    std::set<std::size_t> seen;
+    for (const auto& m : canonical_tensors(c)) {
+      const auto h = l.handle(m.name);
+      CHECK(h != no_handle);
+      CHECK(seen.insert(h).second);
+    }
+    CHECK(l.handle("model.layers.0.no_such.weight") == no_handle);
+    CHECK(l.handle("") == no_handle);
   }
 }

@@ -93,24 +93,34 @@ inline status decode_payload(std::span<const std::byte> bytes, decoded_payload& 
 ///
 /// `L` is the location policy (every coding by default; a static pipeline
 /// names the codings it decodes).
+///
+/// `out` may be reused from an earlier call: its items keep their buffers
+/// (name, shape, indices and values are assigned in place, so a receiver
+/// that decodes payload after payload into one `decoded_payload` allocates
+/// nothing per item once the buffers have grown), and on success every item
+/// holds exactly what this payload says, nothing of the earlier one.
+/// `ws` (optional) keeps the body and table buffers across calls too.
 template <location_policy L = by_scheme, class Keep>
 requires std::predicate<Keep&, const item_row&>
 inline status decode_payload_if(std::span<const std::byte> bytes, decoded_payload& out, Keep&& keep,
-                                const decode_limits& limits = {}) {
-  payload_info pi;
+                                const decode_limits& limits = {}, payload_info* ws = nullptr) {
+  payload_info local;
+  payload_info& pi = ws ? *ws : local;
   DCR_TRY(inspect_payload(bytes, pi, limits));
   out.id = pi.header.id;
-  out.items.clear();
-  out.items.resize(pi.rows.size());
+  out.items.resize(pi.rows.size());    // items past the new count go; the others are overwritten
   std::vector<std::uint64_t> rejected; // capacity reused across rejected items
   for (std::size_t i = 0; i < pi.rows.size(); ++i) {
     const item_row& row = pi.rows[i];
+    item& it = out.items[i];
     if (keep(row)) {
-      DCR_TRY(decode_row<L>(pi.body, pi.header, row, i, out.items[i]));
+      DCR_TRY(decode_row<L>(pi.body, pi.header, row, i, it));
       continue;
     }
-    out.items[i].tensor = row.tensor;
-    out.items[i].encoding = row.encoding;
+    it.tensor = row.tensor;
+    it.encoding = row.encoding;
+    it.indices.clear();
+    it.values.clear();
     if (row.count == 0) continue;
     rejected.resize(row.count);
     DCR_TRY(decode_row_locations<L>(pi.body, pi.header, row, i, rejected));

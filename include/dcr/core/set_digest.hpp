@@ -46,10 +46,12 @@
 ///    before and after a write (`replace`, `replace_batch`): 24 64-bit
 ///    multiplies per changed word. `replace_batch` folds a batch of writes
 ///    with AVX-512DQ 8 writes per step (`vpmullq`, masks instead of
-///    branches for zero words) where the CPU has it. `dcr-bench-digest` (docs/benchmarks.md): ~3 ns
-///    per write on the AVX-512 path, 7-10x less than version 1 (two XXH3-128 calls per word, four
-///    per write, which was most of a sparse refit's apply); one write at a time (no AVX-512DQ:
-///    SSE2, AVX2, other CPUs) ~12 ns, about version 1's cost, up to 1.5x more under load;
+///    branches for zero words) where the CPU has it, and with AVX2 4 writes per step where it
+///    has only that (each 64-bit multiply made of three 32-bit `vpmuludq`). `dcr-bench-digest`
+///    (docs/benchmarks.md): ~3 ns per write on the AVX-512 path, 7-10x less than version 1 (two
+///    XXH3-128 calls per word, four per write, which was most of a sparse refit's apply); one
+///    write at a time (SSE2, other CPUs) ~12 ns, about version 1's cost, up to 1.5x more under
+///    load; the AVX2 path about a fifth less than that (thread CPU time, loaded AMD EPYC);
 ///  - more lanes would not buy collision resistance against someone who
 ///    chooses weights: G and F are public bijections, not a PRF, and
 ///    LtHash-grade resistance to generalised-birthday and lattice attacks
@@ -131,6 +133,60 @@ DCR_SET_DIGEST_TARGET inline __m512i digest_mix_word_x8(__m512i x) noexcept {
   x = digest_mul_x8(digest_xorshift_x8(x, 33), 0xC4CEB9FE1A85EC53ull);
   return digest_xorshift_x8(x, 33);
 }
+#define DCR_SET_DIGEST_TARGET_AVX2 __attribute__((target("avx2")))
+/// x * m modulo 2^64 on 4 words without a 64-bit vector multiply (AVX2 has
+/// none): three 32 x 32 -> 64-bit multiplies, (xl*ml) + ((xh*ml + xl*mh) << 32).
+/// `m_lo`, `m_hi`: the low and high 32 bits of m in every 64-bit element.
+DCR_SET_DIGEST_TARGET_AVX2 inline __m256i digest_mul_x4(__m256i x, __m256i m_lo,
+                                                        __m256i m_hi) noexcept {
+  const __m256i lo = _mm256_mul_epu32(x, m_lo);
+  const __m256i cross =
+      _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), m_lo), _mm256_mul_epu32(x, m_hi));
+  return _mm256_add_epi64(lo, _mm256_slli_epi64(cross, 32));
+}
+/// The four multipliers of G and F split for `digest_mul_x4`.
+struct digest_mul_consts_x4 {
+  __m256i lo[4], hi[4];
+  DCR_SET_DIGEST_TARGET_AVX2 digest_mul_consts_x4() noexcept {
+    constexpr std::uint64_t m[4] = {0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull,
+                                    0xFF51AFD7ED558CCDull, 0xC4CEB9FE1A85EC53ull};
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = _mm256_set1_epi64x(static_cast<long long>(m[i] & 0xFFFFFFFFu));
+      hi[i] = _mm256_set1_epi64x(static_cast<long long>(m[i] >> 32));
+    }
+  }
+};
+DCR_SET_DIGEST_TARGET_AVX2 inline __m256i digest_xorshift_x4(__m256i x, int shift) noexcept {
+  return _mm256_xor_si256(x, _mm256_srl_epi64(x, _mm_cvtsi32_si128(shift)));
+}
+DCR_SET_DIGEST_TARGET_AVX2 inline __m256i digest_mix_position_x4(__m256i x,
+                                                                 const digest_mul_consts_x4& c) {
+  x = digest_mul_x4(digest_xorshift_x4(x, 30), c.lo[0], c.hi[0]);
+  x = digest_mul_x4(digest_xorshift_x4(x, 27), c.lo[1], c.hi[1]);
+  return digest_xorshift_x4(x, 31);
+}
+DCR_SET_DIGEST_TARGET_AVX2 inline __m256i digest_mix_word_x4(__m256i x,
+                                                             const digest_mul_consts_x4& c) {
+  x = digest_mul_x4(digest_xorshift_x4(x, 33), c.lo[2], c.hi[2]);
+  x = digest_mul_x4(digest_xorshift_x4(x, 33), c.lo[3], c.hi[3]);
+  return digest_xorshift_x4(x, 33);
+}
+/// One step of the AVX2 `replace_batch` (4 writes, every lane of the digest).
+DCR_SET_DIGEST_TARGET_AVX2 inline void digest_step_x4(__m256i* acc, const __m256i* seed,
+                                                      const digest_mul_consts_x4& c, __m256i p,
+                                                      __m256i b, __m256i a) noexcept {
+  // Zero words are absent (also the padding of a short tail, zero on both sides).
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i a_zero = _mm256_cmpeq_epi64(a, zero);
+  const __m256i b_zero = _mm256_cmpeq_epi64(b, zero);
+  for (std::size_t i = 0; i < set_digest_lanes; ++i) {
+    const __m256i u = digest_mix_position_x4(_mm256_xor_si256(p, seed[i]), c);
+    const __m256i ha = digest_mix_word_x4(_mm256_xor_si256(u, a), c);
+    const __m256i hb = digest_mix_word_x4(_mm256_xor_si256(u, b), c);
+    acc[i] = _mm256_add_epi64(acc[i], _mm256_andnot_si256(a_zero, ha));
+    acc[i] = _mm256_sub_epi64(acc[i], _mm256_andnot_si256(b_zero, hb));
+  }
+}
 #endif
 } // namespace detail
 
@@ -206,6 +262,10 @@ public:
       replace_batch_avx512(k, position, before, after, n);
       return;
     }
+    if (have_avx2()) {
+      replace_batch_avx2(k, position, before, after, n);
+      return;
+    }
 #endif
     replace_batch_portable(k, position, before, after, n);
   }
@@ -214,8 +274,8 @@ public:
   void replace_batch_portable(const set_digest_key& k, const std::uint64_t* position,
                               const std::uint64_t* before, const std::uint64_t* after,
                               std::size_t n) noexcept {
-    // One write at a time: without 64-bit vector multiplies (SSE2, AVX2) a
-    // vectorised loop is slower than the scalar one (dcr-bench-digest).
+    // One write at a time (what the compiler makes of a vector loop without
+    // 64-bit vector multiplies is slower: AVX2 has its own path below).
     for (std::size_t j = 0; j < n; ++j) replace(k, position[j], before[j], after[j]);
   }
 #ifdef DCR_SET_DIGEST_AVX512
@@ -259,8 +319,54 @@ public:
       for (auto x : part) s_[i] += x;
     }
   }
+  /// Whether this CPU runs the AVX2 path of `replace_batch` (used where it
+  /// has no AVX-512DQ).
+  static bool have_avx2() noexcept {
+    static const bool yes = __builtin_cpu_supports("avx2");
+    return yes;
+  }
+  /// The AVX2 path (only where `have_avx2()`): 4 writes per step, each
+  /// 64-bit multiply made of three 32-bit ones (`detail::digest_mul_x4`);
+  /// the four lanes' chains are independent, which keeps the multipliers
+  /// busy. The same sums as the portable path.
+  DCR_SET_DIGEST_TARGET_AVX2 void replace_batch_avx2(const set_digest_key& k,
+                                                     const std::uint64_t* position,
+                                                     const std::uint64_t* before,
+                                                     const std::uint64_t* after,
+                                                     std::size_t n) noexcept {
+    const detail::digest_mul_consts_x4 c;
+    __m256i acc[set_digest_lanes];
+    __m256i seed[set_digest_lanes];
+    for (std::size_t i = 0; i < set_digest_lanes; ++i) {
+      acc[i] = _mm256_setzero_si256();
+      seed[i] = _mm256_set1_epi64x(static_cast<long long>(k.seed[i]));
+    }
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4)
+      detail::digest_step_x4(acc, seed, c,
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(position + j)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(before + j)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(after + j)));
+    if (j < n) {
+      alignas(32) std::uint64_t p[4] = {}, b[4] = {}, a[4] = {};
+      for (std::size_t t = 0; j + t < n; ++t) {
+        p[t] = position[j + t];
+        b[t] = before[j + t];
+        a[t] = after[j + t];
+      }
+      detail::digest_step_x4(acc, seed, c, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(b)),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(a)));
+    }
+    for (std::size_t i = 0; i < set_digest_lanes; ++i) {
+      alignas(32) std::uint64_t part[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(part), acc[i]);
+      for (auto x : part) s_[i] += x;
+    }
+  }
 #else
   static constexpr bool have_avx512() noexcept { return false; }
+  static constexpr bool have_avx2() noexcept { return false; }
 #endif
   /// Add every word of a contiguous region (`words[j]` at position `first + j`).
   template <class W>

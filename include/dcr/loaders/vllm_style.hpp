@@ -486,11 +486,25 @@ public:
     if (has_lm_head_ && !c_.tied_embeddings) s.add("lm_head.weight", {vrows, h}, dt);
   }
 
+  /// The handle of canonical tensor `name` for `load_handle` (`no_handle`
+  /// when vLLM would not know the weight): one name lookup, made once per
+  /// tensor at prewarm by a receiver (`handle_loader`, receiver/loader.hpp).
+  std::size_t handle(std::string_view name) const {
+    auto it = route_index_.find(name);
+    return it == route_index_.end() ? no_handle : it->second;
+  }
+
   template <class Store>
   load_report load(std::string_view name, const tensor_view& src, Store& s, copy_sink& sink) const {
-    auto it = routes_.find(std::string(name));
-    if (it == routes_.end()) return {}; // vLLM would not know the weight: prewarm rejects it
-    const route& r = it->second;
+    return load_handle(handle(name), name, src, s, sink);
+  }
+
+  /// `load(name, ...)` for `h == handle(name)`, without looking the name up.
+  template <class Store>
+  load_report load_handle(std::size_t h, std::string_view name, const tensor_view& src, Store& s,
+                          copy_sink& sink) const {
+    if (h >= routes_.size()) return {}; // vLLM would not know the weight: prewarm rejects it
+    const route& r = routes_[h];
     const auto t = static_cast<std::int64_t>(l_.parallel.tensor_parallel_size);
     const auto rk = static_cast<std::int64_t>(l_.tp_rank);
     const auto d = static_cast<std::int64_t>(c_.head_dim);
@@ -652,8 +666,18 @@ private:
     return {};
   }
 
+  /// The route of `canonical` (the first one set stays: `emplace`).
   void add(std::string canonical, kind k, std::string param, std::uint64_t expert = 0) {
-    routes_.emplace(std::move(canonical), route{k, std::move(param), expert, false, {}});
+    if (route_index_.count(canonical)) return;
+    put(std::move(canonical), route{k, std::move(param), expert, false, {}});
+  }
+  /// Set the route of `canonical`, replacing any earlier one.
+  void put(std::string canonical, route r) {
+    auto [it, fresh] = route_index_.emplace(std::move(canonical), routes_.size());
+    if (fresh)
+      routes_.push_back(std::move(r));
+    else
+      routes_[it->second] = std::move(r);
   }
 
   void build_routes() {
@@ -663,9 +687,9 @@ private:
     auto set = [&](const std::string& canonical, kind k, std::string param,
                    std::uint64_t expert = 0) {
       if (fp8_quantized(c_, canonical))
-        routes_[fp8_scale_name(canonical)] =
-            route{k, fp8_scale_name(param), expert, true, fp8_scale_name(canonical)};
-      routes_[canonical] = route{k, std::move(param), expert, false, {}};
+        put(fp8_scale_name(canonical),
+            route{k, fp8_scale_name(param), expert, true, fp8_scale_name(canonical)});
+      put(canonical, route{k, std::move(param), expert, false, {}});
     };
     if (has_embed_) set("model.embed_tokens.weight", kind::vocab, "model.embed_tokens.weight");
     if (has_norm_) set("model.norm.weight", kind::replicated, "model.norm.weight");
@@ -716,9 +740,11 @@ private:
   std::uint64_t nq_l_ = 0, nkv_l_ = 0, kv_head0_ = 0, padded_vocab_ = 0;
   std::uint64_t first_layer_ = 0, end_layer_ = 0;
   bool has_embed_ = false, has_norm_ = false, has_lm_head_ = false;
-  std::unordered_map<std::string, route> routes_;
+  std::vector<route> routes_;                 ///< by handle
+  detail::name_map<std::size_t> route_index_; ///< canonical name -> handle
 };
 static_assert(native_loader<vllm_style_loader>);
+static_assert(handle_loader<vllm_style_loader>);
 
 /// Loaders for every rank of a deployment, in rank order (DP-major, then PP, then TP).
 inline std::vector<vllm_style_loader> vllm_style_loaders(const model_config& c,

@@ -65,6 +65,24 @@ concept native_loader = requires(L& l, parameter_store& store,
   { l.load(name, src, store, sink) } -> std::same_as<load_report>;
 };
 
+/// `handle_loader::handle` of a name the loader does not know.
+inline constexpr std::size_t no_handle = static_cast<std::size_t>(-1);
+
+/// Optionally, a loader resolves a canonical name once to a handle and then
+/// loads by handle: `l.handle(name) -> std::size_t` (`no_handle` for a name
+/// it does not know) and `l.load_handle(h, name, src, store, sink)`, which
+/// must do exactly what `l.load(name, src, store, sink)` does when `h ==
+/// l.handle(name)`. A receiver asks for every canonical tensor's handle at
+/// prewarm, so that applying an item looks up no name in the loader (on a
+/// model of 100k tensors each such lookup is a cache miss or two).
+template <class L>
+concept handle_loader = native_loader<L> &&
+    requires(const L& l, std::string_view name, std::size_t h, const tensor_view& src,
+             parameter_store& store, copy_sink& sink) {
+  { l.handle(name) } -> std::same_as<std::size_t>;
+  { l.load_handle(h, name, src, store, sink) } -> std::same_as<load_report>;
+};
+
 /// Whether a receiver may call `l.load(...)` from several threads at once
 /// (`receiver_options::apply_threads` above 1): `L` says so with
 /// `static constexpr bool concurrent_load = true`. The receiver then calls

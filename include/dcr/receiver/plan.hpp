@@ -77,11 +77,11 @@ struct tensor_plan {
 /// Copy plan of a rank: one entry per canonical tensor, in canonical order.
 struct copy_plan {
   std::vector<tensor_plan> tensors;
-  std::unordered_map<std::string, std::size_t> index;
+  detail::name_map<std::size_t> index;
   std::uint64_t scratch_bytes = 0; ///< the largest canonical tensor
 
   const tensor_plan* find(std::string_view name) const {
-    auto it = index.find(std::string(name));
+    auto it = index.find(name);
     return it == index.end() ? nullptr : &tensors[it->second];
   }
 };
@@ -154,44 +154,33 @@ public:
   plan_store& operator=(plan_store&&) noexcept = default;
 
   /// Declare a parameter; throws `invalid_argument` on a duplicate name,
-  /// `bad_dtype` on an unknown dtype (as `parameter_store::add`).
+  /// `bad_dtype` on an unknown dtype (as `parameter_store::add`: both keep
+  /// their parameters in one `detail::parameter_registry`).
   tensor_view add(std::string name, std::vector<std::uint64_t> shape, dtype_id dtype) {
-    if (by_name_.count(name))
-      throw error(errc::invalid_argument, "parameter declared twice: " + name);
-    if (!info(dtype)) throw error(errc::bad_dtype, "parameter " + name + ": unknown dtype");
+    params_.check_new(name, dtype);
     auto p = std::make_unique<entry>();
     p->meta = {std::move(name), std::move(shape), dtype};
     p->range = reserved_bytes(p->meta.nbytes());
-    const auto idx = params_.size();
-    by_name_.emplace(p->meta.name, idx);
-    if (p->range.size() > 0) by_address_.emplace(p->range.data(), idx);
-    params_.push_back(std::move(p));
-    return params_.back()->view();
+    const std::byte* data = p->range.data();
+    const std::size_t size = p->range.size();
+    return params_.push(std::move(p), data, size).view();
   }
 
   std::size_t size() const noexcept { return params_.size(); }
-  const entry& operator[](std::size_t i) const { return *params_[i]; }
+  const entry& operator[](std::size_t i) const { return params_[i]; }
 
   std::optional<std::size_t> index_of(std::string_view name) const {
-    auto it = by_name_.find(std::string(name));
-    if (it == by_name_.end()) return std::nullopt;
-    return it->second;
+    return params_.index_of(name);
   }
   /// Whole-parameter view by name; throws `not_found`.
   tensor_view view(std::string_view name) const {
     auto i = index_of(name);
     if (!i) throw error(errc::not_found, "no parameter named " + std::string(name));
-    return params_[*i]->view();
+    return params_[*i].view();
   }
   /// Index of the parameter whose range contains `[lo, hi)`, if any.
   std::optional<std::size_t> locate(const std::byte* lo, const std::byte* hi) const {
-    auto it = by_address_.upper_bound(lo);
-    if (it == by_address_.begin()) return std::nullopt;
-    --it;
-    const auto& p = *params_[it->second];
-    const std::byte* end = p.data() + p.range.size();
-    if (lo >= p.data() && hi <= end && lo <= hi) return it->second;
-    return std::nullopt;
+    return params_.locate(lo, hi);
   }
   /// Bytes the parameters would take (none is allocated).
   std::uint64_t nbytes() const noexcept {
@@ -201,9 +190,7 @@ public:
   }
 
 private:
-  std::vector<std::unique_ptr<entry>> params_;
-  std::unordered_map<std::string, std::size_t> by_name_;
-  std::map<const std::byte*, std::size_t> by_address_;
+  detail::parameter_registry<entry> params_;
 };
 
 namespace detail {

@@ -130,6 +130,11 @@ public:
            Sink sink = Sink{})
       : loader_(std::move(loader)), canonical_(std::move(canonical)), sink_(std::move(sink)) {
     plan_ = prewarm(loader_, store_, canonical_);
+    if constexpr (handle_loader<L>) {
+      // Names resolved once: applying an item looks up no name in the loader.
+      handles_.reserve(plan_.tensors.size());
+      for (const auto& tp : plan_.tensors) handles_.push_back(loader_.handle(tp.meta.name));
+    }
     throw_if_failed(sink_.attach(store_));
     scratch_.assign(scratch_words(), 0);
     group_ = storage_groups(plan_, store_.size());
@@ -226,7 +231,7 @@ public:
   status apply_item(const item& it) {
     const tensor_plan* tp = nullptr;
     apply_ptr f = nullptr;
-    DCR_TRY(resolve(it, tp, f));
+    DCR_TRY(resolve(it, nullptr, tp, f));
     return f(*this, main_context(), *tp, it);
   }
 
@@ -239,7 +244,7 @@ public:
     using D = typename P::dtype;
     using E = typename P::encoding;
     const tensor_plan* tp = nullptr;
-    DCR_TRY(admit(it, tp));
+    DCR_TRY(admit(it, nullptr, tp));
     DCR_RETURN_ERROR_IF(tp->meta.dtype != dtype_traits<D>::id, bad_dtype,
                         "item for " + tp->meta.name + ": " + std::string(name_of(tp->meta.dtype)) +
                             ", pipeline for " + std::string(name_of(dtype_traits<D>::id)));
@@ -260,25 +265,7 @@ public:
   /// failing item earliest in item order is returned. So storage, digest and
   /// error are the same for every thread count, failures included; the
   /// state digest always counts every write made.
-  status apply_items(std::span<const item> items) {
-    std::vector<const tensor_plan*> tps(items.size());
-    std::vector<apply_ptr> fns(items.size());
-    std::size_t n = items.size();
-    status refused = status::success();
-    for (std::size_t k = 0; k < items.size(); ++k) {
-      refused = resolve(items[k], tps[k], fns[k]);
-      if (!refused.ok()) {
-        n = k;
-        break;
-      }
-    }
-    failure first{n, status::success()};
-    if (apply_threads_ <= 1 || n < 2)
-      apply_in_order(items, tps, fns, n, first);
-    else
-      apply_grouped(items, tps, fns, n, first);
-    return first.index < n ? first.st : refused;
-  }
+  status apply_items(std::span<const item> items) { return apply_items(items, {}); }
 
   /// Post-apply check: stored bits equal what a dense refit of `expected`
   /// stores, at every `stride`-th element of each copy (1 = all). Returns
@@ -365,12 +352,18 @@ public:
     staged_.clear();
     for (auto& p : staged) {
       status s = status::success();
-      if (!p.items) {
-        s = decode(p.bytes, p.items.emplace());
-        if (s.ok() && !(p.items->id == p.id))
+      const decoded_payload* items = p.items ? &*p.items : nullptr;
+      std::span<const tensor_plan* const> plans;
+      if (!items) {
+        // One decode buffer for every payload (its items keep their buffers),
+        // and each kept item's plan found once, by the decoder's filter.
+        s = decode_staged(p.bytes);
+        if (s.ok() && !(decoded_.id == p.id))
           s = fail(errc::bad_format, "decoded payload id differs from its header");
+        items = &decoded_;
+        plans = row_plans_;
       }
-      if (s.ok()) s = apply_items(p.items->items);
+      if (s.ok()) s = apply_items(items->items, plans);
       if (!s.ok()) {
         s.message = "payload (owner " + std::to_string(p.id.owner) + ", sequence " +
                     std::to_string(p.id.sequence) + "): " + s.message;
@@ -406,6 +399,28 @@ public:
         limits);
   }
 
+private:
+  /// `decode` into the receiver's reused buffer `decoded_`, recording every
+  /// row's plan (null for a tensor it does not know) in `row_plans_`.
+  status decode_staged(std::span<const std::byte> payload) {
+    codec::decode_limits limits;
+    limits.key = key_;
+    row_plans_.clear();
+    status s = stages::decode<pipeline::dispatched_locations>{}(
+        payload, decoded_,
+        [this](const codec::item_row& row) {
+          const tensor_plan* t = plan_.find(row.tensor.name);
+          row_plans_.push_back(t);
+          return !t || !t->skipped; // `needs`
+        },
+        limits, &decode_ws_);
+    if (s.ok() && row_plans_.size() != decoded_.items.size())
+      s = fail(errc::bad_format, "decoder filtered " + std::to_string(row_plans_.size()) +
+                                     " rows of " + std::to_string(decoded_.items.size()));
+    return s;
+  }
+
+public:
   /// Digest of all rank storage, kept incrementally by the sinks: O(1) here,
   /// O(changes) per refit (see `parameter_store::digest`).
   digest128 state_digest() const { return store_.digest(); }
@@ -459,9 +474,34 @@ private:
     return {reinterpret_cast<std::byte*>(w.scratch.get()), &w.captures, digest};
   }
 
-  /// Admission of one item and its pipeline from the dtype x encoding table.
-  status resolve(const item& it, const tensor_plan*& tp, apply_ptr& f) const {
-    DCR_TRY(admit(it, tp));
+  /// `apply_items(items)`; `plans[k]`, when given, is item k's tensor plan,
+  /// found when the item was decoded (`decode_staged`): no name is looked
+  /// up again.
+  status apply_items(std::span<const item> items, std::span<const tensor_plan* const> plans) {
+    tps_.assign(items.size(), nullptr);
+    fns_.assign(items.size(), nullptr);
+    std::size_t n = items.size();
+    status refused = status::success();
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      refused = resolve(items[k], plans.empty() ? nullptr : plans[k], tps_[k], fns_[k]);
+      if (!refused.ok()) {
+        n = k;
+        break;
+      }
+    }
+    failure first{n, status::success()};
+    if (apply_threads_ <= 1 || n < 2)
+      apply_in_order(items, tps_, fns_, n, first);
+    else
+      apply_grouped(items, tps_, fns_, n, first);
+    return first.index < n ? first.st : refused;
+  }
+
+  /// Admission of one item and its pipeline from the dtype x encoding table
+  /// (`known`: the item's plan when already found, else null).
+  status resolve(const item& it, const tensor_plan* known, const tensor_plan*& tp,
+                 apply_ptr& f) const {
+    DCR_TRY(admit(it, known, tp));
     static constexpr pipeline::dispatch_table<
         apply_fn, status(receiver&, const apply_context&, const tensor_plan&, const item&),
         pipeline::dtype_list, pipeline::encoding_list>
@@ -589,8 +629,8 @@ private:
   }
 
   /// The item's tensor plan, after every check that does not depend on the pipeline.
-  status admit(const item& it, const tensor_plan*& tp) const {
-    tp = plan_.find(it.tensor.name);
+  status admit(const item& it, const tensor_plan* known, const tensor_plan*& tp) const {
+    tp = known ? known : plan_.find(it.tensor.name);
     DCR_RETURN_ERROR_IF(!tp, not_found, "item for unknown tensor " + it.tensor.name);
     DCR_TRY(codec::validate_item(it, tp->meta));
     // XOR and add read the resident word: both need every copy to preserve
@@ -714,7 +754,11 @@ private:
   status run(const tensor_plan& tp, const tensor_view& input, CopySink& sink) {
     load_report rep;
     try {
-      rep = loader_.load(tp.meta.name, input, store_, sink);
+      if constexpr (handle_loader<L>)
+        rep = loader_.load_handle(handles_[static_cast<std::size_t>(&tp - plan_.tensors.data())],
+                                  tp.meta.name, input, store_, sink);
+      else
+        rep = loader_.load(tp.meta.name, input, store_, sink);
     } catch (const std::exception& e) {
       return fail(errc::loader_condition, "tensor " + tp.meta.name + ": loader threw: " + e.what());
     }
@@ -736,6 +780,12 @@ private:
   seal_key key_{}; ///< job key of the payload digests (empty: unkeyed)
   std::uint64_t threaded_applies_ = 0;
   std::vector<worker_buffers> workers_; ///< buffers of apply threads 1, 2, ...
+  std::vector<std::size_t> handles_;    ///< loader handle of each plan tensor (`handle_loader`)
+  decoded_payload decoded_;             ///< `apply_staged`'s decode buffer, reused
+  codec::payload_info decode_ws_;       ///< and the decoder's body and table buffers
+  std::vector<const tensor_plan*> row_plans_; ///< plan of each row of `decoded_`
+  std::vector<const tensor_plan*> tps_;       ///< `apply_items`' per-item plans, reused
+  std::vector<apply_ptr> fns_;                ///< and pipelines
   /// A staged payload: its bytes and, for the newest one staged with
   /// `decode_now`, its validated items.
   struct staged_payload {

@@ -51,10 +51,11 @@ struct decode {
   using locations = L;
   /// `codec::decode_payload_if<L>`: every byte checked; items of tensors
   /// `keep` rejects come back without entries.
+  /// `ws`: buffers kept across calls (see `codec::decode_payload_if`).
   template <class Keep>
   status operator()(std::span<const std::byte> payload, decoded_payload& out, Keep&& keep,
-                    const codec::decode_limits& limits) const {
-    return codec::decode_payload_if<L>(payload, out, std::forward<Keep>(keep), limits);
+                    const codec::decode_limits& limits, codec::payload_info* ws = nullptr) const {
+    return codec::decode_payload_if<L>(payload, out, std::forward<Keep>(keep), limits, ws);
   }
 };
 
@@ -92,6 +93,14 @@ struct scatter {
 /// measures it.
 inline constexpr std::size_t apply_write_lag = 64;
 
+/// Changed words the write loop collects before it folds them into the
+/// state digest. No more than `apply_write_lag`: while a batch is hashed
+/// (compute bound, ~10 ns a word), the lines of the next `apply_write_lag`
+/// entries, prefetched before, arrive; with longer batches the hashing
+/// outlasts the fetches and the writes after it wait on memory again, so
+/// memory time and hashing time would add up instead of overlapping.
+inline constexpr std::size_t apply_digest_batch = 32;
+
 /// apply<E, Sink>: `E` at the destinations of one mapped copy.
 ///
 /// The call operator is the receiver's one write loop (used by every host
@@ -119,7 +128,7 @@ public:
   status operator()(W* DCR_RESTRICT D, std::size_t param, const view_inverse& inv,
                     std::span<const std::uint64_t> indices, std::span<const W> values,
                     set_digest& digest, const set_digest_key& key) {
-    constexpr std::size_t lag = apply_write_lag, block = 1024, batch = 256;
+    constexpr std::size_t lag = apply_write_lag, block = 1024, batch = apply_digest_batch;
     // Only the entries inside the copy's source span can map.
     const auto lo = static_cast<std::uint64_t>(inv.src_base);
     const auto hi = lo + static_cast<std::uint64_t>(inv.span);

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,6 +43,75 @@ struct parameter {
   tensor_view view() { return {bytes.data(), meta.dtype, strided_layout::row_major(meta.shape)}; }
 };
 
+namespace detail {
+/// Hash of names that looks up by `std::string_view` without building a
+/// `std::string` (no allocation on the per-item path).
+struct name_hash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+/// A map from names that looks up by `std::string_view`.
+template <class T>
+using name_map = std::unordered_map<std::string, T, name_hash, std::equal_to<>>;
+
+/// The parameter list shared by `parameter_store` and the planning store
+/// (`plan_store`, receiver/plan.hpp): entries in declaration order, each
+/// owning an address range that never moves, found by name and by address.
+/// `Entry` has `meta`; its range is given when it is added.
+template <class Entry>
+class parameter_registry {
+public:
+  /// Throws `invalid_argument` on a duplicate name, `bad_dtype` on an
+  /// unknown dtype: the checks before an entry is built.
+  void check_new(const std::string& name, dtype_id dtype) const {
+    if (by_name_.count(name))
+      throw error(errc::invalid_argument, "parameter declared twice: " + name);
+    if (!info(dtype)) throw error(errc::bad_dtype, "parameter " + name + ": unknown dtype");
+  }
+  /// Append `e`, whose bytes are `[data, data + size)`; returns it.
+  Entry& push(std::unique_ptr<Entry> e, const std::byte* data, std::size_t size) {
+    const auto idx = entries_.size();
+    by_name_.emplace(e->meta.name, idx);
+    if (size > 0) by_address_.emplace(data, range{idx, size});
+    entries_.push_back(std::move(e));
+    return *entries_.back();
+  }
+
+  std::size_t size() const noexcept { return entries_.size(); }
+  Entry& operator[](std::size_t i) { return *entries_[i]; }
+  const Entry& operator[](std::size_t i) const { return *entries_[i]; }
+
+  std::optional<std::size_t> index_of(std::string_view name) const {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) return std::nullopt;
+    return it->second;
+  }
+  /// Index of the entry whose range contains `[lo, hi)`, if any.
+  std::optional<std::size_t> locate(const std::byte* lo, const std::byte* hi) const {
+    auto it = by_address_.upper_bound(lo);
+    if (it == by_address_.begin()) return std::nullopt;
+    --it;
+    const std::byte* begin = it->first;
+    const std::byte* end = begin + it->second.size;
+    if (lo >= begin && hi <= end && lo <= hi) return it->second.index;
+    return std::nullopt;
+  }
+
+  auto begin() const noexcept { return entries_.begin(); }
+  auto end() const noexcept { return entries_.end(); }
+
+private:
+  struct range {
+    std::size_t index, size;
+  };
+  std::vector<std::unique_ptr<Entry>> entries_;
+  name_map<std::size_t> by_name_;
+  std::map<const std::byte*, range> by_address_;
+};
+} // namespace detail
+
 /// Named parameters in declaration order. Buffers never move once added, so
 /// views stay valid for the store's lifetime.
 class parameter_store {
@@ -54,46 +124,34 @@ public:
 
   /// Add a zeroed parameter; throws `invalid_argument` on a duplicate name or unknown dtype.
   tensor_view add(std::string name, std::vector<std::uint64_t> shape, dtype_id dtype) {
-    if (by_name_.count(name))
-      throw error(errc::invalid_argument, "parameter declared twice: " + name);
-    if (!info(dtype)) throw error(errc::bad_dtype, "parameter " + name + ": unknown dtype");
+    params_.check_new(name, dtype);
     auto p = std::make_unique<parameter>();
     p->meta = {std::move(name), std::move(shape), dtype};
     p->bytes.assign(p->meta.nbytes(), std::byte{0});
-    const auto idx = params_.size();
-    by_name_.emplace(p->meta.name, idx);
-    if (!p->bytes.empty()) by_address_.emplace(p->bytes.data(), idx);
     keys_.push_back(region_key(p->meta.name, p->meta.dtype, p->meta.shape));
-    params_.push_back(std::move(p));
-    return params_.back()->view();
+    const std::byte* data = p->bytes.data();
+    const std::size_t size = p->bytes.size();
+    return params_.push(std::move(p), data, size).view();
   }
 
   std::size_t size() const noexcept { return params_.size(); }
-  parameter& operator[](std::size_t i) { return *params_[i]; }
-  const parameter& operator[](std::size_t i) const { return *params_[i]; }
+  parameter& operator[](std::size_t i) { return params_[i]; }
+  const parameter& operator[](std::size_t i) const { return params_[i]; }
 
   /// Index of a parameter by name.
   std::optional<std::size_t> index_of(std::string_view name) const {
-    auto it = by_name_.find(std::string(name));
-    if (it == by_name_.end()) return std::nullopt;
-    return it->second;
+    return params_.index_of(name);
   }
   /// Whole-parameter view by name; throws `not_found`.
   tensor_view view(std::string_view name) {
     auto i = index_of(name);
     if (!i) throw error(errc::not_found, "no parameter named " + std::string(name));
-    return params_[*i]->view();
+    return params_[*i].view();
   }
 
   /// Index of the parameter whose bytes contain `[lo, hi)`, if any.
   std::optional<std::size_t> locate(const std::byte* lo, const std::byte* hi) const {
-    auto it = by_address_.upper_bound(lo);
-    if (it == by_address_.begin()) return std::nullopt;
-    --it;
-    const auto& p = *params_[it->second];
-    const std::byte* end = p.bytes.data() + p.bytes.size();
-    if (lo >= p.bytes.data() && hi <= end && lo <= hi) return it->second;
-    return std::nullopt;
+    return params_.locate(lo, hi);
   }
 
   /// Total bytes of storage.
@@ -132,7 +190,7 @@ private:
   set_digest full_set() const {
     set_digest d;
     for (std::size_t i = 0; i < params_.size(); ++i)
-      d.add_bytes(keys_[i], params_[i]->bytes, width_of(params_[i]->meta.dtype));
+      d.add_bytes(keys_[i], params_[i].bytes, width_of(params_[i].meta.dtype));
     return d;
   }
   /// The layout the digest is sealed with: XXH3-128 of every parameter's
@@ -158,11 +216,9 @@ private:
     return out;
   }
 
-  std::vector<std::unique_ptr<parameter>> params_;
+  detail::parameter_registry<parameter> params_;
   std::vector<set_digest_key> keys_;
   set_digest digest_;
-  std::unordered_map<std::string, std::size_t> by_name_;
-  std::map<const std::byte*, std::size_t> by_address_;
 };
 
 /// Where two stores first differ ("" when equal): parameter, byte offset.
