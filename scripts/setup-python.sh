@@ -43,7 +43,7 @@ fi
   exit 1
 }
 
-echo "== python: creating $venv (pinned: python/requirements.txt)"
+echo "== python: creating $venv (pinned: python/requirements.txt, python/requirements-vllm.txt)"
 [ -x "$venv/bin/python3" ] || "$base" -m venv "$venv"
 "$venv/bin/python3" -m pip install -q --upgrade pip
 "$venv/bin/python3" -m pip install -q -r "$req"
