@@ -6,16 +6,20 @@
 # rest of build/ (scripts/setup.sh, which runs this first under
 # DCR_PYTHON_SETUP=1, as test.sh sets it): the `python` feature finds
 # .venv/bin/python3 and turns itself on.
+# python/requirements-vllm.txt (vLLM's model classes for the tests of its own
+# loaders) goes in after, with --no-deps: it lists its whole closure, and
+# vllm's own pins (another torch) must not replace the project's.
 # DCR_PYTHON: the interpreter that creates the environment (default python3,
 # 3.10 or newer).
 set -euo pipefail
 DCR_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${DCR_VENV:-$DCR_ROOT/.venv}
 req=$DCR_ROOT/python/requirements.txt
+req_vllm=$DCR_ROOT/python/requirements-vllm.txt
 stamp=$venv/.dcr-requirements
 base=${DCR_PYTHON:-python3}
 
-if [ -x "$venv/bin/python3" ] && cmp -s "$req" "$stamp"; then
+if [ -x "$venv/bin/python3" ] && cat "$req" "$req_vllm" | cmp -s - "$stamp"; then
   echo "== python: $venv up to date"
   exit 0
 fi
@@ -39,9 +43,10 @@ fi
   exit 1
 }
 
-echo "== python: creating $venv (pinned: python/requirements.txt)"
+echo "== python: creating $venv (pinned: python/requirements.txt, python/requirements-vllm.txt)"
 [ -x "$venv/bin/python3" ] || "$base" -m venv "$venv"
 "$venv/bin/python3" -m pip install -q --upgrade pip
 "$venv/bin/python3" -m pip install -q -r "$req"
-cp "$req" "$stamp"
+"$venv/bin/python3" -m pip install -q --no-deps -r "$req_vllm"
+cat "$req" "$req_vllm" >"$stamp"
 echo "== python: ready ($("$venv/bin/python3" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -602,12 +602,7 @@ class Receiver:
                 errors.raise_error(errors.LoaderCondition,
                                    f"tensor {plan.meta.name}: overlapping {encoding} writes "
                                    f"within one copy_ into {self._name_of(dst)}")
-            if op.mapped and native:
-                # O(entries): the item's indices through the source view to
-                # destination offsets; the scratch is read for nothing.
-                flat = self._storages[op.key].flat
-                op.native.apply(flat.data_ptr(), flat.numel(), plan.width, e.np_idx,
-                                e.np_vals, op_code)
+            if native and self._apply_mapped_native(plan, op, e, op_code):
                 return dst
             ensure()
             if op.mapped:
@@ -649,6 +644,18 @@ class Receiver:
                 else:
                     m.index_fill_(0, at, 0)
             self._unstage_scratch(plan, e, native)
+
+    def _apply_mapped_native(self, plan: _TensorPlan, op: _Op, e: "_Entries",
+                             op_code: int) -> bool:
+        """A mapped copy on the C++ path: the item's indices through the
+        source view to destination offsets, O(entries), the scratch read for
+        nothing. False where the copy is not mapped (the caller lands it)."""
+        if not op.mapped or op.native is None:
+            return False
+        flat = self._storages[op.key].flat
+        op.native.apply(flat.data_ptr(), flat.numel(), plan.width, e.np_idx, e.np_vals,
+                        op_code)
+        return True
 
     def _stage_scratch(self, plan: _TensorPlan, e: "_Entries", native: bool) -> Callable:
         """The item's words into the (zero) scratch at its indices, on the C++
@@ -712,10 +719,7 @@ class Receiver:
             active.index_fill_(0, e.idx, True)
 
         def on_copy(dst, src, op):
-            if op.mapped and native:
-                flat = self._storages[op.key].flat
-                op.native.apply(flat.data_ptr(), flat.numel(), plan.width, e.np_idx,
-                                e.np_vals, _OVERWRITE)
+            if native and self._apply_mapped_native(plan, op, e, _OVERWRITE):
                 return dst
             ensure()
             if op.mapped:
