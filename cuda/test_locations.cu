@@ -81,6 +81,17 @@ void agree(location_id id, const std::vector<std::uint8_t>& bytes, std::uint64_t
   DCR_EXPECT(s.message == t.message,
              tag + ": message '" + s.message + "' vs twin '" + t.message + "'");
   if (s && t) DCR_EXPECT(d_out.download_prefix(count) == want, tag + ": indices");
+  if (!codec::is_known_location(static_cast<std::uint8_t>(id))) return;
+  // The typed entry (the kernels of that coding, no runtime id) decodes the same.
+  codec::visit_location(id, [&](auto c) {
+    using Coding = decltype(c);
+    dbuf<std::uint64_t> d_typed(count == 0 ? 1 : count);
+    const status u = dcr::gpu::decode_locations<Coding>(d_bytes.get(), bytes.size(), first, numel,
+                                                        count, d_typed.get(), ws);
+    DCR_EXPECT(u.code == t.code && u.message == t.message,
+               tag + ": typed entry '" + u.message + "' vs twin '" + t.message + "'");
+    if (u && t) DCR_EXPECT(d_typed.download_prefix(count) == want, tag + ": typed indices");
+  });
 }
 
 /// Checks answered before any device work, identical to the twin's; valid
@@ -111,6 +122,14 @@ void host_side_checks() {
                                                 c.numel, c.count, &dummy, ws);
     DCR_EXPECT(!t && s.code == t.code && s.message == t.message,
                "host-side decode check: '" + s.message + "' vs twin '" + t.message + "'");
+    if (!codec::is_known_location(static_cast<std::uint8_t>(c.id))) continue;
+    codec::visit_location(c.id, [&](auto coding) {
+      using Coding = decltype(coding);
+      const status u = dcr::gpu::decode_locations<Coding>(c.bytes.data(), c.bytes.size(), c.first,
+                                                          c.numel, c.count, &dummy, ws);
+      DCR_EXPECT(u.code == t.code && u.message == t.message,
+                 "host-side typed decode check: '" + u.message + "' vs twin '" + t.message + "'");
+    });
   }
   std::vector<std::uint16_t> store(16, 0);
   const twin::view<std::uint16_t> dst{store.data(), twin::linear(16)};

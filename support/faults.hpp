@@ -1,16 +1,21 @@
 #pragma once
 /// \file
 /// Fault injection for the tests, the demo and the cluster scripts: a
-/// receiver that crashes mid-refit. Not installed and not part of the
-/// library: `include/dcr/` never includes it. The library's side of a crash
-/// is general: a receiver that reports `lost()` is dropped by its endpoint
-/// and restored before it rejoins (`protocol/endpoint.hpp`).
+/// receiver that crashes mid-refit, a coordinator that dies at a crash
+/// point. Not installed and not part of the library: `include/dcr/` never
+/// includes it. The library's side of a crash is general: a receiver that
+/// reports `lost()` is dropped by its endpoint and restored before it
+/// rejoins (`protocol/endpoint.hpp`); a coordinator takes its fault policy as
+/// a type (`protocol::fault_policy`) whose production default never fires.
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <utility>
 
 #include "dcr/core/error.hpp"
+#include "dcr/protocol/coordinator.hpp"
 #include "dcr/protocol/endpoint.hpp"
 
 namespace dcr::support {
@@ -47,5 +52,26 @@ template <class Receiver>
 void kill_after(protocol::receiver_endpoint<Receiver>& ep, std::uint64_t n) {
   if (ep.alive()) ep.with_receiver([n](Receiver& r) { r.crash_after(n); });
 }
+
+/// Coordinator fault policy: dies at the crash points `pick` says (it may
+/// also act there itself, e.g. SIGKILL the process or take a timestamp, and
+/// return false). Default-constructed it never fires, so one coordinator
+/// type serves a test's dying and surviving coordinators alike.
+class crash_at {
+public:
+  static constexpr bool armed = true;
+
+  crash_at() = default;
+  explicit crash_at(std::function<bool(protocol::crash_point)> pick) : pick_(std::move(pick)) {}
+  /// Dies exactly at `p`.
+  explicit crash_at(protocol::crash_point p)
+      : pick_([p](protocol::crash_point q) { return q == p; }) {}
+
+  bool operator()(protocol::crash_point p) const { return pick_ && pick_(p); }
+
+private:
+  std::function<bool(protocol::crash_point)> pick_;
+};
+static_assert(protocol::fault_policy<crash_at>);
 
 } // namespace dcr::support

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "dcr/protocol/remote_links.hpp"
 #include "examples/cluster/cluster_job.hpp"
 #include "examples/cluster/timeline.hpp"
+#include "support/faults.hpp"
 #include "support/report.hpp"
 
 using namespace dcr;
@@ -123,6 +125,7 @@ int main(int argc, char** argv) try {
   // version STEP, once per job.
   protocol::coordinator_options copt;
   std::uint64_t target = 0;
+  std::function<void(protocol::crash_point)> die_at;
   if (!die_point.empty()) {
     protocol::crash_point p{};
     if (die_point == "after_prepare")
@@ -135,25 +138,28 @@ int main(int argc, char** argv) try {
       p = protocol::crash_point::after_commit;
     else
       usage("--die-at: unknown crash point " + die_point);
-    copt.crash = [&, p](protocol::crash_point q) {
+    die_at = [&, p](protocol::crash_point q) {
       if (q == p && target == die_step &&
           cluster::fire_once(job, "coordinator-" + die_point + "-" + std::to_string(die_step)))
         cluster::die_now("dcr-coordinator", die_point + " of version " + std::to_string(die_step));
-      return false;
     };
   }
   // Timeline (DCR_TIMELINE): the commit runs from before_commit to after_commit.
+  // Both are watched through the fault policy, which never fires itself
+  // (the process dies by SIGKILL or not at all).
   cluster::timeline::who() = "coordinator";
   std::uint64_t commit_ns = 0;
-  copt.crash = [inner = copt.crash, &commit_ns](protocol::crash_point q) {
+  support::crash_at watch([&](protocol::crash_point q) {
     if (q == protocol::crash_point::before_commit) commit_ns = cluster::timeline::now_ns();
     if (q == protocol::crash_point::after_commit && commit_ns)
       cluster::timeline::record("commit", commit_ns, cluster::timeline::now_ns());
-    return inner ? inner(q) : false;
-  };
+    if (die_at) die_at(q);
+    return false;
+  });
   protocol::link_coordinator<protocol::remote_owner_link, protocol::remote_node_link,
-                             cluster::job_object_store, cluster::job_commit_store>
-      coord(commits, objects, op, np, copt);
+                             cluster::job_object_store, cluster::job_commit_store,
+                             support::crash_at>
+      coord(commits, objects, op, np, copt, std::move(watch));
   throw_if_failed(with_patience(wait, "take over", [&] { return coord.take_over(); }));
   std::cerr << "dcr-coordinator: epoch " << coord.epoch() << std::endl;
   throw_if_failed(with_patience(wait, "bootstrap", [&] { return coord.bootstrap(); }));

@@ -179,8 +179,9 @@ int run_demo_on(const options& opt, const progress& say, clk::time_point t_start
   using rank_receiver = receiver<Loader, Sink>;
   using staged = support::crash_injectable<protocol::receiver_role_adapter<rank_receiver>>;
   using endpoint_t = protocol::receiver_endpoint<staged>;
+  // support::crash_at: DCR_DEMO_KILL_AT's hook (default-constructed it never fires).
   using coordinator_t = protocol::coordinator<member_t, staged, transport::fs_object_store,
-                                              protocol::file_commit_store>;
+                                              protocol::file_commit_store, support::crash_at>;
   const auto metas = plan->canonical;
   const std::uint64_t ckpt_bytes = plan->checkpoint_bytes();
   std::uint64_t ckpt_elems = 0;
@@ -320,7 +321,7 @@ int run_demo_on(const options& opt, const progress& say, clk::time_point t_start
   }
   std::vector<endpoint_t*> ep_ptrs;
   for (auto& e : endpoints) ep_ptrs.push_back(e.get());
-  protocol::coordinator_options copt;
+  support::crash_at kill_at;
   int current_step = 0;
   // DCR_DEMO_KILL_AT=<point>:<step> (point: after_prepare, after_first_ack,
   // after_commit) makes the process SIGKILL itself at that crash point of
@@ -339,12 +340,12 @@ int run_demo_on(const options& opt, const progress& say, clk::time_point t_start
       p = protocol::crash_point::after_commit;
     else
       usage("DCR_DEMO_KILL_AT: unknown crash point " + point);
-    copt.crash = [p, at, &current_step](protocol::crash_point q) {
+    kill_at = support::crash_at([p, at, &current_step](protocol::crash_point q) {
       if (q == p && current_step == at) ::kill(::getpid(), SIGKILL);
       return false;
-    };
+    });
   }
-  coordinator_t coord(commits, objects, owner_ptrs, ep_ptrs, copt);
+  coordinator_t coord(commits, objects, owner_ptrs, ep_ptrs, {}, std::move(kill_at));
   throw_if_failed(coord.take_over());
   throw_if_failed(coord.bootstrap());
   if (resuming) {

@@ -29,7 +29,9 @@ using rank_t = receiver<loader_t>;
 using staged_t = support::crash_injectable<receiver_role_adapter<rank_t>>;
 using endpoint_t = receiver_endpoint<staged_t>;
 using member_t = training_round::member;
-using coord_t = coordinator<member_t, staged_t, transport::fs_object_store, file_commit_store>;
+// Faults injected where a test asks for them; default-constructed it never fires.
+using coord_t = coordinator<member_t, staged_t, transport::fs_object_store, file_commit_store,
+                            support::crash_at>;
 
 struct world {
   model_config cfg;
@@ -93,13 +95,13 @@ struct world {
     committed = tensor_set{};
     for (auto& t : canon) committed.add(std::move(t));
   }
-  coord_t coordinator(coordinator_options o = {}) {
+  coord_t coordinator(coordinator_options o = {}, support::crash_at faults = {}) {
     std::vector<member_t*> op;
     for (auto& m : members) op.push_back(&m);
     std::vector<endpoint_t*> ep;
     for (auto& e : endpoints) ep.push_back(e.get());
     o.attempt_deadline = std::chrono::milliseconds(20000);
-    return coord_t(*commits, *objects, op, ep, std::move(o));
+    return coord_t(*commits, *objects, op, ep, std::move(o), std::move(faults));
   }
   /// A training step on the source shards (stress update: a few % of words).
   void train(double fraction, std::uint64_t step) {
@@ -216,9 +218,7 @@ TEST_CASE("e2e: dense Llama, trainer TP2xPP2xDP2, vLLM TP4 (KV heads replicated)
   // file commit store finishes the transition.
   w.train(0.05, 2);
   {
-    coordinator_options o;
-    o.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
-    auto dying = w.coordinator(o);
+    auto dying = w.coordinator({}, support::crash_at(crash_point::after_first_ack));
     REQUIRE(dying.take_over().ok());
     CHECK(dying.transition().result.code == errc::aborted);
   }
@@ -233,9 +233,7 @@ TEST_CASE("e2e: dense Llama, trainer TP2xPP2xDP2, vLLM TP4 (KV heads replicated)
   // Step 3: dies after commit, before the baseline update: roll forward.
   w.train(0.05, 3);
   {
-    coordinator_options o;
-    o.crash = [](crash_point p) { return p == crash_point::after_commit; };
-    auto dying = w.coordinator(o);
+    auto dying = w.coordinator({}, support::crash_at(crash_point::after_commit));
     REQUIRE(dying.take_over().ok());
     CHECK(dying.transition().result.code == errc::aborted);
   }

@@ -405,9 +405,9 @@ TEST_CASE("etcd store: a joint commit through the coordinator, crash and success
   }
   using C =
       coordinator<model_owner, model_receiver, transport::memory_object_store, etcd_commit_store>;
-  coordinator_options crash;
-  crash.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
-  C c1(commits, objects, op, ep, crash);
+  coordinator<model_owner, model_receiver, transport::memory_object_store, etcd_commit_store,
+              support::crash_at>
+      c1(commits, objects, op, ep, {}, support::crash_at(crash_point::after_first_ack));
   REQUIRE(c1.take_over().ok());
   REQUIRE(c1.bootstrap().ok());
   trainer.step(0.05, 1);

@@ -154,16 +154,15 @@ void check_lost_record(Store& objects, const std::function<std::unique_ptr<Commi
     for (auto& e : eps) p.push_back(e.get());
     return p;
   };
-  using coord_t = coordinator<model_owner, model_receiver, Store, Commits>;
+  using coord_t = coordinator<model_owner, model_receiver, Store, Commits, support::crash_at>;
   coordinator_options o;
   o.attempt_deadline = std::chrono::milliseconds(10000);
   // History A: v1 commits, the transition to v2 dies after an ACK (its objects stay).
   {
     auto commits = fresh();
     auto eps = endpoints();
-    coordinator_options crash = o;
-    crash.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
-    coord_t a(*commits, objects, op, ptrs(eps), o), a2(*commits, objects, op, ptrs(eps), crash);
+    coord_t a(*commits, objects, op, ptrs(eps), o),
+        a2(*commits, objects, op, ptrs(eps), o, support::crash_at(crash_point::after_first_ack));
     REQUIRE(a.take_over().ok());
     REQUIRE(a.bootstrap().ok());
     trainer.step(0.1, 1);

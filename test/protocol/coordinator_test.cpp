@@ -16,11 +16,7 @@ using namespace dcr::test_models;
 
 namespace {
 
-coordinator_options crash_at(std::function<bool(crash_point)> f) {
-  coordinator_options o;
-  o.crash = std::move(f);
-  return o;
-}
+using support::crash_at;
 
 using store_t = faulty_store;
 using commits_t = memory_commit_store;
@@ -29,7 +25,8 @@ using commits_t = memory_commit_store;
 template <class Receiver = model_receiver>
 struct rig {
   using endpoint_t = receiver_endpoint<Receiver>;
-  using coord_t = coordinator<model_owner, Receiver, store_t, commits_t>;
+  // Injects faults where a test asks for them; default-constructed it never fires.
+  using coord_t = coordinator<model_owner, Receiver, store_t, commits_t, crash_at>;
 
   std::vector<tensor_meta> metas = canonical_tensors(small_llama());
   trainer_state trainer = trainer_state::make(metas, 11);
@@ -80,13 +77,13 @@ struct rig {
       return r.inner();
   }
 
-  coord_t coord(coordinator_options opt = {}) {
+  coord_t coord(coordinator_options opt = {}, crash_at faults = {}) {
     std::vector<model_owner*> o;
     for (auto& p : owners) o.push_back(p.get());
     std::vector<endpoint_t*> e;
     for (auto& p : endpoints) e.push_back(p.get());
     opt.attempt_deadline = std::chrono::milliseconds(5000);
-    return coord_t(commits, store, o, e, std::move(opt));
+    return coord_t(commits, store, o, e, std::move(opt), std::move(faults));
   }
 
   void start(coord_t& c) {
@@ -447,7 +444,7 @@ TEST_CASE("unlisted payload: same on the filesystem object store with the file c
 TEST_CASE(
     "scenario: coordinator dies after prepare -> successor fences it and commits with overwrite") {
   rig<> s;
-  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_prepare; }));
+  auto c1 = s.coord({}, crash_at(crash_point::after_prepare));
   s.start(c1);
   s.trainer.step(0.1, 1);
   auto r1 = c1.transition();
@@ -466,7 +463,7 @@ TEST_CASE(
 
 TEST_CASE("scenario: coordinator dies after some ACKs -> successor repairs every receiver") {
   rig<> s;
-  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
+  auto c1 = s.coord({}, crash_at(crash_point::after_first_ack));
   s.start(c1);
   s.trainer.step(0.1, 1);
   auto r1 = c1.transition();
@@ -486,7 +483,7 @@ TEST_CASE("scenario: coordinator dies after some ACKs -> successor repairs every
 TEST_CASE("scenario: coordinator dies after commit, before the baseline update -> successor rolls "
           "forward") {
   rig<> s;
-  auto c1 = s.coord(crash_at([](crash_point p) { return p == crash_point::after_commit; }));
+  auto c1 = s.coord({}, crash_at(crash_point::after_commit));
   s.start(c1);
   s.trainer.step(0.1, 1);
   auto r1 = c1.transition();
@@ -524,14 +521,14 @@ TEST_CASE(
     std::atomic<bool> b_done{false};
     // A pauses after its first ACK until B has finished, so B's attempt
     // replaces A's while A is mid-transition.
-    auto a = s.coord(crash_at([&](crash_point p) {
-      if (p == crash_point::after_first_ack) {
-        a_streaming = true;
-        for (int i = 0; i < 5000 && !b_done; ++i)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      return false;
-    }));
+    auto a = s.coord({}, crash_at([&](crash_point p) {
+                       if (p == crash_point::after_first_ack) {
+                         a_streaming = true;
+                         for (int i = 0; i < 5000 && !b_done; ++i)
+                           std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                       }
+                       return false;
+                     }));
     auto b = s.coord();
     REQUIRE(a.take_over().ok());
     transition_report ra, rb;
@@ -703,10 +700,9 @@ TEST_CASE("file-backed run: filesystem object store + file commit store, crash a
           id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
       ep.push_back(eps.back().get());
     }
-    using C =
-        coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
-    C c1(commits, objects, op, ep,
-         crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
+    using C = coordinator<model_owner, model_receiver, transport::fs_object_store,
+                          file_commit_store, crash_at>;
+    C c1(commits, objects, op, ep, {}, crash_at(crash_point::after_first_ack));
     REQUIRE(c1.take_over().ok());
     REQUIRE(c1.bootstrap().ok());
     trainer.step(0.05, 1);
@@ -818,10 +814,9 @@ TEST_CASE("a commit record replaced by an older one hands out attempt ids again:
           id, [&, id] { return std::make_unique<model_receiver>(id, metas); }, dense));
       ep.push_back(eps.back().get());
     }
-    using C =
-        coordinator<model_owner, model_receiver, transport::fs_object_store, file_commit_store>;
-    C c1(commits, objects, op, ep,
-         crash_at([](crash_point p) { return p == crash_point::after_first_ack; }));
+    using C = coordinator<model_owner, model_receiver, transport::fs_object_store,
+                          file_commit_store, crash_at>;
+    C c1(commits, objects, op, ep, {}, crash_at(crash_point::after_first_ack));
     C c0(commits, objects, op, ep);
     REQUIRE(c0.take_over().ok());
     REQUIRE(c0.bootstrap().ok());

@@ -150,7 +150,8 @@ private:
 /// a restarted receiver restores from).
 struct history {
   using endpoint_t = receiver_endpoint<model_receiver>;
-  using coord_t = coordinator<model_owner, model_receiver, tamper_store, file_commit_store>;
+  using coord_t =
+      coordinator<model_owner, model_receiver, tamper_store, file_commit_store, support::crash_at>;
 
   std::filesystem::path dir;
   std::vector<tensor_meta> metas = canonical_tensors(small_llama());
@@ -190,13 +191,14 @@ struct history {
     for (std::size_t t = 0; t < metas.size(); ++t)
       REQUIRE(objects.put(dense_name(committed, t), owners[t % 2]->baseline(t)->bytes).ok());
   }
-  coord_t coord(coordinator_options o = {}) {
+  coord_t coord(support::crash_at faults = {}) {
     std::vector<model_owner*> op;
     for (auto& p : owners) op.push_back(p.get());
     std::vector<endpoint_t*> ep;
     for (auto& e : endpoints) ep.push_back(e.get());
+    coordinator_options o;
     o.attempt_deadline = std::chrono::milliseconds(1500);
-    return coord_t(commits, store, op, ep, std::move(o));
+    return coord_t(commits, store, op, ep, o, std::move(faults));
   }
   std::unique_ptr<coord_t> coord_ptr() {
     std::vector<model_owner*> op;
@@ -324,11 +326,7 @@ std::string run_case(const std::filesystem::path& dir, const twin_state& twin, o
     // is damaged, and every process restarts: a successor coordinator with
     // restarted receivers.
     {
-      auto dying = h.coord([] {
-        coordinator_options o;
-        o.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
-        return o;
-      }());
+      auto dying = h.coord(support::crash_at(crash_point::after_first_ack));
       REQUIRE(dying.take_over().ok());
       REQUIRE(dying.transition().result.code == errc::aborted);
     }

@@ -214,10 +214,10 @@ TEST_CASE("remote links: a coordinator crash after the first ACK; a successor ta
   auto nl = cluster_rig::ptrs(s.remote_nodes);
   using coord_t =
       link_coordinator<remote_owner_link, remote_node_link, store_t, memory_commit_store>;
-  coordinator_options dying;
-  dying.crash = [](crash_point p) { return p == crash_point::after_first_ack; };
   {
-    coord_t c(s.commits, s.objects, ol, nl, dying);
+    link_coordinator<remote_owner_link, remote_node_link, store_t, memory_commit_store,
+                     support::crash_at>
+        c(s.commits, s.objects, ol, nl, {}, support::crash_at(crash_point::after_first_ack));
     REQUIRE(c.take_over().ok());
     REQUIRE(c.bootstrap().ok());
     s.trainer.step(0.05, 1);

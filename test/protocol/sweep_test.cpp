@@ -51,6 +51,8 @@ TEST_CASE(
       ep.push_back(eps.back().get());
     }
     using C = coordinator<model_owner, model_receiver, faulty_store, memory_commit_store>;
+    using dying_t = coordinator<model_owner, model_receiver, faulty_store, memory_commit_store,
+                                support::crash_at>;
     coordinator_options base;
     base.attempt_deadline = std::chrono::milliseconds(5000);
     base.mode = rng() % 2 ? rl_mode::synchronous : rl_mode::asynchronous;
@@ -95,9 +97,7 @@ TEST_CASE(
       if (fault == 8) {
         // The coordinator dies at a random point; a successor takes over.
         auto point = static_cast<crash_point>(rng() % 3);
-        coordinator_options o = base;
-        o.crash = [point](crash_point p) { return p == point; };
-        C dying(commits, store, op, ep, o);
+        dying_t dying(commits, store, op, ep, base, support::crash_at(point));
         REQUIRE(dying.take_over().ok());
         CHECK(dying.transition().result.code == errc::aborted);
         c = std::make_unique<C>(commits, store, op, ep, base);

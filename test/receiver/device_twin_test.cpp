@@ -17,29 +17,17 @@ using dcr::test::delta_mode;
 using twin_sink = twin::device_sink;
 
 TEST_CASE("device sink twin: delta apply equals dense refit, vLLM layouts x modes") {
-  struct lay {
-    model_config c;
-    loaders::vllm_parallel_config p;
-  };
-  auto tied = tiny_llama();
-  tied.tied_embeddings = true;
-  tied.vocab = 777;
-  tied.attention_bias = true;
-  std::vector<lay> lays = {{tiny_llama(), test::vllm_deployment(1)},
-                           {tiny_llama(), test::vllm_deployment(8)},
-                           {tied, test::vllm_deployment(8)},
-                           {tiny_qwen3_moe(), test::vllm_deployment(2, 1, 2, true)}};
   std::uint64_t seed = 300;
-  for (auto& L : lays) {
-    auto metas = canonical_tensors(L.c);
-    auto v = test::random_model(metas, seed);
-    auto v1 = test::clone(v);
-    test::stress(v1, 0.03, 0.05, seed + 1);
+  for (auto& L : test::refit_layouts()) {
+    auto metas = canonical_tensors(L.model);
+    auto [v, v1] = test::stressed_versions(metas, seed);
     for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only,
                       delta_mode::add_only}) {
-      INFO("tp " << L.p.tensor_parallel_size << " mode " << static_cast<int>(mode));
+      INFO("tp " << L.parallel.tensor_parallel_size << " pp " << L.parallel.pipeline_parallel_size
+                 << " ep " << L.parallel.enable_expert_parallel << " mode "
+                 << static_cast<int>(mode));
       auto st = test::check_delta_equals_dense<loaders::vllm_style_loader, twin_sink>(
-          test::all_ranks(L.c, L.p), metas, v, v1, mode, seed + 2);
+          test::all_ranks(L.model, L.parallel), metas, v, v1, mode, seed + 2);
       CHECK(st.changed > 0);
       // The changes reached the sink through its scatter, not a refresh.
       CHECK(st.mirrored_entries > 0);
@@ -51,11 +39,7 @@ TEST_CASE("device sink twin: delta apply equals dense refit, vLLM layouts x mode
 TEST_CASE("device sink twin: casts (refresh after unmapped copies) and NaN values") {
   auto c = tiny_llama();
   auto metas = canonical_tensors(c);
-  auto v = test::random_model(metas, 5);
-  test::inject_nans(v, 5, 6);
-  auto v1 = test::clone(v);
-  test::stress(v1, 0.02, 0.1, 7);
-  test::inject_nans(v1, 7, 8);
+  auto [v, v1] = test::nan_versions(metas);
   for (auto mode : {delta_mode::mixed, delta_mode::overwrite_only}) {
     test::check_delta_equals_dense<loaders::vllm_style_loader, twin_sink>(
         test::all_ranks(c, test::vllm_deployment(4)), metas, v, v1, mode, 9);

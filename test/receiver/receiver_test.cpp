@@ -192,35 +192,17 @@ TEST_CASE("prewarm of the cast/transpose loader: casts are overwrite-only, trans
 }
 
 TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") {
-  struct lay {
-    model_config c;
-    loaders::vllm_parallel_config p;
-  };
-  auto tied = tiny_llama();
-  tied.tied_embeddings = true;
-  tied.vocab = 777;
-  tied.attention_bias = true;
-  auto llama4 = tiny_llama();
-  llama4.layers = 5;
-  std::vector<lay> lays = {{tiny_llama(), test::vllm_deployment(1)},
-                           {tiny_llama(), test::vllm_deployment(8)}, // t > nkv
-                           {tied, test::vllm_deployment(8)},         // odd vocab, tied
-                           {llama4, test::vllm_deployment(2, 3)},    // PP 3 over 5 layers: 2, 2, 1
-                           {tiny_qwen3_moe(), test::vllm_deployment(2, 1, 2, true)},
-                           {tiny_qwen3_moe(), test::vllm_deployment(2, 2, 2, false)}};
   std::uint64_t seed = 100;
-  for (auto& L : lays) {
-    auto metas = canonical_tensors(L.c);
-    auto v = test::random_model(metas, seed);
-    auto v1 = test::clone(v);
-    test::stress(v1, 0.03, 0.05, seed + 1);
+  for (auto& L : test::refit_layouts()) {
+    auto metas = canonical_tensors(L.model);
+    auto [v, v1] = test::stressed_versions(metas, seed);
     for (auto mode : {delta_mode::mixed, delta_mode::xor_only, delta_mode::overwrite_only,
                       delta_mode::add_only}) {
-      INFO("tp " << L.p.tensor_parallel_size << " pp " << L.p.pipeline_parallel_size << " dp "
-                 << L.p.data_parallel_size << " ep " << L.p.enable_expert_parallel << " mode "
-                 << static_cast<int>(mode));
-      auto st =
-          test::check_delta_equals_dense(test::all_ranks(L.c, L.p), metas, v, v1, mode, seed + 2);
+      INFO("tp " << L.parallel.tensor_parallel_size << " pp " << L.parallel.pipeline_parallel_size
+                 << " dp " << L.parallel.data_parallel_size << " ep "
+                 << L.parallel.enable_expert_parallel << " mode " << static_cast<int>(mode));
+      auto st = test::check_delta_equals_dense(test::all_ranks(L.model, L.parallel), metas, v, v1,
+                                               mode, seed + 2);
       CHECK(st.changed > 0);
       if (mode == delta_mode::overwrite_only) CHECK(st.xor_items == 0);
       if (mode == delta_mode::xor_only) CHECK(st.xor_items == st.items);
@@ -234,11 +216,7 @@ TEST_CASE("delta apply equals dense refit: vLLM layouts x modes (unit subset)") 
 TEST_CASE("delta apply equals dense refit with NaN values (placeholder pattern included)") {
   auto c = tiny_llama();
   auto metas = canonical_tensors(c);
-  auto v = test::random_model(metas, 5);
-  test::inject_nans(v, 5, 6);
-  auto v1 = test::clone(v);
-  test::stress(v1, 0.02, 0.1, 7);
-  test::inject_nans(v1, 7, 8);
+  auto [v, v1] = test::nan_versions(metas);
   for (auto mode : {delta_mode::mixed, delta_mode::overwrite_only}) {
     test::check_delta_equals_dense(test::all_ranks(c, test::vllm_deployment(4)), metas, v, v1, mode,
                                    9);

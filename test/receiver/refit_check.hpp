@@ -35,6 +35,56 @@ inline loaders::vllm_parallel_config vllm_deployment(std::uint64_t tp, std::uint
   return p;
 }
 
+/// A model and the vLLM deployment its receivers are refit under.
+struct layout_case {
+  model_config model;
+  loaders::vllm_parallel_config parallel;
+};
+
+/// The layouts the delta-vs-dense suites run over (host sink and device sink
+/// twin alike): TP 1; TP 8 > kv heads; tied embeddings with an odd vocab and
+/// attention bias; PP 3 over 5 layers (2, 2, 1); MoE with and without expert
+/// parallelism.
+inline std::vector<layout_case> refit_layouts() {
+  auto tied = tiny_llama();
+  tied.tied_embeddings = true;
+  tied.vocab = 777;
+  tied.attention_bias = true;
+  auto llama5 = tiny_llama();
+  llama5.layers = 5;
+  return {{tiny_llama(), vllm_deployment(1)},
+          {tiny_llama(), vllm_deployment(8)},
+          {tied, vllm_deployment(8)},
+          {llama5, vllm_deployment(2, 3)},
+          {tiny_qwen3_moe(), vllm_deployment(2, 1, 2, true)},
+          {tiny_qwen3_moe(), vllm_deployment(2, 2, 2, false)}};
+}
+
+/// Two versions of one model: a random one and the next.
+struct version_pair {
+  tensor_set from, to;
+};
+
+/// `to` is `from` after a stress update of 3 % of each tensor's elements.
+inline version_pair stressed_versions(const std::vector<tensor_meta>& metas, std::uint64_t seed) {
+  version_pair v{random_model(metas, seed), {}};
+  v.to = clone(v.from);
+  stress(v.to, 0.03, 0.05, seed + 1);
+  return v;
+}
+
+/// Both versions hold NaNs (the overwrite placeholder pattern included) and
+/// `to` is a stress update of `from`: what forces the two-fill active mask
+/// on cast paths.
+inline version_pair nan_versions(const std::vector<tensor_meta>& metas) {
+  version_pair v{random_model(metas, 5), {}};
+  inject_nans(v.from, 5, 6);
+  v.to = clone(v.from);
+  stress(v.to, 0.02, 0.1, 7);
+  inject_nans(v.to, 7, 8);
+  return v;
+}
+
 /// Result counters so callers can assert the check did real work.
 struct refit_stats {
   std::uint64_t receivers = 0, items = 0, changed = 0, xor_items = 0, add_items = 0;

@@ -39,24 +39,6 @@ struct golden_case {
   std::uint64_t seed;
 };
 
-/// Changes about `fraction` of the words of every tensor, whatever its dtype:
-/// bf16 tensors by the simulator's stress update, others by random bit flips.
-void mutate(std::vector<host_tensor>& ts, double fraction, std::uint64_t seed) {
-  test::stress(ts, fraction, 1e-2, seed);
-  std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
-  for (auto& t : ts) {
-    if (t.meta.dtype == dtype_id::bf16) continue;
-    const auto w = width_of(t.meta.dtype);
-    const auto n = t.meta.numel();
-    const auto k = static_cast<std::uint64_t>(fraction * static_cast<double>(n));
-    for (std::uint64_t i = 0; i < k; ++i) {
-      const auto at = rng() % n;
-      const auto bit = rng() % (8 * w);
-      t.bytes[at * w + bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
-    }
-  }
-}
-
 model_config dense_config(dtype_id d) {
   model_config c;
   c.hidden = 32;
@@ -136,9 +118,9 @@ digests run_case(const golden_case& k, bool as_v1) {
   auto plan = std::make_shared<const source_plan>(megatron_plan(k.c, k.l, k.o));
   auto v0 = test::random_checkpoint(plan->canonical, k.seed);
   auto v1 = v0;
-  mutate(v1, k.fraction, k.seed + 1);
+  test::mutate(v1, k.fraction, k.seed + 1);
   auto v2 = v1;
-  mutate(v2, k.fraction, k.seed + 2);
+  test::mutate(v2, k.fraction, k.seed + 2);
   auto s0 = source_from_canonical(*plan, v0), s1 = source_from_canonical(*plan, v1);
   auto s2 = source_from_canonical(*plan, v2);
   training_side side(plan, s0.view());

@@ -124,24 +124,6 @@ sweep_case draw(std::mt19937_64& rng) {
   }
 }
 
-/// Changes about `fraction` of the words of every tensor: BF16 by the stress
-/// update, other dtypes by random bit flips.
-void mutate(std::vector<host_tensor>& ts, double fraction, std::uint64_t seed) {
-  test::stress(ts, fraction, 1e-2, seed);
-  std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
-  for (auto& t : ts) {
-    if (t.meta.dtype == dtype_id::bf16) continue;
-    const auto w = width_of(t.meta.dtype);
-    const auto n = t.meta.numel();
-    const auto k = static_cast<std::uint64_t>(fraction * static_cast<double>(n));
-    for (std::uint64_t i = 0; i < k; ++i) {
-      const auto at = rng() % n;
-      const auto bit = rng() % (8 * w);
-      t.bytes[at * w + bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
-    }
-  }
-}
-
 /// Digest of every payload of two attempts over random shard words (three
 /// versions, each `fraction` of the words of the one before changed).
 std::string run_case(const sweep_case& k, std::size_t& payloads) {
@@ -157,9 +139,9 @@ std::string run_case(const sweep_case& k, std::size_t& payloads) {
       std::memcpy(s0.shards[s].data(), t.bytes.data(), n);
       std::vector<host_tensor> one;
       one.push_back(std::move(t));
-      mutate(one, k.fraction, k.seed + s);
+      test::mutate(one, k.fraction, k.seed + s);
       std::memcpy(s1.shards[s].data(), one[0].bytes.data(), n);
-      mutate(one, k.fraction, k.seed + 7 * s + 1);
+      test::mutate(one, k.fraction, k.seed + 7 * s + 1);
       std::memcpy(s2.shards[s].data(), one[0].bytes.data(), n);
     }
   }

@@ -69,6 +69,25 @@ inline void stress(std::vector<host_tensor>& ts, double fraction, double amp, st
       sim::stress_update(ts[i].words<bf16>(), fraction, amp, seed * 7777 + i);
 }
 
+/// Changes about `fraction` of the words of every tensor, whatever its dtype:
+/// bf16 tensors by the stress update, others by random bit flips (the golden
+/// payload expectations are the bytes of these exact changes: keep it as is).
+inline void mutate(std::vector<host_tensor>& ts, double fraction, std::uint64_t seed) {
+  stress(ts, fraction, 1e-2, seed);
+  std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
+  for (auto& t : ts) {
+    if (t.meta.dtype == dtype_id::bf16) continue;
+    const auto w = width_of(t.meta.dtype);
+    const auto n = t.meta.numel();
+    const auto k = static_cast<std::uint64_t>(fraction * static_cast<double>(n));
+    for (std::uint64_t i = 0; i < k; ++i) {
+      const auto at = rng() % n;
+      const auto bit = rng() % (8 * w);
+      t.bytes[at * w + bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+    }
+  }
+}
+
 /// Destination = (canonical tensor name, flat index).
 using dest = std::pair<std::string, std::uint64_t>;
 

@@ -110,6 +110,20 @@ void agree(location_id id, const std::vector<std::uint8_t>& bytes, std::uint64_t
   CHECK(s.message == ref.s.message);
   if (ref.s && s) CHECK(got == ref.idx);
   if (!ref.s) ++failures_compared;
+  if (!codec::is_known_location(static_cast<std::uint8_t>(id))) return;
+  // The typed entry (what a pipeline that knows its coding calls) against
+  // that coding's own decoder.
+  codec::visit_location(id, [&](auto c) {
+    using Coding = decltype(c);
+    std::vector<std::uint64_t> typed, own(count, 0);
+    const status t = twin::decode_locations<Coding>(bytes, first, numel, count, typed);
+    const auto* p = reinterpret_cast<const std::byte*>(bytes.data());
+    const status o = Coding::decode(std::span<const std::byte>(p, bytes.size()), first, numel, own);
+    INFO("typed ", Coding::name);
+    CHECK(t.code == o.code);
+    CHECK(t.message == o.message);
+    if (t && o) CHECK(typed == own);
+  });
 }
 
 /// Every coding that can encode `idx`, decoded intact and corrupted.

@@ -14,6 +14,14 @@
 /// same indices, same errors; both equal the reference decoder
 /// `codec::decode_locations`).
 ///
+/// The decode's kernels, scan functors and dispatch are templates on the
+/// codec's location types (`codec::gap_u16`, `codec::planes_u32`,
+/// `codec::varint_gaps`, `codec::escape_u8`, ...: `twin::gap_layout` reads
+/// their form and width), as the scatter kernels are on the encoding types;
+/// `decode_locations<Coding>` is the typed entry, and the entries that take
+/// an item row's runtime `location_id` turn it into its type once
+/// (`codec::visit_location`).
+///
 /// Layering: public entry (size checks shared with the twin, then pointer
 /// checks) → dispatch (workspace layout, CUB sizes) → scans and short
 /// grid-stride kernels. Variable-length codings take three CUB scans:
@@ -71,13 +79,13 @@ struct state_writer {
   }
 };
 
-/// 1 when byte `i` ends a value.
+/// 1 when byte `i` ends a value of variable-length coding `Coding`.
+template <class Coding>
 struct end_flag {
-  twin::gap_form form;
   const std::uint8_t* bytes;
   const std::uint8_t* states; ///< null for varint
   __host__ __device__ std::uint64_t operator()(std::uint64_t i) const {
-    return twin::ends_value(form, bytes[i],
+    return twin::ends_value(twin::gap_layout<Coding>::form, bytes[i],
                             states != nullptr ? states[i] : std::uint8_t{twin::escape_at_start})
                ? 1
                : 0;
@@ -87,8 +95,9 @@ struct end_flag {
 /// From the exclusive count `j` of value ends before byte `i`: the end of
 /// value `j`, the byte after the last needed value, and (at the last byte)
 /// the number of values present.
+template <class Coding>
 struct end_writer {
-  end_flag flag;
+  end_flag<Coding> flag;
   std::uint64_t size, values;
   std::uint64_t* ends;
   std::uint64_t* slots;
@@ -102,8 +111,9 @@ struct end_writer {
 };
 
 /// Scan input term k of the index decode.
+template <class Coding>
 struct coded_term {
-  twin::coded_gaps c;
+  twin::coded_gaps<Coding> c;
   std::uint64_t first;
   __host__ __device__ std::uint64_t operator()(std::uint64_t k) const {
     return twin::coded_scan_term(c, first, k);
@@ -123,12 +133,11 @@ struct count_add {
   }
 };
 
-/// Smallest `fault_key` over locations 1 .. count-1. A template only so
-/// that the header can be included by several translation units.
-template <class Key = unsigned long long>
-__global__ void coded_check_kernel(twin::coded_gaps c, const std::uint64_t* DCR_RESTRICT idx,
-                                   std::uint64_t count, std::uint64_t numel,
-                                   Key* DCR_RESTRICT key) {
+/// Smallest `fault_key` over locations 1 .. count-1 of coding `Coding`.
+template <class Coding, class Key = unsigned long long>
+__global__ void coded_check_kernel(twin::coded_gaps<Coding> c,
+                                   const std::uint64_t* DCR_RESTRICT idx, std::uint64_t count,
+                                   std::uint64_t numel, Key* DCR_RESTRICT key) {
   for (std::uint64_t k = grid_first() + 1; k < count; k += grid_stride()) {
     const unsigned r = twin::coded_fault(c, idx, k, numel);
     if (r != twin::coded_ok) atomicMin(key, static_cast<Key>(twin::fault_key(k, r)));
@@ -136,13 +145,16 @@ __global__ void coded_check_kernel(twin::coded_gaps c, const std::uint64_t* DCR_
 }
 
 /// 1 + the last escape value before value `j` (0 when none); error path only.
-template <class Key = unsigned long long>
-__global__ void escapes_before_kernel(twin::coded_gaps c, std::uint64_t j, Key* DCR_RESTRICT out) {
+template <class Coding, class Key = unsigned long long>
+__global__ void escapes_before_kernel(twin::coded_gaps<Coding> c, std::uint64_t j,
+                                      Key* DCR_RESTRICT out) {
   for (std::uint64_t v = grid_first(); v < j; v += grid_stride())
     if (c.ends[v] != twin::value_start(c, v)) atomicMax(out, static_cast<Key>(v + 1));
 }
 
-/// Indices `first + k` of a run (the decode of `run`).
+/// Indices `first + k` of a run (the decode of `codec::run`, and of a single
+/// location of any coding). A template only so that the header can be
+/// included by several translation units (templates have vague linkage).
 template <class Unused = void>
 __global__ void iota_kernel(std::uint64_t* DCR_RESTRICT out, std::uint64_t first, std::uint64_t n) {
   for (std::uint64_t k = grid_first(); k < n; k += grid_stride()) out[k] = first + k;
@@ -184,12 +196,14 @@ struct decode_layout {
 
 /// Layout for decoding `c` (pointers unset) into `count` indices, starting
 /// at byte `base` of the workspace; `own_idx` reserves room for the indices.
-inline status plan_decode(const twin::coded_gaps& c, std::uint64_t count, bool own_idx,
-                          std::size_t base, decode_layout& L, cudaStream_t stream) {
+template <class Coding>
+status plan_decode(const twin::coded_gaps<Coding>& c, std::uint64_t count, bool own_idx,
+                   std::size_t base, decode_layout& L, cudaStream_t stream) {
+  constexpr twin::gap_form form = twin::coded_gaps<Coding>::form;
   L.slots_at = base;
   L.temp_at = base + 256;
   std::size_t temp = 0, t = 0;
-  if (c.form == twin::gap_form::escape) {
+  if constexpr (form == twin::gap_form::escape) {
     auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
                                               escape_map_at{nullptr});
     DCR_TRY(check(cub::DeviceScan::ExclusiveScan(
@@ -198,19 +212,20 @@ inline status plan_decode(const twin::coded_gaps& c, std::uint64_t count, bool o
                   "cub::DeviceScan::ExclusiveScan(size, escape states)"));
     temp = t > temp ? t : temp;
   }
-  if (twin::is_variable(c.form)) {
+  if constexpr (twin::is_variable(form)) {
     auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
-                                              end_flag{c.form, nullptr, nullptr});
-    DCR_TRY(check(cub::DeviceScan::ExclusiveScan(
-                      nullptr, t, in,
-                      thrust::make_tabulate_output_iterator(end_writer{{}, 0, 0, nullptr, nullptr}),
-                      count_add{}, 0ull, c.size, stream),
-                  "cub::DeviceScan::ExclusiveScan(size, value ends)"));
+                                              end_flag<Coding>{nullptr, nullptr});
+    DCR_TRY(check(
+        cub::DeviceScan::ExclusiveScan(nullptr, t, in,
+                                       thrust::make_tabulate_output_iterator(end_writer<Coding>{
+                                           {nullptr, nullptr}, 0, 0, nullptr, nullptr}),
+                                       count_add{}, 0ull, c.size, stream),
+        "cub::DeviceScan::ExclusiveScan(size, value ends)"));
     temp = t > temp ? t : temp;
   }
   {
     auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
-                                              coded_term{c, 0});
+                                              coded_term<Coding>{c, 0});
     DCR_TRY(
         check(cub::DeviceScan::InclusiveScan(nullptr, t, in, static_cast<std::uint64_t*>(nullptr),
                                              wrap_add{}, count, stream),
@@ -219,19 +234,19 @@ inline status plan_decode(const twin::coded_gaps& c, std::uint64_t count, bool o
   }
   L.temp_bytes = temp;
   L.states_at = L.temp_at + align256(temp);
-  const std::size_t states = c.form == twin::gap_form::escape ? align256(c.size) : 0;
+  const std::size_t states = form == twin::gap_form::escape ? align256(c.size) : 0;
   L.ends_at = L.states_at + states;
-  const std::size_t ends =
-      twin::is_variable(c.form) ? align256(c.values * sizeof(std::uint64_t)) : 0;
+  const std::size_t ends = twin::is_variable(form) ? align256(c.values * sizeof(std::uint64_t)) : 0;
   L.idx_at = L.ends_at + ends;
   L.total = L.idx_at + (own_idx ? align256(count * sizeof(std::uint64_t)) : 0);
   return status::success();
 }
 
 /// Reads back what `describe_fault` asks for (synchronous copies).
+template <class Coding>
 struct device_probe {
   const std::uint64_t* idx;
-  twin::coded_gaps c;
+  twin::coded_gaps<Coding> c;
   unsigned long long* escapes;
   const device_facts* f;
   cudaStream_t stream;
@@ -257,19 +272,20 @@ struct device_probe {
         check(cudaMemsetAsync(escapes, 0, sizeof *escapes, stream), "cudaMemsetAsync(escape run)"));
     if (!io || j == 0) return 0;
     const tuning t = select_tuning(kernel_kind::check, f->cc_major);
-    escapes_before_kernel<unsigned long long>
+    escapes_before_kernel<Coding, unsigned long long>
         <<<grid_for(j, 1, t, *f), t.block_threads, 0, stream>>>(c, j, escapes);
     note(check_launch("escapes_before_kernel"));
     return read(reinterpret_cast<const std::uint64_t*>(escapes));
   }
 };
 
-/// Decode `count >= 2` indices of a non-run coding into `idx` (device), with
-/// scratch laid out by `plan_decode` in `ws`; synchronises `stream`.
-inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_t first,
-                         std::uint64_t numel, std::uint64_t count, std::uint64_t* idx,
-                         const decode_layout& L, const device_facts& f, workspace& ws,
-                         cudaStream_t stream) {
+/// Decode `count >= 2` indices of gap coding `Coding` into `idx` (device),
+/// with scratch laid out by `plan_decode` in `ws`; synchronises `stream`.
+template <class Coding>
+status run_decode(twin::coded_gaps<Coding> c, std::uint64_t first, std::uint64_t numel,
+                  std::uint64_t count, std::uint64_t* idx, const decode_layout& L,
+                  const device_facts& f, workspace& ws, cudaStream_t stream) {
+  constexpr twin::gap_form form = twin::coded_gaps<Coding>::form;
   std::byte* base = ws.data();
   auto* slots = reinterpret_cast<std::uint64_t*>(base + L.slots_at);
   void* temp = base + L.temp_at;
@@ -279,11 +295,11 @@ inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_
                 "cudaMemsetAsync(decode slots)"));
   DCR_TRY(check(cudaMemsetAsync(slots + slot_key, 0xFF, sizeof(std::uint64_t), stream),
                 "cudaMemsetAsync(fault key)"));
-  if (twin::is_variable(c.form)) {
+  if constexpr (twin::is_variable(form)) {
     c.ends = reinterpret_cast<std::uint64_t*>(base + L.ends_at);
     c.present = slots + slot_present;
     std::uint8_t* states = nullptr;
-    if (c.form == twin::gap_form::escape && c.size > 0) {
+    if (form == twin::gap_form::escape && c.size > 0) {
       states = reinterpret_cast<std::uint8_t*>(base + L.states_at);
       auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
                                                 escape_map_at{c.bytes});
@@ -294,10 +310,10 @@ inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_
                     "cub::DeviceScan::ExclusiveScan(escape states)"));
     }
     if (c.size > 0) {
-      const end_flag flag{c.form, c.bytes, states};
+      const end_flag<Coding> flag{c.bytes, states};
       auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0), flag);
       auto out = thrust::make_tabulate_output_iterator(
-          end_writer{flag, c.size, c.values, const_cast<std::uint64_t*>(c.ends), slots});
+          end_writer<Coding>{flag, c.size, c.values, const_cast<std::uint64_t*>(c.ends), slots});
       temp_bytes = L.temp_bytes;
       DCR_TRY(check(cub::DeviceScan::ExclusiveScan(temp, temp_bytes, in, out, count_add{}, 0ull,
                                                    c.size, stream),
@@ -305,14 +321,14 @@ inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_
     }
   }
   auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint64_t>(0),
-                                            coded_term{c, first});
+                                            coded_term<Coding>{c, first});
   temp_bytes = L.temp_bytes;
   DCR_TRY(
       check(cub::DeviceScan::InclusiveScan(temp, temp_bytes, in, idx, wrap_add{}, count, stream),
             "cub::DeviceScan::InclusiveScan(indices)"));
   const tuning t = select_tuning(kernel_kind::check, f.cc_major);
   auto* key = reinterpret_cast<unsigned long long*>(slots + slot_key);
-  coded_check_kernel<unsigned long long>
+  coded_check_kernel<Coding, unsigned long long>
       <<<grid_for(count - 1, 1, t, f), t.block_threads, 0, stream>>>(c, idx, count, numel, key);
   DCR_TRY(check_launch("coded_check_kernel"));
   std::uint64_t host[3] = {};
@@ -320,20 +336,20 @@ inline status run_decode(codec::location_id id, twin::coded_gaps c, std::uint64_
                 "cudaMemcpyAsync(decode slots)"));
   DCR_TRY(synchronize(stream));
   if (host[slot_key] != twin::no_failure) {
-    device_probe probe{idx, c, reinterpret_cast<unsigned long long*>(slots + slot_escapes), &f,
-                       stream};
+    device_probe<Coding> probe{idx, c, reinterpret_cast<unsigned long long*>(slots + slot_escapes),
+                               &f, stream};
     status s = twin::describe_fault(c, host[slot_present], host[slot_key], numel, probe);
     if (!probe.io) return probe.io;
     return s;
   }
-  return twin::check_coded_length(id, c, host[slot_used]);
+  return twin::check_coded_length(c, host[slot_used]);
 }
 
 /// Coded view of the location bytes (device pointers unset for variable forms).
-inline twin::coded_gaps coded_of(codec::location_id id, const std::uint8_t* bytes,
-                                 std::uint64_t size, std::uint64_t count) {
-  twin::coded_gaps c;
-  twin::form_of(id, c.form, c.width);
+template <class Coding>
+twin::coded_gaps<Coding> coded_of(const std::uint8_t* bytes, std::uint64_t size,
+                                  std::uint64_t count) {
+  twin::coded_gaps<Coding> c;
   c.bytes = bytes;
   c.size = size;
   c.values = count - 1;
@@ -350,47 +366,67 @@ inline status launch_iota(std::uint64_t* out, std::uint64_t first, std::uint64_t
 
 } // namespace detail
 
-/// Decode `count` locations of coding `id` from `size` location bytes at
-/// `d_bytes` (device memory) with first index `first`, each `< numel`,
-/// into `d_out` (device memory, `count` words). Same checks, indices, codes
-/// and messages as the twin `twin::decode_locations` and the reference
-/// `codec::decode_locations`; `d_out` is unspecified on failure.
+/// Decode `count` locations of coding `Coding` (a codec location type:
+/// `codec::run`, `codec::gap_u16`, `codec::varint_gaps`, ...) from `size`
+/// location bytes at `d_bytes` (device memory) with first index `first`,
+/// each `< numel`, into `d_out` (device memory, `count` words). Same checks,
+/// indices, codes and messages as the twin `twin::decode_locations<Coding>`
+/// and the reference `Coding::decode`; `d_out` is unspecified on failure.
 /// Synchronises `stream` (the result of the checks is read back).
-inline status decode_locations(codec::location_id id, const std::uint8_t* d_bytes,
-                               std::uint64_t size, std::uint64_t first, std::uint64_t numel,
-                               std::uint64_t count, std::uint64_t* d_out, workspace& ws,
-                               cudaStream_t stream = 0) {
+template <codec::location_coding Coding>
+status decode_locations(const std::uint8_t* d_bytes, std::uint64_t size, std::uint64_t first,
+                        std::uint64_t numel, std::uint64_t count, std::uint64_t* d_out,
+                        workspace& ws, cudaStream_t stream = 0) {
   bool done = false;
-  DCR_TRY(twin::precheck_locations(id, size, first, numel, count, done));
+  DCR_TRY(twin::precheck_locations<Coding>(size, first, numel, count, done));
   DCR_RETURN_ERROR_IF(d_out == nullptr, invalid_argument, "decode_locations: null output");
   DCR_RETURN_ERROR_IF(size > 0 && d_bytes == nullptr, invalid_argument,
                       "decode_locations: null location bytes");
   detail::device_facts f;
   DCR_TRY(detail::prepare(d_bytes, d_out, nullptr, f));
-  if (done) {
-    DCR_TRY(detail::launch_iota(d_out, first, count, f, stream));
-    return synchronize(stream);
+  if constexpr (twin::gap_coding<Coding>) {
+    if (!done) {
+      const auto c = detail::coded_of<Coding>(d_bytes, size, count);
+      detail::decode_layout L;
+      DCR_TRY(detail::plan_decode(c, count, false, 0, L, stream));
+      DCR_TRY(ws.reserve(L.total));
+      return detail::run_decode(c, first, numel, count, d_out, L, f, ws, stream);
+    }
   }
-  const twin::coded_gaps c = detail::coded_of(id, d_bytes, size, count);
-  detail::decode_layout L;
-  DCR_TRY(detail::plan_decode(c, count, false, 0, L, stream));
-  DCR_TRY(ws.reserve(L.total));
-  return detail::run_decode(id, c, first, numel, count, d_out, L, f, ws, stream);
+  // A run, or a single location: the prechecks validated the whole range.
+  DCR_TRY(detail::launch_iota(d_out, first, count, f, stream));
+  return synchronize(stream);
+}
+
+/// `decode_locations<Coding>` for the runtime coding `id` of an item row,
+/// turned into its type once (an unknown id fails with `bad_location`).
+inline status decode_locations(codec::location_id id, const std::uint8_t* d_bytes,
+                               std::uint64_t size, std::uint64_t first, std::uint64_t numel,
+                               std::uint64_t count, std::uint64_t* d_out, workspace& ws,
+                               cudaStream_t stream = 0) {
+  DCR_TRY(twin::check_location_id(id));
+  return codec::visit_location(id, [&](auto coding) {
+    return decode_locations<decltype(coding)>(d_bytes, size, first, numel, count, d_out, ws,
+                                              stream);
+  });
 }
 
 namespace detail {
 
 /// Workspace bytes `scatter_encoded` needs from byte `base` on.
+/// Precondition: `id` is known.
 inline status plan_encoded(codec::location_id id, std::uint64_t size, std::uint64_t count,
                            std::size_t base, decode_layout& L, cudaStream_t stream) {
-  twin::gap_form form{};
-  unsigned width = 0;
-  if (count < 2 || !twin::form_of(id, form, width)) {
-    L = decode_layout{};
-    L.total = base;
+  L = decode_layout{};
+  L.total = base;
+  return codec::visit_location(id, [&](auto coding) -> status {
+    using Coding = decltype(coding);
+    if constexpr (twin::gap_coding<Coding>) {
+      if (count >= 2)
+        return plan_decode(coded_of<Coding>(nullptr, size, count), count, true, base, L, stream);
+    }
     return status::success();
-  }
-  return plan_decode(coded_of(id, nullptr, size, count), count, true, base, L, stream);
+  });
 }
 
 /// `scatter_encoded` after its checks (`done` from `precheck_locations`),
@@ -404,14 +440,20 @@ status scatter_encoded_planned(twin::view<W> dst, std::uint64_t first, std::uint
                                const device_facts& f, workspace& ws, cudaStream_t stream) {
   const auto numel = static_cast<std::uint64_t>(dst.size());
   const tuning t = select_tuning(kernel_kind::scatter, f.cc_major);
-  if (done) {
+  // The coding becomes its type once: the decode runs as `Coding`'s kernels.
+  return codec::visit_location(id, [&](auto coding) -> status {
+    using Coding = decltype(coding);
+    if constexpr (twin::gap_coding<Coding>) {
+      if (!done) {
+        auto* idx = reinterpret_cast<std::uint64_t*>(ws.data() + L.idx_at);
+        DCR_TRY(run_decode(coded_of<Coding>(d_locations, location_bytes, count), first, numel,
+                           count, idx, L, f, ws, stream));
+        return launch_scatter_bytes<W>(dst, idx, 0, d_values, count, planes, op, t, f, stream);
+      }
+    }
     // A run, or a single record: the prechecks validated the whole range.
     return launch_scatter_bytes<W>(dst, nullptr, first, d_values, count, planes, op, t, f, stream);
-  }
-  auto* idx = reinterpret_cast<std::uint64_t*>(ws.data() + L.idx_at);
-  DCR_TRY(run_decode(id, coded_of(id, d_locations, location_bytes, count), first, numel, count, idx,
-                     L, f, ws, stream));
-  return launch_scatter_bytes<W>(dst, idx, 0, d_values, count, planes, op, t, f, stream);
+  });
 }
 
 } // namespace detail

@@ -150,21 +150,14 @@ status scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_v
   return detail::launch_scatter<E, W>(dst, d_locations, 0, d_values, count, f, stream);
 }
 
-/// As above with the encoding as a runtime `scatter_op` (numerically a
-/// `value_encoding`).
+/// `scatter<E>` for the encoding as a runtime `scatter_op` (numerically a
+/// `value_encoding`), turned into its type once.
 template <twin::word W>
 status scatter(twin::view<W> dst, const std::uint64_t* d_locations, const W* d_values,
                std::uint64_t count, twin::scatter_op op, workspace& ws, cudaStream_t stream = 0) {
-  DCR_TRY(detail::check_scatter_args(dst, d_values, count));
-  DCR_RETURN_ERROR_IF(count > 0 && d_locations == nullptr, invalid_argument,
-                      "scatter: null locations");
-  detail::device_facts f;
-  DCR_TRY(detail::prepare(dst.data, d_locations, d_values, f));
-  if (count == 0) return status::success();
-  DCR_TRY(ws.reserve(256));
-  DCR_TRY(detail::check_device_locations(d_locations, count, static_cast<std::uint64_t>(dst.size()),
-                                         f, ws, stream));
-  return detail::launch_scatter(dst, d_locations, 0, d_values, count, op, f, stream);
+  return codec::visit_encoding(static_cast<value_encoding>(op), [&](auto e) {
+    return scatter<decltype(e), W>(dst, d_locations, d_values, count, ws, stream);
+  });
 }
 
 /// `scatter` with a temporary workspace.

@@ -33,7 +33,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,14 +56,36 @@
 
 namespace dcr::protocol {
 
-/// Points where a test makes the coordinator die (it stops acting; what it
-/// started is left exactly as it is at that point).
+/// The points of a transition where the protocol must survive the
+/// coordinator's death (docs/protocol.md, failure table): a coordinator that
+/// dies there stops acting, and what it started is left exactly as it is.
 enum class crash_point {
   after_prepare,   ///< τ handed out, nothing streamed
   after_first_ack, ///< some receivers applied everything and acknowledged
   before_commit,   ///< every receiver acknowledged, K^{v+1} not yet written
   after_commit,    ///< K^{v+1} written, owners' baselines not yet updated
 };
+
+/// A fault-injection policy of the coordinator: asked at each crash point
+/// whether the coordinator dies there (true: it stops acting, as if its
+/// process had been killed). `armed` false promises the policy never fires,
+/// so the coordinator compiles every question away.
+/// Minimal complete definition: `static constexpr bool armed` and a call
+/// operator `bool(crash_point)`.
+template <class F>
+concept fault_policy = requires(F& f, crash_point p) {
+  { F::armed } -> std::convertible_to<bool>;
+  { f(p) } -> std::convertible_to<bool>;
+};
+
+/// The policy of every production coordinator: never fires. Injecting
+/// policies (a predicate over crash points) are test scaffolding and live
+/// with the tests (`support/faults.hpp`).
+struct no_faults {
+  static constexpr bool armed = false;
+  constexpr bool operator()(crash_point) const noexcept { return false; }
+};
+static_assert(fault_policy<no_faults>);
 
 /// Timings and sizes of one attempt (seconds are wall-clock maxima over the
 /// parallel workers of that kind).
@@ -157,22 +178,22 @@ struct coordinator_options {
   int max_attempts = 4;
   std::chrono::milliseconds attempt_deadline{120000};
   bool collect_garbage = true;
-  /// Test hook: return true to make the coordinator die at that point.
-  std::function<bool(crash_point)> crash;
 };
 
 /// Drives owner links and rollout-node links over an object store or another
 /// attempt transport (e.g. a relay tree), committing in a commit store. The
 /// coordinator itself touches the medium only for listings, manifests and
 /// garbage collection: payload bytes go from the owners' links to the nodes'.
+/// `Faults` decides where the coordinator dies (tests); the default never
+/// fires and costs nothing.
 template <owner_link OwnerLink, node_link NodeLink, transport::attempt_medium Store,
-          commit_store Commits>
+          commit_store Commits, fault_policy Faults = no_faults>
 class link_coordinator {
 public:
   link_coordinator(Commits& commits, Store& store, std::vector<OwnerLink*> owners,
-                   std::vector<NodeLink*> nodes, coordinator_options opt = {})
+                   std::vector<NodeLink*> nodes, coordinator_options opt = {}, Faults faults = {})
       : commits_(&commits), store_(&store), owners_(std::move(owners)), nodes_(std::move(nodes)),
-        opt_(std::move(opt)) {
+        opt_(std::move(opt)), faults_(std::move(faults)) {
     // A transport sized for another receiver set (a relay tree's reader
     // slots) would make readers wait for receivers that never come.
     if constexpr (requires {
@@ -265,8 +286,12 @@ private:
     return status::success();
   }
   bool crash_at(crash_point p) {
-    if (opt_.crash && opt_.crash(p)) dead_ = true;
-    return dead_;
+    if constexpr (!Faults::armed) {
+      return false;
+    } else {
+      if (faults_(p)) dead_ = true;
+      return dead_;
+    }
   }
 
   /// `f(k)` at every owner k, concurrently (see file comment).
@@ -622,6 +647,7 @@ private:
   std::vector<OwnerLink*> owners_;
   std::vector<NodeLink*> nodes_;
   coordinator_options opt_;
+  [[no_unique_address]] Faults faults_;
   std::uint64_t epoch_ = 0;
   std::atomic<bool> dead_{false};
 };
@@ -657,23 +683,25 @@ struct local_links {
 
 /// Drives owners and receiver endpoints of this process (through local
 /// links, one node per receiver) over an object store or another attempt
-/// transport, committing in a commit store.
+/// transport, committing in a commit store; `Faults` as for
+/// `link_coordinator`.
 template <owner_role Owner, receiver_role Receiver, transport::attempt_medium Store,
-          commit_store Commits>
-class coordinator : private detail::local_links<Owner, Receiver, Store>,
-                    public link_coordinator<local_owner_link<Owner, Store>,
-                                            local_node_link<Receiver, Store>, Store, Commits> {
+          commit_store Commits, fault_policy Faults = no_faults>
+class coordinator
+    : private detail::local_links<Owner, Receiver, Store>,
+      public link_coordinator<local_owner_link<Owner, Store>, local_node_link<Receiver, Store>,
+                              Store, Commits, Faults> {
   using links = detail::local_links<Owner, Receiver, Store>;
   using engine = link_coordinator<local_owner_link<Owner, Store>, local_node_link<Receiver, Store>,
-                                  Store, Commits>;
+                                  Store, Commits, Faults>;
 
 public:
   using endpoint = receiver_endpoint<Receiver>;
 
   coordinator(Commits& commits, Store& store, std::vector<Owner*> owners,
-              std::vector<endpoint*> receivers, coordinator_options opt = {})
-      : links(store, owners, receivers),
-        engine(commits, store, links::owner_ptrs, links::node_ptrs, std::move(opt)) {}
+              std::vector<endpoint*> receivers, coordinator_options opt = {}, Faults faults = {})
+      : links(store, owners, receivers), engine(commits, store, links::owner_ptrs, links::node_ptrs,
+                                                std::move(opt), std::move(faults)) {}
 
   /// The node of each receiver, in receiver order (to set how it fetches,
   /// `local_node_link::fetch_all`, or read its fetch totals).

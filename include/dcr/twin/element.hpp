@@ -13,10 +13,12 @@
 /// code per element. Includes only core headers (config, dtype, endian,
 /// word_delta).
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
+#include "dcr/codec/locations.hpp"
 #include "dcr/core/config.hpp"
 #include "dcr/core/dtype.hpp"
 #include "dcr/core/endian.hpp"
@@ -370,14 +372,52 @@ constexpr DCR_HOST_DEVICE bool ends_value(gap_form f, std::uint8_t b, std::uint8
   return b != 0xFF;
 }
 
-/// The location bytes of one item, as the phases read them. `ends[j]` is
-/// the byte that ends value `j` (written for `j < values` by the end scan),
-/// `*present` the number of values the bytes hold (complete or not; only
-/// the first `values` have an entry in `ends`). Fixed-width forms use
-/// neither.
+/// Gap layout of the codec's location type `Coding` (every coding that has
+/// bytes, i.e. all but `codec::run`): the form and the word width of
+/// `words` / `planes` (1 for the variable-length forms). The kernels and the
+/// twin are templates on the codec's types; this is all they read of them.
+template <class Coding>
+struct gap_layout;
+template <class W>
+struct gap_layout<codec::gap_words<W>> {
+  static constexpr gap_form form = gap_form::words;
+  static constexpr unsigned width = sizeof(W);
+};
+template <class W>
+struct gap_layout<codec::gap_planes<W>> {
+  static constexpr gap_form form = gap_form::planes;
+  static constexpr unsigned width = sizeof(W);
+};
+template <>
+struct gap_layout<codec::varint_gaps> {
+  static constexpr gap_form form = gap_form::varint;
+  static constexpr unsigned width = 1;
+};
+template <>
+struct gap_layout<codec::escape_u8> {
+  static constexpr gap_form form = gap_form::escape;
+  static constexpr unsigned width = 1;
+};
+
+/// A location coding of the codec whose gaps are stored as bytes (all but `run`).
+template <class Coding>
+concept gap_coding = codec::location_coding<Coding> && requires {
+  { gap_layout<Coding>::form } -> std::convertible_to<gap_form>;
+};
+static_assert(gap_coding<codec::gap_u8> && gap_coding<codec::planes_u64> &&
+              gap_coding<codec::varint_gaps> && gap_coding<codec::escape_u8> &&
+              !gap_coding<codec::run>);
+
+/// The location bytes of one item of coding `Coding`, as the phases read
+/// them. `ends[j]` is the byte that ends value `j` (written for
+/// `j < values` by the end scan), `*present` the number of values the bytes
+/// hold (complete or not; only the first `values` have an entry in `ends`).
+/// Fixed-width forms use neither.
+template <gap_coding Coding>
 struct coded_gaps {
-  gap_form form = gap_form::words;
-  unsigned width = 1;                  ///< word width of `words` / `planes`
+  static constexpr gap_form form = gap_layout<Coding>::form;
+  static constexpr unsigned width = gap_layout<Coding>::width; ///< of `words` / `planes`
+  static constexpr bool variable = is_variable(form);
   const std::uint8_t* bytes = nullptr; ///< the location bytes
   std::uint64_t size = 0;              ///< their number
   std::uint64_t values = 0;            ///< gaps the item needs: count - 1
@@ -386,39 +426,50 @@ struct coded_gaps {
 };
 
 /// First byte of variable-length value `j` (requires `j <= *present`).
-constexpr DCR_HOST_DEVICE std::uint64_t value_start(const coded_gaps& c, std::uint64_t j) noexcept {
+template <class Coding>
+constexpr DCR_HOST_DEVICE std::uint64_t value_start(const coded_gaps<Coding>& c,
+                                                    std::uint64_t j) noexcept {
   return j == 0 ? 0 : c.ends[j - 1] + 1;
 }
 
 /// True when `j` is a complete value inside the bytes.
-constexpr DCR_HOST_DEVICE bool value_present(const coded_gaps& c, std::uint64_t j) noexcept {
-  return !is_variable(c.form) || j < *c.present;
+template <class Coding>
+constexpr DCR_HOST_DEVICE bool value_present(const coded_gaps<Coding>& c,
+                                             std::uint64_t j) noexcept {
+  if constexpr (coded_gaps<Coding>::variable)
+    return j < *c.present;
+  else
+    return true;
 }
 
 /// Gap `j` (0 <= j < values). A missing or malformed value gives an
 /// arbitrary gap; the check below reports it before the gap can matter.
-constexpr DCR_HOST_DEVICE std::uint64_t coded_gap(const coded_gaps& c, std::uint64_t j) noexcept {
-  switch (c.form) {
-  case gap_form::words:
-    return load_gap(c.bytes, c.width, j);
-  case gap_form::planes:
-    return load_plane_word(c.bytes, c.width, c.values, j);
-  case gap_form::varint:
-  case gap_form::escape: {
+template <class Coding>
+constexpr DCR_HOST_DEVICE std::uint64_t coded_gap(const coded_gaps<Coding>& c,
+                                                  std::uint64_t j) noexcept {
+  constexpr gap_form form = coded_gaps<Coding>::form;
+  constexpr unsigned width = coded_gaps<Coding>::width;
+  if constexpr (form == gap_form::words) {
+    return load_gap(c.bytes, width, j);
+  } else if constexpr (form == gap_form::planes) {
+    return load_plane_word(c.bytes, width, c.values, j);
+  } else {
     if (!value_present(c, j)) return 0;
     const std::uint64_t s = value_start(c, j), e = c.ends[j];
-    if (c.form == gap_form::varint) return leb128_value(c.bytes + s, e - s + 1);
-    if (c.bytes[s] != 0xFF) return c.bytes[s];
-    return 255 + leb128_value(c.bytes + s + 1, e - s);
+    if constexpr (form == gap_form::varint) {
+      return leb128_value(c.bytes + s, e - s + 1);
+    } else {
+      if (c.bytes[s] != 0xFF) return c.bytes[s];
+      return 255 + leb128_value(c.bytes + s + 1, e - s);
+    }
   }
-  }
-  return 0;
 }
 
 /// Term `k` of the inclusive scan that yields the indices: `first` for
 /// k = 0, else `gap_{k-1} + 1` (wrapping; a wrap is reported by the check).
-constexpr DCR_HOST_DEVICE std::uint64_t coded_scan_term(const coded_gaps& c, std::uint64_t first,
-                                                        std::uint64_t k) noexcept {
+template <class Coding>
+constexpr DCR_HOST_DEVICE std::uint64_t
+coded_scan_term(const coded_gaps<Coding>& c, std::uint64_t first, std::uint64_t k) noexcept {
   return k == 0 ? first : coded_gap(c, k - 1) + 1;
 }
 
@@ -433,19 +484,22 @@ enum : unsigned {
 
 /// Failure of location `k` (1 <= k < values + 1) given the decoded indices
 /// `idx` (whose entries up to `k` are the prefix sums of the terms).
-constexpr DCR_HOST_DEVICE unsigned coded_fault(const coded_gaps& c, const std::uint64_t* idx,
-                                               std::uint64_t k, std::uint64_t numel) noexcept {
+template <class Coding>
+constexpr DCR_HOST_DEVICE unsigned coded_fault(const coded_gaps<Coding>& c,
+                                               const std::uint64_t* idx, std::uint64_t k,
+                                               std::uint64_t numel) noexcept {
+  constexpr gap_form form = coded_gaps<Coding>::form;
   const std::uint64_t j = k - 1;
-  if (is_variable(c.form)) {
+  if constexpr (is_variable(form)) {
     if (!value_present(c, j)) {
       // Only the first missing value can be the first failure; later ones
       // have no `ends` entry to start from.
       if (j > *c.present) return coded_malformed;
-      if (c.form == gap_form::escape && value_start(c, j) >= c.size) return coded_truncated;
+      if (form == gap_form::escape && value_start(c, j) >= c.size) return coded_truncated;
       return coded_malformed;
     }
     const std::uint64_t s = value_start(c, j), e = c.ends[j];
-    if (c.form == gap_form::varint) {
+    if constexpr (form == gap_form::varint) {
       if (leb128_malformed(c.bytes + s, e - s + 1)) return coded_malformed;
     } else if (c.bytes[s] == 0xFF) {
       if (leb128_malformed(c.bytes + s + 1, e - s) ||

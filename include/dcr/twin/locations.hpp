@@ -11,7 +11,10 @@
 /// lands the item's value bytes at them. The twin runs the kernels' phases
 /// in order over the element functions of `element.hpp`; its indices, error
 /// codes and messages equal those of the reference decoder
-/// `codec::decode_locations` (the unit suite checks this).
+/// `codec::decode_locations` (the unit suite checks this). Like the kernels,
+/// the twin is a template on the codec's location type
+/// (`decode_locations<codec::gap_u16>`); the runtime-id entries turn an item
+/// row's `location_id` into its type once.
 ///
 /// Phases of a variable-length coding (varint, escape_u8):
 ///  1. escape_u8 only: the reader state before every byte, by a scan over
@@ -41,87 +44,70 @@
 
 namespace dcr::twin {
 
-/// Form and word width of a location coding; `run` has neither (false).
-constexpr bool form_of(codec::location_id id, gap_form& form, unsigned& width) noexcept {
-  switch (id) {
-  case codec::location_id::run:
-    return false;
-  case codec::location_id::gap_u8:
-    form = gap_form::words, width = 1;
-    return true;
-  case codec::location_id::gap_u16:
-    form = gap_form::words, width = 2;
-    return true;
-  case codec::location_id::gap_u32:
-    form = gap_form::words, width = 4;
-    return true;
-  case codec::location_id::gap_u64:
-    form = gap_form::words, width = 8;
-    return true;
-  case codec::location_id::planes_u16:
-    form = gap_form::planes, width = 2;
-    return true;
-  case codec::location_id::planes_u32:
-    form = gap_form::planes, width = 4;
-    return true;
-  case codec::location_id::planes_u64:
-    form = gap_form::planes, width = 8;
-    return true;
-  case codec::location_id::varint:
-    form = gap_form::varint, width = 1;
-    return true;
-  case codec::location_id::escape_u8:
-    form = gap_form::escape, width = 1;
-    return true;
-  }
-  return false;
+/// Fails with `bad_location` unless `id` is a coding of the wire format (the
+/// runtime entries check this before turning `id` into its type).
+inline status check_location_id(codec::location_id id) {
+  DCR_RETURN_ERROR_IF(!codec::is_known_location(static_cast<std::uint8_t>(id)), bad_location,
+                      "unknown location coding " + std::to_string(static_cast<unsigned>(id)));
+  return status::success();
 }
 
 /// Checks answered from the sizes alone, before any decode work, in the
-/// reference decoder's order. Sets `done` when they settle the result (a
-/// `run`, or a single index), so that no device work is needed.
-inline status precheck_locations(codec::location_id id, std::uint64_t size, std::uint64_t first,
-                                 std::uint64_t numel, std::uint64_t count, bool& done) {
+/// reference decoder's order, for coding `Coding` (a codec location type).
+/// Sets `done` when they settle the result (a `run`, or a single index), so
+/// that no device work is needed.
+template <codec::location_coding Coding>
+status precheck_locations(std::uint64_t size, std::uint64_t first, std::uint64_t numel,
+                          std::uint64_t count, bool& done) {
   done = true;
-  DCR_RETURN_ERROR_IF(!codec::is_known_location(static_cast<std::uint8_t>(id)), bad_location,
-                      "unknown location coding " + std::to_string(static_cast<unsigned>(id)));
   if (count == 0) return codec::detail::empty_output();
   // Indices are 64-bit words of device memory: a count this large cannot
   // be stored, and the fault key needs two spare bits.
   DCR_RETURN_ERROR_IF(count > (std::uint64_t{1} << 60), length_overflow,
                       "location count " + std::to_string(count) + " exceeds 2^60");
-  const std::string name(codec::to_string(id));
-  gap_form form{};
-  unsigned width = 0;
-  if (!form_of(id, form, width)) {
+  const std::string name(codec::to_string(Coding::id));
+  if constexpr (!gap_coding<Coding>) {
     if (size != 0) return codec::detail::length_error(name, size, 0);
     DCR_RETURN_ERROR_IF(first >= numel || count > numel - first, index_out_of_range,
                         "run [" + std::to_string(first) + ", +" + std::to_string(count) +
                             ") exceeds numel " + std::to_string(numel));
     return status::success();
-  }
-  const std::uint64_t gaps = count - 1;
-  if (!is_variable(form)) {
-    if (size / width != gaps || size % width != 0)
-      return codec::detail::length_error(name, size, gaps * width);
-    DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "location 0: index " + std::to_string(first) + " >= numel " +
-                            std::to_string(numel));
-  } else if (form == gap_form::escape) {
-    DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "first index " + std::to_string(first) + " >= numel " +
-                            std::to_string(numel));
-  }
-  if (gaps == 0) {
-    // varint checks the byte count before the first index; the others did above.
-    if (size != 0) return codec::detail::length_error(name, size, 0);
-    DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
-                        "first index " + std::to_string(first) + " >= numel " +
-                            std::to_string(numel));
+  } else {
+    constexpr gap_form form = gap_layout<Coding>::form;
+    constexpr unsigned width = gap_layout<Coding>::width;
+    const std::uint64_t gaps = count - 1;
+    if constexpr (!is_variable(form)) {
+      if (size / width != gaps || size % width != 0)
+        return codec::detail::length_error(name, size, gaps * width);
+      DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
+                          "location 0: index " + std::to_string(first) + " >= numel " +
+                              std::to_string(numel));
+    } else if constexpr (form == gap_form::escape) {
+      DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
+                          "first index " + std::to_string(first) + " >= numel " +
+                              std::to_string(numel));
+    }
+    if (gaps == 0) {
+      // varint checks the byte count before the first index; the others did above.
+      if (size != 0) return codec::detail::length_error(name, size, 0);
+      DCR_RETURN_ERROR_IF(first >= numel, index_out_of_range,
+                          "first index " + std::to_string(first) + " >= numel " +
+                              std::to_string(numel));
+      return status::success();
+    }
+    done = false;
     return status::success();
   }
-  done = false;
-  return status::success();
+}
+
+/// `precheck_locations<Coding>` for a runtime id (an unknown id fails first).
+inline status precheck_locations(codec::location_id id, std::uint64_t size, std::uint64_t first,
+                                 std::uint64_t numel, std::uint64_t count, bool& done) {
+  done = true;
+  DCR_TRY(check_location_id(id));
+  return codec::visit_location(id, [&](auto coding) {
+    return precheck_locations<decltype(coding)>(size, first, numel, count, done);
+  });
 }
 
 /// Message for a failure of the indices of a fixed-width coding, or of a
@@ -149,104 +135,129 @@ inline status block_range_error(std::uint64_t k, std::uint64_t prev, std::uint64
 /// and then words a range failure like the fixed-width codings; the block
 /// structure is recomputed here from the values' lengths, so the message
 /// is the reference's exactly.
-template <class Probe>
-status describe_fault(const coded_gaps& c, std::uint64_t present, std::uint64_t key,
+template <class Coding, class Probe>
+status describe_fault(const coded_gaps<Coding>& c, std::uint64_t present, std::uint64_t key,
                       std::uint64_t numel, Probe&& probe) {
+  constexpr gap_form form = coded_gaps<Coding>::form;
   const std::uint64_t k = key >> 2;
-  const unsigned reason = static_cast<unsigned>(key & 3u);
-  const std::uint64_t j = k - 1;
-  const auto start = [&](std::uint64_t v) -> std::uint64_t {
-    return v == 0 ? 0 : probe.end(v - 1) + 1;
-  };
-  if (!is_variable(c.form)) return block_range_error(k, probe.index(k - 1), probe.index(k), numel);
-  const std::uint64_t at = start(j);
-  if (reason == coded_truncated)
-    return fail(errc::bad_location, "escape_u8 locations end before location " + std::to_string(k));
-  if (reason == coded_malformed)
-    return fail(errc::bad_location,
-                std::string(c.form == gap_form::varint ? "malformed varint" : "malformed escape") +
-                    " for location " + std::to_string(k) + " at byte " + std::to_string(at));
-  if (c.form == gap_form::escape && probe.end(j) == at) {
-    // A plain value: inside a block of 8 when its run of plain values
-    // (from just after the last escape) holds a whole block around it.
-    const std::uint64_t a = probe.escapes_before(j);
-    const std::uint64_t s = a + (j - a) / 8 * 8;
-    const std::uint64_t avail = present < c.values ? present : c.values;
-    if (s + 8 <= avail && probe.end(s + 7) - start(s) == 7)
-      return block_range_error(k, probe.index(k - 1), probe.index(k), numel);
+  if constexpr (!is_variable(form)) {
+    return block_range_error(k, probe.index(k - 1), probe.index(k), numel);
+  } else {
+    const unsigned reason = static_cast<unsigned>(key & 3u);
+    const std::uint64_t j = k - 1;
+    const auto start = [&](std::uint64_t v) -> std::uint64_t {
+      return v == 0 ? 0 : probe.end(v - 1) + 1;
+    };
+    const std::uint64_t at = start(j);
+    if (reason == coded_truncated)
+      return fail(errc::bad_location,
+                  "escape_u8 locations end before location " + std::to_string(k));
+    if (reason == coded_malformed)
+      return fail(errc::bad_location,
+                  std::string(form == gap_form::varint ? "malformed varint" : "malformed escape") +
+                      " for location " + std::to_string(k) + " at byte " + std::to_string(at));
+    if constexpr (form == gap_form::escape) {
+      if (probe.end(j) == at) {
+        // A plain value: inside a block of 8 when its run of plain values
+        // (from just after the last escape) holds a whole block around it.
+        const std::uint64_t a = probe.escapes_before(j);
+        const std::uint64_t s = a + (j - a) / 8 * 8;
+        const std::uint64_t avail = present < c.values ? present : c.values;
+        if (s + 8 <= avail && probe.end(s + 7) - start(s) == 7)
+          return block_range_error(k, probe.index(k - 1), probe.index(k), numel);
+      }
+    }
+    return fail(errc::index_out_of_range, "location " + std::to_string(k) + " (byte " +
+                                              std::to_string(at) + ") leaves [0, " +
+                                              std::to_string(numel) + ")");
   }
-  return fail(errc::index_out_of_range, "location " + std::to_string(k) + " (byte " +
-                                            std::to_string(at) + ") leaves [0, " +
-                                            std::to_string(numel) + ")");
 }
 
 /// Byte count check after every value decoded (variable-length codings):
 /// the bytes must end with the last value.
-inline status check_coded_length(codec::location_id id, const coded_gaps& c, std::uint64_t used) {
-  if (is_variable(c.form) && used != c.size)
-    return codec::detail::length_error(codec::to_string(id), c.size, used);
+template <class Coding>
+status check_coded_length(const coded_gaps<Coding>& c, std::uint64_t used) {
+  if (coded_gaps<Coding>::variable && used != c.size)
+    return codec::detail::length_error(codec::to_string(Coding::id), c.size, used);
   return status::success();
 }
 
-/// Decode `count` indices of coding `id` from `bytes` with first index
-/// `first`, each `< numel`: the twin of `dcr::gpu::decode_locations`, equal
-/// to `codec::decode_locations` in result, code and message. `out` is
-/// resized to `count`; unspecified on failure.
+/// Decode `count` indices of coding `Coding` (a codec location type) from
+/// `bytes` with first index `first`, each `< numel`: the twin of
+/// `dcr::gpu::decode_locations<Coding>`, equal to `Coding::decode` in
+/// result, code and message. `out` is resized to `count`; unspecified on
+/// failure.
+template <codec::location_coding Coding>
+status decode_locations(std::span<const std::uint8_t> bytes, std::uint64_t first,
+                        std::uint64_t numel, std::uint64_t count, std::vector<std::uint64_t>& out) {
+  bool done = false;
+  DCR_TRY(precheck_locations<Coding>(bytes.size(), first, numel, count, done));
+  out.resize(count);
+  if constexpr (!gap_coding<Coding>) {
+    for (std::uint64_t k = 0; k < count; ++k) out[k] = first + k;
+    return status::success();
+  } else {
+    if (done) {
+      for (std::uint64_t k = 0; k < count; ++k) out[k] = first + k;
+      return status::success();
+    }
+    coded_gaps<Coding> c;
+    c.bytes = bytes.data();
+    c.size = bytes.size();
+    c.values = count - 1;
+    std::vector<std::uint64_t> ends;
+    std::uint64_t present = 0, used = 0;
+    if constexpr (coded_gaps<Coding>::variable) {
+      // Phases 1 and 2: reader state before each byte, then value ends.
+      ends.resize(c.values);
+      escape_map m = escape_identity;
+      for (std::uint64_t i = 0; i < c.size; ++i) {
+        const std::uint8_t state = escape_apply(m, escape_at_start);
+        m = escape_then(m, escape_step(bytes[i]));
+        if (!ends_value(c.form, bytes[i], state)) continue;
+        if (present < c.values) ends[present] = i;
+        if (present + 1 == c.values) used = i + 1;
+        ++present;
+      }
+      c.ends = ends.data();
+      c.present = &present;
+    }
+    // Phase 3: indices.
+    std::uint64_t acc = 0;
+    for (std::uint64_t k = 0; k < count; ++k) out[k] = acc += coded_scan_term(c, first, k);
+    // Phase 4: the first failing location (ascending k finds the smallest key).
+    std::uint64_t key = no_failure;
+    for (std::uint64_t k = 1; k < count && key == no_failure; ++k)
+      if (const unsigned r = coded_fault(c, out.data(), k, numel); r != coded_ok)
+        key = fault_key(k, r);
+    if (key != no_failure) {
+      struct {
+        const std::vector<std::uint64_t>& idx;
+        const coded_gaps<Coding>& c;
+        std::uint64_t index(std::uint64_t k) const { return idx[k]; }
+        std::uint64_t end(std::uint64_t j) const { return c.ends[j]; }
+        std::uint64_t escapes_before(std::uint64_t j) const {
+          for (std::uint64_t v = j; v-- > 0;)
+            if (c.ends[v] != value_start(c, v)) return v + 1;
+          return 0;
+        }
+      } probe{out, c};
+      return describe_fault(c, present, key, numel, probe);
+    }
+    return check_coded_length(c, used);
+  }
+}
+
+/// `decode_locations<Coding>` for the runtime coding `id` of an item row
+/// (turned into its type once; an unknown id fails with `bad_location`).
+/// Equal to `codec::decode_locations` in result, code and message.
 inline status decode_locations(codec::location_id id, std::span<const std::uint8_t> bytes,
                                std::uint64_t first, std::uint64_t numel, std::uint64_t count,
                                std::vector<std::uint64_t>& out) {
-  bool done = false;
-  DCR_TRY(precheck_locations(id, bytes.size(), first, numel, count, done));
-  out.resize(count);
-  if (done) {
-    for (std::uint64_t k = 0; k < count; ++k) out[k] = first + k;
-    return status::success();
-  }
-  coded_gaps c;
-  form_of(id, c.form, c.width);
-  c.bytes = bytes.data();
-  c.size = bytes.size();
-  c.values = count - 1;
-  std::vector<std::uint64_t> ends;
-  std::uint64_t present = 0, used = 0;
-  if (is_variable(c.form)) {
-    // Phases 1 and 2: reader state before each byte, then value ends.
-    ends.resize(c.values);
-    escape_map m = escape_identity;
-    for (std::uint64_t i = 0; i < c.size; ++i) {
-      const std::uint8_t state = escape_apply(m, escape_at_start);
-      m = escape_then(m, escape_step(bytes[i]));
-      if (!ends_value(c.form, bytes[i], state)) continue;
-      if (present < c.values) ends[present] = i;
-      if (present + 1 == c.values) used = i + 1;
-      ++present;
-    }
-    c.ends = ends.data();
-    c.present = &present;
-  }
-  // Phase 3: indices.
-  std::uint64_t acc = 0;
-  for (std::uint64_t k = 0; k < count; ++k) out[k] = acc += coded_scan_term(c, first, k);
-  // Phase 4: the first failing location (ascending k finds the smallest key).
-  std::uint64_t key = no_failure;
-  for (std::uint64_t k = 1; k < count && key == no_failure; ++k)
-    if (const unsigned r = coded_fault(c, out.data(), k, numel); r != coded_ok)
-      key = fault_key(k, r);
-  if (key != no_failure) {
-    struct {
-      const std::vector<std::uint64_t>& idx;
-      const coded_gaps& c;
-      std::uint64_t index(std::uint64_t k) const { return idx[k]; }
-      std::uint64_t end(std::uint64_t j) const { return c.ends[j]; }
-      std::uint64_t escapes_before(std::uint64_t j) const {
-        for (std::uint64_t v = j; v-- > 0;)
-          if (c.ends[v] != value_start(c, v)) return v + 1;
-        return 0;
-      }
-    } probe{out, c};
-    return describe_fault(c, present, key, numel, probe);
-  }
-  return check_coded_length(id, c, used);
+  DCR_TRY(check_location_id(id));
+  return codec::visit_location(id, [&](auto coding) {
+    return decode_locations<decltype(coding)>(bytes, first, numel, count, out);
+  });
 }
 
 /// Checks shared by `scatter_encoded` and its kernel entry, before decoding:
