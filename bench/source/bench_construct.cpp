@@ -346,6 +346,9 @@ int main(int argc, char** argv) {
     for (auto& r : rows)
       if (r.pct == 5.0) at5 = &r;
     std::cout << "\n" << (opt.markdown ? "### Goals\n\n" : "");
+    if (opt.quick)
+      std::cout << "(--quick: a model of a few MB, where fixed costs dominate; the goals "
+                   "are for the full model)\n";
     if (at5) {
       const double wall = at5->x_s / at5->memcpy_s, cpu = at5->x_cpu / at5->memcpy_cpu;
       std::cout << (opt.markdown ? "- " : "")
