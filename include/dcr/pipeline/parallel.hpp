@@ -2,8 +2,9 @@
 /// \file
 /// Ordered parallel map with bounded memory: `for_each_ordered(n, threads,
 /// window, work, consume)` runs `work(i) -> R` for i in [0, n) on `threads`
-/// worker threads and passes each result to `consume(i, R&&)` on the calling
-/// thread in index order. Used for the payload builder's chunks, whose
+/// threads, the calling thread one of them (`threads` - 1 workers), and
+/// passes each result to `consume(i, R&&)` on the calling thread in index
+/// order. Used for the payload builder's chunks, whose
 /// results must come out in the same order (so the same bytes) whatever the
 /// thread count. (The receiver's apply uses its own pool: its results are
 /// writes to disjoint storage, not values to consume in order; see
@@ -93,19 +94,58 @@ void for_each_ordered(std::size_t n, std::size_t threads, std::size_t window, Wo
       ready.notify_all();
     }
   };
+  // The calling thread is one of the `threads`: while the index it must
+  // consume next is not ready, it claims and builds the next index itself
+  // instead of sleeping. So `threads` runnable threads, not `threads` + 1
+  // (on a machine with as many cores, one more would time-slice against
+  // them), and the index the caller waits for is most often one it is
+  // building, so its turn comes without waiting to be woken.
   std::vector<std::thread> pool;
-  pool.reserve(threads);
-  for (std::size_t t = 0; t < threads; ++t) pool.emplace_back(worker);
+  pool.reserve(threads - 1);
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
 
   for (std::size_t c = 0; c < n; ++c) {
     std::optional<R> r;
-    {
-      std::unique_lock l(m);
-      ready.wait(l, [&] { return c >= fail_at || slot[c % window].has_value(); });
-      if (c >= fail_at) break;
-      r = std::move(slot[c % window]);
-      slot[c % window].reset();
+    bool failed = false;
+    for (;;) {
+      std::size_t i;
+      {
+        std::unique_lock l(m);
+        if (c >= fail_at) {
+          failed = true;
+          break;
+        }
+        if (slot[c % window].has_value()) {
+          r = std::move(slot[c % window]);
+          slot[c % window].reset();
+          break;
+        }
+        if (!(next < n && next < fail_at && next < consumed + window)) {
+          ready.wait(l);
+          continue;
+        }
+        i = next++;
+      }
+      std::optional<R> built;
+      std::exception_ptr e;
+      try {
+        built.emplace(work(i));
+      } catch (...) {
+        e = std::current_exception();
+      }
+      std::lock_guard l(m);
+      if (e) {
+        if (i < fail_at) {
+          fail_at = i;
+          work_error = e;
+        }
+        claimable.notify_all();
+      } else {
+        slot[i % window] = std::move(built);
+      }
+      ready.notify_all();
     }
+    if (failed) break;
     try {
       consume(c, std::move(*r));
     } catch (...) {

@@ -37,14 +37,15 @@ struct builder_options {
   /// rollout's codes and scales placed by plain copies). Off by default.
   bool residual_xor = false;
   encode_options encoding{};
-  /// Threads that build chunks (0: `std::thread::hardware_concurrency()`;
-  /// 1, the default: the calling thread only). Payload bytes do not depend
-  /// on it. One is the default because the merge into buckets and their
-  /// encoding stay on the calling thread, and on the 2-core development
-  /// machine 2 threads have not been measured reliably faster at 5 %
-  /// change (docs/training-side.md, "Threads and memory"). With more than
-  /// one, residual rules (`residual_rule::convert`) of different tasks run
-  /// concurrently, so a rule must not share mutable state.
+  /// Threads that build chunks, the calling thread one of them (0:
+  /// `std::thread::hardware_concurrency()`; 1, the default: the calling
+  /// thread only). Payload bytes do not depend on it. One is the default
+  /// because the merge into buckets and their encoding stay on the calling
+  /// thread, and on the 2-core development machine 2 threads have not been
+  /// measured reliably faster at 5 % change (docs/training-side.md,
+  /// "Threads and memory"). With more than one, residual rules
+  /// (`residual_rule::convert`) of different tasks run concurrently, so a
+  /// rule must not share mutable state.
   std::size_t threads = 1;
   /// Memory bound of a parallel build: at most this many chunks are being
   /// built or wait, built, for their turn to be merged into a bucket (0:
