@@ -6,7 +6,9 @@
 // version v+1 is the simulator's stress update of v (exactly x% of elements
 // per shard get new bits, relative amplitude 1e-2), x = 1.2, 3, 5.
 //
-// Measured per owner on one core, summed over owners (best of reps):
+// Measured per owner on one core, summed over owners (best of reps; the
+// owner persists across reps and gets each bucket back by `owner::recycle`,
+// so its record memory is reused as across training steps):
 //  X  direct projection, mixed XOR/overwrite items (the default);
 //  P  direct projection, overwrite items only;
 //  F  full conversion: every tensor assembled from its shards into a
@@ -142,6 +144,9 @@ timing time_build_both(const std::shared_ptr<const source_plan>& plan, const sou
           vb += it.values.size();
         }
         bench::do_not_optimize(b);
+        // Done with the bucket: its record memory serves the next build, as
+        // a trainer's owner's does across steps.
+        o.recycle(std::move(b));
       });
     });
     total.wall += t.wall;

@@ -257,6 +257,69 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("record memory kept between builds: a reused owner's payloads are a fresh owner's") {
+  // An owner keeps its record vectors between builds; a build with many
+  // changes followed by one with few must not carry a record of the first
+  // into the second (nor the reverse), on one thread or several, with
+  // residual tasks (fused QKV) and several chunks and buckets per owner.
+  model_config c;
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.ffn = 64;
+  c.vocab = 99;
+  auto plan =
+      std::make_shared<const source_plan>(megatron_plan(c, {2, 2, 1, 1, 2, 8}, {true, false}));
+  auto v0 = test::random_checkpoint(plan->canonical, 11);
+  auto many = v0, few = v0;
+  test::mutate(many, 0.5, 12);
+  test::mutate(few, 0.01, 13);
+  auto s0 = source_from_canonical(*plan, v0);
+  auto sm = source_from_canonical(*plan, many), sf = source_from_canonical(*plan, few);
+  auto required = [&](const source_view& cand) {
+    std::vector<std::uint32_t> flags;
+    for (std::uint32_t id = 0; id < plan->world; ++id)
+      for (auto s : owner(plan, id, s0.view()).flagged_inputs(cand)) flags.push_back(s);
+    return make_required(*plan, flags);
+  };
+  const auto rm = required(sm.view()), rf = required(sf.view());
+  const payload_id base{3, 4, 0, 0};
+  for (auto mode : {refit_mode::mixed, refit_mode::overwrite_all})
+    for (std::size_t threads : {1, 3})
+      for (std::uint64_t chunk : {std::uint64_t{256}, builder_options{}.chunk_bytes}) {
+        CAPTURE(threads);
+        CAPTURE(chunk);
+        builder_options o;
+        o.mode = mode;
+        o.threads = threads;
+        o.chunk_bytes = chunk;
+        o.bucket_bytes = chunk == 256 ? 1024 : builder_options{}.bucket_bytes;
+        for (std::uint32_t id = 0; id < plan->world; ++id) {
+          const auto fresh_few = owner(plan, id, s0.view()).build(sf.view(), rf, base, o);
+          const auto fresh_many = owner(plan, id, s0.view()).build(sm.view(), rm, base, o);
+          REQUIRE(!fresh_many.empty());
+          owner reused(plan, id, s0.view());
+          CHECK(reused.record_memory() == 0);
+          CHECK(reused.build(sm.view(), rm, base, o) == fresh_many);
+          CHECK(reused.record_memory() > 0);
+          CHECK(reused.build(sf.view(), rf, base, o) == fresh_few);
+          CHECK(reused.build(sm.view(), rm, base, o) == fresh_many);
+          // Buckets given back by a build_buckets caller serve the next build.
+          std::size_t buckets = 0;
+          reused.build_buckets(sm.view(), rm, o, [&](delta_bucket&& b) {
+            ++buckets;
+            reused.recycle(std::move(b));
+          });
+          CHECK(buckets == fresh_many.size());
+          CHECK(reused.build(sf.view(), rf, base, o) == fresh_few);
+          reused.release_record_memory();
+          CHECK(reused.record_memory() == 0);
+          CHECK(reused.build(sm.view(), rm, base, o) == fresh_many);
+        }
+      }
+}
+
 TEST_CASE(
     "chunks and buckets: whole tasks, bucket input bytes reach the target before a bucket closes") {
   model_config c;

@@ -27,6 +27,19 @@
 /// encoding from a table built at compile time over the policy lists
 /// (pipeline/dispatch.hpp); `build<P>` runs one statically composed
 /// `stages::refit_pipeline` P and nothing else.
+///
+/// Record memory: an owner keeps the vectors of its records between builds
+/// (`stages::record_pool`), as it persists across training steps, so that
+/// a build writes its records into pages an earlier build already mapped.
+/// `build` returns every bucket's vectors after encoding it; a
+/// `build_buckets` caller returns a bucket it is done with by `recycle`
+/// (else it is freed as usual). What is kept is bounded: at most
+/// `record_pool::per_tensor` index and value vectors per canonical tensor,
+/// each of a capacity an earlier build reserved (address space; resident
+/// are the pages its records touched, about the largest build's records);
+/// `record_memory` reports it and `release_record_memory` frees it.
+/// Vectors are handed out empty, so no record of one build can reach
+/// another: the bytes are those of a fresh owner (builder_test.cpp).
 
 #include <memory>
 #include <vector>
@@ -51,7 +64,8 @@ public:
   /// this owner owns and the inputs of its residual tasks).
   owner(std::shared_ptr<const source_plan> plan, std::uint32_t id, const source_view& committed)
       : base_(std::move(plan), id, committed),
-        experts_(bucket_assembler::experts_of(base_.plan().canonical)) {}
+        experts_(bucket_assembler::experts_of(base_.plan().canonical)),
+        pool_(std::make_shared<stages::record_pool>()) {}
 
   std::uint32_t id() const noexcept { return base_.id(); }
   const source_plan& plan() const noexcept { return base_.plan(); }
@@ -117,6 +131,7 @@ public:
     std::vector<std::vector<std::byte>> out;
     build_buckets(candidate, req, opt, [&](delta_bucket&& b) {
       encode_bucket(b, base_id, opt, pipeline::dispatched_locations{opt.encoding.locations}, out);
+      recycle(std::move(b));
     });
     return out;
   }
@@ -129,9 +144,25 @@ public:
     std::vector<std::vector<std::byte>> out;
     build_buckets<P>(candidate, req, opt, [&](delta_bucket&& b) {
       encode_bucket(b, base_id, opt, typename P::locations{}, out);
+      recycle(std::move(b));
     });
     return out;
   }
+
+  /// Keeps the record vectors of `b` (a bucket of this owner's build, done
+  /// with) for the next build (see the file comment). `errc::not_found` for
+  /// an item of no canonical tensor of the plan.
+  void recycle(delta_bucket&& b) const {
+    for (auto& it : b.items)
+      pool_->give(base_.plan().tensor_id(it.tensor.name), std::move(it.indices),
+                  std::move(it.values));
+    b.items.clear();
+  }
+  /// Bytes of record capacity kept between builds (address space; resident
+  /// are the pages records were written to).
+  std::uint64_t record_memory() const { return pool_->capacity_bytes(); }
+  /// Frees the record memory kept between builds.
+  void release_record_memory() { pool_->release(); }
 
   /// Explicit post-commit update of the baseline (`baseline::commit`).
   void commit_baseline(const source_view& candidate, const required_set& req) {
@@ -163,12 +194,12 @@ private:
   template <class Select, class Sink>
   void build_with(const Select& select, const source_view& candidate, const required_set& req,
                   const builder_options& opt, Sink& sink, const owner_changes* ch) const {
-    bucket_assembler buckets(base_.id(), base_.plan().canonical, experts_, opt);
-    delta_builder(base_).run(
-        select, candidate, req, opt, ch,
-        [&](std::vector<stages::tensor_records>&& records, std::uint64_t bytes) {
-          buckets.add_chunk(std::move(records), bytes, sink);
-        });
+    bucket_assembler buckets(base_.id(), base_.plan().canonical, experts_, opt, pool_.get());
+    delta_builder(base_, pool_.get())
+        .run(select, candidate, req, opt, ch,
+             [&](std::vector<stages::tensor_records>&& records, std::uint64_t bytes) {
+               buckets.add_chunk(std::move(records), bytes, sink);
+             });
     buckets.flush(sink);
   }
 
@@ -184,6 +215,9 @@ private:
 
   dcr::baseline base_;
   std::uint64_t experts_ = 0; ///< experts of the model (0: dense)
+  /// Record vectors kept between builds (shared by copies of this owner;
+  /// thread-safe).
+  std::shared_ptr<stages::record_pool> pool_;
 };
 
 } // namespace dcr

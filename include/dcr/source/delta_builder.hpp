@@ -44,20 +44,27 @@ namespace dcr {
 /// The delta builder of one owner over its baseline (see the file comment).
 class delta_builder {
 public:
-  explicit delta_builder(const baseline& base) : base_(base) {}
+  /// `pool`: record memory kept between builds (the owner's), or null to
+  /// allocate every chunk's records afresh.
+  explicit delta_builder(const baseline& base, stages::record_pool* pool = nullptr)
+      : base_(base), pool_(pool) {}
 
   /// The records of one chunk under construction, and the changed local
   /// indices of the shard being projected when they are known (else the
-  /// compare stage finds them).
+  /// compare stage finds them); new records start in vectors from `pool`
+  /// when there is one (empty, their capacity kept from an earlier build).
   struct chunk_state {
     std::vector<stages::tensor_records> records;
     const std::vector<std::uint64_t>* changed = nullptr;
+    stages::record_pool* pool = nullptr;
     stages::record_buffer& get(std::uint32_t tensor, value_encoding e) {
       for (auto it = records.rbegin(); it != records.rend(); ++it)
         if (it->tensor == tensor && it->enc == e) return *it;
       auto& r = records.emplace_back();
       r.tensor = tensor;
       r.enc = e;
+      // Add words are recorded alongside XOR masks only.
+      if (pool) pool->take(tensor, r, e == value_encoding::xor_mask);
       return r;
     }
   };
@@ -212,6 +219,7 @@ public:
         chunks.size(), pipeline::resolve_threads(opt.threads), opt.chunks_in_flight,
         [&](std::size_t c) {
           chunk_state st;
+          st.pool = pool_;
           build_chunk(select, candidate, opt, ch, units, chunks[c], st);
           // The per-item encoding choice (grouping.hpp) of a tensor no other
           // chunk touches is made here, on the worker: its records in this
@@ -370,6 +378,7 @@ private:
   }
 
   const baseline& base_;
+  stages::record_pool* pool_ = nullptr;
 };
 
 } // namespace dcr

@@ -53,10 +53,12 @@ struct delta_bucket {
 class bucket_assembler {
 public:
   /// `canonical`: the plan's canonical tensors; `experts`: the model's
-  /// expert count (0: dense), for `expert_blocks`.
+  /// expert count (0: dense), for `expert_blocks`; `pool`: where vectors
+  /// whose records were merged or dropped go back (null: freed).
   bucket_assembler(std::uint32_t owner, std::span<const tensor_meta> canonical,
-                   std::uint64_t experts, const builder_options& opt)
-      : owner_(owner), canonical_(canonical), experts_(experts), opt_(opt) {}
+                   std::uint64_t experts, const builder_options& opt,
+                   stages::record_pool* pool = nullptr)
+      : owner_(owner), canonical_(canonical), experts_(experts), opt_(opt), pool_(pool) {}
 
   /// The expert count of a plan's canonical tensors (1 + the largest expert
   /// index; 0 for a dense model).
@@ -73,7 +75,10 @@ public:
   void add_chunk(std::vector<stages::tensor_records>&& chunk, std::uint64_t bytes, Sink& sink) {
     bool emitted = false;
     for (auto& b : chunk) {
-      if (b.indices.empty()) continue;
+      if (b.indices.empty()) {
+        give_back(b);
+        continue;
+      }
       emitted = true;
       const auto& meta = canonical_[b.tensor];
       const std::size_t w = width_of(meta.dtype);
@@ -82,8 +87,10 @@ public:
       if (fresh) {
         items_.push_back(item{meta, b.enc, std::move(b.indices), std::move(b.values)});
         alt_.push_back(std::move(b.alt_values));
+        tensors_.push_back(b.tensor);
       } else {
         merge_into(items_[pos->second], alt_[pos->second], b, w);
+        give_back(b);
       }
     }
     if (emitted) bytes_ += bytes;
@@ -96,12 +103,16 @@ public:
     if (items_.empty()) return;
     // The per-item choice, on whole items (after every chunk's records of a
     // tensor are merged), so it is the choice for exactly what travels.
-    for (std::size_t i = 0; i < items_.size(); ++i)
+    for (std::size_t i = 0; i < items_.size(); ++i) {
       stages::choose_smaller(items_[i], alt_[i], value_encoding::add, opt_.encoding.filter);
+      // The words not chosen (left empty, their capacity kept).
+      if (pool_) pool_->give(tensors_[i], {}, std::move(alt_[i]));
+    }
     auto items = std::move(items_);
     const auto input = bytes_;
     items_.clear();
     alt_.clear();
+    tensors_.clear();
     slot_.clear();
     bytes_ = 0;
     if (opt_.grouping == payload_grouping::none) {
@@ -157,6 +168,12 @@ private:
     dst_alt = std::move(m_alt);
   }
 
+  /// Returns the vectors of records now copied into an item (or of none)
+  /// to the pool.
+  void give_back(stages::tensor_records& b) {
+    if (pool_)
+      pool_->give(b.tensor, std::move(b.indices), std::move(b.values), std::move(b.alt_values));
+  }
   /// The payload group of tensor `name` (`builder_options::grouping`).
   std::uint64_t group_of(std::string_view name) const {
     const auto g = expert_group(name);
@@ -168,9 +185,11 @@ private:
   std::span<const tensor_meta> canonical_;
   std::uint64_t experts_;
   const builder_options& opt_;
+  stages::record_pool* pool_ = nullptr;
   std::vector<item> items_;                 // items of the open bucket
   std::vector<std::vector<std::byte>> alt_; // per item: add words (XOR items
                                             // under relative_choice::smallest)
+  std::vector<std::uint32_t> tensors_;      // per item: its canonical tensor
   std::unordered_map<std::uint64_t, std::size_t> slot_;
   std::uint64_t bytes_ = 0;
   std::uint32_t sequence_ = 0;

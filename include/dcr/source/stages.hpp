@@ -47,9 +47,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -166,6 +168,84 @@ struct record_buffer {
 struct tensor_records : record_buffer {
   std::uint32_t tensor = 0;
   value_encoding enc = value_encoding::xor_mask;
+};
+
+/// Record memory kept between builds: the index and value vectors of one
+/// build's records, emptied, with their capacity (and the pages written
+/// into it) kept, so that the next build of the same owner writes its
+/// records into memory that is already mapped instead of faulting, zeroing
+/// and unmapping fresh pages every build. Vectors are kept per canonical
+/// tensor (a tensor's next records need about the same room), at most
+/// `per_tensor` of each kind; what is not taken again stays until `release`.
+/// Taken vectors are always empty: no record of an earlier build can reach a
+/// later one. Thread-safe (chunks take vectors on worker threads).
+class record_pool {
+public:
+  static constexpr std::size_t per_tensor = 4;
+
+  /// Empty vectors for new records of `tensor` (capacity kept when a vector
+  /// was returned before, else none).
+  void take(std::uint32_t tensor, record_buffer& b, bool alt) {
+    const std::lock_guard lock(m_);
+    auto it = kept_.find(tensor);
+    if (it == kept_.end()) return;
+    pop(it->second.indices, b.indices);
+    pop(it->second.bytes, b.values);
+    if (alt) pop(it->second.bytes, b.alt_values);
+  }
+  /// Keeps the capacity of vectors that records of `tensor` no longer use.
+  void give(std::uint32_t tensor, std::vector<std::uint64_t>&& indices,
+            std::vector<std::byte>&& values, std::vector<std::byte>&& alt = {}) {
+    const std::lock_guard lock(m_);
+    auto& k = kept_[tensor];
+    push(k.indices, std::move(indices));
+    push(k.bytes, std::move(values));
+    push(k.bytes, std::move(alt));
+  }
+  /// Bytes of capacity kept (address space; resident are the pages the
+  /// records written into it touched).
+  std::uint64_t capacity_bytes() const {
+    const std::lock_guard lock(m_);
+    std::uint64_t n = 0;
+    for (auto& [t, k] : kept_) {
+      for (auto& v : k.indices) n += v.capacity() * sizeof(std::uint64_t);
+      for (auto& v : k.bytes) n += v.capacity();
+    }
+    return n;
+  }
+  /// Frees everything kept.
+  void release() {
+    const std::lock_guard lock(m_);
+    kept_.clear();
+  }
+
+private:
+  template <class V>
+  static void pop(std::vector<V>& from, V& to) {
+    if (from.empty()) return;
+    to = std::move(from.back());
+    from.pop_back();
+    to.clear();
+  }
+  template <class V>
+  static void push(std::vector<V>& to, V&& v) {
+    if (v.capacity() == 0) return;
+    v.clear();
+    if (to.size() < per_tensor) {
+      to.push_back(std::move(v));
+      return;
+    }
+    // Full: keep the larger vectors.
+    auto small = std::min_element(
+        to.begin(), to.end(), [](const V& a, const V& b) { return a.capacity() < b.capacity(); });
+    if (small->capacity() < v.capacity()) *small = std::move(v);
+  }
+  struct kept {
+    std::vector<std::vector<std::uint64_t>> indices;
+    std::vector<std::vector<std::byte>> bytes;
+  };
+  mutable std::mutex m_;
+  std::unordered_map<std::uint32_t, kept> kept_;
 };
 
 namespace detail {
