@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <array>
+#include <cmath>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "codec/fixtures.hpp"
 #include "dcr/codec/values.hpp"
@@ -158,6 +162,47 @@ TEST_CASE("add: the word is the zigzag of the signed difference (small moves, sm
   CHECK(add_delta::make<std::uint8_t>(0x00, 0x7F) == 0xFE); // +127: the most positive
   // Applying 0 changes nothing (inactive positions of a scratch hold 0).
   CHECK(add_delta::apply<std::uint16_t>(0x1234, 0) == 0x1234);
+}
+
+// The estimate counts into interleaved histograms (values.hpp); its result must
+// be exactly that of one histogram per plane, summed in the same order: the
+// payload's XOR-vs-add choice depends on it, so any drift would change bytes.
+TEST_CASE("estimate_value_bytes equals a one-histogram reference exactly") {
+  auto reference = [](std::span<const std::byte> words, std::size_t width, value_filter f,
+                      std::size_t stride) {
+    if (words.empty() || width == 0) return 0.0;
+    if (stride == 0) stride = 1;
+    const std::size_t planes = (f == value_filter::byte_planes && width > 1) ? width : 1;
+    const std::size_t n = words.size() / width;
+    std::vector<std::array<std::uint64_t, 256>> hist(planes);
+    std::uint64_t counted = 0;
+    for (std::size_t i = 0; i < n; i += stride, ++counted)
+      for (std::size_t b = 0; b < width; ++b)
+        ++hist[planes == 1 ? 0 : b][std::to_integer<std::uint8_t>(words[i * width + b])];
+    const double symbols = static_cast<double>(counted * (planes == 1 ? width : 1));
+    double bits = 0.0;
+    for (auto& h : hist)
+      for (auto c : h)
+        if (c) bits += static_cast<double>(c) * std::log2(symbols / static_cast<double>(c));
+    return bits / 8.0 * static_cast<double>(n) / static_cast<double>(counted);
+  };
+  std::mt19937_64 rng(77);
+  for (std::size_t width : {1, 2, 4, 8})
+    for (std::size_t n : {1, 2, 3, 4, 5, 7, 8, 9, 63, 1000, 4099})
+      for (int skew : {0, 1, 2}) {
+        std::vector<std::byte> words(width * n);
+        for (auto& b : words) {
+          const auto r = rng();
+          // skew 1: few distinct bytes (repeats, as in an exponent plane); 2: constant runs.
+          b = static_cast<std::byte>(skew == 0 ? r : skew == 1 ? r % 3 : (r % 16 == 0 ? r : 0x3F));
+        }
+        for (auto f : {value_filter::none, value_filter::byte_planes})
+          for (std::size_t stride : {1, 2, 3, 5, 17}) {
+            INFO("width " << width << " n " << n << " skew " << skew << " stride " << stride);
+            CHECK(estimate_value_bytes(words, width, f, stride) ==
+                  reference(words, width, f, stride));
+          }
+      }
 }
 
 TEST_CASE("estimate_value_bytes: zeroth-order entropy of the byte planes") {
