@@ -354,6 +354,12 @@ struct etcd_owner_lease::impl {
     value_ = "token " + token_ + " pid " + std::to_string(static_cast<long>(::getpid()));
     DCR_TRY(grant());
     const auto until = std::chrono::steady_clock::now() + lo_.wait;
+    // Our own lease runs down while we wait for a held claim to expire (a
+    // restart after SIGKILL waits up to a whole TTL): it is renewed every
+    // ttl/3 here as the renewer does after the claim, and granted again if it
+    // ran out, so that a claim won at the end of the wait does not carry a
+    // lease about to expire (its key would vanish before the first renewal).
+    auto renewed = std::chrono::steady_clock::now();
     std::string holder;
     for (;;) {
       bool won = false;
@@ -372,8 +378,34 @@ struct etcd_owner_lease::impl {
                                         ", etcd key " + key_ + "): refused");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (std::chrono::steady_clock::now() - renewed >= renew_every()) {
+        bool alive = true;
+        if (renew_once(alive).ok()) {
+          renewed = std::chrono::steady_clock::now();
+          if (!alive) DCR_TRY(grant()); // expired while waiting: a fresh lease
+        }
+      }
     }
     renewer_ = std::thread([this] { renew_loop(); });
+    return status::success();
+  }
+
+  std::chrono::milliseconds renew_every() const {
+    return std::max<std::chrono::milliseconds>(
+        std::chrono::milliseconds(100),
+        std::chrono::duration_cast<std::chrono::milliseconds>(lo_.ttl) / 3);
+  }
+
+  /// One keepalive of the lease: `alive` false when etcd answers that the
+  /// lease is gone (TTL absent or 0); a failed call (etcd down) is the status.
+  status renew_once(bool& alive) {
+    json_value doc;
+    DCR_TRY(post("/v3/lease/keepalive", R"({"ID":")" + std::to_string(lease_id_) + R"("})",
+                 "lease keepalive", doc));
+    const auto* r = doc.get("result");
+    std::uint64_t ttl = 0;
+    const auto* t = r ? r->get("TTL") : nullptr;
+    alive = !(r && (!t || !t->as_u64(ttl) || ttl == 0));
     return status::success();
   }
 
@@ -381,21 +413,11 @@ struct etcd_owner_lease::impl {
   /// 0) marks the claim lost. Failed calls (etcd down) are retried: the
   /// lease lives on in etcd until its TTL runs out.
   void renew_loop() {
-    const auto every = std::max<std::chrono::milliseconds>(
-        std::chrono::milliseconds(100),
-        std::chrono::duration_cast<std::chrono::milliseconds>(lo_.ttl) / 3);
     std::unique_lock l(stop_m_);
-    while (!stop_cv_.wait_for(l, every, [&] { return stop_; })) {
+    while (!stop_cv_.wait_for(l, renew_every(), [&] { return stop_; })) {
       l.unlock();
-      json_value doc;
-      if (post("/v3/lease/keepalive", R"({"ID":")" + std::to_string(lease_id_) + R"("})",
-               "lease keepalive", doc)
-              .ok()) {
-        const auto* r = doc.get("result");
-        std::uint64_t ttl = 0;
-        const auto* t = r ? r->get("TTL") : nullptr;
-        if (r && (!t || !t->as_u64(ttl) || ttl == 0)) lost_ = true;
-      }
+      bool alive = true;
+      if (renew_once(alive).ok() && !alive) lost_ = true;
       l.lock();
     }
   }

@@ -511,3 +511,49 @@ TEST_CASE("etcd owner lease: renewed past its TTL while the holder lives") {
             .code == errc::conflict);
   CHECK(a->check().ok());
 }
+
+TEST_CASE("etcd owner lease: a claim won at the end of a long wait keeps a live lease") {
+  // The restart of a SIGKILLed owner: the dead holder's key lives until its
+  // lease's TTL runs out, and the claimant waits for that. Its own lease,
+  // granted before the wait, must not run down meanwhile: a claim won with a
+  // nearly expired lease lost its key before the first renewal (seen as
+  // "lease ... lost (etcd key ... holds nothing)" after a restart).
+  auto& srv = shared_server();
+  const auto opt = options_for(srv, "lease-wait/");
+  const std::string key = "lease-wait/owners/2";
+  net::http_client c(net::http_endpoint{"127.0.0.1", srv.client_port()});
+  auto post = [&](const char* target, const std::string& body) {
+    net::http_request rq;
+    rq.method = "POST";
+    rq.target = target;
+    rq.body = body;
+    net::http_response res;
+    REQUIRE(c.request(rq, res).ok());
+    REQUIRE(res.status == 200);
+    json_value doc;
+    REQUIRE(parse_json(res.body, doc).ok());
+    return doc;
+  };
+  // A holder that never renews: its lease (TTL 3 s) is granted and the key
+  // put by hand, as a killed owner leaves them.
+  auto granted = post("/v3/lease/grant", R"({"TTL":"3"})");
+  std::uint64_t dead_lease = 0;
+  REQUIRE(granted.get("ID"));
+  REQUIRE(granted.get("ID")->as_u64(dead_lease));
+  post("/v3/kv/put", R"({"key":")" + net::base64_encode(key) + R"(","value":")" +
+                         net::base64_encode("token 0 pid 1") + R"(","lease":")" +
+                         std::to_string(dead_lease) + R"("})");
+  // The claimant's TTL (1 s) is shorter than the wait for the dead claim (~3 s).
+  std::unique_ptr<etcd_owner_lease> b;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto s =
+      etcd_owner_lease::acquire(opt, 2, {std::chrono::seconds(1), std::chrono::seconds(8)}, b);
+  REQUIRE_MESSAGE(s.ok(), s.message);
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(1500));
+  // Two of its TTLs after the claim, it still holds the key.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  const auto held = raw_get(srv, key);
+  REQUIRE(held.exists);
+  CHECK(held.value.find("token " + b->token()) == 0);
+  CHECK(b->check().ok());
+}
