@@ -87,6 +87,30 @@ TEST_CASE("errors carry their code and say what went wrong") {
   }
 }
 
+TEST_CASE("set digest: add_words (every path, zeros not hashed) equals one add per word") {
+  std::mt19937_64 rng(31);
+  const auto k = region_key("w", dtype_id::bf16, std::vector<std::uint64_t>{8192});
+  for (std::size_t n = 0; n < 700; n += 1 + n / 8) {
+    std::vector<std::uint64_t> words(n);
+    for (auto& w : words) w = rng() % 5 == 0 ? 0 : rng();
+    const std::uint64_t first = rng() % 1000;
+    set_digest one;
+    for (std::size_t j = 0; j < n; ++j) one.add(k, first + j, words[j]);
+    set_digest batched;
+    batched.add_words(k, std::span<const std::uint64_t>(words), first);
+    CHECK(batched == one);
+#ifdef DCR_SET_DIGEST_AVX512
+    if (set_digest::have_avx2() && n > 0) {
+      std::vector<std::uint64_t> pos(n), zero(n, 0);
+      for (std::size_t j = 0; j < n; ++j) pos[j] = first + j;
+      set_digest v;
+      v.add_batch_avx2(k, pos.data(), zero.data(), words.data(), n);
+      CHECK(v == one);
+    }
+#endif
+  }
+}
+
 TEST_CASE("set digest: every vector path of replace_batch equals one replace per write") {
   // The paths this CPU runs (AVX-512DQ, AVX2) against `replace`, over batch
   // sizes that leave every tail length, with zero words (absent) and

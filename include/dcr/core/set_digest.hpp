@@ -172,19 +172,22 @@ DCR_SET_DIGEST_TARGET_AVX2 inline __m256i digest_mix_word_x4(__m256i x,
   return digest_xorshift_x4(x, 33);
 }
 /// One step of the AVX2 `replace_batch` (4 writes, every lane of the digest).
+// `Before`: whether the `before` words are hashed (false: all of them are
+// zero, absent, as in a full recomputation, which then costs half).
+template <bool Before>
 DCR_SET_DIGEST_TARGET_AVX2 inline void digest_step_x4(__m256i* acc, const __m256i* seed,
                                                       const digest_mul_consts_x4& c, __m256i p,
                                                       __m256i b, __m256i a) noexcept {
-  // Zero words are absent (also the padding of a short tail, zero on both sides).
   const __m256i zero = _mm256_setzero_si256();
   const __m256i a_zero = _mm256_cmpeq_epi64(a, zero);
-  const __m256i b_zero = _mm256_cmpeq_epi64(b, zero);
   for (std::size_t i = 0; i < set_digest_lanes; ++i) {
     const __m256i u = digest_mix_position_x4(_mm256_xor_si256(p, seed[i]), c);
     const __m256i ha = digest_mix_word_x4(_mm256_xor_si256(u, a), c);
-    const __m256i hb = digest_mix_word_x4(_mm256_xor_si256(u, b), c);
     acc[i] = _mm256_add_epi64(acc[i], _mm256_andnot_si256(a_zero, ha));
-    acc[i] = _mm256_sub_epi64(acc[i], _mm256_andnot_si256(b_zero, hb));
+    if constexpr (Before) {
+      const __m256i hb = digest_mix_word_x4(_mm256_xor_si256(u, b), c);
+      acc[i] = _mm256_sub_epi64(acc[i], _mm256_andnot_si256(_mm256_cmpeq_epi64(b, zero), hb));
+    }
   }
 }
 #endif
@@ -334,6 +337,19 @@ public:
                                                      const std::uint64_t* before,
                                                      const std::uint64_t* after,
                                                      std::size_t n) noexcept {
+    batch_avx2<true>(k, position, before, after, n);
+  }
+  /// `replace_batch_avx2` with every `before` word zero (`add_words`): the
+  /// zeros are not hashed.
+  DCR_SET_DIGEST_TARGET_AVX2 void
+  add_batch_avx2(const set_digest_key& k, const std::uint64_t* position, const std::uint64_t* zero,
+                 const std::uint64_t* word, std::size_t n) noexcept {
+    batch_avx2<false>(k, position, zero, word, n);
+  }
+  template <bool Before>
+  DCR_SET_DIGEST_TARGET_AVX2 void batch_avx2(const set_digest_key& k, const std::uint64_t* position,
+                                             const std::uint64_t* before,
+                                             const std::uint64_t* after, std::size_t n) noexcept {
     const detail::digest_mul_consts_x4 c;
     __m256i acc[set_digest_lanes];
     __m256i seed[set_digest_lanes];
@@ -343,10 +359,10 @@ public:
     }
     std::size_t j = 0;
     for (; j + 4 <= n; j += 4)
-      detail::digest_step_x4(acc, seed, c,
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(position + j)),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(before + j)),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(after + j)));
+      detail::digest_step_x4<Before>(
+          acc, seed, c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(position + j)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(before + j)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(after + j)));
     if (j < n) {
       alignas(32) std::uint64_t p[4] = {}, b[4] = {}, a[4] = {};
       for (std::size_t t = 0; j + t < n; ++t) {
@@ -354,9 +370,10 @@ public:
         b[t] = before[j + t];
         a[t] = after[j + t];
       }
-      detail::digest_step_x4(acc, seed, c, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
-                             _mm256_load_si256(reinterpret_cast<const __m256i*>(b)),
-                             _mm256_load_si256(reinterpret_cast<const __m256i*>(a)));
+      detail::digest_step_x4<Before>(acc, seed, c,
+                                     _mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
+                                     _mm256_load_si256(reinterpret_cast<const __m256i*>(b)),
+                                     _mm256_load_si256(reinterpret_cast<const __m256i*>(a)));
     }
     for (std::size_t i = 0; i < set_digest_lanes; ++i) {
       alignas(32) std::uint64_t part[4];
@@ -380,8 +397,20 @@ public:
         pos[j] = first + j0 + j;
         word[j] = words[j0 + j];
       }
-      replace_batch(k, pos, zero, word, n);
+      add_batch(k, pos, zero, word, n);
     }
+  }
+  /// `replace_batch(k, position, zero, word, n)` with `zero` all zeros: the
+  /// AVX2 path then hashes only the words (a full recomputation's case).
+  void add_batch(const set_digest_key& k, const std::uint64_t* position, const std::uint64_t* zero,
+                 const std::uint64_t* word, std::size_t n) noexcept {
+#ifdef DCR_SET_DIGEST_AVX512
+    if (!have_avx512() && have_avx2()) {
+      add_batch_avx2(k, position, zero, word, n);
+      return;
+    }
+#endif
+    replace_batch(k, position, zero, word, n);
   }
   /// `replace(k, p, before[p], after[p])` for every position `p` in
   /// `positions` (an owner's changed words: the words are gathered into

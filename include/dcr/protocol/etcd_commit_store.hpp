@@ -132,7 +132,8 @@ struct owner_lease_options {
 /// `P owners/<id>` (P: the store's prefix) holds "token <hex> pid <pid>",
 /// attached to an etcd lease of `ttl` seconds that a thread renews every
 /// ttl/3. `acquire` grants the lease and creates the key in one transaction
-/// that compares the key's version with 0 (so exactly one claimant wins);
+/// that compares the key's version with 0 (so exactly one claimant wins),
+/// renewing its own lease as often while it waits for a held claim to go;
 /// the destructor stops renewing and revokes the lease, which deletes the
 /// key, so a clean exit frees the id at once. `check` compares the key's
 /// value with this claim's in one transaction. A renewal that finds the
