@@ -64,6 +64,29 @@ void for_each_ordered(std::size_t n, std::size_t threads, std::size_t window, Wo
   bool stop = false;
   std::exception_ptr work_error, consume_error;
 
+  // Builds index `i` (claimed under the lock) and publishes its result, or
+  // its error when it is the earliest so far; run by the workers and by the
+  // calling thread alike.
+  auto build = [&](std::size_t i) {
+    std::optional<R> r;
+    std::exception_ptr e;
+    try {
+      r.emplace(work(i));
+    } catch (...) {
+      e = std::current_exception();
+    }
+    std::lock_guard l(m);
+    if (e) {
+      if (i < fail_at) {
+        fail_at = i;
+        work_error = e;
+      }
+      claimable.notify_all();
+    } else {
+      slot[i % window] = std::move(r);
+    }
+    ready.notify_all();
+  };
   auto worker = [&] {
     for (;;) {
       std::size_t i;
@@ -74,24 +97,7 @@ void for_each_ordered(std::size_t n, std::size_t threads, std::size_t window, Wo
         if (stop || next >= n || next >= fail_at) return;
         i = next++;
       }
-      std::optional<R> r;
-      std::exception_ptr e;
-      try {
-        r.emplace(work(i));
-      } catch (...) {
-        e = std::current_exception();
-      }
-      std::lock_guard l(m);
-      if (e) {
-        if (i < fail_at) {
-          fail_at = i;
-          work_error = e;
-        }
-        claimable.notify_all();
-      } else {
-        slot[i % window] = std::move(r);
-      }
-      ready.notify_all();
+      build(i);
     }
   };
   // The calling thread is one of the `threads`: while the index it must
@@ -126,24 +132,7 @@ void for_each_ordered(std::size_t n, std::size_t threads, std::size_t window, Wo
         }
         i = next++;
       }
-      std::optional<R> built;
-      std::exception_ptr e;
-      try {
-        built.emplace(work(i));
-      } catch (...) {
-        e = std::current_exception();
-      }
-      std::lock_guard l(m);
-      if (e) {
-        if (i < fail_at) {
-          fail_at = i;
-          work_error = e;
-        }
-        claimable.notify_all();
-      } else {
-        slot[i % window] = std::move(built);
-      }
-      ready.notify_all();
+      build(i);
     }
     if (failed) break;
     try {
