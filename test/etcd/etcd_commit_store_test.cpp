@@ -55,17 +55,25 @@ struct raw_kv {
   std::string value;
   std::uint64_t version = 0;
 };
-raw_kv raw_get(const etcd_server& s, const std::string& key) {
+/// POST `body` to the etcd gateway's `target` outside the store (a test's
+/// own view of etcd); the answer parsed.
+json_value raw_post(const etcd_server& s, const char* target, const std::string& body) {
   net::http_client c(net::http_endpoint{"127.0.0.1", s.client_port()});
   net::http_request rq;
   rq.method = "POST";
-  rq.target = "/v3/kv/range";
-  rq.body = R"({"key":")" + net::base64_encode(key) + R"("})";
+  rq.target = target;
+  rq.body = body;
   net::http_response res;
   REQUIRE(c.request(rq, res).ok());
   REQUIRE(res.status == 200);
   json_value doc;
   REQUIRE(parse_json(res.body, doc).ok());
+  return doc;
+}
+
+raw_kv raw_get(const etcd_server& s, const std::string& key) {
+  const json_value doc =
+      raw_post(s, "/v3/kv/range", R"({"key":")" + net::base64_encode(key) + R"("})");
   raw_kv out;
   if (auto* kvs = doc.get("kvs"); kvs && !kvs->items.empty()) {
     out.exists = true;
@@ -477,16 +485,7 @@ TEST_CASE("etcd owner lease: one claimant, released on destruction, fenced when 
   // The key deleted behind the holder's back (its lease expired, an
   // operator removed it) and claimed by another process: the old holder is
   // fenced (conflict), never back.
-  {
-    net::http_client c(net::http_endpoint{"127.0.0.1", srv.client_port()});
-    net::http_request rq;
-    rq.method = "POST";
-    rq.target = "/v3/kv/deleterange";
-    rq.body = R"({"key":")" + net::base64_encode(key) + R"("})";
-    net::http_response res;
-    REQUIRE(c.request(rq, res).ok());
-    REQUIRE(res.status == 200);
-  }
+  raw_post(srv, "/v3/kv/deleterange", R"({"key":")" + net::base64_encode(key) + R"("})");
   CHECK(a->check().code == errc::conflict);
   REQUIRE(etcd_owner_lease::acquire(opt, 3, {std::chrono::seconds(5), {}}, b).ok());
   CHECK(b->check().ok());
@@ -521,28 +520,16 @@ TEST_CASE("etcd owner lease: a claim won at the end of a long wait keeps a live 
   auto& srv = shared_server();
   const auto opt = options_for(srv, "lease-wait/");
   const std::string key = "lease-wait/owners/2";
-  net::http_client c(net::http_endpoint{"127.0.0.1", srv.client_port()});
-  auto post = [&](const char* target, const std::string& body) {
-    net::http_request rq;
-    rq.method = "POST";
-    rq.target = target;
-    rq.body = body;
-    net::http_response res;
-    REQUIRE(c.request(rq, res).ok());
-    REQUIRE(res.status == 200);
-    json_value doc;
-    REQUIRE(parse_json(res.body, doc).ok());
-    return doc;
-  };
   // A holder that never renews: its lease (TTL 3 s) is granted and the key
   // put by hand, as a killed owner leaves them.
-  auto granted = post("/v3/lease/grant", R"({"TTL":"3"})");
+  auto granted = raw_post(srv, "/v3/lease/grant", R"({"TTL":"3"})");
   std::uint64_t dead_lease = 0;
   REQUIRE(granted.get("ID"));
   REQUIRE(granted.get("ID")->as_u64(dead_lease));
-  post("/v3/kv/put", R"({"key":")" + net::base64_encode(key) + R"(","value":")" +
-                         net::base64_encode("token 0 pid 1") + R"(","lease":")" +
-                         std::to_string(dead_lease) + R"("})");
+  raw_post(srv, "/v3/kv/put",
+           R"({"key":")" + net::base64_encode(key) + R"(","value":")" +
+               net::base64_encode("token 0 pid 1") + R"(","lease":")" + std::to_string(dead_lease) +
+               R"("})");
   // The claimant's TTL (1 s) is shorter than the wait for the dead claim (~3 s).
   std::unique_ptr<etcd_owner_lease> b;
   const auto t0 = std::chrono::steady_clock::now();
