@@ -341,11 +341,19 @@ struct http_client::impl {
     sent = written > 0 || !ec;
     if (ec) return transport_error(rq, "write", ec);
 
-    detail::response_parser parser;
-    detail::configure(parser, opt_.max_body, rq.method == "HEAD");
-    http::async_read(stream, buffer_, parser,
-                     [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
+    // The header first, then the body: the reader's limits depend on how
+    // the body is framed (src/net/http_response_parse.hpp).
+    detail::response_reader reader(opt_.max_body, rq.method == "HEAD");
+    auto& parser = reader.parser();
+    http::async_read_header(stream, buffer_, parser,
+                            [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
     run();
+    if (!ec) {
+      reader.header_done();
+      http::async_read(stream, buffer_, parser,
+                       [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
+      run();
+    }
     if (ec) {
       // A closed or cut connection is a transport failure; any other parser
       // error means the peer spoke, but not HTTP (src/net/http_response_parse.hpp).

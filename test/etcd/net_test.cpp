@@ -349,6 +349,33 @@ TEST_CASE("http response bytes: split-independent, typed; regressions from fuzzi
     CHECK(got.body == "hello");
     CHECK(parse(bad_trailer, step, got).code == dcr::errc::bad_format);
   }
+  // A chunk extension whose quoted string runs on past its line's end and
+  // past the bytes that have arrived (Beast subtracted the chunk's size from
+  // its body limit again at every new read, so a byte at a time ended as
+  // length_overflow where the whole response is bad_format): malformed at
+  // every split.
+  const std::string long_ext = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               "5\r\nhello\r\n6;x=\"abc\r\n" +
+                               std::string(2000, 'z') + "\"z\r\n world\r\n0\r\n\r\n";
+  for (std::size_t step : {std::size_t{1}, std::size_t{9}, long_ext.size() + 1})
+    CHECK(parse(long_ext, step, r).code == dcr::errc::bad_format);
+  // Chunks that add up past the limit: length_overflow at every split, at
+  // the chunk header that crosses it.
+  const std::string chunks = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             "800\r\n" +
+                             std::string(0x800, 'a') + "\r\n801\r\n" + std::string(0x801, 'b') +
+                             "\r\n0\r\n\r\n";
+  for (std::size_t step : {std::size_t{1}, std::size_t{100}, chunks.size() + 1})
+    CHECK(parse(chunks, step, r).code == dcr::errc::length_overflow);
+  const std::string fits = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           "800\r\n" +
+                           std::string(0x800, 'a') + "\r\n800\r\n" + std::string(0x800, 'b') +
+                           "\r\n0\r\n\r\n";
+  for (std::size_t step : {std::size_t{1}, std::size_t{100}, fits.size() + 1}) {
+    dcr::net::http_response got;
+    REQUIRE(parse(fits, step, got).ok());
+    CHECK(got.body.size() == 4096);
+  }
   // Over the body limit: length_overflow, before the body arrives.
   CHECK(parse("HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n", 7, r).code ==
         dcr::errc::length_overflow);
