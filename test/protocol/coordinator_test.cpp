@@ -549,6 +549,71 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("scenario: a baseline update cut short after the commit (some owners moved, one of "
+          "them already on its next candidate) -> the successor moves only the owners behind") {
+  rig<> s;
+  auto c1 = s.coord({}, crash_at(crash_point::after_commit));
+  s.start(c1);
+  s.trainer.step(0.1, 1);
+  CHECK(c1.transition().result.code == errc::aborted);
+  stored_record cur;
+  REQUIRE(s.commits.load(cur).ok());
+  REQUIRE(cur.record.version == 1);
+  // Owner 0 got its update before the link went down and trained on: its
+  // candidate is no longer version 1 (only its own tensors change).
+  s.owners[0]->commit_baseline();
+  const digest128 owner0_at_1 = s.owners[0]->baseline_digest();
+  auto touch = [&](std::size_t owner) {
+    for (std::size_t t = owner; t < s.trainer.tensors.size(); t += s.owners.size())
+      s.trainer.tensors[t].bytes[0] ^= std::byte{0x5A};
+  };
+  touch(0);
+  REQUIRE(s.owners[0]->candidate_digest() != owner0_at_1);
+  auto combined_baseline = [&] {
+    std::vector<digest128> d;
+    for (auto& o : s.owners) d.push_back(o->baseline_digest());
+    return combine(d);
+  };
+  REQUIRE(combined_baseline() != cur.record.source_baseline);
+  auto c2 = s.coord();
+  REQUIRE(c2.take_over().ok());
+  auto r2 = c2.transition();
+  REQUIRE_MESSAGE(r2.result.ok(), r2.result.message);
+  CHECK(r2.rolled_forward);
+  // Owners 1 and 2 moved to version 1; owner 0 was not moved onto its next candidate.
+  CHECK(s.owners[0]->baseline_digest() == owner0_at_1);
+  CHECK(combined_baseline() == cur.record.source_baseline);
+  // The next version from there is a normal transition, every receiver
+  // equal to a dense load of it.
+  touch(1);
+  touch(2);
+  auto r3 = c2.transition();
+  REQUIRE_MESSAGE(r3.result.ok(), r3.result.message);
+  CHECK_FALSE(r3.rolled_forward);
+  s.check_consistent(2);
+}
+
+TEST_CASE("scenario: owners that match no mix of baseline and candidate -> verification, no owner "
+          "moved") {
+  rig<> s;
+  auto c1 = s.coord({}, crash_at(crash_point::after_commit));
+  s.start(c1);
+  s.trainer.step(0.1, 1);
+  CHECK(c1.transition().result.code == errc::aborted);
+  // Owners 0 and 1 both hold candidates that are not version 1, none moved.
+  for (std::size_t owner : {0u, 1u})
+    for (std::size_t t = owner; t < s.trainer.tensors.size(); t += s.owners.size())
+      s.trainer.tensors[t].bytes[0] ^= std::byte{0x5A};
+  std::vector<digest128> before;
+  for (auto& o : s.owners) before.push_back(o->baseline_digest());
+  auto c2 = s.coord();
+  REQUIRE(c2.take_over().ok());
+  auto r2 = c2.transition();
+  CHECK(r2.result.code == errc::verification);
+  for (std::size_t k = 0; k < s.owners.size(); ++k)
+    CHECK(s.owners[k]->baseline_digest() == before[k]);
+}
+
 TEST_CASE("scenario: a persistent fault exhausts the attempts; v stays committed; a later "
           "transition repairs") {
   rig<> s;

@@ -313,20 +313,54 @@ private:
   }
 
   // Combined in owner order whatever order the owners answer in.
-  status baseline_digest(digest128& out) {
-    std::vector<digest128> d(owners_.size());
-    DCR_TRY(each_owner([&](std::size_t k) { return owners_[k]->baseline_digest(d[k]); }));
-    out = combine(d);
-    return status::success();
+  status baseline_digests(std::vector<digest128>& d) {
+    d.assign(owners_.size(), digest128{});
+    return each_owner([&](std::size_t k) { return owners_[k]->baseline_digest(d[k]); });
   }
-  status candidate_digest(digest128& out) {
-    std::vector<digest128> d(owners_.size());
-    DCR_TRY(each_owner([&](std::size_t k) { return owners_[k]->candidate_digest(d[k]); }));
+  status candidate_digests(std::vector<digest128>& d) {
+    d.assign(owners_.size(), digest128{});
+    return each_owner([&](std::size_t k) { return owners_[k]->candidate_digest(d[k]); });
+  }
+  status baseline_digest(digest128& out) {
+    std::vector<digest128> d;
+    DCR_TRY(baseline_digests(d));
     out = combine(d);
     return status::success();
   }
   status commit_baselines(std::uint64_t tau, std::uint64_t version) {
     return each_owner([&](std::size_t k) { return owners_[k]->commit_baseline(tau, version); });
+  }
+  /// Owners a baseline update left behind: when the update of a committed
+  /// version was cut short (the coordinator died, or a link went down part
+  /// way), some owners' baselines are at the record's version and the others'
+  /// candidates are, while the owners that moved may already hold their next
+  /// candidate. The owners behind are the set whose candidates, with the
+  /// others' baselines, combine to the record's source digest: found by trying
+  /// every split (up to `max_split_owners` owners, 2^n combinations of n
+  /// digests). An owner whose two digests are equal is at the record's state
+  /// either way and is counted behind: moving it changes no bits, and an
+  /// owner that had not moved gets its update (an owner process trains its
+  /// next candidate then). Empty optional: no split matches (or too many
+  /// owners to try).
+  static constexpr std::size_t max_split_owners = 20;
+  static std::optional<std::vector<bool>> owners_behind(const std::vector<digest128>& base,
+                                                        const std::vector<digest128>& cand,
+                                                        const digest128& committed) {
+    const std::size_t n = base.size();
+    std::vector<std::size_t> open; // owners with two different digests
+    for (std::size_t k = 0; k < n; ++k)
+      if (base[k] != cand[k]) open.push_back(k);
+    if (open.size() > max_split_owners) return std::nullopt;
+    std::vector<digest128> mix = base;
+    for (std::uint64_t m = 0; m < (std::uint64_t{1} << open.size()); ++m) {
+      for (std::size_t i = 0; i < open.size(); ++i)
+        mix[open[i]] = (m >> i) & 1 ? cand[open[i]] : base[open[i]];
+      if (combine(mix) != committed) continue;
+      std::vector<bool> behind(n, true);
+      for (std::size_t i = 0; i < open.size(); ++i) behind[open[i]] = (m >> i) & 1;
+      return behind;
+    }
+    return std::nullopt;
   }
 
   /// Owner links that can export their committed baseline densely (owners
@@ -373,17 +407,28 @@ private:
                         "committed version " + std::to_string(cur.record.version) +
                             " has no successor");
     const std::string& inc = cur.record.incarnation;
-    digest128 base{}, cand{};
-    DCR_TRY(baseline_digest(base));
-    DCR_TRY(candidate_digest(cand));
-    if (cur.record.source_baseline != base) {
-      // A coordinator died after committing and before the baseline update:
-      // roll forward, as the record already publishes the candidate.
+    std::vector<digest128> base_k, cand_k;
+    DCR_TRY(baseline_digests(base_k));
+    DCR_TRY(candidate_digests(cand_k));
+    const digest128 cand = combine(cand_k);
+    if (cur.record.source_baseline != combine(base_k)) {
+      // A coordinator died after committing and before the baseline update
+      // ended, or a link went down during it: roll forward, as the record
+      // already publishes the candidates, moving only the owners left behind
+      // (an owner's commit_baseline is not asked to be idempotent).
+      const auto behind = owners_behind(base_k, cand_k, cur.record.source_baseline);
       DCR_RETURN_ERROR_IF(
-          cur.record.source_baseline != cand, verification,
-          "owners' baseline matches neither the committed record nor their candidate");
+          !behind, verification,
+          "owners' baseline matches neither the committed record nor their candidate" +
+              std::string(owners_.size() > max_split_owners
+                              ? " (nor, for up to " + std::to_string(max_split_owners) +
+                                    " owners, any mix of the two)"
+                              : ", nor any mix of the two"));
       const auto tc = clock::now();
-      DCR_TRY(commit_baselines(cur.record.attempt, cur.record.version));
+      DCR_TRY(each_owner([&](std::size_t k) {
+        return (*behind)[k] ? owners_[k]->commit_baseline(cur.record.attempt, cur.record.version)
+                            : status::success();
+      }));
       finish_transition(inc, cur.record.attempt, rep);
       rep.commit_seconds = seconds_since(tc);
       rep.rolled_forward = true;
