@@ -71,9 +71,15 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
   CHECK(parse_commit_record("dcr-commit 1\n", out).code == errc::bad_format);
   {
     // A well-digested record of an unknown version.
-    std::string body = "dcr-commit 5\n";
+    std::string body = "dcr-commit 6\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
     CHECK(parse_commit_record(text, out).code == errc::unsupported_version);
+    // The format with version-2 state digests is refused with what to do.
+    body = "dcr-commit 4\nincarnation none\nrevision 1\n";
+    text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
+    auto st4 = parse_commit_record(text, out);
+    CHECK(st4.code == errc::unsupported_version);
+    CHECK(st4.message.find("version 2") != std::string::npos);
     // The format with version-1 state digests is refused with what to do.
     body = "dcr-commit 3\nincarnation none\nrevision 1\n";
     text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
@@ -95,7 +101,7 @@ TEST_CASE("commit record serialisation round-trips and rejects damage") {
   }
   {
     // Valid digest over malformed fields.
-    std::string body = "dcr-commit 4\nincarnation none\nrevision x\n";
+    std::string body = "dcr-commit 5\nincarnation none\nrevision x\n";
     auto text = body + "digest " + to_hex(digest(std::as_bytes(std::span(body)))) + "\n";
     CHECK(parse_commit_record(text, out).code == errc::bad_format);
   }

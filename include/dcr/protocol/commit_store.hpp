@@ -170,13 +170,13 @@ inline status check_record(const stored_record& r) {
 
 } // namespace detail
 
-/// Text serialisation of a stored record (format `dcr-commit 4`, documented in
+/// Text serialisation of a stored record (format `dcr-commit 5`, documented in
 /// docs/protocol.md). The last line is the BLAKE2b-128 of every byte before it,
 /// so a damaged file is detected rather than misread; with a job `key` it is
 /// keyed, so a record written without the key is refused as well.
 inline std::string serialize_commit_record(const stored_record& s, const seal_key& key = {}) {
   std::ostringstream o;
-  o << "dcr-commit 4\n"
+  o << "dcr-commit 5\n"
     << "incarnation " << (s.record.incarnation.empty() ? std::string("none") : s.record.incarnation)
     << "\n"
     << "revision " << s.revision << "\n"
@@ -243,8 +243,14 @@ inline status parse_commit_record(std::string_view text, stored_record& out,
                   "another element hash, so no receiver or baseline of this version could match "
                   "them): finish that transition with the dcr that wrote it, or bootstrap a new "
                   "history");
-    if (!m || *m != "4")
-      return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 4' record");
+    if (m && *m == "4")
+      return fail(errc::unsupported_version,
+                  "commit record: 'dcr-commit 4' (its digests are state digests of version 2, "
+                  "another element hash, so no receiver or baseline of this version could match "
+                  "them): finish that transition with the dcr that wrote it, or bootstrap a new "
+                  "history");
+    if (!m || *m != "5")
+      return fail(errc::unsupported_version, "commit record: not a 'dcr-commit 5' record");
   }
   {
     auto s = next("incarnation");

@@ -7,7 +7,7 @@
 /// its JSON gateway (`POST /v3/kv/txn`, served by etcd 3.4 and later).
 ///
 /// Keys, under a configurable prefix P (default "dcr/commit/"):
-///  - `P record`: the stored record in the `dcr-commit 4` text format of
+///  - `P record`: the stored record in the `dcr-commit 5` text format of
 ///    `serialize_commit_record` (digest-sealed, so a value damaged or written by someone
 ///    else is detected); its embedded `revision` equals the key's version;
 ///  - `P epoch`: the active coordinator epoch, decimal; absent means 0;

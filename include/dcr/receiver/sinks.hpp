@@ -147,9 +147,9 @@ protected:
   /// (whose words start at `base`) becomes `w`, and the state digest sees
   /// the word before and after. The hashing is deferred to a batch: a write
   /// loop whose iterations wait on nothing but their own cache line keeps
-  /// many misses in flight, and the element hashes (24 multiplies per
-  /// write) in the same loop would hold it to one or two; in a batch they
-  /// also run 8 writes at a time (`set_digest::replace_batch`).
+  /// many misses in flight, and the element hashes (eight AES rounds per
+  /// write) in the same loop would hold it to a few; in a batch they also
+  /// run two writes at a time (`set_digest::replace_batch`).
   template <class W>
   void store(W* base, std::size_t p, std::int64_t e, W w) noexcept {
     const W before = base[e];

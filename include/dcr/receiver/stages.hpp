@@ -95,7 +95,7 @@ inline constexpr std::size_t apply_write_lag = 64;
 
 /// Changed words the write loop collects before it folds them into the
 /// state digest. No more than `apply_write_lag`: while a batch is hashed
-/// (compute bound, ~10 ns a word), the lines of the next `apply_write_lag`
+/// (compute bound: eight AES rounds a write), the lines of the next `apply_write_lag`
 /// entries, prefetched before, arrive; with longer batches the hashing
 /// outlasts the fetches and the writes after it wait on memory again, so
 /// memory time and hashing time would add up instead of overlapping.
