@@ -96,5 +96,18 @@ printf '\x02\x00' >"$h/empty" # found by the campaign: a close before any byte
 # Found by the campaign: a last chunk with a trailer, read a byte at a time
 # (Beast 1.81 asserted; dcr-net builds Beast with its assertions off).
 printf '\x00\x02HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nhello\r\n6\x04;x=y\r\n world\r\n0\r\nTrailer: t\r\n\r\n' >"$h/split-last-chunk"
+# Found by the campaign: a chunk extension's quoted string running past its
+# line and past the bytes read so far (Beast re-counted the chunk against its
+# body limit at every read; the reader now counts chunks itself), and a
+# header longer than the limit with a bad line early (malformed whole, too
+# large in pieces: both refuse).
+{ printf '\x00\x00HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x="abc\r\n'
+  head -c 2000 /dev/zero | tr '\0' z
+  printf '"z\r\n world\r\n0\r\n\r\n'; } >"$h/chunk-ext-past-reads"
+{ printf '\x00\x01HTTP/1.1 200 OK\r\n'
+  for _ in $(seq 1 40); do printf 'X-Pad: %0100d\r\n' 0; done
+  printf 'X-Bad: a\x05\nb\r\n'
+  for _ in $(seq 1 50); do printf 'X-Pad: %0100d\r\n' 0; done
+  printf '\r\n'; } >"$h/long-bad-header"
 run fuzz_http "$per_target" "$out/corpus-http" "$out/seeds-http"
 echo "fuzz: no crashes in $((seconds + (seconds / 10 > 5 ? seconds / 10 : 5) + 5 * per_target)) s"

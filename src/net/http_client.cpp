@@ -345,9 +345,18 @@ struct http_client::impl {
     // the body is framed (src/net/http_response_parse.hpp).
     detail::response_reader reader(opt_.max_body, rq.method == "HEAD");
     auto& parser = reader.parser();
-    http::async_read_header(stream, buffer_, parser,
-                            [&](const boost::beast::error_code& e, std::size_t) { ec = e; });
-    run();
+    // One read at a time until the header is complete, counting what the
+    // parser consumed against the header limit (the reader's reason).
+    while (!ec && !parser.is_header_done()) {
+      std::size_t consumed = 0;
+      http::async_read_some(stream, buffer_, parser,
+                            [&](const boost::beast::error_code& e, std::size_t n) {
+                              ec = e;
+                              consumed = n;
+                            });
+      run();
+      if (!ec && !reader.header_bytes(consumed)) ec = http::error::header_limit;
+    }
     if (!ec) {
       reader.header_done();
       http::async_read(stream, buffer_, parser,

@@ -61,6 +61,13 @@ inline status read_error_status(response_failure f, const boost::beast::error_co
 
 using response_parser = boost::beast::http::response_parser<boost::beast::http::string_body>;
 
+/// The most bytes a response header may take, start line to its empty line
+/// (Beast's default). Counted by the reader over every read: Beast applies
+/// its own limit per call to the bytes it has not consumed, and it consumes
+/// the start line and whole field lines as they arrive, so a header read in
+/// pieces could grow past its limit (found by fuzz/fuzz_http.cpp).
+inline constexpr std::size_t header_limit = 8192;
+
 /// A response parser with the client's limits: the body limit, and no body
 /// for a HEAD request whatever its length says. Chunked bodies are counted
 /// here, once per chunk, when the parser reports a chunk header complete,
@@ -76,6 +83,7 @@ using response_parser = boost::beast::http::response_parser<boost::beast::http::
 class response_reader {
 public:
   response_reader(std::size_t max_body, bool head) : chunks_{max_body} {
+    parser_.header_limit(static_cast<std::uint32_t>(header_limit));
     parser_.body_limit(max_body);
     if (head) parser_.skip(true);
     parser_.on_chunk_header(chunks_);
@@ -84,6 +92,12 @@ public:
   response_reader& operator=(const response_reader&) = delete;
 
   response_parser& parser() noexcept { return parser_; }
+  /// Count `n` more bytes the parser consumed before the header was
+  /// complete; false once the header has taken more than `header_limit`.
+  bool header_bytes(std::size_t n) noexcept {
+    header_bytes_ += n;
+    return header_bytes_ <= header_limit;
+  }
   /// Call once the header is complete, before the body is read.
   void header_done() {
     if (parser_.chunked()) parser_.body_limit(boost::none);
@@ -102,6 +116,7 @@ private:
   };
   chunk_counter chunks_; // before parser_: outlives it
   response_parser parser_;
+  std::size_t header_bytes_ = 0;
 };
 
 /// The parsed message as an `http_response`; `keep_alive`: whether the
@@ -144,6 +159,12 @@ inline status parse_response_bytes(std::string_view bytes, std::size_t max_body,
     }
     const auto n = p.put(boost::asio::buffer(bytes.data() + at, end - at), ec);
     at += n;
+    // The parser stops after the header (it is not eager), so before the
+    // header is done every consumed byte is the header's.
+    if (!header && (!ec || ec == http::error::need_more) && !reader.header_bytes(n)) {
+      ec = http::error::header_limit;
+      break;
+    }
     if (ec == http::error::need_more || (!ec && n == 0)) {
       ec = {};
       if (end == bytes.size()) {
@@ -155,8 +176,7 @@ inline status parse_response_bytes(std::string_view bytes, std::size_t max_body,
       continue;
     }
     if (ec) break;
-    // The parser stops after the header (it is not eager), as
-    // `http::read_header` does before the client reads the body.
+    // As the client, which reads the header before the body.
     if (!header && p.is_header_done()) {
       reader.header_done();
       header = true;

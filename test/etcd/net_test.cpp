@@ -376,6 +376,35 @@ TEST_CASE("http response bytes: split-independent, typed; regressions from fuzzi
     REQUIRE(parse(fits, step, got).ok());
     CHECK(got.body.size() == 4096);
   }
+  // A header longer than Beast's limit (8 KiB) with a bad line early on:
+  // refused at every split, as malformed where Beast parsed the bad line in
+  // one piece, as too large where it waited in vain for the header's end
+  // (fuzz/fuzz_http.cpp allows exactly this difference).
+  std::string long_header = "HTTP/1.1 200 OK\r\n";
+  for (int i = 0; i < 40; ++i) long_header += "X-Pad: " + std::string(100, 'p') + "\r\n";
+  long_header += "X-Bad: a\x05\nb\r\n";
+  for (int i = 0; i < 50; ++i) long_header += "X-Pad: " + std::string(100, 'p') + "\r\n";
+  long_header += "\r\n";
+  CHECK(parse(long_header, long_header.size() + 1, r).code == dcr::errc::bad_format);
+  for (std::size_t step : {std::size_t{1}, std::size_t{5}, std::size_t{125}})
+    CHECK(parse(long_header, step, r).code == dcr::errc::length_overflow);
+  // Valid field lines past the 8 KiB header limit: refused at every split
+  // (Beast consumed whole lines as they arrived and applied its limit only
+  // to what it had not consumed, so 125 bytes a read let such a header
+  // through); just under the limit: accepted at every split.
+  auto header_of = [](std::size_t lines) {
+    std::string h = "HTTP/1.1 200 OK\r\n";
+    for (std::size_t i = 0; i < lines; ++i) h += "X-Pad: " + std::string(32, 'p') + "\r\n";
+    return h + "Content-Length: 0\r\n\r\n";
+  };
+  const std::string over = header_of(200), under = header_of(190); // 8238, 7828 bytes
+  REQUIRE(over.size() > 8192);
+  REQUIRE(under.size() <= 8192);
+  for (std::size_t step : {std::size_t{1}, std::size_t{5}, std::size_t{125}, over.size() + 1}) {
+    CHECK(parse(over, step, r).code == dcr::errc::length_overflow);
+    dcr::net::http_response got;
+    CHECK(parse(under, step, got).ok());
+  }
   // Over the body limit: length_overflow, before the body arrives.
   CHECK(parse("HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n", 7, r).code ==
         dcr::errc::length_overflow);
