@@ -40,14 +40,15 @@
 ///    studied one there is, with fewer rounds than the cipher;
 ///  - cost: four AES rounds per word, eight per write (the word before and
 ///    after), one instruction each on every x86-64 CPU since 2010 (AES-NI;
-///    `replace_batch` runs two writes, four independent blocks, per step) and
-///    on ARMv8 with its cryptography extension. `dcr-bench-digest`
-///    (docs/benchmarks.md) measures it against version 2's element hash
-///    (splitmix64 and fmix64 finalisers over four lanes: 24 64-bit
-///    multiplies per write, three 32-bit ones each on CPUs without AVX-512),
-///    which was most of a sparse refit's apply and of a dense refit. Other
-///    CPUs run a table-driven round (`element_portable`, the same values,
-///    tested equal);
+///    `replace_batch` runs two writes, four independent blocks, per step).
+///    `dcr-bench-digest` (docs/benchmarks.md) measures it against version
+///    2's element hash (splitmix64 and fmix64 finalisers over four lanes: 24
+///    64-bit multiplies per write, three 32-bit ones each on CPUs without
+///    AVX-512), which was most of a sparse refit's apply and of a dense
+///    refit. Other CPUs run table-driven rounds (`element_portable`, the
+///    same values, tested equal), several times slower; ARMv8's AES
+///    instructions (`AESE`, `AESMC`) would serve there, but have no path
+///    here yet;
 ///  - more rounds or lanes would not buy collision resistance against
 ///    someone who chooses weights: the round keys derive from public names,
 ///    so the hash is a public permutation, not a PRF, and LtHash-grade
