@@ -549,9 +549,11 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("scenario: a baseline update cut short after the commit (some owners moved, one of "
-          "them already on its next candidate) -> the successor moves only the owners behind") {
-  rig<> s;
+namespace {
+
+/// Version 1 committed by a coordinator that died right after the commit:
+/// no owner's baseline moved. Returns the record.
+stored_record committed_before_baseline_update(rig<>& s) {
   auto c1 = s.coord({}, crash_at(crash_point::after_commit));
   s.start(c1);
   s.trainer.step(0.1, 1);
@@ -559,15 +561,26 @@ TEST_CASE("scenario: a baseline update cut short after the commit (some owners m
   stored_record cur;
   REQUIRE(s.commits.load(cur).ok());
   REQUIRE(cur.record.version == 1);
+  return cur;
+}
+
+/// A new candidate for one owner only: its own tensors change.
+void train_owner(rig<>& s, std::size_t owner) {
+  for (std::size_t t = owner; t < s.trainer.tensors.size(); t += s.owners.size())
+    s.trainer.tensors[t].bytes[0] ^= std::byte{0x5A};
+}
+
+} // namespace
+
+TEST_CASE("scenario: a baseline update cut short after the commit (some owners moved, one of "
+          "them already on its next candidate) -> the successor moves only the owners behind") {
+  rig<> s;
+  const stored_record cur = committed_before_baseline_update(s);
   // Owner 0 got its update before the link went down and trained on: its
-  // candidate is no longer version 1 (only its own tensors change).
+  // candidate is no longer version 1.
   s.owners[0]->commit_baseline();
   const digest128 owner0_at_1 = s.owners[0]->baseline_digest();
-  auto touch = [&](std::size_t owner) {
-    for (std::size_t t = owner; t < s.trainer.tensors.size(); t += s.owners.size())
-      s.trainer.tensors[t].bytes[0] ^= std::byte{0x5A};
-  };
-  touch(0);
+  train_owner(s, 0);
   REQUIRE(s.owners[0]->candidate_digest() != owner0_at_1);
   auto combined_baseline = [&] {
     std::vector<digest128> d;
@@ -585,8 +598,8 @@ TEST_CASE("scenario: a baseline update cut short after the commit (some owners m
   CHECK(combined_baseline() == cur.record.source_baseline);
   // The next version from there is a normal transition, every receiver
   // equal to a dense load of it.
-  touch(1);
-  touch(2);
+  train_owner(s, 1);
+  train_owner(s, 2);
   auto r3 = c2.transition();
   REQUIRE_MESSAGE(r3.result.ok(), r3.result.message);
   CHECK_FALSE(r3.rolled_forward);
@@ -596,14 +609,10 @@ TEST_CASE("scenario: a baseline update cut short after the commit (some owners m
 TEST_CASE("scenario: owners that match no mix of baseline and candidate -> verification, no owner "
           "moved") {
   rig<> s;
-  auto c1 = s.coord({}, crash_at(crash_point::after_commit));
-  s.start(c1);
-  s.trainer.step(0.1, 1);
-  CHECK(c1.transition().result.code == errc::aborted);
+  committed_before_baseline_update(s);
   // Owners 0 and 1 both hold candidates that are not version 1, none moved.
-  for (std::size_t owner : {0u, 1u})
-    for (std::size_t t = owner; t < s.trainer.tensors.size(); t += s.owners.size())
-      s.trainer.tensors[t].bytes[0] ^= std::byte{0x5A};
+  train_owner(s, 0);
+  train_owner(s, 1);
   std::vector<digest128> before;
   for (auto& o : s.owners) before.push_back(o->baseline_digest());
   auto c2 = s.coord();

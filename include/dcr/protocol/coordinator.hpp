@@ -340,27 +340,34 @@ private:
   /// digests). An owner whose two digests are equal is at the record's state
   /// either way and is counted behind: moving it changes no bits, and an
   /// owner that had not moved gets its update (an owner process trains its
-  /// next candidate then). Empty optional: no split matches (or too many
-  /// owners to try).
+  /// next candidate then). `verification` when no split matches, or when
+  /// more owners than that would have to be tried.
   static constexpr std::size_t max_split_owners = 20;
-  static std::optional<std::vector<bool>> owners_behind(const std::vector<digest128>& base,
-                                                        const std::vector<digest128>& cand,
-                                                        const digest128& committed) {
+  static status owners_behind(const std::vector<digest128>& base,
+                              const std::vector<digest128>& cand, const digest128& committed,
+                              std::vector<bool>& behind) {
     const std::size_t n = base.size();
     std::vector<std::size_t> open; // owners with two different digests
     for (std::size_t k = 0; k < n; ++k)
       if (base[k] != cand[k]) open.push_back(k);
-    if (open.size() > max_split_owners) return std::nullopt;
+    DCR_RETURN_ERROR_IF(open.size() > max_split_owners, verification,
+                        "owners' baseline matches neither the committed record nor their "
+                        "candidate, and " +
+                            std::to_string(open.size()) +
+                            " owners whose baseline and candidate differ are too many to try "
+                            "every mix of the two (at most " +
+                            std::to_string(max_split_owners) + ")");
     std::vector<digest128> mix = base;
     for (std::uint64_t m = 0; m < (std::uint64_t{1} << open.size()); ++m) {
       for (std::size_t i = 0; i < open.size(); ++i)
         mix[open[i]] = (m >> i) & 1 ? cand[open[i]] : base[open[i]];
       if (combine(mix) != committed) continue;
-      std::vector<bool> behind(n, true);
+      behind.assign(n, true);
       for (std::size_t i = 0; i < open.size(); ++i) behind[open[i]] = (m >> i) & 1;
-      return behind;
+      return status::success();
     }
-    return std::nullopt;
+    return fail(errc::verification, "owners' baseline matches neither the committed record nor "
+                                    "their candidate, nor any mix of the two");
   }
 
   /// Owner links that can export their committed baseline densely (owners
@@ -416,18 +423,12 @@ private:
       // ended, or a link went down during it: roll forward, as the record
       // already publishes the candidates, moving only the owners left behind
       // (an owner's commit_baseline is not asked to be idempotent).
-      const auto behind = owners_behind(base_k, cand_k, cur.record.source_baseline);
-      DCR_RETURN_ERROR_IF(
-          !behind, verification,
-          "owners' baseline matches neither the committed record nor their candidate" +
-              std::string(owners_.size() > max_split_owners
-                              ? " (nor, for up to " + std::to_string(max_split_owners) +
-                                    " owners, any mix of the two)"
-                              : ", nor any mix of the two"));
+      std::vector<bool> behind;
+      DCR_TRY(owners_behind(base_k, cand_k, cur.record.source_baseline, behind));
       const auto tc = clock::now();
       DCR_TRY(each_owner([&](std::size_t k) {
-        return (*behind)[k] ? owners_[k]->commit_baseline(cur.record.attempt, cur.record.version)
-                            : status::success();
+        return behind[k] ? owners_[k]->commit_baseline(cur.record.attempt, cur.record.version)
+                         : status::success();
       }));
       finish_transition(inc, cur.record.attempt, rep);
       rep.commit_seconds = seconds_since(tc);
