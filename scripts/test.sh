@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and builds build/, then runs every test suite. The setup installs
 # the real servers the interop suites start (etcd, Swift with s3api) and the
-# tools of the network tests (iproute2, nftables, openssl, curl, bc), so that
+# tools of the network tests (iproute2, nftables, openssl, curl, bc) and of
+# the ARMv8 cross test (clang, g++-aarch64-linux-gnu, qemu-user), so that
 # a fresh machine runs everything; it also creates the pinned Python
 # environment (.venv/, scripts/setup-python.sh; DCR_PYTHON_SETUP=0 skips it,
 # and the suite then reports a skip) whose pytest suite runs as the meson
@@ -14,7 +15,7 @@
 # DCR_STRICT_SKIPS=0 reports those skips without failing.
 set -euo pipefail
 export DCR_PYTHON_SETUP="${DCR_PYTHON_SETUP:-1}"
-export DCR_EXTRA_PACKAGES="${DCR_EXTRA_PACKAGES:-iproute2 nftables curl bc openssl etcd-server swift swift-proxy swift-object swift-container swift-account}"
+export DCR_EXTRA_PACKAGES="${DCR_EXTRA_PACKAGES:-iproute2 nftables curl bc openssl etcd-server swift swift-proxy swift-object swift-container swift-account clang g++-aarch64-linux-gnu qemu-user}"
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$DCR_ROOT"
 set +e

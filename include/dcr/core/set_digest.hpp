@@ -39,16 +39,16 @@
 ///    128-bit `seal` keeps. This rests on AES's round function, the most
 ///    studied one there is, with fewer rounds than the cipher;
 ///  - cost: four AES rounds per word, eight per write (the word before and
-///    after), one instruction each on every x86-64 CPU since 2010 (AES-NI;
-///    `replace_batch` runs two writes, four independent blocks, per step).
-///    `dcr-bench-digest` (docs/benchmarks.md) measures it against version
-///    2's element hash (splitmix64 and fmix64 finalisers over four lanes: 24
-///    64-bit multiplies per write, three 32-bit ones each on CPUs without
+///    after), one instruction each on every x86-64 CPU since 2010 (AES-NI)
+///    and two on ARMv8 CPUs with the cryptography extension (`AESE`,
+///    `AESMC`: Neoverse, Grace, Graviton, Apple); `replace_batch` runs two
+///    writes, four independent blocks, per step. `dcr-bench-digest`
+///    (docs/benchmarks.md) measures it against version 2's element hash
+///    (splitmix64 and fmix64 finalisers over four lanes: 24 64-bit
+///    multiplies per write, three 32-bit ones each on CPUs without
 ///    AVX-512), which was most of a sparse refit's apply and of a dense
 ///    refit. Other CPUs run table-driven rounds (`element_portable`, the
-///    same values, tested equal), several times slower; ARMv8's AES
-///    instructions (`AESE`, `AESMC`) would serve there, but have no path
-///    here yet;
+///    same values, tested equal), several times slower;
 ///  - more rounds or lanes would not buy collision resistance against
 ///    someone who chooses weights: the round keys derive from public names,
 ///    so the hash is a public permutation, not a PRF, and LtHash-grade
@@ -71,15 +71,37 @@
 #include "dcr/core/endian.hpp"
 #include "dcr/core/hash.hpp"
 
-// The host pass of nvcc sees the same class as a plain C++ translation
-// unit (so that a program linking both has one definition of `set_digest`);
-// only nvcc's device pass, which never emits these host functions, goes
-// without the AES-NI path.
+// The hardware AES rounds (`detail::aes_hw`): x86's AES-NI, or ARMv8's AES
+// instructions. The host pass of nvcc sees the same class as a plain C++
+// translation unit (so that a program linking both has one definition of
+// `set_digest`); only nvcc's device pass, which never emits these host
+// functions, goes without them.
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) &&       \
     !defined(__CUDA_ARCH__)
 #define DCR_SET_DIGEST_AESNI 1
+#define DCR_SET_DIGEST_HARDWARE_AES 1
 #include <immintrin.h>
 #define DCR_SET_DIGEST_TARGET __attribute__((target("aes,sse4.1")))
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+// ARMv8: built for a CPU with AES (-march=...+crypto or +aes, as Apple's
+// arm64 targets are), the instructions are always used; otherwise GCC
+// compiles these functions alone for +crypto and they run where the kernel
+// reports AES (HWCAP_AES). Clang (14 here) declares the AES intrinsics only
+// for translation units built with +aes, so without it it takes the
+// table-driven rounds. scripts/cross-aarch64-test.sh builds all three.
+#if defined(__ARM_FEATURE_AES) || defined(__ARM_FEATURE_CRYPTO)
+#define DCR_SET_DIGEST_ARMV8_AES 1
+#define DCR_SET_DIGEST_TARGET
+#elif defined(__linux__) && !defined(__clang__)
+#define DCR_SET_DIGEST_ARMV8_AES 1
+#define DCR_SET_DIGEST_ARMV8_AES_HWCAP 1
+#define DCR_SET_DIGEST_TARGET __attribute__((target("+crypto")))
+#include <sys/auxv.h>
+#endif
+#ifdef DCR_SET_DIGEST_ARMV8_AES
+#define DCR_SET_DIGEST_HARDWARE_AES 1
+#include <arm_neon.h>
+#endif
 #endif
 
 namespace dcr {
@@ -198,19 +220,91 @@ constexpr std::uint64_t digest_block_word(const std::uint8_t (&b)[16], int half)
   return x;
 }
 
+#ifdef DCR_SET_DIGEST_HARDWARE_AES
+/// The few vector operations the hardware batch needs, on a block of two
+/// 64-bit lanes (bytes 0-7 lane 0, little-endian, as in the portable
+/// rounds), for each instruction set: one batch loop serves both.
+namespace aes_hw {
 #ifdef DCR_SET_DIGEST_AESNI
-/// The element hash of one block (p, w) with AES-NI; `rk`: K_0..K_4.
-DCR_SET_DIGEST_TARGET inline __m128i digest_block_x1(const __m128i* rk, __m128i x) noexcept {
+using block = __m128i;
+DCR_SET_DIGEST_TARGET inline block load(const std::uint64_t* p) noexcept {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+DCR_SET_DIGEST_TARGET inline block splat(std::uint64_t x) noexcept {
+  return _mm_set1_epi64x(static_cast<long long>(x));
+}
+DCR_SET_DIGEST_TARGET inline block zero() noexcept { return _mm_setzero_si128(); }
+/// (a_0, b_0) and (a_1, b_1).
+DCR_SET_DIGEST_TARGET inline block pair_lo(block a, block b) noexcept {
+  return _mm_unpacklo_epi64(a, b);
+}
+DCR_SET_DIGEST_TARGET inline block pair_hi(block a, block b) noexcept {
+  return _mm_unpackhi_epi64(a, b);
+}
+/// All ones in each lane that is zero.
+DCR_SET_DIGEST_TARGET inline block zero_lanes(block a) noexcept {
+  return _mm_cmpeq_epi64(a, _mm_setzero_si128());
+}
+/// `x` with the lanes of `mask` cleared.
+DCR_SET_DIGEST_TARGET inline block clear(block mask, block x) noexcept {
+  return _mm_andnot_si128(mask, x);
+}
+DCR_SET_DIGEST_TARGET inline block add(block a, block b) noexcept { return _mm_add_epi64(a, b); }
+DCR_SET_DIGEST_TARGET inline block sub(block a, block b) noexcept { return _mm_sub_epi64(a, b); }
+DCR_SET_DIGEST_TARGET inline std::uint64_t lane0(block a) noexcept {
+  return static_cast<std::uint64_t>(_mm_cvtsi128_si64(a));
+}
+DCR_SET_DIGEST_TARGET inline std::uint64_t lane1(block a) noexcept {
+  return static_cast<std::uint64_t>(_mm_extract_epi64(a, 1));
+}
+/// The element hash of one block (p, w); `rk`: K_0..K_4.
+DCR_SET_DIGEST_TARGET inline block rounds(const block* rk, block x) noexcept {
   x = _mm_xor_si128(x, rk[0]);
   for (std::size_t r = 1; r <= set_digest_rounds; ++r) x = _mm_aesenc_si128(x, rk[r]);
   return x;
 }
-/// A region's round keys in registers.
-DCR_SET_DIGEST_TARGET inline void digest_load_keys(const std::uint64_t* round_key,
-                                                   __m128i* rk) noexcept {
-  for (std::size_t r = 0; r <= set_digest_rounds; ++r)
-    rk[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(round_key + 2 * r));
+#else // ARMv8
+using block = uint64x2_t;
+DCR_SET_DIGEST_TARGET inline block load(const std::uint64_t* p) noexcept { return vld1q_u64(p); }
+DCR_SET_DIGEST_TARGET inline block splat(std::uint64_t x) noexcept { return vdupq_n_u64(x); }
+DCR_SET_DIGEST_TARGET inline block zero() noexcept { return vdupq_n_u64(0); }
+DCR_SET_DIGEST_TARGET inline block pair_lo(block a, block b) noexcept { return vzip1q_u64(a, b); }
+DCR_SET_DIGEST_TARGET inline block pair_hi(block a, block b) noexcept { return vzip2q_u64(a, b); }
+DCR_SET_DIGEST_TARGET inline block zero_lanes(block a) noexcept { return vceqzq_u64(a); }
+DCR_SET_DIGEST_TARGET inline block clear(block mask, block x) noexcept {
+  return vbicq_u64(x, mask);
 }
+DCR_SET_DIGEST_TARGET inline block add(block a, block b) noexcept { return vaddq_u64(a, b); }
+DCR_SET_DIGEST_TARGET inline block sub(block a, block b) noexcept { return vsubq_u64(a, b); }
+DCR_SET_DIGEST_TARGET inline std::uint64_t lane0(block a) noexcept { return vgetq_lane_u64(a, 0); }
+DCR_SET_DIGEST_TARGET inline std::uint64_t lane1(block a) noexcept { return vgetq_lane_u64(a, 1); }
+/// The same rounds as AES-NI's: AESE is (key XOR, ShiftRows, SubBytes) and
+/// AESMC MixColumns, so x86's key-XOR-last round r is AESMC(AESE(x, K_{r-1}))
+/// followed by K_r, which the next AESE (or the final XOR) applies.
+DCR_SET_DIGEST_TARGET inline block rounds(const block* rk, block x) noexcept {
+  uint8x16_t s = vreinterpretq_u8_u64(x);
+  for (std::size_t r = 0; r < set_digest_rounds; ++r)
+    s = vaesmcq_u8(vaeseq_u8(s, vreinterpretq_u8_u64(rk[r])));
+  return vreinterpretq_u64_u8(veorq_u8(s, vreinterpretq_u8_u64(rk[set_digest_rounds])));
+}
+#endif
+/// A region's round keys in registers.
+DCR_SET_DIGEST_TARGET inline void load_keys(const std::uint64_t* round_key, block* rk) noexcept {
+  for (std::size_t r = 0; r <= set_digest_rounds; ++r) rk[r] = load(round_key + 2 * r);
+}
+/// Whether this CPU runs these instructions.
+inline bool available() noexcept {
+#if defined(DCR_SET_DIGEST_AESNI)
+  static const bool yes = __builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1");
+  return yes;
+#elif defined(DCR_SET_DIGEST_ARMV8_AES_HWCAP)
+  static const bool yes = (getauxval(AT_HWCAP) & HWCAP_AES) != 0;
+  return yes;
+#else
+  return true; // built for a CPU with AES
+#endif
+}
+} // namespace aes_hw
 #endif
 } // namespace detail
 
@@ -245,7 +339,7 @@ public:
   using lanes = std::array<std::uint64_t, set_digest_lanes>;
 
   /// The element hash of (position, word) in region `k`, by table lookups
-  /// (any CPU; `element` takes AES-NI where the CPU has it).
+  /// (any CPU; `element` takes AES instructions where the CPU has them).
   static constexpr lanes element_portable(const set_digest_key& k, std::uint64_t position,
                                           std::uint64_t word) noexcept {
     const auto lo = [](std::uint64_t x) { return static_cast<std::uint32_t>(x); };
@@ -274,8 +368,8 @@ public:
   /// The element hash of (position, word) in region `k`.
   static lanes element(const set_digest_key& k, std::uint64_t position,
                        std::uint64_t word) noexcept {
-#ifdef DCR_SET_DIGEST_AESNI
-    if (have_aesni()) return element_aesni(k, position, word);
+#ifdef DCR_SET_DIGEST_HARDWARE_AES
+    if (have_hardware_aes()) return element_hardware(k, position, word);
 #endif
     return element_portable(k, position, word);
   }
@@ -301,13 +395,13 @@ public:
     remove(k, position, before);
   }
   /// `replace(k, position[j], before[j], after[j])` for j < n, in one pass
-  /// (AES-NI where the CPU has it; the same sums either way).
+  /// (AES instructions where the CPU has them; the same sums either way).
   void replace_batch(const set_digest_key& k, const std::uint64_t* position,
                      const std::uint64_t* before, const std::uint64_t* after,
                      std::size_t n) noexcept {
-#ifdef DCR_SET_DIGEST_AESNI
-    if (have_aesni()) {
-      batch_aesni<true>(k, position, before, after, n);
+#ifdef DCR_SET_DIGEST_HARDWARE_AES
+    if (have_hardware_aes()) {
+      batch_hardware<true>(k, position, before, after, n);
       return;
     }
 #endif
@@ -317,16 +411,16 @@ public:
   /// recomputation: no word before to hash).
   void add_batch(const set_digest_key& k, const std::uint64_t* position, const std::uint64_t* word,
                  std::size_t n) noexcept {
-#ifdef DCR_SET_DIGEST_AESNI
-    if (have_aesni()) {
-      batch_aesni<false>(k, position, nullptr, word, n);
+#ifdef DCR_SET_DIGEST_HARDWARE_AES
+    if (have_hardware_aes()) {
+      batch_hardware<false>(k, position, nullptr, word, n);
       return;
     }
 #endif
     for (std::size_t j = 0; j < n; ++j) add(k, position[j], word[j]);
   }
   /// The portable path of `replace_batch` (public so that tests compare it
-  /// with the AES-NI path).
+  /// with the hardware path).
   void replace_batch_portable(const set_digest_key& k, const std::uint64_t* position,
                               const std::uint64_t* before, const std::uint64_t* after,
                               std::size_t n) noexcept {
@@ -342,69 +436,63 @@ public:
       }
     }
   }
-#ifdef DCR_SET_DIGEST_AESNI
-  /// Whether this CPU runs the AES-NI path (`element`, `replace_batch`, `add_batch`).
-  static bool have_aesni() noexcept {
-    static const bool yes = __builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1");
-    return yes;
+#ifdef DCR_SET_DIGEST_HARDWARE_AES
+  /// Whether this CPU runs the AES rounds as instructions (AES-NI or ARMv8's
+  /// AES) in `element`, `replace_batch` and `add_batch`.
+  static bool have_hardware_aes() noexcept { return detail::aes_hw::available(); }
+  /// The element hash by AES instructions (only where `have_hardware_aes()`).
+  DCR_SET_DIGEST_TARGET static lanes
+  element_hardware(const set_digest_key& k, std::uint64_t position, std::uint64_t word) noexcept {
+    namespace hw = detail::aes_hw;
+    hw::block rk[set_digest_rounds + 1];
+    hw::load_keys(k.round_key, rk);
+    const hw::block h = hw::rounds(rk, hw::pair_lo(hw::splat(position), hw::splat(word)));
+    return {hw::lane0(h), hw::lane1(h)};
   }
-  /// The element hash with AES-NI (only where `have_aesni()`).
-  DCR_SET_DIGEST_TARGET static lanes element_aesni(const set_digest_key& k, std::uint64_t position,
-                                                   std::uint64_t word) noexcept {
-    __m128i rk[set_digest_rounds + 1];
-    detail::digest_load_keys(k.round_key, rk);
-    const __m128i h = detail::digest_block_x1(
-        rk, _mm_set_epi64x(static_cast<long long>(word), static_cast<long long>(position)));
-    return {static_cast<std::uint64_t>(_mm_cvtsi128_si64(h)),
-            static_cast<std::uint64_t>(_mm_extract_epi64(h, 1))};
-  }
-  /// The AES-NI batch (only where `have_aesni()`): two writes per step, the
-  /// blocks of their words after (and, with `Before`, before) as independent
-  /// round chains; zero words are masked out instead of branched around.
+  /// The batch by AES instructions (only where `have_hardware_aes()`): two
+  /// writes per step, the blocks of their words after (and, with `Before`,
+  /// before) as independent round chains; zero words are masked out instead
+  /// of branched around.
   template <bool Before>
-  DCR_SET_DIGEST_TARGET void batch_aesni(const set_digest_key& k, const std::uint64_t* position,
-                                         const std::uint64_t* before, const std::uint64_t* after,
-                                         std::size_t n) noexcept {
-    __m128i rk[set_digest_rounds + 1];
-    detail::digest_load_keys(k.round_key, rk);
-    const __m128i zero = _mm_setzero_si128();
-    __m128i acc = zero;
+  DCR_SET_DIGEST_TARGET void batch_hardware(const set_digest_key& k, const std::uint64_t* position,
+                                            const std::uint64_t* before, const std::uint64_t* after,
+                                            std::size_t n) noexcept {
+    namespace hw = detail::aes_hw;
+    hw::block rk[set_digest_rounds + 1];
+    hw::load_keys(k.round_key, rk);
+    hw::block acc = hw::zero();
     std::size_t j = 0;
     for (; j + 2 <= n; j += 2) {
-      const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(position + j));
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(after + j));
-      const __m128i a_zero = _mm_cmpeq_epi64(a, zero); // all ones where absent
-      const __m128i ha0 = detail::digest_block_x1(rk, _mm_unpacklo_epi64(p, a));
-      const __m128i ha1 = detail::digest_block_x1(rk, _mm_unpackhi_epi64(p, a));
-      acc = _mm_add_epi64(acc, _mm_andnot_si128(_mm_unpacklo_epi64(a_zero, a_zero), ha0));
-      acc = _mm_add_epi64(acc, _mm_andnot_si128(_mm_unpackhi_epi64(a_zero, a_zero), ha1));
+      const hw::block p = hw::load(position + j);
+      const hw::block a = hw::load(after + j);
+      const hw::block a_zero = hw::zero_lanes(a); // all ones where absent
+      const hw::block ha0 = hw::rounds(rk, hw::pair_lo(p, a));
+      const hw::block ha1 = hw::rounds(rk, hw::pair_hi(p, a));
+      acc = hw::add(acc, hw::clear(hw::pair_lo(a_zero, a_zero), ha0));
+      acc = hw::add(acc, hw::clear(hw::pair_hi(a_zero, a_zero), ha1));
       if constexpr (Before) {
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(before + j));
-        const __m128i b_zero = _mm_cmpeq_epi64(b, zero);
-        const __m128i hb0 = detail::digest_block_x1(rk, _mm_unpacklo_epi64(p, b));
-        const __m128i hb1 = detail::digest_block_x1(rk, _mm_unpackhi_epi64(p, b));
-        acc = _mm_sub_epi64(acc, _mm_andnot_si128(_mm_unpacklo_epi64(b_zero, b_zero), hb0));
-        acc = _mm_sub_epi64(acc, _mm_andnot_si128(_mm_unpackhi_epi64(b_zero, b_zero), hb1));
+        const hw::block b = hw::load(before + j);
+        const hw::block b_zero = hw::zero_lanes(b);
+        const hw::block hb0 = hw::rounds(rk, hw::pair_lo(p, b));
+        const hw::block hb1 = hw::rounds(rk, hw::pair_hi(p, b));
+        acc = hw::sub(acc, hw::clear(hw::pair_lo(b_zero, b_zero), hb0));
+        acc = hw::sub(acc, hw::clear(hw::pair_hi(b_zero, b_zero), hb1));
       }
     }
     if (j < n) { // a last odd write
-      const __m128i p = _mm_set1_epi64x(static_cast<long long>(position[j]));
-      const __m128i a = _mm_set1_epi64x(static_cast<long long>(after[j]));
-      const __m128i a_zero = _mm_cmpeq_epi64(a, zero);
-      acc = _mm_add_epi64(
-          acc, _mm_andnot_si128(a_zero, detail::digest_block_x1(rk, _mm_unpacklo_epi64(p, a))));
+      const hw::block p = hw::splat(position[j]);
+      const hw::block a = hw::splat(after[j]);
+      acc = hw::add(acc, hw::clear(hw::zero_lanes(a), hw::rounds(rk, hw::pair_lo(p, a))));
       if constexpr (Before) {
-        const __m128i b = _mm_set1_epi64x(static_cast<long long>(before[j]));
-        const __m128i b_zero = _mm_cmpeq_epi64(b, zero);
-        acc = _mm_sub_epi64(
-            acc, _mm_andnot_si128(b_zero, detail::digest_block_x1(rk, _mm_unpacklo_epi64(p, b))));
+        const hw::block b = hw::splat(before[j]);
+        acc = hw::sub(acc, hw::clear(hw::zero_lanes(b), hw::rounds(rk, hw::pair_lo(p, b))));
       }
     }
-    s_[0] += static_cast<std::uint64_t>(_mm_cvtsi128_si64(acc));
-    s_[1] += static_cast<std::uint64_t>(_mm_extract_epi64(acc, 1));
+    s_[0] += hw::lane0(acc);
+    s_[1] += hw::lane1(acc);
   }
 #else
-  static constexpr bool have_aesni() noexcept { return false; }
+  static constexpr bool have_hardware_aes() noexcept { return false; }
 #endif
   /// Add every word of a contiguous region (`words[j]` at position `first + j`).
   template <class W>
