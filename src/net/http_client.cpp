@@ -345,6 +345,23 @@ struct http_client::impl {
     // the body is framed (src/net/http_response_parse.hpp).
     detail::response_reader reader(opt_.max_body, rq.method == "HEAD");
     auto& parser = reader.parser();
+    // The status line's first bytes, checked as they arrive
+    // (`detail::begins_as_status_line` says why).
+    const auto buffered = [&] {
+      return std::string_view(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+    };
+    while (!ec && buffer_.size() < detail::status_line_start &&
+           detail::begins_as_status_line(buffered())) {
+      std::size_t got = 0;
+      stream.async_read_some(buffer_.prepare(4096),
+                             [&](const boost::beast::error_code& e, std::size_t n) {
+                               ec = e;
+                               got = n;
+                             });
+      run();
+      buffer_.commit(got);
+    }
+    if (!detail::begins_as_status_line(buffered())) return detail::not_a_status_line(where(&rq));
     // One read at a time until the header is complete, counting what the
     // parser consumed against the header limit (the reader's reason).
     while (!ec && !parser.is_header_done()) {

@@ -61,6 +61,38 @@ inline status read_error_status(response_failure f, const boost::beast::error_co
 
 using response_parser = boost::beast::http::response_parser<boost::beast::http::string_body>;
 
+/// How every status line Beast accepts begins: "HTTP/1.0 " or "HTTP/1.1 ",
+/// three digits, a space.
+inline constexpr std::size_t status_line_start = 13;
+/// Whether `arrived`, the first bytes of a response (any number of them),
+/// can begin a status line. The reader checks these bytes itself as they
+/// arrive: Beast checks the version only once 8 bytes have arrived and the
+/// status once 13 have, and when the header's end ("\r\n\r\n") arrives
+/// among those first bytes it asks for more and from then on looks for the
+/// header's end only past it. A response such as "\x9a\r\n\r\n" and more
+/// bytes was then refused as malformed when read whole but waited on to the
+/// header limit (or the close) when read in pieces (found by
+/// fuzz/fuzz_http.cpp). Exactly Beast's rule, so no response Beast would
+/// parse is refused; once 13 bytes pass, a header's end lies past them.
+inline bool begins_as_status_line(std::string_view arrived) noexcept {
+  constexpr std::string_view shape = "HTTP/1.v ddd "; // v: 0 or 1; d: a digit
+  const std::size_t n = std::min(arrived.size(), status_line_start);
+  for (std::size_t i = 0; i < n; ++i) {
+    const char c = arrived[i];
+    const bool ok = shape[i] == 'v'   ? (c == '0' || c == '1')
+                    : shape[i] == 'd' ? (c >= '0' && c <= '9')
+                                      : c == shape[i];
+    if (!ok) return false;
+  }
+  return true;
+}
+/// The failure of a response that does not begin as a status line.
+inline status not_a_status_line(const std::string& where) {
+  return fail(errc::bad_format, where +
+                                    ": malformed HTTP response: it does not begin with a status "
+                                    "line (\"HTTP/1.0 \" or \"HTTP/1.1 \", three digits, a space)");
+}
+
 /// The most bytes a response header may take, start line to its empty line
 /// (Beast's default). Counted by the reader over every read: Beast applies
 /// its own limit per call to the bytes it has not consumed, and it consumes
@@ -157,6 +189,9 @@ inline status parse_response_bytes(std::string_view bytes, std::size_t max_body,
       if (!ec && !p.is_done()) ec = http::error::partial_message;
       break;
     }
+    // Nothing consumed yet: the bytes so far are the status line's first.
+    if (at == 0 && !begins_as_status_line(bytes.substr(0, end)))
+      return not_a_status_line("HTTP response");
     const auto n = p.put(boost::asio::buffer(bytes.data() + at, end - at), ec);
     at += n;
     // The parser stops after the header (it is not eager), so before the

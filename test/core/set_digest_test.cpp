@@ -179,7 +179,8 @@ TEST_CASE("set digest v3 element hash: the AES round checked by FIPS-197, frozen
 TEST_CASE("set digest v3 element hash: every lane tells apart neighbouring positions, "
           "other words and swapped pairs; the AES instructions equal the portable round") {
   std::mt19937_64 rng(7);
-  if (!set_digest::have_hardware_aes()) MESSAGE("no AES instructions (this CPU or this build): only the portable round runs");
+  if (!set_digest::have_hardware_aes())
+    MESSAGE("no AES instructions (this CPU or this build): only the portable round runs");
   // The cross-built runs (scripts/cross-aarch64-test.sh) name the path they
   // must take, so that a build that silently fell back cannot pass.
   if (const char* want = std::getenv("DCR_EXPECT_HARDWARE_AES"))

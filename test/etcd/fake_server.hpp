@@ -73,9 +73,11 @@ public:
       s.append(buf, static_cast<std::size_t>(n));
     }
   }
+  /// Until the client closes: a write to a closed connection fails instead
+  /// of raising SIGPIPE (a client may close as soon as it has refused).
   static void write_all(int fd, std::string_view s) {
     while (!s.empty()) {
-      const auto n = ::write(fd, s.data(), s.size());
+      const auto n = ::send(fd, s.data(), s.size(), MSG_NOSIGNAL);
       if (n <= 0) return;
       s.remove_prefix(static_cast<std::size_t>(n));
     }

@@ -210,6 +210,24 @@ TEST_CASE("http_client: silence -> timeout; garbage -> bad_format; big body -> l
     http_response res;
     CHECK(c.request(post("x"), res).code == errc::bad_format);
   }
+  SUBCASE("the header's end among the first bytes, arriving in pieces") {
+    // Beast asked for more bytes there and skipped past that end, so the
+    // client waited to the header limit (length_overflow) where the same
+    // bytes in one read were malformed (found by fuzz/fuzz_http.cpp).
+    fake_server srv([&](int fd, int) {
+      (void)fake_server::read_request(fd);
+      fake_server::write_all(fd, "\x9a\r\n\r");
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      fake_server::write_all(fd, "\n");
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      fake_server::write_all(fd, std::string(9000, 'x'));
+    });
+    http_client c(srv.endpoint());
+    http_response res;
+    const auto st = c.request(post("x"), res);
+    CHECK(st.code == errc::bad_format);
+    CHECK(st.message.find("does not begin with a status line") != std::string::npos);
+  }
   SUBCASE("oversized body") {
     fake_server srv([&](int fd, int) {
       (void)fake_server::read_request(fd);
@@ -404,6 +422,24 @@ TEST_CASE("http response bytes: split-independent, typed; regressions from fuzzi
     CHECK(parse(over, step, r).code == dcr::errc::length_overflow);
     dcr::net::http_response got;
     CHECK(parse(under, step, got).ok());
+  }
+  // The header's end among the first 13 bytes, before Beast could check
+  // the status line (it asked for more and looked for the header's end only
+  // past that one, so in pieces it waited to the header limit): malformed at
+  // every split. The reader checks those bytes itself, by exactly Beast's
+  // rule: a status line with an empty reason still parses.
+  const std::string early = std::string("\x9a\r\n\r\n\r\x06\x00") + std::string(9000, 'x');
+  const std::string short_status = "HTTP/1.1 20\r\n\r\n" + std::string(9000, 'x');
+  const std::string bad_version = "HTTP/1.2 200 OK\r\n\r\n";
+  const std::string empty_reason = "HTTP/1.0 204 \r\n\r\n";
+  for (std::size_t step :
+       {std::size_t{1}, std::size_t{4}, std::size_t{5}, std::size_t{12}, early.size() + 1}) {
+    CHECK(parse(early, step, r).code == dcr::errc::bad_format);
+    CHECK(parse(short_status, step, r).code == dcr::errc::bad_format);
+    CHECK(parse(bad_version, step, r).code == dcr::errc::bad_format);
+    dcr::net::http_response got;
+    REQUIRE(parse(empty_reason, step, got).ok());
+    CHECK(got.status == 204);
   }
   // Over the body limit: length_overflow, before the body arrives.
   CHECK(parse("HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n", 7, r).code ==
