@@ -268,19 +268,28 @@ class OwnerServer:
 
     The trainer replaces the candidate with `set_candidate(shards)` (never
     while a call reads it) and waits for the joint commit with
-    `wait_committed(version)` before it changes the parameters again.
+    `wait_committed(version)` before it changes the parameters again. Or,
+    for a trainer that steps on its own (the C++ coordinator runs one
+    transition after the other), `next_candidate(v)` returns the shards of
+    version v + 1 (or None) and is called on the server's thread right after
+    the baseline moved to v, before the coordinator's next call.
     """
 
     def __init__(self, owner, store: ObjectStore, commits: CommitStore | None = None, *,
                  version: int = 0, listen: str = "127.0.0.1:0", job_key=None,
                  insecure: bool = False, lease: bool = False, lease_ttl_s: float = 10.0,
-                 lease_wait_s: float = -1.0):
+                 lease_wait_s: float = -1.0, next_candidate=None):
         host, port = _host_port(listen, "OwnerServer listen")
         secret = job_secret(job_key)
         _check_listen(host, secret, insecure, "OwnerServer")
         self.owner = owner
+        hook = None
+        if next_candidate is not None:
+            def hook(v):
+                shards = next_candidate(v)
+                return None if shards is None else (owner._spans(shards), dict(shards))
         self._core = _dcr.OwnerServer(_core_owner(owner), store, commits, version, host, port,
-                                      secret, lease, lease_ttl_s, lease_wait_s)
+                                      secret, lease, lease_ttl_s, lease_wait_s, hook)
         self.address = f"{host}:{self._core.port}"
 
     @property

@@ -40,6 +40,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -91,11 +92,16 @@ public:
   /// fresh job; a restarted rank passes the record's version after checking
   /// its baseline against it). `commits` may be null: commits are then not
   /// checked before the baseline moves (tests of the channel alone).
+  /// `next_candidate(v)` (may be empty): called after the baseline moved to
+  /// version v, inside that call, to set the candidate of v + 1 before the
+  /// coordinator's next call reads it (a trainer that steps on its own, as
+  /// `dcr-owner` does); a status it returns fails the next call.
   py_owner_server(owner& o, std::shared_ptr<any_store> store, std::shared_ptr<any_commits> commits,
                   std::uint64_t version, const std::string& host, unsigned short port,
-                  const dcr::seal_key& key, const lease_args& lease)
+                  const dcr::seal_key& key, const lease_args& lease,
+                  std::function<dcr::status(std::uint64_t)> next_candidate = {})
       : owner_(&o), store_(std::move(store)), commits_(std::move(commits)), key_(key),
-        link_(o.member(), *store_), base_(version) {
+        next_(std::move(next_candidate)), link_(o.member(), *store_), base_(version) {
     const auto who = "owner " + std::to_string(o.rank());
     if (lease.hold) {
       if (!commits_)
@@ -133,6 +139,7 @@ public:
         base_ = v;
       }
       moved_.notify_all();
+      if (next_) next_error_ = next_(v);
     };
     h.export_dense = [this, who](std::uint64_t v, const std::string& inc) -> dcr::status {
       DCR_RETURN_ERROR_IF(v != version_now(), not_found,
@@ -186,6 +193,11 @@ private:
                     dcr::protocol::body_writer& out) {
     using dcr::protocol::control_type;
     std::lock_guard l(one_call_);
+    if (!next_error_) {
+      auto e = std::exchange(next_error_, dcr::status::success());
+      e.message = "owner " + std::to_string(owner_->rank()) + ": next candidate: " + e.message;
+      return e;
+    }
     // The fence of the owner lease (owner.cpp does the same): a process that
     // lost its lease publishes, exports and moves its baseline no more, and
     // a write is answered with success only if the lease was held after it.
@@ -201,6 +213,8 @@ private:
   std::shared_ptr<any_store> store_;
   std::shared_ptr<any_commits> commits_;
   dcr::seal_key key_;
+  std::function<dcr::status(std::uint64_t)> next_;
+  dcr::status next_error_ = dcr::status::success();
   link_t link_;
   bool leased_ = false;
   mutable std::mutex state_m_;
