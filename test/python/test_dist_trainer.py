@@ -1,0 +1,267 @@
+"""Trainer ranks as torch.distributed processes (gloo, 2 ranks, spawned),
+each rank's owner reading its own parameters in place and publishing its
+payloads to a shared fs object store; this process fetches them, applies
+them to vLLM-like TP receivers and compares every receiver byte with a dense
+`load_weights` of the canonical weights gathered from the ranks of the same
+step. The ranks commit only after this process reports that every receiver
+holds the version.
+
+Trainers: `dcr.trainers.MegatronTrainer` (the plan's TP shards as
+parameters) and `dcr.trainers.FSDP2Trainer` (`fully_shard`, the plan derived
+from the DTensor placements)."""
+
+from __future__ import annotations
+
+import tempfile
+import traceback
+
+import numpy as np
+import pytest
+import torch
+
+import dcr
+import dcr.torch as dt
+from refit_models import VllmLikeModel, canonical_views, hf_config, hf_model, text_tokens
+
+WORLD = 2
+STEPS = 3
+POKED_RANK = 1  # the rank whose parameter the in-place check changes
+POKED_ELEMENT = 7
+
+
+def _batch(tokens, gen, seq=64, batch=4):
+    starts = torch.randint(0, tokens.numel() - seq - 1, (batch,), generator=gen)
+    return torch.stack([tokens[s:s + seq + 1] for s in starts.tolist()])
+
+
+def _poke_key(trainer, rank):
+    """An owned, unreplicated attention shard of `rank` (its words reach the
+    receivers only through this rank's owner)."""
+    return next(s["key"] for s in trainer.plan.rank_shards(rank)
+                if s["owner"] == rank and len(s["replicas"]) == 1 and
+                ("linear_qkv" in s["key"] or "q_proj" in s["key"]))
+
+
+def _rank_main(rank, init, trainer_kind, kind, lr, store_dir, incarnation, poke, inbox, outbox):
+    """One training rank: its trainer, its owner over its own parameters, and
+    per step build -> publish -> report -> (wait) -> commit."""
+    import torch.distributed as dist
+
+    from dcr.trainers import FSDP2Trainer, MegatronTrainer
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+        cfg = hf_config(kind)
+        model = hf_model(cfg, seed=0)  # the same initial weights on every rank
+        if trainer_kind == "megatron":
+            plan = dt.TrainerPlan(cfg, tp=WORLD)
+            canon = canonical_views(model, [m.name for m in plan.canonical])
+            tr = MegatronTrainer(model, plan, canon, lr=lr)
+            gen = torch.Generator().manual_seed(1)  # TP ranks see the same batch
+        else:
+            tr = FSDP2Trainer(model, lr=lr, wrap=list(model.model.layers))
+            gen = torch.Generator().manual_seed(1 + rank)  # data parallel
+        tokens = text_tokens(1 << 18)
+        owner = tr.owner()
+        store = dcr.ObjectStore(f"fs:{store_dir}", incarnation)
+
+        def state():
+            canon = {n: t.clone() for n, t in tr.canonical().items()}  # collective
+            shards = [(s["key"], s["param"], tr.shards[s["key"]].detach().clone())
+                      for s in tr.plan.rank_shards(rank)]
+            return canon, shards
+
+        outbox.put(("ready",) + state())
+        steps = STEPS + (1 if poke else 0)
+        for step in range(1, steps + 1):
+            info = {}
+            if step <= STEPS:
+                info["loss"] = tr.step(_batch(tokens, gen))
+            else:
+                # One element of this rank's parameter changes in place,
+                # after the last set_candidate; nothing is copied or
+                # projected for the owner.
+                if rank == POKED_RANK:
+                    key = _poke_key(tr, rank)
+                    with torch.no_grad():
+                        flat = tr.shards[key].view(-1)
+                        old = flat[POKED_ELEMENT].clone()
+                        flat[POKED_ELEMENT] = -old if old != 0 else 1.0
+                        info.update(key=key, old=old.view(torch.int16).item(),
+                                    new=flat[POKED_ELEMENT].view(torch.int16).item())
+                    if trainer_kind == "megatron":
+                        pos = int(tr.plan.source_index(rank)[key][POKED_ELEMENT]) - 1
+                        info["canonical_position"] = pos
+            owner.set_candidate(tr.shards)
+            info["changed_words"] = owner.changed_words
+            payloads = owner.build(step, step)  # attempt, version
+            info["manifest"] = store.publish(step, rank, payloads)
+            outbox.put(("published", step, info) + state())
+            msg = inbox.get(timeout=300)
+            if msg != ("commit", step):
+                raise RuntimeError(f"rank {rank}: expected commit of {step}, got {msg}")
+            owner.commit()
+        outbox.put(("done",))
+    except BaseException:  # reported to the test, which fails on it
+        outbox.put(("error", f"rank {rank}:\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _bytes(t):
+    return t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _check_shards(trainer_kind, cfg, canon, shards_by_rank):
+    """The canonical tensors the ranks gathered are what every rank holds:
+    Megatron, each rank's shards (replicas included) are the plan's
+    projection of them; FSDP2, each rank's local rows are its torch.chunk."""
+    if trainer_kind == "megatron":
+        plan = dt.TrainerPlan(cfg, tp=WORLD)
+        for r, shards in enumerate(shards_by_rank):
+            want = plan.project(r, canon)
+            assert sorted(want) == sorted(k for k, _, _ in shards)
+            for k, _, t in shards:
+                assert _bytes(t) == _bytes(want[k]), f"rank {r} shard {k}"
+    else:
+        held = {}
+        for r, shards in enumerate(shards_by_rank):
+            for k, param, t in shards:
+                chunk = torch.chunk(canon[param], WORLD)[r]
+                assert _bytes(t) == _bytes(chunk), f"rank {r} shard {k}"
+                held[param] = held.get(param, 0) + t.numel()
+        assert held == {n: t.numel() for n, t in canon.items()}
+
+
+def _flat_position(canon, name, index):
+    names = list(canon)
+    return sum(canon[n].numel() for n in names[:names.index(name)]) + index
+
+
+def _run(trainer_kind, kind, lr, *, poke=False):
+    import torch.multiprocessing as mp
+
+    cfg = hf_config(kind)
+    store_dir = tempfile.mkdtemp(prefix="dcr-dist-store-")
+    store = dcr.ObjectStore(f"fs:{store_dir}")  # a new commit history
+    ctx = mp.get_context("spawn")
+    init = f"file://{tempfile.mkdtemp(prefix='dcr-dist-init-')}/init"
+    boxes = [(ctx.Queue(), ctx.Queue()) for _ in range(WORLD)]
+    procs = [ctx.Process(target=_rank_main,
+                         args=(r, init, trainer_kind, kind, lr, store_dir, store.incarnation,
+                               poke, *boxes[r]), daemon=True)
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+
+    def receive(what):
+        out = []
+        for _, outbox in boxes:
+            got = outbox.get(timeout=300)
+            if got[0] == "error":  # the others' reports too: the first failure may be theirs
+                others = []
+                for _, o in boxes:
+                    try:
+                        m = o.get(timeout=5)
+                        if m[0] == "error":
+                            others.append(m[1])
+                    except Exception:
+                        pass
+                pytest.fail("\n".join([got[1]] + others))
+            assert got[0] == what, got
+            out.append(got)
+        return out
+
+    def gathered(msgs):
+        canon = msgs[0][-2]
+        for m in msgs[1:]:  # every rank gathered the same tensors
+            assert canon.keys() == m[-2].keys()
+            assert all(_bytes(canon[n]) == _bytes(m[-2][n]) for n in canon)
+        _check_shards(trainer_kind, cfg, canon, [m[-1] for m in msgs])
+        return canon
+
+    try:
+        canon = gathered(receive("ready"))
+        rx_models = [VllmLikeModel(cfg, r, WORLD) for r in range(WORLD)]
+        receivers = [dt.Receiver(m, canon) for m in rx_models]
+        for rx in receivers:
+            rx.dense_refit(canon)
+        reader = dcr.ObjectStore(f"fs:{store_dir}", store.incarnation)
+        losses = []
+        for step in range(1, STEPS + (2 if poke else 1)):
+            msgs = receive("published")
+            assert [m[1] for m in msgs] == [step] * WORLD
+            infos = [m[2] for m in msgs]
+            before, canon = canon, gathered(msgs)
+            changed = [n for n in canon if _bytes(canon[n]) != _bytes(before[n])]
+            payloads, owners = reader.fetch(step)
+            assert sorted(owners) == list(range(WORLD))
+            if step <= STEPS:
+                losses.append(infos[0]["loss"])
+                assert changed, f"step {step}: training changed no weight"
+                assert all(i["changed_words"] > 0 for i in infos)
+            else:
+                # The in-place change: that word, and nothing else, is the payload.
+                info = infos[POKED_RANK]
+                assert [i["changed_words"] for i in infos] == \
+                    [1 if r == POKED_RANK else 0 for r in range(WORLD)]
+                items = [it for p in payloads for it in dcr.decode_payload(p)[1]]
+                assert len(items) == 1 and len(items[0]["indices"]) == 1, items
+                name = items[0]["tensor"]["name"]
+                index = int(items[0]["indices"][0])
+                assert changed == [name]
+                if trainer_kind == "megatron":
+                    assert _flat_position(canon, name, index) == info["canonical_position"]
+                else:
+                    # FSDP2 rank r holds rows from r * ceil(n / W) of its parameter.
+                    rows = canon[name].shape[0]
+                    cols = canon[name].numel() // rows
+                    start = POKED_RANK * -(-rows // WORLD)
+                    assert index == start * cols + POKED_ELEMENT
+                word = canon[name].view(-1)[index:index + 1].view(torch.int16).item()
+                assert word == info["new"] != info["old"]
+                value = items[0]["values"].view(np.int16)
+                if items[0]["encoding"] == "overwrite":
+                    assert value.tolist() == [info["new"]]
+                elif items[0]["encoding"] == "xor":
+                    assert value.tolist() == [info["new"] ^ info["old"]]
+            entries = 0
+            for rx in receivers:
+                rx.begin_attempt(step)
+                for p in payloads:
+                    rx.stage(p)
+                entries += rx.apply()["entries"]
+            assert entries > 0
+            # Every receiver byte against a dense load of the same weights.
+            for r, got in enumerate(rx_models):
+                ref = VllmLikeModel(cfg, r, WORLD)
+                ref.load_weights(list(canon.items()))
+                a, b = dt.state_bytes(ref), dt.state_bytes(got)
+                assert a.keys() == b.keys()
+                bad = [k for k in a if a[k] != b[k]]
+                assert bad == [], f"step {step}: receiver {r} differs in {bad}"
+            for inbox, _ in boxes:
+                inbox.put(("commit", step))
+            reader.collect(step)
+        receive("done")
+        return losses
+    finally:
+        for inbox, _ in boxes:
+            inbox.put(None)
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.mark.parametrize("trainer_kind, kind, lr", [
+    ("megatron", "qwen3", 1e-6),
+    ("megatron", "llama", 1e-5),
+    ("fsdp2", "llama", 1e-6),
+    ("fsdp2", "qwen3", 1e-5),
+])
+def test_distributed_trainer_refit_equals_dense(trainer_kind, kind, lr):
+    losses = _run(trainer_kind, kind, lr, poke=(lr == 1e-6))
+    assert len(losses) == STEPS and all(np.isfinite(losses))
