@@ -1009,13 +1009,15 @@ def fsdp2_plan(module: torch.nn.Module) -> TrainerPlan:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    world = dist.get_world_size()
-    me = dist.get_rank()
-    tensors, rows = [], []
-    for name, p in module.named_parameters():
+    named = list(module.named_parameters())
+    for name, p in named:
         if not isinstance(p, DTensor):
             errors.raise_error(errors.InvalidArgument,
                                f"tensor {name}: not a DTensor (is the module fully_shard-ed?)")
+    world = dist.get_world_size()
+    me = dist.get_rank()
+    tensors, rows = [], []
+    for name, p in named:
         ranks = sorted(int(r) for r in p.device_mesh.mesh.view(-1).tolist())
         if ranks != list(range(world)):
             errors.raise_error(errors.InvalidArgument,
