@@ -288,16 +288,17 @@ def _run(trainer_kind, kind, vocab, lr, *, poke=False):
 
 # An odd vocabulary: FSDP2 splits the embedding 151 / 150 rows (torch.chunk),
 # Megatron pads it (and 300) to 384 rows, the padding rows in no canonical tensor.
-@pytest.mark.parametrize("trainer_kind, kind, vocab, lr", [
-    ("megatron", "qwen3", 300, 1e-6),
-    ("megatron", "llama", 301, 1e-5),
-    ("fsdp2", "llama", 301, 1e-6),
-    ("fsdp2", "qwen3", 301, 1e-5),
+@pytest.mark.parametrize("trainer_kind, kind, vocab, lr, in_place", [
+    pytest.param("megatron", "qwen3", 300, 1e-6, True, id="megatron-qwen3-lr1e-6-in-place"),
+    pytest.param("megatron", "llama", 301, 1e-5, False, id="megatron-llama-lr1e-5"),
+    pytest.param("fsdp2", "llama", 301, 1e-6, True, id="fsdp2-llama-lr1e-6-in-place"),
+    pytest.param("fsdp2", "qwen3", 301, 1e-5, False, id="fsdp2-qwen3-lr1e-5"),
 ])
-def test_distributed_trainer_refit_equals_dense(trainer_kind, kind, vocab, lr):
-    """3 steps of each trainer; in the lr 1e-6 runs a 4th version where one
-    element of a rank's parameter changed in place is exactly the payload."""
-    losses = _run(trainer_kind, kind, vocab, lr, poke=(lr == 1e-6))
+def test_distributed_trainer_refit_equals_dense(trainer_kind, kind, vocab, lr, in_place):
+    """3 steps of each trainer; with `in_place`, a 4th version where one
+    element of a rank's parameter changed in place (the owner reads the
+    parameter itself) is exactly the payload."""
+    losses = _run(trainer_kind, kind, vocab, lr, poke=in_place)
     assert len(losses) == STEPS and all(np.isfinite(losses))
 
 
