@@ -974,7 +974,7 @@ def _dim0_ranges(name: str, p) -> list[tuple[int, int, int]]:
         # type() is: _StridedShard (FSDP2 over TP) is a Shard whose rows interleave.
         if not (type(pl) is Replicate or (type(pl) is Shard and pl.dim == 0)):
             errors.raise_error(errors.InvalidArgument,
-                               f"tensor {name}: placement {pl} on mesh dimension {d} "
+                               f"tensor {name}: placement {pl!r} on mesh dimension {d} "
                                "(only Shard(0) and Replicate are dim-0 row ranges)")
     rows = int(p.shape[0]) if p.dim() > 0 else 1
     out = []

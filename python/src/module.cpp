@@ -187,8 +187,8 @@ PYBIND11_MODULE(_dcr, m) {
           "dim0_shards",
           [](const std::vector<std::tuple<std::string, std::vector<std::uint64_t>, std::string>>&
                  tensors,
-             const std::vector<std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint64_t>>>&
-                 rows,
+             const std::vector<
+                 std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint64_t>>>& rows,
              std::uint32_t world) {
             std::vector<dcr_py::tensor_info> ts;
             for (auto& [n, s, d] : tensors) ts.push_back({n, s, d});

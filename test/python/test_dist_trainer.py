@@ -19,6 +19,7 @@ import traceback
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import dcr
 import dcr.torch as dt
@@ -79,6 +80,20 @@ def _rank_main(rank, init, trainer_kind, kind, vocab, lr, store_dir, incarnation
         else:
             tr = FSDP2Trainer(model, lr=lr, wrap=list(model.model.layers))
             gen = torch.Generator().manual_seed(1 + rank)  # data parallel
+        refusal = None
+        if trainer_kind == "fsdp2":
+            # A placement that is no dim-0 row range, on the same mesh: the
+            # plan derivation refuses it, naming the tensor and the placement.
+            from torch.distributed.tensor import Shard, distribute_tensor
+
+            other = nn.Module()
+            other.w = nn.Parameter(distribute_tensor(
+                torch.zeros(4, 6, dtype=torch.bfloat16), next(model.parameters()).device_mesh,
+                [Shard(1)]))
+            try:
+                dt.TrainerPlan.from_fsdp(other)
+            except dcr.InvalidArgument as e:
+                refusal = str(e)
         tokens = text_tokens(1 << 18)
         owner = tr.owner()
         store = dcr.ObjectStore(f"fs:{store_dir}", incarnation)
@@ -89,7 +104,7 @@ def _rank_main(rank, init, trainer_kind, kind, vocab, lr, store_dir, incarnation
                       for s in tr.plan.rank_shards(rank)]
             return canon, shards
 
-        outbox.put(("ready",) + state())
+        outbox.put(("ready", refusal) + state())
         steps = STEPS + (1 if poke else 0)
         for step in range(1, steps + 1):
             info = {}
@@ -202,6 +217,10 @@ def _run(trainer_kind, kind, vocab, lr, *, poke=False):
 
     try:
         msgs = receive("ready")
+        if trainer_kind == "fsdp2":
+            for m in msgs:
+                assert m[1] is not None and re.search(
+                    r"tensor w: placement Shard\(dim=1\) on mesh dimension 0", m[1]), m[1]
         canon = gathered(msgs)
         first = [{k: t for k, _, t in m[-1]} for m in msgs]
         rx_models = [VllmLikeModel(cfg, r, WORLD) for r in range(WORLD)]

@@ -71,11 +71,10 @@ inline source_plan dim0_shard_plan(std::span<const tensor_meta> metas,
                     "tensor " + m.name + ": rank " + std::to_string(r.rank) + " listed twice");
       seen[r.rank] = true;
       if (r.begin > r.end || r.end > n)
-        throw error(errc::invalid_argument, "tensor " + m.name + ": rows [" +
-                                                std::to_string(r.begin) + ", " +
-                                                std::to_string(r.end) + ") of rank " +
-                                                std::to_string(r.rank) + " outside its " +
-                                                std::to_string(n) + " rows");
+        throw error(errc::invalid_argument,
+                    "tensor " + m.name + ": rows [" + std::to_string(r.begin) + ", " +
+                        std::to_string(r.end) + ") of rank " + std::to_string(r.rank) +
+                        " outside its " + std::to_string(n) + " rows");
       if (r.begin == r.end) continue;
       ranges[{r.begin, r.end}].push_back(r.rank);
     }
@@ -83,12 +82,12 @@ inline source_plan dim0_shard_plan(std::span<const tensor_meta> metas,
     for (auto& [range, ranks] : ranges) {
       auto [b, e] = range;
       if (b != next)
-        throw error(errc::coverage, "tensor " + m.name + ": " +
-                                        (b < next ? "rows " + std::to_string(b) + ".." +
-                                                        std::to_string(next - 1) +
-                                                        " held in overlapping ranges"
-                                                  : "rows " + std::to_string(next) + ".." +
-                                                        std::to_string(b - 1) + " held by no rank"));
+        throw error(errc::coverage,
+                    "tensor " + m.name + ": " +
+                        (b < next ? "rows " + std::to_string(b) + ".." + std::to_string(next - 1) +
+                                        " held in overlapping ranges"
+                                  : "rows " + std::to_string(next) + ".." + std::to_string(b - 1) +
+                                        " held by no rank"));
       next = e;
       std::sort(ranks.begin(), ranks.end());
       std::vector<std::uint64_t> shape = m.shape;
