@@ -132,6 +132,26 @@ class Trainer:
 _EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
+def hf_params(canon: dict) -> dict:
+    """Canonical (checkpoint) tensors in the `transformers` model's parameter
+    names: a Qwen3-MoE layer's per-expert projections stacked into its fused
+    `experts.gate_up_proj` ([gate; up] per expert) and `experts.down_proj`
+    (differentiable: gradients reach the tensors stacked)."""
+    out, experts = {}, {}
+    for n, t in canon.items():
+        m = _EXPERTS.match(n)
+        if m is None:
+            out[n] = t
+        else:
+            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = t
+    for prefix, by_e in experts.items():
+        order = sorted(by_e)
+        out[prefix + ".gate_up_proj"] = torch.stack(
+            [torch.cat([by_e[e]["gate"], by_e[e]["up"]]) for e in order])
+        out[prefix + ".down_proj"] = torch.stack([by_e[e]["down"] for e in order])
+    return out
+
+
 class ShardedTrainer:
     """A Megatron-style TP trainer whose parameters are the ranks' source
     shards themselves: `shards[rank]` is `{shard key: nn.Parameter}` in the
@@ -193,20 +213,7 @@ class ShardedTrainer:
         return {n: flat[a:a + k].view(shape) for n, (a, k, shape) in self.offsets.items()}
 
     def _hf_params(self, canon):
-        """`canon` in the `transformers` model's parameter names (experts fused)."""
-        out, experts = {}, {}
-        for n, t in canon.items():
-            m = _EXPERTS.match(n)
-            if m is None:
-                out[n] = t
-            else:
-                experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = t
-        for prefix, by_e in experts.items():
-            order = sorted(by_e)
-            out[prefix + ".gate_up_proj"] = torch.stack(
-                [torch.cat([by_e[e]["gate"], by_e[e]["up"]]) for e in order])
-            out[prefix + ".down_proj"] = torch.stack([by_e[e]["down"] for e in order])
-        return out
+        return hf_params(canon)
 
     def step(self) -> float:
         starts = torch.randint(0, self.tokens.numel() - self.seq - 1, (self.batch,),

@@ -23,7 +23,8 @@ from torch import nn
 
 import dcr
 import dcr.torch as dt
-from refit_models import VllmLikeModel, canonical_views, hf_config, hf_model, text_tokens
+from refit_models import (VllmLikeModel, canonical_views, hf_config, hf_model, hf_params,
+                          text_tokens)
 
 WORLD = 2
 STEPS = 3
@@ -75,7 +76,7 @@ def _rank_main(rank, init, trainer_kind, kind, vocab, lr, store_dir, incarnation
         if trainer_kind == "megatron":
             plan = dt.TrainerPlan(cfg, tp=WORLD, vocab_block=VOCAB_BLOCK)
             canon = canonical_views(model, [m.name for m in plan.canonical])
-            tr = MegatronTrainer(model, plan, canon, lr=lr)
+            tr = MegatronTrainer(model, plan, canon, lr=lr, to_params=hf_params)
             gen = torch.Generator().manual_seed(1)  # TP ranks see the same batch
         else:
             tr = FSDP2Trainer(model, lr=lr, wrap=list(model.model.layers))
@@ -310,6 +311,8 @@ def _run(trainer_kind, kind, vocab, lr, *, poke=False):
 @pytest.mark.parametrize("trainer_kind, kind, vocab, lr, in_place", [
     pytest.param("megatron", "qwen3", 300, 1e-6, True, id="megatron-qwen3-lr1e-6-in-place"),
     pytest.param("megatron", "llama", 301, 1e-5, False, id="megatron-llama-lr1e-5"),
+    # Experts TP-sharded (no EP), the router replicated.
+    pytest.param("megatron", "qwen3_moe", 300, 1e-6, False, id="megatron-qwen3_moe-lr1e-6"),
     pytest.param("fsdp2", "llama", 301, 1e-6, True, id="fsdp2-llama-lr1e-6-in-place"),
     pytest.param("fsdp2", "qwen3", 301, 1e-5, False, id="fsdp2-qwen3-lr1e-5"),
 ])
