@@ -130,8 +130,9 @@ class MegatronTrainer:
             dtype = self._params[0].dtype if self._params else torch.bfloat16
             parts = [self.shards[k].view(-1) for k in self._owned[self.rank]]
             local = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
-            # The collective in FP32 (exact for BF16 and FP16 words; gloo's
-            # all-to-all, the backward, does not take every 16-bit dtype).
+            # The collective in FP32: exact for BF16 and FP16 values, and the
+            # backward's sum of the ranks' gradients is then taken in FP32,
+            # not rounded to the weights' dtype at every addition.
             pad = self._block - local.numel()
             local = nn.functional.pad(local.float(), (0, pad))
             if grad:
@@ -204,8 +205,10 @@ class FSDP2Trainer:
 
     @property
     def shards(self) -> dict[str, torch.Tensor]:
-        """`{shard key: local tensor}` of this rank (views, no copy)."""
-        local = {n: p.to_local() for n, p in self._named}
+        """`{shard key: local tensor}` of this rank (views, no copy; taken
+        without autograd, so the owner holds no graph)."""
+        with torch.no_grad():
+            local = {n: p.to_local() for n, p in self._named}
         return {s["key"]: local[s["param"]] for s in self.plan.rank_shards(self.rank)}
 
     def owner(self, **kw) -> Owner:
