@@ -40,6 +40,7 @@
 #include "dcr/source/builder.hpp"
 #include "dcr/source/plan.hpp"
 #include "dcr/source/row_split_plan.hpp"
+#include "dcr/transport/dense_export.hpp"
 #include "dcr/transport/object_store.hpp"
 #include "examples/common/model_setup.hpp"
 
@@ -95,19 +96,9 @@ inline std::string read_flag_file(const std::string& flag, const std::string& pa
 /// BLAKE2b's 64-byte key is reduced to its BLAKE2b-512, so any length of
 /// random text or bytes works). Every program of a job reads the same file.
 inline seal_key read_job_key(const std::string& path) {
-  const auto bytes = read_flag_file("--job-key", path);
-  if (bytes.size() < 16)
-    throw error(errc::invalid_argument, "--job-key " + path + ": " + std::to_string(bytes.size()) +
-                                            " bytes, a job key needs at least 16");
   seal_key k;
-  if (bytes.size() <= 64) {
-    throw_if_failed(seal_key::make(bytes, k));
-    return k;
-  }
-  std::array<std::uint8_t, 64> h{};
-  if (blake2b(h.data(), bytes.data(), nullptr, h.size(), bytes.size(), 0) != 0)
-    throw error(errc::invalid_argument, "--job-key: blake2b failed");
-  throw_if_failed(seal_key::make(std::as_bytes(std::span(h)), k));
+  if (auto st = seal_key::from_secret(read_flag_file("--job-key", path), k); !st)
+    throw error(st.code, "--job-key " + path + ": " + st.message);
   return k;
 }
 
@@ -596,60 +587,12 @@ inline protocol::stored_record load_record(job_commit_store& commits) {
   return cur;
 }
 
-/// Object name of source shard `shard` (a plan shard id) in the dense
-/// export of `version`: each owner exports the committed bytes of the shards
-/// it owns, and a reader assembles the canonical tensors from all of them.
-inline std::string dense_shard_name(std::uint64_t version, std::uint32_t shard) {
-  return "dense/v" + std::to_string(version) + "/shard/" + std::to_string(shard);
-}
-
-/// Dense export objects are sealed: the shard's committed bytes, then 16
-/// bytes of BLAKE2b-128 over "dcr-dense 1\n", the incarnation, "\n", the
-/// object name, "\n" and the bytes, keyed by the job key when there is one.
-/// A restore reads the committed state from these objects alone, so with a
-/// job key anyone who can write the bucket but lacks the key cannot make a
-/// receiver restore from bytes no owner exported; the name and incarnation
-/// in the seal stop a genuine object from being replayed as another
-/// version's or shard's. Without a key the seal is a checksum (damage only).
-inline digest128 dense_shard_seal(std::string_view incarnation, std::string_view name,
-                                  std::span<const std::byte> bytes, const seal_key& key) {
-  const std::string head =
-      "dcr-dense 1\n" + std::string(incarnation) + "\n" + std::string(name) + "\n";
-  return blake2b_128{key}.update(std::as_bytes(std::span(head))).update(bytes).final();
-}
-inline constexpr std::size_t dense_seal_bytes = 16;
-
-/// The object `dense_shard_name` names: `bytes` and their seal.
-inline std::vector<std::byte> seal_dense_shard(std::string_view incarnation, std::string_view name,
-                                               std::span<const std::byte> bytes,
-                                               const seal_key& key) {
-  std::vector<std::byte> out(bytes.size() + dense_seal_bytes);
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  const auto d = dense_shard_seal(incarnation, name, bytes, key);
-  std::memcpy(out.data() + bytes.size(), d.data(), d.size());
-  return out;
-}
-
-/// Check and strip the seal of a dense export object read as `name` under
-/// `incarnation`: `digest_mismatch` (naming the object) when it was
-/// modified, forged, moved from another name or sealed with another key;
-/// `truncated` when it is shorter than a seal.
-inline status open_dense_shard(std::string_view incarnation, std::string_view name,
-                               std::vector<std::byte>& object, const seal_key& key) {
-  DCR_RETURN_ERROR_IF(object.size() < dense_seal_bytes, truncated,
-                      "dense export " + std::string(name) + ": " + std::to_string(object.size()) +
-                          " bytes, shorter than its seal");
-  const auto n = object.size() - dense_seal_bytes;
-  digest128 want{};
-  std::memcpy(want.data(), object.data() + n, want.size());
-  const auto got = dense_shard_seal(incarnation, name, std::span(object).first(n), key);
-  DCR_RETURN_ERROR_IF(!same_digest(got, want), digest_mismatch,
-                      "dense export " + std::string(name) +
-                          (key.empty() ? ": seal does not match its contents (damaged or moved)"
-                                       : ": keyed seal does not match its contents (damaged, "
-                                         "forged, moved, or sealed without the job key)"));
-  object.resize(n);
-  return status::success();
-}
+// The dense export objects (names and seals) are the library's
+// (transport/dense_export.hpp), shared with the Python owner server.
+using transport::dense_seal_bytes;
+using transport::dense_shard_name;
+using transport::dense_shard_seal;
+using transport::open_dense_shard;
+using transport::seal_dense_shard;
 
 } // namespace dcr::cluster

@@ -34,8 +34,11 @@ except ImportError as _e:  # pragma: no cover - message for a missing build
 _dcr._register_errors(dict(errors.BY_CODE))
 
 Plan = _dcr.Plan
-from .cluster import CommitStore, Coordinator, ObjectStore, RelayTree  # noqa: E402
+from .cluster import (ClusterCoordinator, CommitStore, Coordinator, NodeServer,  # noqa: E402
+                      ObjectStore, OwnerServer, RelayTree, job_secret)
 read_payload_id = _dcr.read_payload_id
 decode_payload = _dcr.decode_payload
 
-__all__ = ["Plan", "ObjectStore", "CommitStore", "Coordinator", "RelayTree", "read_payload_id", "decode_payload", "errors", "Error"] + errors.__all__
+__all__ = ["Plan", "ObjectStore", "CommitStore", "Coordinator", "RelayTree", "OwnerServer",
+           "NodeServer", "ClusterCoordinator", "job_secret", "read_payload_id", "decode_payload",
+           "errors", "Error"] + errors.__all__

@@ -20,6 +20,15 @@
   candidate, overwrite retries included, then the compare-and-set of the
   commit record, the owners' baselines and garbage collection).
 
+Across processes (`OwnerServer`, `NodeServer`, `ClusterCoordinator`):
+each trainer rank serves its owner on the library's control channel, each
+serving process serves a node of its receivers, and one coordinator
+process drives them over remote links, as the C++ programs `dcr-owner`,
+`dcr-rollout` and `dcr-coordinator` do (the same wire format: each Python
+role works with the C++ ones). `job_key=` (a key file's path, or the
+secret's bytes) authenticates every control call and seals payloads,
+manifests and the commit record; give every role of a job the same one.
+
 Failures are typed: a malformed URL or missing credentials is
 `dcr.InvalidArgument`, a server that cannot be reached `dcr.Unavailable`, a
 coordinator fenced by a newer one (or any lost compare-and-set) `dcr.Conflict`.
@@ -53,6 +62,44 @@ def _credential_lines(path: str, allowed: set[str], flag: str) -> dict[str, str]
     return out
 
 
+def job_secret(job_key) -> bytes:
+    """The secret bytes of `job_key`: None (no key), bytes (the secret
+    itself) or a path of a key file (at least 16 bytes, as the C++
+    programs' `--job-key`; longer than 64 it is hashed to a 64-byte key)."""
+    if job_key is None:
+        return b""
+    if isinstance(job_key, (bytes, bytearray, memoryview)):
+        secret = bytes(job_key)
+    else:
+        try:
+            with open(os.fspath(job_key), "rb") as f:
+                secret = f.read()
+        except OSError as e:
+            errors.raise_error(errors.InvalidArgument,
+                               f"job key: cannot read {job_key}: {e.strerror}")
+    if len(secret) < 16:
+        errors.raise_error(errors.InvalidArgument,
+                           f"job key: {len(secret)} bytes, a job key needs at least 16")
+    return secret
+
+
+def _host_port(address: str, what: str) -> tuple[str, int]:
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        errors.raise_error(errors.InvalidArgument, f"{what}: '{address}' is not HOST:PORT")
+    return host, int(port)
+
+
+def _check_listen(host: str, secret: bytes, insecure: bool, what: str) -> None:
+    """Unkeyed control channels are for loopback: anyone who can reach the
+    port could otherwise publish, fence or drop receivers."""
+    if secret or insecure or host.startswith("127.") or host == "localhost":
+        return
+    errors.raise_error(errors.InvalidArgument,
+                       f"{what}: listening on {host} without a job key; give job_key= (or "
+                       "insecure=True for a network you trust)")
+
+
 class ObjectStore(_dcr.ObjectStore):
     """Attempt objects of one commit history in a store named by URL (see module doc).
 
@@ -62,7 +109,7 @@ class ObjectStore(_dcr.ObjectStore):
     """
 
     def __init__(self, url: str, incarnation: str = "", *, region: str = "us-east-1",
-                 credentials: str | None = None):
+                 credentials: str | None = None, job_key=None):
         access = secret = ""
         if url.startswith(("s3://", "s3+https://")):
             if credentials is not None:
@@ -75,7 +122,7 @@ class ObjectStore(_dcr.ObjectStore):
             else:
                 access = os.environ.get("DCR_S3_ACCESS_KEY", "")
                 secret = os.environ.get("DCR_S3_SECRET_KEY", "")
-        super().__init__(url, incarnation, region, access, secret)
+        super().__init__(url, incarnation, region, access, secret, job_secret(job_key))
         self.url = url
 
 
@@ -92,7 +139,7 @@ class CommitStore(_dcr.CommitStore):
     file of `ca`, `cert` and `key` lines.
     """
 
-    def __init__(self, url: str, *, credentials: str | None = None):
+    def __init__(self, url: str, *, credentials: str | None = None, job_key=None):
         ca = cert = key = ""
         if credentials is not None:
             c = _credential_lines(credentials, {"ca", "cert", "key"}, "credentials")
@@ -100,7 +147,7 @@ class CommitStore(_dcr.CommitStore):
                 errors.raise_error(errors.InvalidArgument,
                                    f"credentials {credentials}: 'cert' and 'key' go together")
             ca, cert, key = c.get("ca", ""), c.get("cert", ""), c.get("key", "")
-        super().__init__(url, ca, cert, key)
+        super().__init__(url, ca, cert, key, job_secret(job_key))
         self.url = url
 
 
@@ -186,11 +233,7 @@ class Coordinator:
                                    f"coordinator: owner {k} has no candidate (set_candidate first)")
         rep = self._core.transition()
         self.last_report = rep
-        if rep["error"] is not None:
-            code, message = rep["error"]
-            cls = errors.BY_CODE.get(code, errors.Error)
-            raise cls(f"{cls.name}: {message}", code)
-        return rep
+        return _raise_report(rep)
 
     def kill(self, receiver_id: str) -> None:
         """Drop a receiver's storage (as a crash would): it rejoins restored
@@ -202,4 +245,196 @@ class Coordinator:
         return self._core.counters(str(receiver_id))
 
 
-__all__ = ["ObjectStore", "CommitStore", "RelayTree", "Coordinator", "state_parts"]
+def _raise_report(rep: dict) -> dict:
+    if rep["error"] is not None:
+        code, message = rep["error"]
+        cls = errors.BY_CODE.get(code, errors.Error)
+        raise cls(f"{cls.name}: {message}", code)
+    return rep
+
+
+class OwnerServer:
+    """The owner of one trainer rank (`dcr.torch.Owner`), served to a
+    coordinator in another process on the control channel.
+
+    The owner publishes its payloads to `store` (this process's connection
+    to the job's object store) when the coordinator asks, and moves its
+    baseline only after it has read in `commits` that the record names the
+    attempt it published. `version`: the committed version the owner's
+    baseline holds (0 for a new job). `lease=True` claims the rank's owner
+    lease in `commits` for the server's life (a second process serving the
+    same rank is refused with `dcr.Conflict`) and checks it around every
+    write. `listen`: "HOST:PORT" (port 0: any free port; `address` tells).
+
+    The trainer replaces the candidate with `set_candidate(shards)` (never
+    while a call reads it) and waits for the joint commit with
+    `wait_committed(version)` before it changes the parameters again.
+    """
+
+    def __init__(self, owner, store: ObjectStore, commits: CommitStore | None = None, *,
+                 version: int = 0, listen: str = "127.0.0.1:0", job_key=None,
+                 insecure: bool = False, lease: bool = False, lease_ttl_s: float = 10.0,
+                 lease_wait_s: float = -1.0):
+        host, port = _host_port(listen, "OwnerServer listen")
+        secret = job_secret(job_key)
+        _check_listen(host, secret, insecure, "OwnerServer")
+        self.owner = owner
+        self._core = _dcr.OwnerServer(_core_owner(owner), store, commits, version, host, port,
+                                      secret, lease, lease_ttl_s, lease_wait_s)
+        self.address = f"{host}:{self._core.port}"
+
+    @property
+    def version(self) -> int:
+        """The committed version the baseline holds."""
+        return self._core.version
+
+    @property
+    def lease_token(self) -> str:
+        return self._core.lease_token
+
+    def set_candidate(self, shards) -> None:
+        """The next candidate (the rank's shards after a training step); waits
+        for a running call to end. Call it before the coordinator's
+        transition starts, and leave the tensors alone until `wait_committed`."""
+        o = self.owner
+        self._core.set_candidate(o._core, o._spans(shards), dict(shards))
+
+    def wait_committed(self, version: int, timeout_s: float = 300.0) -> None:
+        """Wait until the baseline holds `version` (the coordinator committed
+        it and moved this owner); `dcr.Unavailable` after `timeout_s`."""
+        if not self._core.wait_committed(version, timeout_s):
+            errors.raise_error(errors.Unavailable,
+                               f"owner {self.owner.rank}: version {version} not committed "
+                               f"within {timeout_s} s (baseline at {self.version})")
+
+    def close(self) -> None:
+        self._core.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class NodeServer:
+    """A rollout node of Python receivers (`{id: receiver}`, each at the
+    committed version), served to a coordinator in another process.
+
+    Payloads come from `store` (the node fetches each once for all its
+    receivers; `fetch_all=False`: only those whose manifest index names a
+    tensor a receiver needs). `restore(id)` returns a new receiver of that id
+    restored densely to the committed version (for one the coordinator
+    dropped); `verify(version, incarnation)` returns, per receiver in order,
+    whether it equals a dense load of that version (the coordinator's
+    `verify`). `gate=True`: requests admitted through `admit()` (a context
+    manager) are waited for before an apply, and new ones wait while it runs.
+    """
+
+    def __init__(self, receivers, store: ObjectStore, *, listen: str = "127.0.0.1:0",
+                 job_key=None, insecure: bool = False, restore=None, verify=None,
+                 state_parts=None, fetch_all: bool = True, gate: bool = False):
+        if isinstance(receivers, dict):
+            receivers = list(receivers.items())
+        receivers = [(str(i), r) for i, r in receivers]
+        if len({i for i, _ in receivers}) != len(receivers):
+            errors.raise_error(errors.InvalidArgument, "node server: receiver ids repeat")
+        host, port = _host_port(listen, "NodeServer listen")
+        secret = job_secret(job_key)
+        _check_listen(host, secret, insecure, "NodeServer")
+        self.receivers = dict(receivers)
+        self._core = _dcr.NodeServer(receivers, state_parts or globals()["state_parts"], restore,
+                                     verify, store, fetch_all, gate, host, port, secret)
+        self.address = f"{host}:{self._core.port}"
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self._core.ids)
+
+    def admit(self):
+        """Admit one request (blocks while a transition applies); use as
+        `with node.admit(): ...`."""
+        return self._core.admit()
+
+    def try_admit(self):
+        """A ticket, or a false one when the gate is closed."""
+        return self._core.try_admit()
+
+    def counters(self, receiver_id: str) -> dict:
+        return self._core.counters(str(receiver_id))
+
+    def close(self) -> None:
+        self._core.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class ClusterCoordinator:
+    """The library's coordinator over owner and node processes: `owners[k]`
+    is the address of rank k's `OwnerServer` (or `dcr-owner --rank k`),
+    `nodes` the addresses of the `NodeServer`s (or `dcr-rollout`s). The
+    same transitions as `Coordinator` (attempts, overwrite retries, the
+    manifest binding, the compare-and-set of the commit record, the owners'
+    baseline updates, garbage collection), with the payload bytes going from
+    the owner processes to `store` and from there to the nodes.
+    `asynchronous=True`: receivers stage while their gate is open and apply
+    after it closed (asynchronous RL). Peers not listening yet are waited
+    for up to `connect_wait_s`.
+    """
+
+    def __init__(self, commits: CommitStore, store: ObjectStore, owners, nodes, *,
+                 job_key=None, max_attempts: int = 4, deadline_s: float = 120.0,
+                 collect_garbage: bool = True, asynchronous: bool = False,
+                 connect_wait_s: float = 60.0):
+        owners, nodes = [str(a) for a in owners], [str(a) for a in nodes]
+        for a in owners + nodes:
+            _host_port(a, "ClusterCoordinator")
+        self.commits, self.store = commits, store
+        self._core = _dcr.ClusterCoordinator(commits, store, owners, nodes, max_attempts,
+                                             deadline_s, collect_garbage, asynchronous,
+                                             job_secret(job_key), connect_wait_s)
+        self.last_report: dict | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self._core.epoch
+
+    @property
+    def node_ids(self) -> list[list[str]]:
+        """Each node's receiver ids, in node order."""
+        return [list(n) for n in self._core.node_ids]
+
+    def take_over(self) -> int:
+        """Become the active coordinator (fences every older one); returns the epoch."""
+        return self._core.take_over()
+
+    def bootstrap(self) -> None:
+        """Commit version 0 if the store holds no record yet."""
+        self._core.bootstrap()
+
+    def transition(self) -> dict:
+        """Run the transition to the owners' candidates and commit it; returns
+        the report. Raises the typed error of a failed transition (the report
+        is in `last_report`)."""
+        rep = self._core.transition()
+        self.last_report = rep
+        return _raise_report(rep)
+
+    def verify(self) -> list[tuple[str, bool, str]]:
+        """Every receiver against a dense load of the committed version from
+        the owners' dense export, at its node: (id, equal, state digest)."""
+        return [tuple(x) for x in self._core.verify()]
+
+    def kill(self, receiver_id: str) -> None:
+        """Drop a receiver's storage at its node (it rejoins restored)."""
+        self._core.kill(str(receiver_id))
+
+
+__all__ = ["ObjectStore", "CommitStore", "RelayTree", "Coordinator", "state_parts",
+           "OwnerServer", "NodeServer", "ClusterCoordinator", "job_secret"]

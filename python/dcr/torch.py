@@ -256,8 +256,11 @@ class Receiver:
     """
 
     def __init__(self, model: torch.nn.Module, canonical,
-                 load_weights: Callable | None = None, *, device=None):
+                 load_weights: Callable | None = None, *, device=None, job_key=None):
+        from .cluster import job_secret
         self.model = model
+        # Payload digests must be sealed with the job key (when there is one).
+        self._job_key = job_secret(job_key)
         self.load_weights = load_weights if load_weights is not None else model.load_weights
         self.metas = {m.name: m for m in canonical_metas(canonical)}
         self._storages: dict[int, _Storage] = {}
@@ -459,7 +462,7 @@ class Receiver:
         for an (attempt, owner, sequence) seen before; a newer attempt
         starts that attempt.
         """
-        pid = _dcr.read_payload_id(payload)
+        pid = _dcr.read_payload_id(payload, job_key=self._job_key)
         if pid["attempt"] < self._attempt:
             errors.raise_error(errors.StaleAttempt,
                                f"payload of attempt {pid['attempt']} after attempt {self._attempt}")
@@ -467,7 +470,7 @@ class Receiver:
         if key in self._seen:
             errors.raise_error(errors.Duplicate,
                                f"payload attempt {key[0]} owner {key[1]} sequence {key[2]}")
-        _, items = _dcr.decode_payload(payload)
+        _, items = _dcr.decode_payload(payload, job_key=self._job_key)
         for it in items:
             t = it["tensor"]
             meta = self._plan(t["name"]).meta
@@ -876,7 +879,20 @@ class TrainerPlan:
     path, its text, a dict or a transformers config) and the trainer layout."""
 
     def __init__(self, config, *, tp=1, pp=1, ep=1, etp=1, dp=1, vocab_block=0):
-        self.plan = _dcr.Plan(_config_text(config), tp, pp, ep, etp, dp, vocab_block)
+        self._init(_dcr.Plan(_config_text(config), tp, pp, ep, etp, dp, vocab_block))
+
+    @classmethod
+    def row_split_checkpoint(cls, path: str, *, tp: int = 2, dp: int = 1) -> "TrainerPlan":
+        """The plan the C++ cluster programs use for `--checkpoints PATH ...`:
+        the safetensors file's tensors in its order, each whose first
+        dimension divides by `tp` split by rows over the TP ranks, the rest
+        replicated; `tp * dp` ranks (rank = dp_index * tp + tp_index)."""
+        p = cls.__new__(cls)
+        p._init(_dcr.Plan.row_split_checkpoint(str(path), tp, dp))
+        return p
+
+    def _init(self, core) -> None:
+        self.plan = core
         self.canonical = canonical_metas(self.plan.canonical())
         self._tensor_id = {m.name: i for i, m in enumerate(self.canonical)}
         self.shards = self.plan.shards()
@@ -1050,9 +1066,12 @@ class Owner:
     next `set_candidate`.
     """
 
-    def __init__(self, plan: TrainerPlan, rank: int, committed: Mapping[str, torch.Tensor]):
+    def __init__(self, plan: TrainerPlan, rank: int, committed: Mapping[str, torch.Tensor], *,
+                 job_key=None):
+        from .cluster import job_secret
         self.plan, self.rank = plan, rank
-        self._core = _dcr.Owner(plan.plan, rank, self._spans(committed), committed)
+        self._core = _dcr.Owner(plan.plan, rank, self._spans(committed), committed,
+                                job_key=job_secret(job_key))
 
     def _spans(self, shards: Mapping[str, torch.Tensor]) -> dict:
         spans = {}

@@ -23,11 +23,13 @@
 
 #include "dcr/assembly/adapters.hpp"
 #include "dcr/codec/payload_decode.hpp"
+#include "dcr/io/safetensors.hpp"
 #include "dcr/model/hf_config.hpp"
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/source/builder.hpp"
 #include "dcr/source/dim0_shard_plan.hpp"
 #include "dcr/source/plan.hpp"
+#include "dcr/source/row_split_plan.hpp"
 #include "dcr/source/state.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/object_store.hpp"
@@ -102,6 +104,15 @@ public:
       : config_(dcr::model_config_from_hf_json(config_json)),
         layout_(a.tp, a.pp, a.ep, a.etp, a.dp, a.vocab_block),
         plan_(std::make_shared<const dcr::source_plan>(dcr::megatron_plan(config_, layout_))) {}
+
+  /// The row-split plan of a safetensors checkpoint's tensors, in the
+  /// file's order (`row_split_plan`): what the C++ cluster programs use for
+  /// `--checkpoints`, so a Python owner and `dcr-owner` agree shard by shard.
+  static plan row_split_checkpoint(const std::string& path, std::uint32_t tp, std::uint32_t dp) {
+    auto file = dcr::io::safetensors_file::open_or_throw(path);
+    const auto metas = file.tensors();
+    return plan(std::make_shared<const dcr::source_plan>(dcr::row_split_plan(metas, tp, dp)));
+  }
 
   std::uint32_t world() const { return plan_->world; }
   std::vector<tensor_info> canonical() const {
@@ -181,14 +192,18 @@ private:
 class owner {
 public:
   /// `committed`: shard id -> bytes of every shard this rank owns (others ignored).
-  owner(const plan& p, std::uint32_t rank, const std::map<std::uint32_t, bytes_view>& committed)
+  /// `key`: the job key its payloads are sealed with (empty: unkeyed).
+  owner(const plan& p, std::uint32_t rank, const std::map<std::uint32_t, bytes_view>& committed,
+        const dcr::seal_key& key = {})
       : plan_(p.inner()), rank_(rank) {
     if (rank >= plan_->world)
       throw dcr::error(dcr::errc::invalid_argument, "owner rank " + std::to_string(rank) +
                                                         " outside a world of " +
                                                         std::to_string(plan_->world));
-    round_ = std::make_unique<dcr::protocol::training_round>(
-        plan_, view_of(committed), dcr::builder_options{}, std::vector<std::uint32_t>{rank});
+    dcr::builder_options bo;
+    bo.encoding.key = key;
+    round_ = std::make_unique<dcr::protocol::training_round>(plan_, view_of(committed), bo,
+                                                             std::vector<std::uint32_t>{rank});
     member_ = std::make_unique<dcr::protocol::training_round::member>(*round_, 0);
   }
 
@@ -216,6 +231,11 @@ public:
   void commit() { member_->commit_baseline(); }
   std::string baseline_digest() const { return hex(member_->baseline_digest()); }
   std::string candidate_digest() const { return hex(member_->candidate_digest()); }
+  std::uint32_t rank() const noexcept { return rank_; }
+  /// The committed bytes of owned shard `s` (a dense export's contents).
+  std::span<const std::byte> committed_shard(std::uint32_t s) const {
+    return round_->baseline(rank_).committed_shard(s);
+  }
   /// The protocol member (`owner_role`) a coordinator drives.
   dcr::protocol::training_round::member& member() { return *member_; }
 
@@ -253,8 +273,10 @@ private:
 /// over: it scopes it by the committed record's incarnation.
 class object_store {
 public:
-  object_store(const std::string& url, std::string incarnation, const s3_args& s3 = {})
-      : store_(std::make_shared<any_store>(url, s3)) {
+  /// `key`: the job key manifests are sealed with (empty: unkeyed).
+  object_store(const std::string& url, std::string incarnation, const s3_args& s3 = {},
+               const dcr::seal_key& key = {})
+      : store_(std::make_shared<any_store>(url, s3, key)) {
     if (incarnation.empty()) incarnation = dcr::new_incarnation();
     scope_ = std::make_unique<dcr::transport::incarnation_scope<any_store>>(*store_, incarnation);
     incarnation_ = std::move(incarnation);
@@ -312,9 +334,10 @@ struct payload_id {
   std::uint32_t owner = 0, sequence = 0;
 };
 
-inline payload_id read_id(bytes_view bytes) {
+/// The id of a payload whose header digest checks (keyed by `key`, if any).
+inline payload_id read_id(bytes_view bytes, const dcr::seal_key& key = {}) {
   dcr::payload_id id;
-  dcr::throw_if_failed(dcr::read_payload_id(bytes, id));
+  dcr::throw_if_failed(dcr::read_payload_id(bytes, id, key));
   return {id.attempt, id.source_version, id.owner, id.sequence};
 }
 
@@ -326,8 +349,13 @@ struct decoded_item {
 };
 
 /// Decode and validate every byte of a payload.
-inline std::vector<decoded_item> decode(bytes_view bytes, payload_id& id) {
-  dcr::decoded_payload p = dcr::decode_payload_or_throw(bytes);
+/// `key`: the job key its digest must be sealed with (empty: unkeyed).
+inline std::vector<decoded_item> decode(bytes_view bytes, payload_id& id,
+                                        const dcr::seal_key& key = {}) {
+  dcr::decoded_payload p;
+  dcr::codec::decode_limits lim;
+  lim.key = key;
+  dcr::throw_if_failed(dcr::codec::decode_payload(bytes, p, lim));
   id = {p.id.attempt, p.id.source_version, p.id.owner, p.id.sequence};
   std::vector<decoded_item> out;
   out.reserve(p.items.size());

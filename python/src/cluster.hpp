@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "dcr/core/error.hpp"
@@ -66,7 +67,9 @@ inline std::pair<std::string, std::string> authority_and_path(const std::string&
 /// An object store chosen by URL (see file comment).
 class any_store {
 public:
-  any_store(const std::string& url, const s3_args& s3) {
+  /// `key`: the job key manifests are sealed with (empty: unkeyed), the
+  /// store's `seal_key()` (transport/attempt_objects.hpp reads it there).
+  any_store(const std::string& url, const s3_args& s3, dcr::seal_key key = {}) : key_(key) {
     if (url == "memory:" || url == "memory") {
       impl_ = std::make_unique<holder<dcr::transport::memory_object_store>>();
     } else if (url.rfind("fs:", 0) == 0 && url.size() > 3) {
@@ -115,6 +118,7 @@ public:
 #endif
   }
   bool is_s3() const noexcept { return s3_ != nullptr; }
+  const dcr::seal_key& seal_key() const noexcept { return key_; }
 
   dcr::status put(std::string_view n, std::span<const std::byte> b) { return impl_->put(n, b); }
   dcr::status get(std::string_view n, std::vector<std::byte>& out) { return impl_->get(n, out); }
@@ -156,6 +160,7 @@ private:
     dcr::status remove(std::string_view n) override { return store.remove(n); }
   };
   std::unique_ptr<base> impl_;
+  dcr::seal_key key_;
 #if DCR_PY_NET
   dcr::transport::s3_object_store* s3_ = nullptr;
 #else
@@ -167,9 +172,10 @@ static_assert(dcr::transport::object_store<any_store>);
 /// A commit store chosen by URL (see file comment).
 class any_commits {
 public:
-  any_commits(const std::string& url, const etcd_args& tls) {
+  /// `key`: the job key the record is sealed with (empty: unkeyed).
+  any_commits(const std::string& url, const etcd_args& tls, dcr::seal_key key = {}) {
     if (url.rfind("file:", 0) == 0 && url.size() > 5) {
-      file_ = std::make_unique<dcr::protocol::file_commit_store>(url.substr(5));
+      file_ = std::make_unique<dcr::protocol::file_commit_store>(url.substr(5), key);
       return;
     }
     const bool https = url.rfind("etcd+https://", 0) == 0;
@@ -196,15 +202,25 @@ public:
     o.http.tls.ca_file = tls.ca_file;
     o.http.tls.cert_file = tls.cert_file;
     o.http.tls.key_file = tls.key_file;
+    o.key = key;
+    etcd_opt_ = o;
     etcd_ = std::make_unique<dcr::protocol::etcd_commit_store>(std::move(o));
 #else
     (void)tls;
+    (void)key;
     throw dcr::error(dcr::errc::invalid_argument,
                      "commit store '" + url +
                          "': this build has no dcr-net (configure -Dnet=enabled)");
 #endif
   }
 
+  bool is_etcd() const noexcept {
+#if DCR_PY_NET
+    return etcd_ != nullptr;
+#else
+    return false;
+#endif
+  }
   dcr::status load(dcr::protocol::stored_record& out) {
     return visit([&](auto& s) { return s.load(out); });
   }
@@ -219,6 +235,42 @@ public:
     return visit([&](auto& s) { return s.compare_and_set(e, a, r, k); });
   }
 
+  /// Claims owner id `owner` for as long as this object lives (the owner
+  /// lease, "Owner leases" in protocol/commit_store.hpp), as the C++ owner
+  /// program does: `errc::conflict` when another process still holds it
+  /// after `wait`. `ttl`: the etcd lease's TTL (the file store's flock,
+  /// released by the kernel when its holder dies, needs none).
+  dcr::status claim_owner(std::uint32_t owner, std::chrono::seconds ttl,
+                          std::chrono::milliseconds wait) {
+#if DCR_PY_NET
+    if (etcd_)
+      return dcr::protocol::etcd_owner_lease::acquire(etcd_opt_, owner, {ttl, wait}, etcd_lease_);
+#endif
+    (void)ttl;
+    const auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      auto s = dcr::protocol::file_owner_lease::acquire(file_->directory(), owner, file_lease_);
+      if (s || s.code != dcr::errc::conflict || std::chrono::steady_clock::now() >= until) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  /// Success iff this process still holds the owner lease it claimed
+  /// (`conflict` otherwise: a stale owner writes nothing).
+  dcr::status check_owner() {
+#if DCR_PY_NET
+    if (etcd_lease_) return etcd_lease_->check();
+#endif
+    DCR_RETURN_ERROR_IF(!file_lease_, conflict, "no owner lease held");
+    return file_lease_->check();
+  }
+  /// The fence token of the lease held (empty: none).
+  std::string owner_token() const {
+#if DCR_PY_NET
+    if (etcd_lease_) return etcd_lease_->token();
+#endif
+    return file_lease_ ? file_lease_->token() : std::string();
+  }
+
 private:
   template <class F>
   dcr::status visit(F&& f) {
@@ -228,8 +280,11 @@ private:
     return f(*file_);
   }
   std::unique_ptr<dcr::protocol::file_commit_store> file_;
+  std::unique_ptr<dcr::protocol::file_owner_lease> file_lease_;
 #if DCR_PY_NET
+  dcr::protocol::etcd_options etcd_opt_;
   std::unique_ptr<dcr::protocol::etcd_commit_store> etcd_;
+  std::unique_ptr<dcr::protocol::etcd_owner_lease> etcd_lease_;
 #endif
 };
 static_assert(dcr::protocol::commit_store<any_commits>);

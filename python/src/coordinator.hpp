@@ -165,6 +165,41 @@ inline std::shared_ptr<dcr::transport::relay_tree> make_relay_tree(const relay_a
   return a.tcp ? dcr::transport::make_tcp_relay_tree(o) : dcr::transport::make_inproc_relay_tree(o);
 }
 
+/// One endpoint per Python receiver (`(id, receiver)` at the committed
+/// version), each adopting its receiver; `restore(id)` (may be None)
+/// returns a new receiver of that id restored densely to the committed
+/// version, for one the coordinator dropped. `gate`: the request gate the
+/// endpoints close and open around applies (may be null). The coordinator
+/// of this process and a node server of a serving process build them alike.
+inline std::vector<std::unique_ptr<dcr::protocol::receiver_endpoint<py_receiver>>>
+make_endpoints(std::vector<std::pair<std::string, py::object>> receivers, py::object digest_parts,
+               py::object restore, dcr::protocol::request_gate* gate = nullptr) {
+  using endpoint = dcr::protocol::receiver_endpoint<py_receiver>;
+  std::vector<std::unique_ptr<endpoint>> out;
+  for (auto& [id, rx] : receivers) {
+    endpoint::factory make;
+    if (!restore.is_none())
+      make = [id = id, restore, digest_parts]() -> std::unique_ptr<py_receiver> {
+        py::gil_scoped_acquire gil;
+        py::object fresh;
+        try {
+          fresh = restore(id);
+        } catch (py::error_already_set& e) {
+          throw dcr::error(status_of(e, "restore of receiver " + id));
+        }
+        if (fresh.is_none()) return nullptr;
+        auto r = std::make_unique<py_receiver>(id, fresh, digest_parts);
+        dcr::throw_if_failed(r->refresh());
+        return r;
+      };
+    out.push_back(std::make_unique<endpoint>(id, std::move(make), nullptr, gate));
+    auto r = std::make_unique<py_receiver>(id, rx, digest_parts);
+    dcr::throw_if_failed(r->refresh());
+    out.back()->adopt(std::move(r));
+  }
+  return out;
+}
+
 /// The coordinator of one process's owners and Python receivers, over an
 /// object store (`any_store`) or a relay tree.
 class py_coordinator {
@@ -183,29 +218,9 @@ public:
     if (owners.empty()) throw dcr::error(dcr::errc::invalid_argument, "coordinator: no owners");
     if (receivers.empty())
       throw dcr::error(dcr::errc::invalid_argument, "coordinator: no receivers");
+    endpoints_ = make_endpoints(std::move(receivers), digest_parts, restore);
     std::vector<endpoint*> eps;
-    for (auto& [id, rx] : receivers) {
-      endpoint::factory make;
-      if (!restore.is_none())
-        make = [id = id, restore, digest_parts]() -> std::unique_ptr<py_receiver> {
-          py::gil_scoped_acquire gil;
-          py::object fresh;
-          try {
-            fresh = restore(id);
-          } catch (py::error_already_set& e) {
-            throw dcr::error(status_of(e, "restore of receiver " + id));
-          }
-          if (fresh.is_none()) return nullptr;
-          auto r = std::make_unique<py_receiver>(id, fresh, digest_parts);
-          dcr::throw_if_failed(r->refresh());
-          return r;
-        };
-      endpoints_.push_back(std::make_unique<endpoint>(id, std::move(make), nullptr));
-      auto r = std::make_unique<py_receiver>(id, rx, digest_parts);
-      dcr::throw_if_failed(r->refresh());
-      endpoints_.back()->adopt(std::move(r));
-      eps.push_back(endpoints_.back().get());
-    }
+    for (auto& e : endpoints_) eps.push_back(e.get());
     dcr::protocol::coordinator_options o;
     o.max_attempts = a.max_attempts;
     o.attempt_deadline =

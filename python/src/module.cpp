@@ -16,6 +16,7 @@
 
 #include "adapter.hpp"
 #include "coordinator.hpp"
+#include "remote.hpp"
 
 namespace py = pybind11;
 
@@ -25,6 +26,15 @@ namespace {
 py::dict& error_classes() {
   static py::dict* d = new py::dict(); // leaked: outlives interpreter teardown order issues
   return *d;
+}
+
+/// The job key of a shared secret (a key file's bytes; `seal_key::from_secret`);
+/// empty bytes: no key (unkeyed seals, an unauthenticated control channel).
+dcr::seal_key key_of(const py::bytes& secret) {
+  const std::string text = secret;
+  dcr::seal_key k;
+  if (!text.empty()) dcr::throw_if_failed(dcr::seal_key::from_secret(text, k));
+  return k;
 }
 
 /// A span over `(address, nbytes)`; the caller holds the owner alive.
@@ -179,6 +189,8 @@ PYBIND11_MODULE(_dcr, m) {
            }),
            py::arg("config_json"), py::arg("tp") = 1, py::arg("pp") = 1, py::arg("ep") = 1,
            py::arg("etp") = 1, py::arg("dp") = 1, py::arg("vocab_block") = 0)
+      .def_static("row_split_checkpoint", &dcr_py::plan::row_split_checkpoint, py::arg("path"),
+                  py::arg("tp") = 2, py::arg("dp") = 1)
       .def_property_readonly("world", &dcr_py::plan::world)
       .def_property_readonly("residual_tasks", &dcr_py::plan::residual_tasks)
       // FSDP2-style plan: `tensors` as (name, shape, dtype name) in canonical
@@ -246,14 +258,16 @@ PYBIND11_MODULE(_dcr, m) {
           py::arg("shard"), py::arg("tensors"), py::arg("out"));
 
   py::class_<py_owner>(m, "Owner")
-      .def(py::init(
-               [](const dcr_py::plan& p, std::uint32_t rank, py::dict committed, py::object keep) {
-                 // The baseline copies the committed shards: `keep` is only
-                 // needed during construction.
-                 (void)keep;
-                 return new py_owner{dcr_py::owner(p, rank, shard_map(committed)), py::none()};
-               }),
-           py::arg("plan"), py::arg("rank"), py::arg("committed"), py::arg("keep"))
+      .def(py::init([](const dcr_py::plan& p, std::uint32_t rank, py::dict committed,
+                       py::object keep, const py::bytes& job_key) {
+             // The baseline copies the committed shards: `keep` is only
+             // needed during construction.
+             (void)keep;
+             return new py_owner{dcr_py::owner(p, rank, shard_map(committed), key_of(job_key)),
+                                 py::none()};
+           }),
+           py::arg("plan"), py::arg("rank"), py::arg("committed"), py::arg("keep"),
+           py::arg("job_key") = py::bytes())
       .def("owned_shards", [](const py_owner& o) { return o.inner.owned_shards(); })
       .def(
           "set_candidate",
@@ -295,14 +309,15 @@ PYBIND11_MODULE(_dcr, m) {
   // the Python side (dcr/cluster.py reads a file or the environment).
   py::class_<dcr_py::object_store>(m, "ObjectStore")
       .def(py::init([](const std::string& url, std::string incarnation, std::string region,
-                       std::string access_key, std::string secret_key) {
+                       std::string access_key, std::string secret_key, const py::bytes& job_key) {
              return new dcr_py::object_store(
                  url, std::move(incarnation),
-                 {std::move(access_key), std::move(secret_key), std::move(region)});
+                 {std::move(access_key), std::move(secret_key), std::move(region)},
+                 key_of(job_key));
            }),
            py::arg("url"), py::arg("incarnation") = std::string(),
            py::arg("region") = std::string("us-east-1"), py::arg("access_key") = std::string(),
-           py::arg("secret_key") = std::string())
+           py::arg("secret_key") = std::string(), py::arg("job_key") = py::bytes())
       .def_property_readonly("incarnation", &dcr_py::object_store::incarnation)
       .def_property_readonly("is_s3",
                              [](const dcr_py::object_store& s) { return s.store()->is_s3(); })
@@ -351,12 +366,14 @@ PYBIND11_MODULE(_dcr, m) {
 
   // Commit store by URL: file:<dir> or etcd://host:port[,...][/prefix].
   py::class_<dcr_py::any_commits, std::shared_ptr<dcr_py::any_commits>>(m, "CommitStore")
-      .def(py::init([](const std::string& url, std::string ca, std::string cert, std::string key) {
+      .def(py::init([](const std::string& url, std::string ca, std::string cert, std::string key,
+                       const py::bytes& job_key) {
              return std::make_shared<dcr_py::any_commits>(
-                 url, dcr_py::etcd_args{std::move(ca), std::move(cert), std::move(key)});
+                 url, dcr_py::etcd_args{std::move(ca), std::move(cert), std::move(key)},
+                 key_of(job_key));
            }),
            py::arg("url"), py::arg("ca_file") = std::string(), py::arg("cert_file") = std::string(),
-           py::arg("key_file") = std::string())
+           py::arg("key_file") = std::string(), py::arg("job_key") = py::bytes())
       .def("load",
            [](dcr_py::any_commits& c) {
              dcr::protocol::stored_record r;
@@ -474,20 +491,155 @@ PYBIND11_MODULE(_dcr, m) {
           },
           py::arg("receiver"));
 
+  // The distributed roles (remote.hpp): an owner served from a trainer rank's
+  // process, a node of Python receivers served from a serving process, and
+  // the coordinator of such processes over the control channel.
+  py::class_<dcr::protocol::request_gate::ticket>(m, "GateTicket")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](dcr::protocol::request_gate::ticket& t, py::args) {
+             t = dcr::protocol::request_gate::ticket();
+             return false;
+           })
+      .def(
+          "release",
+          [](dcr::protocol::request_gate::ticket& t) { t = dcr::protocol::request_gate::ticket(); })
+      .def("__bool__", [](const dcr::protocol::request_gate::ticket& t) { return bool(t); });
+
+  py::class_<dcr_py::py_owner_server>(m, "OwnerServer")
+      .def(py::init([](py_owner& o, dcr_py::object_store& store,
+                       std::shared_ptr<dcr_py::any_commits> commits, std::uint64_t version,
+                       const std::string& host, unsigned short port, const py::bytes& job_key,
+                       bool lease, double lease_ttl_s, double lease_wait_s) {
+             const auto key = key_of(job_key);
+             py::gil_scoped_release nogil; // a lease claim may wait
+             return new dcr_py::py_owner_server(o.inner, store.store(), std::move(commits), version,
+                                                host, port, key,
+                                                {lease, lease_ttl_s, lease_wait_s});
+           }),
+           py::arg("owner"), py::arg("store"), py::arg("commits"), py::arg("version"),
+           py::arg("host"), py::arg("port"), py::arg("job_key") = py::bytes(),
+           py::arg("lease") = false, py::arg("lease_ttl_s") = 10.0, py::arg("lease_wait_s") = -1.0,
+           // The owner and its stores live while the server reads them.
+           py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def_property_readonly("port", &dcr_py::py_owner_server::port)
+      .def_property_readonly("version", &dcr_py::py_owner_server::version_now)
+      .def_property_readonly("lease_token", &dcr_py::py_owner_server::lease_token)
+      .def(
+          "set_candidate",
+          [](dcr_py::py_owner_server& srv, py_owner& o, py::dict candidate, py::object keep) {
+            auto spans = shard_map(candidate);
+            {
+              py::gil_scoped_release nogil; // waits for a running call to end
+              srv.between_calls([&] { o.inner.set_candidate(spans); });
+            }
+            o.held = std::move(keep);
+          },
+          py::arg("owner"), py::arg("candidate"), py::arg("keep"))
+      .def("wait_committed", &dcr_py::py_owner_server::wait_committed, py::arg("version"),
+           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def("close", &dcr_py::py_owner_server::close, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<dcr_py::py_node_server>(m, "NodeServer")
+      .def(py::init([](py::list receivers, py::object digest_parts, py::object restore,
+                       py::object verify, dcr_py::object_store& store, bool fetch_all, bool gate,
+                       const std::string& host, unsigned short port, const py::bytes& job_key) {
+             std::vector<std::pair<std::string, py::object>> rs;
+             for (auto r : receivers) {
+               auto t = r.cast<py::tuple>();
+               rs.emplace_back(t[0].cast<std::string>(), t[1]);
+             }
+             return new dcr_py::py_node_server(std::move(rs), digest_parts, restore, verify,
+                                               store.store(), fetch_all, gate, host, port,
+                                               key_of(job_key));
+           }),
+           py::arg("receivers"), py::arg("digest_parts"), py::arg("restore"), py::arg("verify"),
+           py::arg("store"), py::arg("fetch_all"), py::arg("gate"), py::arg("host"),
+           py::arg("port"), py::arg("job_key") = py::bytes(), py::keep_alive<1, 6>())
+      .def_property_readonly("port", &dcr_py::py_node_server::port)
+      .def_property_readonly("ids", &dcr_py::py_node_server::ids)
+      .def_property_readonly("has_gate",
+                             [](const dcr_py::py_node_server& n) { return n.gate() != nullptr; })
+      .def("admit",
+           [](dcr_py::py_node_server& n) {
+             if (!n.gate())
+               throw dcr::error(dcr::errc::invalid_argument, "node server: started without a gate");
+             py::gil_scoped_release nogil; // blocks while a transition applies
+             return n.gate()->admit();
+           })
+      .def("try_admit",
+           [](dcr_py::py_node_server& n) {
+             if (!n.gate())
+               throw dcr::error(dcr::errc::invalid_argument, "node server: started without a gate");
+             return n.gate()->try_admit();
+           })
+      .def(
+          "counters",
+          [](const dcr_py::py_node_server& n, const std::string& id) {
+            auto k = n.counters(id);
+            py::dict d;
+            d["staged"] = k.staged;
+            d["applied_calls"] = k.applied_calls;
+            d["duplicates"] = k.duplicates;
+            d["stale"] = k.stale;
+            d["restores"] = k.restores;
+            return d;
+          },
+          py::arg("receiver"))
+      .def("close", &dcr_py::py_node_server::close, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<dcr_py::py_cluster_coordinator>(m, "ClusterCoordinator")
+      .def(py::init([](std::shared_ptr<dcr_py::any_commits> commits, dcr_py::object_store& store,
+                       std::vector<std::string> owners, std::vector<std::string> nodes,
+                       int max_attempts, double deadline_s, bool collect_garbage, bool asynchronous,
+                       const py::bytes& job_key, double connect_wait_s) {
+             const auto key = key_of(job_key);
+             const dcr_py::coordinator_args a{max_attempts, deadline_s, collect_garbage, true};
+             py::gil_scoped_release nogil; // connects, waiting for peers still starting
+             return new dcr_py::py_cluster_coordinator(std::move(commits), store.store(), owners,
+                                                       nodes, a, asynchronous, key, connect_wait_s);
+           }),
+           py::arg("commits"), py::arg("store"), py::arg("owners"), py::arg("nodes"),
+           py::arg("max_attempts") = 4, py::arg("deadline_s") = 120.0,
+           py::arg("collect_garbage") = true, py::arg("asynchronous") = false,
+           py::arg("job_key") = py::bytes(), py::arg("connect_wait_s") = 60.0,
+           py::keep_alive<1, 3>())
+      .def_property_readonly("epoch", &dcr_py::py_cluster_coordinator::epoch)
+      .def_property_readonly("node_ids", &dcr_py::py_cluster_coordinator::node_ids)
+      .def("take_over", &dcr_py::py_cluster_coordinator::take_over,
+           py::call_guard<py::gil_scoped_release>())
+      .def("bootstrap", &dcr_py::py_cluster_coordinator::bootstrap,
+           py::call_guard<py::gil_scoped_release>())
+      .def("transition",
+           [](dcr_py::py_cluster_coordinator& c) {
+             dcr::protocol::transition_report rep;
+             {
+               py::gil_scoped_release nogil;
+               rep = c.transition();
+             }
+             return report_dict(rep);
+           })
+      .def("verify", &dcr_py::py_cluster_coordinator::verify,
+           py::call_guard<py::gil_scoped_release>())
+      .def("kill", &dcr_py::py_cluster_coordinator::kill, py::arg("receiver"),
+           py::call_guard<py::gil_scoped_release>());
+
   m.def(
       "read_payload_id",
-      [](py::buffer b) {
+      [](py::buffer b, const py::bytes& job_key) {
         auto info = b.request();
         return id_dict(dcr_py::read_id(
-            {static_cast<const std::byte*>(info.ptr), static_cast<std::size_t>(info.size)}));
+            {static_cast<const std::byte*>(info.ptr), static_cast<std::size_t>(info.size)},
+            key_of(job_key)));
       },
-      py::arg("payload"));
+      py::arg("payload"), py::arg("job_key") = py::bytes());
 
   // Decodes and validates every byte; returns (id, [item dicts]) with
   // indices as uint64 and values as uint8 arrays that own the decoded vectors.
   m.def(
       "decode_payload",
-      [](py::buffer b) {
+      [](py::buffer b, const py::bytes& job_key) {
+        const auto key = key_of(job_key);
         auto info = b.request();
         if (info.itemsize != 1 && info.ndim != 1)
           throw dcr::error(dcr::errc::invalid_argument, "payload: expected a flat byte buffer");
@@ -497,7 +649,7 @@ PYBIND11_MODULE(_dcr, m) {
           dcr_py::bytes_view v{static_cast<const std::byte*>(info.ptr),
                                static_cast<std::size_t>(info.size * info.itemsize)};
           py::gil_scoped_release nogil;
-          items = dcr_py::decode(v, id);
+          items = dcr_py::decode(v, id, key);
         }
         py::list l;
         for (auto& it : items) {
@@ -510,7 +662,7 @@ PYBIND11_MODULE(_dcr, m) {
         }
         return py::make_tuple(id_dict(id), l);
       },
-      py::arg("payload"));
+      py::arg("payload"), py::arg("job_key") = py::bytes());
   // Hook apply (dcr.torch.Receiver): per-entry work of an item on raw
   // pointers of CPU tensors the caller holds and checked (address, number
   // of words, word width); the GIL is released while the words move.

@@ -48,6 +48,20 @@ public:
   static status make(std::string_view text, seal_key& out) {
     return make(std::as_bytes(std::span(text.data(), text.size())), out);
   }
+  /// The job key of a shared secret (a key file's bytes): at least 16
+  /// bytes; a secret longer than BLAKE2b's 64-byte key is reduced to its
+  /// BLAKE2b-512, so any length of random text or bytes works. Every
+  /// process of one job derives the same key from the same secret.
+  static status from_secret(std::string_view secret, seal_key& out) {
+    DCR_RETURN_ERROR_IF(secret.size() < 16, invalid_argument,
+                        "job key: " + std::to_string(secret.size()) +
+                            " bytes, a job key needs at least 16");
+    if (secret.size() <= 64) return make(secret, out);
+    std::array<std::uint8_t, 64> h{};
+    DCR_RETURN_ERROR_IF(blake2b(h.data(), secret.data(), nullptr, h.size(), secret.size(), 0) != 0,
+                        invalid_argument, "job key: blake2b failed");
+    return make(std::as_bytes(std::span(h)), out);
+  }
   bool empty() const noexcept { return size_ == 0; }
   std::size_t size() const noexcept { return size_; }
   const std::uint8_t* data() const noexcept { return bytes_.data(); }
