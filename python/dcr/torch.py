@@ -968,11 +968,7 @@ class TrainerPlan:
     @classmethod
     def _from_core(cls, core) -> "TrainerPlan":
         p = cls.__new__(cls)
-        p.plan = core
-        p.canonical = canonical_metas(core.canonical())
-        p._tensor_id = {m.name: i for i, m in enumerate(p.canonical)}
-        p.shards = core.shards()
-        p.world = core.world
+        p._init(core)
         return p
 
 

@@ -143,6 +143,57 @@ def _rank_main(rank, init, trainer_kind, kind, vocab, lr, store_dir, incarnation
             dist.destroy_process_group()
 
 
+def _served_rank_main(rank, init, trainer_kind, kind, vocab, lr, work, inbox, outbox):
+    """One training rank whose owner is served to a coordinator in another
+    process (`dcr.OwnerServer`): the trainer's shards go to the server as
+    they are, and the parameters change only after the joint commit moved
+    the owner's baseline to the version it published."""
+    import torch.distributed as dist
+
+    from dcr.trainers import FSDP2Trainer, MegatronTrainer
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+        cfg = hf_config(kind, vocab=vocab)
+        model = hf_model(cfg, seed=0)
+        _small_norms(model)
+        if trainer_kind == "megatron":
+            plan = dt.TrainerPlan(cfg, tp=WORLD, vocab_block=VOCAB_BLOCK)
+            canon = canonical_views(model, [m.name for m in plan.canonical])
+            tr = MegatronTrainer(model, plan, canon, lr=lr, to_params=hf_params)
+            gen = torch.Generator().manual_seed(1)
+        else:
+            tr = FSDP2Trainer(model, lr=lr, wrap=list(model.model.layers))
+            gen = torch.Generator().manual_seed(1 + rank)
+        tokens = text_tokens(1 << 18)
+        store = dcr.ObjectStore(f"fs:{work}/objects")
+        commits = dcr.CommitStore(f"file:{work}/control")
+        server = dcr.OwnerServer(tr.owner(), store, commits, lease=True)
+        server.set_candidate(tr.shards)
+        canon = {n: t.clone() for n, t in tr.canonical().items()}
+        outbox.put(("ready", server.address, canon))
+        version = 0
+        while True:
+            msg = inbox.get(timeout=300)
+            if msg is None or msg[0] == "stop":
+                break
+            server.wait_committed(version, 120)
+            loss = tr.step(_batch(tokens, gen))
+            server.set_candidate(tr.shards)
+            version += 1
+            canon = {n: t.clone() for n, t in tr.canonical().items()}  # collective
+            outbox.put(("trained", loss, canon))
+        server.wait_committed(version, 60)
+        server.close()
+        outbox.put(("stopped", server.version))
+    except BaseException:
+        outbox.put(("error", f"rank {rank}:\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def _bytes(t):
     return t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
@@ -322,6 +373,84 @@ def test_distributed_trainer_refit_equals_dense(trainer_kind, kind, vocab, lr, i
     parameter itself) is exactly the payload."""
     losses = _run(trainer_kind, kind, vocab, lr, poke=in_place)
     assert len(losses) == STEPS and all(np.isfinite(losses))
+
+
+def test_distributed_trainer_ranks_serve_their_owners_to_a_coordinator(tmp_path):
+    """The FSDP2 ranks hand their owners (over their own local tensors) to
+    `dcr.OwnerServer`s; a `dcr.ClusterCoordinator` here runs each transition
+    over the control channel to a `dcr.NodeServer` of two vLLM-like TP
+    receivers; after each committed version every receiver byte equals a
+    dense load of the weights the ranks gathered."""
+    import torch.multiprocessing as mp
+
+    work = str(tmp_path)
+    kind, vocab, lr = "llama", 301, 1e-5
+    cfg = hf_config(kind, vocab=vocab)
+    ctx = mp.get_context("spawn")
+    init = f"file://{work}/gloo-init"
+    boxes = [(ctx.Queue(), ctx.Queue()) for _ in range(WORLD)]
+    procs = [ctx.Process(target=_served_rank_main,
+                         args=(r, init, "fsdp2", kind, vocab, lr, work, *boxes[r]), daemon=True)
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+
+    def receive(what):
+        out = []
+        for _, outbox in boxes:
+            got = outbox.get(timeout=300)
+            if got[0] == "error":
+                pytest.fail(got[1])
+            assert got[0] == what, got
+            out.append(got)
+        return out
+
+    node = None
+    try:
+        ready = receive("ready")
+        canon = ready[0][2]
+        ids = [f"tp{r}" for r in range(WORLD)]
+        models = {i: VllmLikeModel(cfg, r, WORLD) for r, i in enumerate(ids)}
+        receivers = {}
+        for i, m in models.items():
+            receivers[i] = dt.Receiver(m, canon)
+            receivers[i].dense_refit(canon)
+        store = dcr.ObjectStore(f"fs:{work}/objects")
+        commits = dcr.CommitStore(f"file:{work}/control")
+        node = dcr.NodeServer(receivers, store)
+        co = dcr.ClusterCoordinator(commits, store, [m[1] for m in ready], [node.address])
+        co.take_over()
+        co.bootstrap()
+        for step in range(1, STEPS + 1):
+            for inbox, _ in boxes:
+                inbox.put(("train",))
+            msgs = receive("trained")
+            canon = msgs[0][2]
+            for m in msgs[1:]:
+                assert all(_bytes(canon[n]) == _bytes(m[2][n]) for n in canon)
+            rep = co.transition()
+            assert rep["committed_version"] == step
+            assert rep["attempts"][0]["payloads"] > 0
+            assert commits.load()["version"] == step
+            for r, i in enumerate(ids):
+                ref = VllmLikeModel(cfg, r, WORLD)
+                ref.load_weights(list(canon.items()))
+                a, b = dt.state_bytes(ref), dt.state_bytes(models[i])
+                assert a.keys() == b.keys()
+                bad = [k for k in a if a[k] != b[k]]
+                assert bad == [], f"step {step}: receiver {i} differs in {bad}"
+        for inbox, _ in boxes:
+            inbox.put(("stop",))
+        assert [m[1] for m in receive("stopped")] == [STEPS] * WORLD
+    finally:
+        for inbox, _ in boxes:
+            inbox.put(None)
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+        if node is not None:
+            node.close()
 
 
 # -- the dim-0 row-range plan itself (no processes) ----------------------------
