@@ -129,42 +129,27 @@ class Trainer:
         return float(loss.detach())
 
 
-def _source_index(plan, rank: int) -> dict[str, torch.Tensor]:
-    """For every shard rank `rank` holds: the flat position + 1 of each of its
-    elements in the canonical tensors laid end to end (0: an element no
-    canonical element feeds, e.g. vocabulary padding).
-
-    Found with the plan's own projection (the inverse of its maps, a byte
-    gather), run on canonical tensors whose stored words are their element
-    positions, 16 bits (or the word width) at a time: whatever Megatron
-    layout the plan has (fused QKV groups, merged fc1, row and column
-    splits, padded vocabulary, experts), this is where each element comes from."""
-    widths = {m.dtype.itemsize for m in plan.canonical}
-    if len(widths) != 1 or next(iter(widths)) not in (2, 4):
-        raise ValueError("source index: canonical tensors of one 2- or 4-byte dtype only")
-    width = next(iter(widths))
-    bits = 8 * width
-    word = {2: torch.int16, 4: torch.int32}[width]
-    total = sum(m.numel for m in plan.canonical)
-    if total + 1 >= 1 << 40:
-        raise ValueError("source index: model too large")
-    positions = torch.arange(1, total + 1, dtype=torch.int64)
-    out: dict[str, torch.Tensor] = {}
-    for shift in range(0, 40, bits):
-        part = (positions >> shift) & ((1 << bits) - 1)
-        part = (part - ((part >> (bits - 1)) << bits)).to(word)  # as signed words
-        canon, at = {}, 0
-        for m in plan.canonical:
-            canon[m.name] = part[at:at + m.numel].view(m.dtype).view(m.shape)
-            at += m.numel
-        shards = plan.project(rank, canon)
-        for k, t in shards.items():
-            w = t.view(word).to(torch.int64).view(-1) & ((1 << bits) - 1)
-            out[k] = out.get(k, torch.zeros_like(w)) | (w << shift)
-    return out
-
-
 _EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def hf_params(canon: dict) -> dict:
+    """Canonical (checkpoint) tensors in the `transformers` model's parameter
+    names: a Qwen3-MoE layer's per-expert projections stacked into its fused
+    `experts.gate_up_proj` ([gate; up] per expert) and `experts.down_proj`
+    (differentiable: gradients reach the tensors stacked)."""
+    out, experts = {}, {}
+    for n, t in canon.items():
+        m = _EXPERTS.match(n)
+        if m is None:
+            out[n] = t
+        else:
+            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = t
+    for prefix, by_e in experts.items():
+        order = sorted(by_e)
+        out[prefix + ".gate_up_proj"] = torch.stack(
+            [torch.cat([by_e[e]["gate"], by_e[e]["up"]]) for e in order])
+        out[prefix + ".down_proj"] = torch.stack([by_e[e]["down"] for e in order])
+    return out
 
 
 class ShardedTrainer:
@@ -191,7 +176,7 @@ class ShardedTrainer:
             projected = plan.project(r, canon)
             self.shards.append({k: nn.Parameter(t, requires_grad=True)
                                 for k, t in projected.items()})
-            self.index.append(_source_index(plan, r))
+            self.index.append(plan.source_index(r))
         # The trained elements: each canonical element from its owner's shard.
         total = sum(m.numel for m in plan.canonical)
         self.trained: list[nn.Parameter] = []
@@ -228,20 +213,7 @@ class ShardedTrainer:
         return {n: flat[a:a + k].view(shape) for n, (a, k, shape) in self.offsets.items()}
 
     def _hf_params(self, canon):
-        """`canon` in the `transformers` model's parameter names (experts fused)."""
-        out, experts = {}, {}
-        for n, t in canon.items():
-            m = _EXPERTS.match(n)
-            if m is None:
-                out[n] = t
-            else:
-                experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = t
-        for prefix, by_e in experts.items():
-            order = sorted(by_e)
-            out[prefix + ".gate_up_proj"] = torch.stack(
-                [torch.cat([by_e[e]["gate"], by_e[e]["up"]]) for e in order])
-            out[prefix + ".down_proj"] = torch.stack([by_e[e]["down"] for e in order])
-        return out
+        return hf_params(canon)
 
     def step(self) -> float:
         starts = torch.randint(0, self.tokens.numel() - self.seq - 1, (self.batch,),

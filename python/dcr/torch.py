@@ -29,7 +29,7 @@ from ._tensors import DTYPES, PLACEHOLDER, WORD, dtype_of, span_of, word_view
 aten = torch.ops.aten
 
 __all__ = ["Receiver", "RefitEngine", "Owner", "TrainerPlan", "CanonicalMeta",
-           "canonical_metas", "state_bytes"]
+           "canonical_metas", "state_bytes", "fsdp2_plan"]
 
 
 @dataclass(frozen=True)
@@ -923,6 +923,133 @@ class TrainerPlan:
             self.plan.project(s["id"], spans, span_of(t, s["key"], dtype=dtype_of(s["dtype"]),
                                                       nbytes=s["nbytes"]))
         return out
+
+    def source_index(self, rank: int) -> dict[str, torch.Tensor]:
+        """For every shard rank `rank` holds: the flat position + 1 of each of
+        its elements in the canonical tensors laid end to end (int64; 0: an
+        element no canonical element feeds, e.g. vocabulary padding).
+
+        Found with the plan's own projection (the inverse of its maps, a byte
+        gather), run on canonical tensors whose stored words are their element
+        positions, 16 bits (or the word width) at a time: whatever layout the
+        plan has (fused QKV groups, merged fc1, row and column splits, padded
+        vocabulary, experts, dim-0 row ranges), this is where each element
+        comes from. A trainer gathers its canonical tensors through it."""
+        widths = {m.dtype.itemsize for m in self.canonical}
+        if len(widths) != 1 or next(iter(widths)) not in (2, 4):
+            errors.raise_error(errors.BadDtype,
+                               "source index: canonical tensors of one 2- or 4-byte dtype only")
+        width = next(iter(widths))
+        bits = 8 * width
+        word = {2: torch.int16, 4: torch.int32}[width]
+        total = sum(m.numel for m in self.canonical)
+        if total + 1 >= 1 << 40:
+            errors.raise_error(errors.InvalidArgument, "source index: model too large")
+        positions = torch.arange(1, total + 1, dtype=torch.int64)
+        out: dict[str, torch.Tensor] = {}
+        for shift in range(0, 40, bits):
+            part = (positions >> shift) & ((1 << bits) - 1)
+            part = (part - ((part >> (bits - 1)) << bits)).to(word)  # as signed words
+            canon, at = {}, 0
+            for m in self.canonical:
+                canon[m.name] = part[at:at + m.numel].view(m.dtype).view(m.shape)
+                at += m.numel
+            for k, t in self.project(rank, canon).items():
+                w = t.view(word).to(torch.int64).view(-1) & ((1 << bits) - 1)
+                out[k] = out.get(k, torch.zeros_like(w)) | (w << shift)
+        return out
+
+    @classmethod
+    def from_fsdp(cls, module: torch.nn.Module) -> "TrainerPlan":
+        """The plan of an FSDP2 module (`fully_shard`), derived from its
+        DTensor parameters (`fsdp2_plan`)."""
+        return fsdp2_plan(module)
+
+    @classmethod
+    def _from_core(cls, core) -> "TrainerPlan":
+        p = cls.__new__(cls)
+        p._init(core)
+        return p
+
+
+def _dim0_ranges(name: str, p) -> list[tuple[int, int, int]]:
+    """(global rank, begin, end) of every rank of a DTensor's mesh: the dim-0
+    rows it holds. Each mesh dimension's placement, in mesh order, is
+    `Replicate` (the range stays) or `Shard(0)` (the range is chunked as
+    `torch.chunk` does, which is how DTensor and FSDP2 split: ceil(n/k) rows
+    per chunk, the last chunks shorter or empty)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh = p.device_mesh
+    ranks = mesh.mesh
+    for d, pl in enumerate(p.placements):
+        # type() is: _StridedShard (FSDP2 over TP) is a Shard whose rows interleave.
+        if not (type(pl) is Replicate or (type(pl) is Shard and pl.dim == 0)):
+            errors.raise_error(errors.InvalidArgument,
+                               f"tensor {name}: placement {pl!r} on mesh dimension {d} "
+                               "(only Shard(0) and Replicate are dim-0 row ranges)")
+    rows = int(p.shape[0]) if p.dim() > 0 else 1
+    out = []
+    for coord in torch.cartesian_prod(*[torch.arange(k) for k in ranks.shape]).view(
+            -1, ranks.dim()).tolist():
+        b, e = 0, rows
+        for d, pl in enumerate(p.placements):
+            if type(pl) is Shard:
+                k = ranks.shape[d]
+                chunk = -(-(e - b) // k)
+                i = coord[d]
+                b, e = min(b + i * chunk, e), min(b + (i + 1) * chunk, e)
+        out.append((int(ranks[tuple(coord)]), b, e))
+    return out
+
+
+def fsdp2_plan(module: torch.nn.Module) -> TrainerPlan:
+    """The source plan of a module whose parameters are DTensors placed
+    `Shard(0)` (and `Replicate`, HSDP) by FSDP2's `fully_shard`: one shard per
+    distinct dim-0 row range of each parameter, held by the ranks whose local
+    tensor it is (`dcr::dim0_shard_plan`). Canonical tensors are the module's
+    parameters, named as `named_parameters()` names them (a tied parameter
+    once, under its first name): for a `transformers` model, its checkpoint
+    names. Every rank derives the same plan from the global metadata alone
+    (shapes, dtypes, meshes, placements); each rank's own range is checked
+    against its `to_local()` shape and DTensor's own offset computation.
+
+    Raises `dcr.InvalidArgument` naming the parameter for one that is not a
+    DTensor, a placement other than `Shard(0)` or `Replicate`, a mesh whose
+    ranks are not the default group's, or a local tensor that disagrees."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    named = list(module.named_parameters())
+    for name, p in named:
+        if not isinstance(p, DTensor):
+            errors.raise_error(errors.InvalidArgument,
+                               f"tensor {name}: not a DTensor (is the module fully_shard-ed?)")
+    world = dist.get_world_size()
+    me = dist.get_rank()
+    tensors, rows = [], []
+    for name, p in named:
+        ranks = sorted(int(r) for r in p.device_mesh.mesh.view(-1).tolist())
+        if ranks != list(range(world)):
+            errors.raise_error(errors.InvalidArgument,
+                               f"tensor {name}: mesh ranks {ranks} are not the {world} ranks "
+                               "of the default group")
+        ranges = _dim0_ranges(name, p)
+        local = p.to_local()
+        b, e = next((b, e) for r, b, e in ranges if r == me)
+        want = (e - b,) + tuple(p.shape[1:]) if p.dim() > 0 else ()
+        shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
+                                                              p.placements)
+        if tuple(local.shape) != want or tuple(shape) != want or \
+                (p.dim() > 0 and e > b and int(offset[0]) != b):
+            errors.raise_error(errors.InvalidArgument,
+                               f"tensor {name}: rank {me} holds {tuple(local.shape)} at offset "
+                               f"{tuple(offset)}, the chunking gives rows [{b}, {e})")
+        dt = str(p.dtype).replace("torch.", "")
+        tensors.append((name, [int(x) for x in p.shape], dt))
+        rows.append(ranges)
+    return TrainerPlan._from_core(_dcr.Plan.dim0_shards(tensors, rows, world))
 
 
 class Owner:

@@ -27,6 +27,7 @@
 #include "dcr/model/hf_config.hpp"
 #include "dcr/model/trainer_layout.hpp"
 #include "dcr/source/builder.hpp"
+#include "dcr/source/dim0_shard_plan.hpp"
 #include "dcr/source/plan.hpp"
 #include "dcr/source/row_split_plan.hpp"
 #include "dcr/source/state.hpp"
@@ -55,6 +56,15 @@ inline std::string dtype_name(dcr::dtype_id d) {
     return "float8_e5m2";
   }
   return "unknown";
+}
+
+/// The dtype of a Python-side name (`dtype_name`'s inverse); `bad_dtype`
+/// naming `tensor` for any other.
+inline dcr::dtype_id dtype_of_name(const std::string& name, const std::string& tensor) {
+  for (auto d : {dcr::dtype_id::bf16, dcr::dtype_id::f16, dcr::dtype_id::f32,
+                 dcr::dtype_id::f8e4m3fn, dcr::dtype_id::f8e5m2})
+    if (dtype_name(d) == name) return d;
+  throw dcr::error(dcr::errc::bad_dtype, "tensor " + tensor + ": dtype " + name);
 }
 
 inline std::string hex(const dcr::digest128& d) {
@@ -127,6 +137,17 @@ public:
     return plan_->rank_shards[rank];
   }
   std::size_t residual_tasks() const { return plan_->tasks.size(); }
+
+  /// The plan of a trainer sharding every tensor by dim-0 row ranges
+  /// (`dim0_shard_plan`; FSDP2): `tensors` in canonical order, `rows[i]`
+  /// what each rank holds of tensor i as (rank, begin, end).
+  static plan dim0_shards(const std::vector<tensor_info>& tensors,
+                          const std::vector<std::vector<dcr::dim0_rows>>& rows,
+                          std::uint32_t world) {
+    std::vector<dcr::tensor_meta> metas;
+    for (auto& t : tensors) metas.push_back({t.name, t.shape, dtype_of_name(t.dtype, t.name)});
+    return plan(std::make_shared<const dcr::source_plan>(dcr::dim0_shard_plan(metas, rows, world)));
+  }
 
   /// Shard `s` from canonical tensors: `bytes_of(tensor id)` gives each
   /// tensor's stored bytes; written into `out` (the caller's buffer).

@@ -193,6 +193,25 @@ PYBIND11_MODULE(_dcr, m) {
                   py::arg("tp") = 2, py::arg("dp") = 1)
       .def_property_readonly("world", &dcr_py::plan::world)
       .def_property_readonly("residual_tasks", &dcr_py::plan::residual_tasks)
+      // FSDP2-style plan: `tensors` as (name, shape, dtype name) in canonical
+      // order, `rows[i]` the (rank, begin, end) dim-0 ranges of tensor i.
+      .def_static(
+          "dim0_shards",
+          [](const std::vector<std::tuple<std::string, std::vector<std::uint64_t>, std::string>>&
+                 tensors,
+             const std::vector<
+                 std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint64_t>>>& rows,
+             std::uint32_t world) {
+            std::vector<dcr_py::tensor_info> ts;
+            for (auto& [n, s, d] : tensors) ts.push_back({n, s, d});
+            std::vector<std::vector<dcr::dim0_rows>> rs;
+            for (auto& per : rows) {
+              auto& out = rs.emplace_back();
+              for (auto& [r, b, e] : per) out.push_back({r, b, e});
+            }
+            return dcr_py::plan::dim0_shards(ts, rs, world);
+          },
+          py::arg("tensors"), py::arg("rows"), py::arg("world"))
       .def("canonical",
            [](const dcr_py::plan& p) {
              py::list l;
