@@ -510,16 +510,49 @@ PYBIND11_MODULE(_dcr, m) {
       .def(py::init([](py_owner& o, dcr_py::object_store& store,
                        std::shared_ptr<dcr_py::any_commits> commits, std::uint64_t version,
                        const std::string& host, unsigned short port, const py::bytes& job_key,
-                       bool lease, double lease_ttl_s, double lease_wait_s) {
+                       bool lease, double lease_ttl_s, double lease_wait_s,
+                       py::object next_candidate) {
              const auto key = key_of(job_key);
+             std::function<dcr::status(std::uint64_t)> next;
+             if (!next_candidate.is_none()) {
+               // Called on the server's thread inside a call (which holds the
+               // server's call lock): the candidate is set directly. The
+               // hook object is released under the GIL, wherever the last
+               // copy of the function dies.
+               auto hook = std::shared_ptr<py::object>(new py::object(std::move(next_candidate)),
+                                                       [](py::object* h) {
+                                                         py::gil_scoped_acquire gil;
+                                                         delete h;
+                                                       });
+               py_owner* op = &o;
+               next = [hook, op](std::uint64_t v) -> dcr::status {
+                 py::gil_scoped_acquire gil;
+                 try {
+                   py::object r = (*hook)(v);
+                   if (r.is_none()) return dcr::status::success();
+                   auto pair = r.cast<py::tuple>();
+                   if (pair.size() != 2)
+                     return dcr::fail(dcr::errc::invalid_argument,
+                                      "next_candidate hook: expected (spans, keep) or None");
+                   op->inner.set_candidate(shard_map(pair[0].cast<py::dict>()));
+                   op->held = pair[1];
+                   return dcr::status::success();
+                 } catch (py::error_already_set& e) {
+                   return dcr::fail(dcr::errc::invalid_argument, e.what());
+                 } catch (const std::exception& e) {
+                   return dcr::fail(dcr::errc::invalid_argument, e.what());
+                 }
+               };
+             }
              py::gil_scoped_release nogil; // a lease claim may wait
              return new dcr_py::py_owner_server(o.inner, store.store(), std::move(commits), version,
-                                                host, port, key,
-                                                {lease, lease_ttl_s, lease_wait_s});
+                                                host, port, key, {lease, lease_ttl_s, lease_wait_s},
+                                                std::move(next));
            }),
            py::arg("owner"), py::arg("store"), py::arg("commits"), py::arg("version"),
            py::arg("host"), py::arg("port"), py::arg("job_key") = py::bytes(),
            py::arg("lease") = false, py::arg("lease_ttl_s") = 10.0, py::arg("lease_wait_s") = -1.0,
+           py::arg("next_candidate") = py::none(),
            // The owner and its stores live while the server reads them.
            py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def_property_readonly("port", &dcr_py::py_owner_server::port)
