@@ -30,27 +30,25 @@ import engine_support as es
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class Versions:
-    """The trained versions of one dtype as checkpoints, and fresh engines'
-    dumps of each (made by reference_engine.py in a process of its own,
-    while the tests run)."""
+class Reference:
+    """Fresh engines' dumps of checkpoints, made by reference_engine.py in a
+    process of its own while the tests run."""
 
-    def __init__(self, dtype: str, root, tp: int = 1):
-        self.dtype = dtype
-        self.cfg, self.tensors = es.versions(dtype)
-        self.ckpts = [es.save_checkpoint(str(root / f"v{i}"), self.cfg, t)
-                      for i, t in enumerate(self.tensors)]
-        self.ref_dir = root / f"ref-tp{tp}"
-        self.ref_dir.mkdir()
+    def __init__(self, ckpts, dtype: str, tp: int, root):
+        self.dir = root / f"ref-tp{tp}"
+        self.dir.mkdir()
         self.log = open(root / f"ref-tp{tp}.log", "w")
+        env = dict(os.environ)
+        if tp > 1:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "reference_engine.py"), str(self.ref_dir),
-             dtype, str(tp)] + self.ckpts, stdout=self.log, stderr=subprocess.STDOUT)
+            [sys.executable, os.path.join(HERE, "reference_engine.py"), str(self.dir),
+             dtype, str(tp)] + list(ckpts), stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._refs: dict = {}
 
-    def reference(self, k: int) -> dict:
+    def get(self, k: int) -> dict:
         if k not in self._refs:
-            path = self.ref_dir / f"v{k}.pt"
+            path = self.dir / f"v{k}.pt"
             while not path.exists():
                 if self.proc.poll() is not None and not path.exists():
                     self.log.flush()
@@ -64,6 +62,25 @@ class Versions:
     def close(self):
         self.proc.wait(timeout=300)
         self.log.close()
+
+
+class Versions:
+    """The trained versions of one dtype as checkpoints, and the TP 1
+    references of every one (TP 2 ones on request)."""
+
+    def __init__(self, dtype: str, root):
+        self.dtype, self.root = dtype, root
+        self.cfg, self.tensors = es.versions(dtype)
+        self.ckpts = [es.save_checkpoint(str(root / f"v{i}"), self.cfg, t)
+                      for i, t in enumerate(self.tensors)]
+        self.refs = {1: Reference(self.ckpts, dtype, 1, root)}
+
+    def reference(self, k: int, tp: int = 1) -> dict:
+        return self.refs[tp].get(k)
+
+    def close(self):
+        for r in self.refs.values():
+            r.close()
 
 
 class Trainer:
@@ -104,13 +121,6 @@ def differs(llm, ref) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fp32(tmp_path_factory):
-    v = Versions("float32", tmp_path_factory.mktemp("fp32"))
-    yield v
-    v.close()
-
-
-@pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
     v = Versions("bfloat16", tmp_path_factory.mktemp("bf16"))
     yield v
@@ -136,6 +146,16 @@ def refit_versions(vs: Versions, mode: str):
         return rx.info, infos, es.engine_state(llm)
     finally:
         es.shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory):
+    v = Versions("float32", tmp_path_factory.mktemp("fp32"))
+    # TP 2 references of v1 and v3, started now: each engine of two worker
+    # processes takes about 30 s to start here.
+    v.refs[2] = Reference([v.ckpts[1], v.ckpts[3]], "float32", 2, v.root)
+    yield v
+    v.close()
 
 
 def test_fp32_repacked_layers_reload(fp32):
@@ -258,5 +278,30 @@ def test_coordinator(fp32, tmp_path):
             h.update(len(v).to_bytes(8, "little"))
             h.update(v.tobytes())
         assert digest in (h.hexdigest(), bytes.fromhex(h.hexdigest()))
+    finally:
+        es.shutdown(llm)
+
+
+def test_tp2_engine_processes(fp32, monkeypatch):
+    """TP 2 in worker processes of their own (the engine core too): payloads
+    cross collective_rpc as bytes, errors as their codes."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    llm = es.start_engine(fp32.ckpts[0], fp32.dtype, tp=2)
+    try:
+        trainer = Trainer(fp32.cfg, fp32.tensors[0])
+        rx = dv.EngineReceiver(llm, trainer.plan.canonical)
+        assert len(rx.info) == 2
+        with pytest.raises(dcr.Truncated, match="worker 0"):
+            rx.stage(b"\0" * 64)
+        for attempt, k in ((1, 1), (2, 3)):
+            trainer.candidate(fp32.tensors[k])
+            rx.begin_attempt(attempt)
+            for p in trainer.build(attempt, k):
+                rx.stage(p)
+            stats = rx.apply()
+            assert len(stats) == 2
+            trainer.commit()
+            assert_matches(llm, fp32.reference(k, tp=2), f"TP 2 v{k}")
     finally:
         es.shutdown(llm)
