@@ -48,9 +48,8 @@ def save_checkpoint(path: str, cfg, tensors: dict) -> str:
     return path
 
 
-def start_engine(path: str, dtype: str, *, tp: int = 1, extension: bool = True):
+def start_engine(path: str, dtype: str, *, tp: int = 1, extension: bool = True, **kw):
     from vllm import LLM
-    kw = {}
     if extension:
         kw["worker_extension_cls"] = "dcr.vllm.DcrWorkerExtension"
     return LLM(model=path, skip_tokenizer_init=True, dtype=dtype, max_model_len=128,

@@ -305,3 +305,33 @@ def test_tp2_engine_processes(fp32, monkeypatch):
             assert_matches(llm, fp32.reference(k, tp=2), f"TP 2 v{k}")
     finally:
         es.shutdown(llm)
+
+
+def test_weight_transfer_backend(fp32):
+    """dcr as vLLM's weight-transfer backend "dcr": the engine's own
+    init_weight_transfer_engine / start_weight_update / update_weights /
+    finish_weight_update calls."""
+    from vllm.config import WeightTransferConfig
+
+    dv.register()
+    llm = es.start_engine(fp32.ckpts[0], fp32.dtype,
+                          weight_transfer_config=WeightTransferConfig(backend="dcr"))
+    try:
+        trainer = Trainer(fp32.cfg, fp32.tensors[0])
+        llm.collective_rpc("init_weight_transfer_engine",
+                           args=({"canonical": dv._wire_metas(trainer.plan.canonical)},))
+        llm.collective_rpc("start_weight_update")
+        with pytest.raises(dcr.Truncated):
+            llm.collective_rpc("update_weights", args=({"attempt": 1, "payloads": [b"\0" * 64]},))
+        # A failed update ends vLLM's update session; the next one starts anew.
+        for k in range(1, len(fp32.tensors)):
+            trainer.candidate(fp32.tensors[k])
+            pay = [bytes(p) for p in trainer.build(k, k)]
+            llm.collective_rpc("start_weight_update")
+            llm.collective_rpc("update_weights", args=({"attempt": k, "payloads": pay},))
+            llm.collective_rpc("finish_weight_update")
+            llm.reset_prefix_cache()
+            trainer.commit()
+            assert_matches(llm, fp32.reference(k), f"weight-transfer backend v{k}")
+    finally:
+        es.shutdown(llm)
