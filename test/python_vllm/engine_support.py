@@ -22,10 +22,8 @@ for p in (os.path.join(ROOT, "python"), os.path.join(ROOT, "examples", "python")
 
 import torch  # noqa: E402
 
-# Greedy prompts: byte-level token ids (the trainer's vocabulary).
-PROMPTS = [[ord(c) for c in s] for s in
-           ("The licence grants", "Permission is hereby", "THE SOFTWARE IS", "copyright 2026")]
-MAX_TOKENS = 12
+# The example's engine helpers: checkpoints, greedy output, worker state.
+from rl_loop import engine_state, greedy, save_checkpoint, shutdown  # noqa: E402,F401
 
 
 def llama_config(dtype: str):
@@ -39,15 +37,6 @@ def llama_config(dtype: str):
         bos_token_id=1, eos_token_id=2)
 
 
-def save_checkpoint(path: str, cfg, tensors: dict) -> str:
-    from safetensors.torch import save_file
-    os.makedirs(path, exist_ok=True)
-    cfg.save_pretrained(path)
-    save_file({k: v.contiguous() for k, v in tensors.items()},
-              os.path.join(path, "model.safetensors"))
-    return path
-
-
 def start_engine(path: str, dtype: str, *, tp: int = 1, extension: bool = True, **kw):
     from vllm import LLM
     if extension:
@@ -56,39 +45,6 @@ def start_engine(path: str, dtype: str, *, tp: int = 1, extension: bool = True, 
                enforce_eager=True, max_num_seqs=4, tensor_parallel_size=tp,
                distributed_executor_backend="mp" if tp > 1 else None,
                seed=0, **kw)
-
-
-def greedy(llm) -> list:
-    """Greedy output of the fixed prompts: token ids and each chosen token's
-    logprob (the logprobs move with any weight change, where a tiny random
-    model's argmax often does not)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS],
-                        SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
-                                       logprobs=0),
-                        use_tqdm=False)
-    res = []
-    for o in outs:
-        c = o.outputs[0]
-        res.append((list(c.token_ids),
-                    [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]))
-    return res
-
-
-def engine_state(llm) -> list[dict]:
-    """Every worker's parameters, buffers and kernels, as `{name: bytes}`."""
-    from dcr.vllm import _unwrap
-    return _unwrap(llm.collective_rpc("dcr_state", args=(False,)), "dcr_state")
-
-
-def shutdown(llm) -> None:
-    import gc
-    from vllm.distributed import cleanup_dist_env_and_memory
-    llm.llm_engine.engine_core.shutdown() if hasattr(llm.llm_engine, "engine_core") else None
-    del llm
-    gc.collect()
-    cleanup_dist_env_and_memory()
 
 
 def versions(dtype: str, *, train_steps: int = 2, lr: float = 1e-5, seed: int = 0):
