@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "dcr/core/error.hpp"
+#include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/object_store.hpp"
 
 namespace dcr::cluster::timeline {
@@ -150,6 +151,9 @@ struct timed_store {
     return inner->list_after(p, after, names);
   }
   status remove(std::string_view n) { return inner->remove(n); }
+  // The job key manifests are sealed with: a wrapper that did not forward it
+  // would make its scopes write and read unkeyed manifests.
+  dcr::seal_key seal_key() const { return transport::seal_key_of(*inner); }
 };
 
 } // namespace dcr::cluster::timeline

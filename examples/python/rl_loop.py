@@ -5,7 +5,7 @@ of its own.
 
     .venv-vllm/bin/python3 examples/python/rl_loop.py [--steps 3] [--trainer megatron|fsdp2]
         [--tp 1|2] [--store URL] [--commits URL] [--transport object_store]
-        [--job-key FILE] [--lr 1e-6] [--workdir DIR]
+        [--job-key FILE] [--lr 1e-6] [--workdir DIR] [--kill worker:STEP|rank:STEP]
 
 Processes:
 - 2 trainer ranks (`torch.multiprocessing`, gloo): `dcr.trainers.MegatronTrainer`
@@ -27,6 +27,16 @@ then the same version is loaded densely through vLLM's own
 equal, or the program exits non-zero. At the end a fresh engine is started
 from each version's checkpoint and compared with what the refit produced.
 Ends with `rl_loop: N steps, bit-exact, generation equal`.
+
+`--kill worker:K` SIGKILLs a serving worker (TP 2) just before the engine
+applies step K's attempt: the transition fails with nothing committed, the
+engine is started again from the committed version's checkpoint at the same
+node address, and the coordinator's next transition refits it. `--kill
+rank:K` SIGKILLs trainer rank 1 while its owner publishes step K: the
+trainer restarts from the committed version's weights (a new process group,
+its ranks serving their owners at the same addresses) and trains step K
+again, or goes on if the version committed before the rank died. Either way
+the checks above decide.
 """
 
 from __future__ import annotations
@@ -78,7 +88,10 @@ def _batch(tokens, gen, seq=64, batch=4):
 # Trainer rank
 
 
-def rank_main(rank, args, init, inbox, outbox):
+def rank_main(rank, args, init, inbox, outbox, resume=None, listen="127.0.0.1:0"):
+    """One trainer rank. `resume`: (version, checkpoint) of a restarted job:
+    the weights of the committed version's checkpoint (the optimizer state
+    starts anew, as a job restarted from weights alone does)."""
     import torch.distributed as dist
     import transformers
 
@@ -93,6 +106,14 @@ def rank_main(rank, args, init, inbox, outbox):
         cfg = model_config(args.hidden, args.layers)
         torch.manual_seed(args.seed)
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+        version = 0
+        if resume is not None:
+            from safetensors.torch import load_file
+            version, ckpt = resume
+            weights = hf_params(load_file(os.path.join(ckpt, "model.safetensors")))
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(weights[n])
         if args.trainer == "megatron":
             plan = dt.TrainerPlan(cfg, tp=WORLD)
             canon = canonical_views(model, [m.name for m in plan.canonical])
@@ -102,14 +123,14 @@ def rank_main(rank, args, init, inbox, outbox):
             tr = FSDP2Trainer(model, lr=args.lr, wrap=list(model.model.layers))
             gen = torch.Generator().manual_seed(args.seed + 1 + rank)  # DP: their own
         tokens = text_tokens(1 << 20)
-        server = dcr.OwnerServer(tr.owner(), dcr.ObjectStore(args.store),
-                                 dcr.CommitStore(args.commits), job_key=args.job_key,
-                                 lease=True)
+        server = dcr.OwnerServer(tr.owner(), dcr.ObjectStore(args.store, job_key=args.job_key),
+                                 dcr.CommitStore(args.commits, job_key=args.job_key),
+                                 job_key=args.job_key,
+                                 lease=True, version=version, listen=listen)
         server.set_candidate(tr.shards)
         full = tr.canonical()  # collective
         outbox.put(("ready", server.address,
                     {n: t.clone() for n, t in full.items()} if rank == 0 else None))
-        version = 0
         while True:
             msg = inbox.get(timeout=600)
             if msg == "stop":
@@ -138,7 +159,8 @@ def rank_main(rank, args, init, inbox, outbox):
 def coordinator_main(args, owners, nodes, inbox, outbox):
     import dcr
     try:
-        co = dcr.ClusterCoordinator(dcr.CommitStore(args.commits), dcr.ObjectStore(args.store),
+        co = dcr.ClusterCoordinator(dcr.CommitStore(args.commits, job_key=args.job_key),
+                                    dcr.ObjectStore(args.store, job_key=args.job_key),
                                     owners, nodes, job_key=args.job_key)
         co.take_over()
         co.bootstrap()
@@ -148,7 +170,14 @@ def coordinator_main(args, owners, nodes, inbox, outbox):
             if msg == "stop":
                 break
             t0 = time.perf_counter()
-            rep = co.transition()
+            try:
+                rep = co.transition()
+            except dcr.Error as e:
+                # A peer died mid-refit: nothing committed; the driver
+                # restarts it and asks again.
+                outbox.put(("failed", f"{type(e).__name__}: {e}",
+                            dcr.CommitStore(args.commits, job_key=args.job_key).load()))
+                continue
             outbox.put(("committed", time.perf_counter() - t0, rep))
     except BaseException:
         outbox.put(("error", f"coordinator:\n{traceback.format_exc()}"))
@@ -204,11 +233,17 @@ def state_diff(a: list[dict], b: list[dict]) -> list[str]:
     return out
 
 
-def shutdown(llm) -> None:
+def shutdown(llm, dead: bool = False) -> None:
+    """Stop an engine; `dead`: one whose processes died (what is left of
+    it is stopped, errors of the dead parts ignored)."""
     import gc
     from vllm.distributed import cleanup_dist_env_and_memory
     if hasattr(llm.llm_engine, "engine_core"):
-        llm.llm_engine.engine_core.shutdown()
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            if not dead:
+                raise
     del llm
     gc.collect()
     cleanup_dist_env_and_memory()
@@ -225,6 +260,50 @@ def changed_fraction(a: dict, b: dict) -> float:
     return d / max(n, 1)
 
 
+def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1].startswith("Z"):
+                    return  # a zombie: dead, not yet reaped by its parent
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
+def arm_fault(what: str, rx, roles) -> None:
+    """--kill: SIGKILL the last serving worker just before the engine
+    applies the staged attempt (its other worker may apply, or not, before
+    the engine notices), or trainer rank 1 when the engine stages the
+    attempt's first payload (its owner is publishing, or has published)."""
+    import signal
+    if what == "worker":
+        victim = rx.worker_pids()[-1]
+        real = rx.apply
+
+        def apply():
+            os.kill(victim, signal.SIGKILL)
+            _wait_gone(victim)
+            return real()
+        rx.apply = apply
+    else:
+        real = rx.stage
+
+        def stage(payload):
+            p = roles.ranks[-1]
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+            return real(payload)
+        rx.stage = stage
+
+
+def disarm_fault(rx) -> None:
+    rx.__dict__.pop("apply", None)
+    rx.__dict__.pop("stage", None)
+
+
 class Roles:
     """The trainer and coordinator processes, their queues, and their errors
     (the first report of any process ends the run)."""
@@ -233,13 +312,31 @@ class Roles:
         import torch.multiprocessing as mp
         self.ctx = mp.get_context("spawn")
         self.args = args
-        init = f"file://{os.path.join(args.workdir, 'gloo-init')}"
+        self.generation = 0
+        self.ranks = []
+        self.start_ranks()
+        self.co = None
+
+    def start_ranks(self, resume=None, listen=None):
+        """The trainer's processes (again, with `resume`, after one died: a
+        new process group, as a restarted job makes)."""
+        self.generation += 1
+        init = f"file://{os.path.join(self.args.workdir, f'gloo-init-{self.generation}')}"
         self.rank_boxes = [(self.ctx.Queue(), self.ctx.Queue()) for _ in range(WORLD)]
-        self.ranks = [self.ctx.Process(target=rank_main, args=(r, args, init, *self.rank_boxes[r]),
+        self.ranks = [self.ctx.Process(target=rank_main,
+                                       args=(r, self.args, init, *self.rank_boxes[r], resume,
+                                             listen[r] if listen else "127.0.0.1:0"),
                                        daemon=True) for r in range(WORLD)]
         for p in self.ranks:
             p.start()
-        self.co = None
+
+    def kill_ranks(self):
+        """SIGKILL whatever is left of the trainer (a rank lost mid-step
+        takes its process group down)."""
+        for p in self.ranks:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=30)
 
     def _get(self, box, proc, what, timeout=600.0):
         deadline = time.monotonic() + timeout
@@ -272,8 +369,22 @@ class Roles:
         self.co.start()
 
     def transition(self):
+        """("committed", seconds, report) or ("failed", why, commit record)."""
         self.co_box[0].put("transition")
         return self._get(self.co_box[1], self.co, "coordinator")
+
+    def transition_when_back(self, what: str, wait_s: float = 60.0):
+        """A transition after a peer restarted: the coordinator's link to the
+        old process fails once (`Unavailable`) and reconnects on the next
+        call; retried while the peer is unavailable, up to `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            msg = self.transition()
+            if msg[0] != "failed":
+                return msg
+            if not msg[1].startswith("Unavailable") or time.monotonic() > deadline:
+                raise SystemExit(f"rl_loop: {what}: {msg[1]}")
+            time.sleep(0.5)
 
     def close(self):
         if self.co is not None and self.co.is_alive():
@@ -302,7 +413,19 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", help="default: a new temporary directory, removed at the end")
+    ap.add_argument("--kill", metavar="worker:STEP|rank:STEP",
+                    help="SIGKILL a serving worker (needs --tp 2) or trainer rank 1 in the "
+                         "middle of step STEP's refit, then recover: the engine restarted from "
+                         "the committed version, or the trainer from its weights")
     args = ap.parse_args(argv)
+    if args.kill:
+        what, _, step = args.kill.partition(":")
+        if what not in ("worker", "rank") or not step.isdigit() or not 1 <= int(step) <= args.steps:
+            ap.error(f"--kill {args.kill}: expected worker:STEP or rank:STEP, 1 <= STEP <= --steps")
+        if what == "worker" and args.tp < 2:
+            ap.error("--kill worker needs --tp 2 (the workers of a --tp 1 engine run in this "
+                     "process)")
+        args.kill = (what, int(step))
 
     own_dir = args.workdir is None
     args.workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="dcr-rl-loop-"))
@@ -335,7 +458,8 @@ def main(argv=None) -> int:
         rx = dv.EngineReceiver(llm, canon)
         print(f"rl_loop: engine started in {time.perf_counter() - t0:.1f} s; "
               f"{len(rx.info)} worker(s) prewarmed", flush=True)
-        node = dcr.NodeServer({"engine": rx}, dcr.ObjectStore(args.store), job_key=args.job_key,
+        node = dcr.NodeServer({"engine": rx}, dcr.ObjectStore(args.store, job_key=args.job_key),
+                              job_key=args.job_key,
                               state_parts=dv.state_parts)
         roles.start_coordinator(owners, [node.address])
         roles._get(roles.co_box[1], roles.co, "coordinator")  # ready: version 0 committed
@@ -347,17 +471,74 @@ def main(argv=None) -> int:
         print(head)
         print("-" * len(head), flush=True)
         refit_states, refit_tokens = [], []
-        for k in range(1, args.steps + 1):
+        fault = args.kill  # (what, step) or None: fires once
+        k = 1
+        while k <= args.steps:
             roles.tell_ranks("step")
             trained = roles.ranks_say("trained")
             loss = sum(m[1] for m in trained) / WORLD
             new = trained[0][2]
             change = changed_fraction(new, canon)
-            canon = new
-            ckpts.append(save_checkpoint(os.path.join(args.workdir, "ckpt", f"v{k}"), cfg, canon))
-            _, refit_s, rep = roles.transition()
+            del ckpts[k:]  # a step trained again after a lost rank replaces its checkpoint
+            ckpts.append(save_checkpoint(os.path.join(args.workdir, "ckpt", f"v{k}"), cfg, new))
+            armed = fault if fault and fault[1] == k else None
+            if armed:
+                arm_fault(armed[0], rx, roles)
+                fault = None
+            msg = roles.transition() if armed else roles.transition_when_back(f"step {k}")
+            if armed:
+                disarm_fault(rx)
+            if msg[0] == "failed":
+                if not armed:
+                    raise SystemExit(f"rl_loop: step {k}: {msg[1]}")
+                committed = msg[2]["version"]
+                print(f"rl_loop: step {k}: {armed[0]} SIGKILLed mid-refit; the transition "
+                      f"failed ({msg[1][:160]}); committed version {committed}", flush=True)
+                if committed not in (k - 1, k):
+                    raise SystemExit(f"rl_loop: committed version {committed} after a failed "
+                                     f"transition to {k}")
+                if armed[0] == "worker":
+                    # The engine died with its worker: a new one from the
+                    # committed version's checkpoint, served at the same
+                    # address; the coordinator's retry refits it.
+                    if committed != k - 1:
+                        raise SystemExit(f"rl_loop: version {k} committed without the "
+                                         "engine's apply")
+                    node.close()
+                    shutdown(llm, dead=True)
+                    llm = start_engine(ckpts[committed], args.tp)
+                    rx = dv.EngineReceiver(llm, canon)
+                    node = dcr.NodeServer({"engine": rx},
+                                          dcr.ObjectStore(args.store, job_key=args.job_key),
+                                          listen=node.address, job_key=args.job_key,
+                                          state_parts=dv.state_parts)
+                    msg = roles.transition_when_back(f"step {k} after the engine's restart")
+                else:
+                    # A lost rank takes the trainer down: the job restarts
+                    # from the committed version's weights, its ranks serving
+                    # their owners at the same addresses.
+                    roles.kill_ranks()
+                    roles.start_ranks(resume=(committed, ckpts[committed]), listen=owners)
+                    roles.ranks_say("ready")
+                    if committed == k - 1:
+                        # The restarted trainer trains another candidate of
+                        # version k than the lost one. The coordinator's
+                        # overwrite retry rewrites one candidate's changed
+                        # set only, so a receiver that applied part of the
+                        # lost candidate is restored densely first.
+                        touched = bool(refit_states) and bool(
+                            state_diff(refit_states[-1], engine_state(llm)))
+                        rx.dense_restore(ckpts[committed])
+                        print(f"rl_loop: step {k}: the engine "
+                              f"{'held part of the lost attempt' if touched else 'was untouched'}"
+                              f"; restored densely to version {committed}", flush=True)
+                        continue  # train step k again
+                    msg = ("committed", float("nan"),
+                           {"committed_version": k, "attempts": [{"payload_bytes": 0}]})
+            _, refit_s, rep = msg
             if rep["committed_version"] != k:
                 raise SystemExit(f"rl_loop: step {k} committed version {rep['committed_version']}")
+            canon = new
             payload = rep["attempts"][-1]["payload_bytes"]
             state, tokens = engine_state(llm), greedy(llm)
             refit_states.append(state)
@@ -376,6 +557,7 @@ def main(argv=None) -> int:
             if diff:
                 print(f"rl_loop: step {k}: differs from vLLM's dense reload in {diff[:5]}")
                 break
+            k += 1
         roles.tell_ranks("stop")
         roles.ranks_say("stopped")
         node.close()

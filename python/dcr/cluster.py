@@ -90,6 +90,23 @@ def _host_port(address: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _check_stores(secret: bytes, what: str, **stores) -> None:
+    """A role's stores must be opened with the role's job key: a store
+    without it would write (or require) unkeyed manifests and records while
+    the channel is keyed, and its readers would fail or, worse, trust less
+    than the job asked for."""
+    for name, st in stores.items():
+        if st is None or not hasattr(st, "_job_secret"):
+            continue
+        if st._job_secret != secret:
+            why = ("was opened without the job key the role has" if not st._job_secret else
+                   "has a job key and the role has none" if not secret else
+                   "has another job key than the role")
+            errors.raise_error(errors.InvalidArgument,
+                               f"{what}: the {name.replace('_', ' ')} {why}; "
+                               "give every store and role of a job the same job_key")
+
+
 def _check_listen(host: str, secret: bytes, insecure: bool, what: str) -> None:
     """Unkeyed control channels are for loopback: anyone who can reach the
     port could otherwise publish, fence or drop receivers."""
@@ -122,7 +139,8 @@ class ObjectStore(_dcr.ObjectStore):
             else:
                 access = os.environ.get("DCR_S3_ACCESS_KEY", "")
                 secret = os.environ.get("DCR_S3_SECRET_KEY", "")
-        super().__init__(url, incarnation, region, access, secret, job_secret(job_key))
+        self._job_secret = job_secret(job_key)
+        super().__init__(url, incarnation, region, access, secret, self._job_secret)
         self.url = url
 
 
@@ -147,7 +165,8 @@ class CommitStore(_dcr.CommitStore):
                 errors.raise_error(errors.InvalidArgument,
                                    f"credentials {credentials}: 'cert' and 'key' go together")
             ca, cert, key = c.get("ca", ""), c.get("cert", ""), c.get("key", "")
-        super().__init__(url, ca, cert, key, job_secret(job_key))
+        self._job_secret = job_secret(job_key)
+        super().__init__(url, ca, cert, key, self._job_secret)
         self.url = url
 
 
@@ -282,6 +301,7 @@ class OwnerServer:
         host, port = _host_port(listen, "OwnerServer listen")
         secret = job_secret(job_key)
         _check_listen(host, secret, insecure, "OwnerServer")
+        _check_stores(secret, "OwnerServer", object_store=store, commit_store=commits)
         self.owner = owner
         hook = None
         if next_candidate is not None:
@@ -352,6 +372,7 @@ class NodeServer:
         host, port = _host_port(listen, "NodeServer listen")
         secret = job_secret(job_key)
         _check_listen(host, secret, insecure, "NodeServer")
+        _check_stores(secret, "NodeServer", object_store=store)
         self.receivers = dict(receivers)
         self._core = _dcr.NodeServer(receivers, state_parts or globals()["state_parts"], restore,
                                      verify, store, fetch_all, gate, host, port, secret)
@@ -405,9 +426,11 @@ class ClusterCoordinator:
         for a in owners + nodes:
             _host_port(a, "ClusterCoordinator")
         self.commits, self.store = commits, store
+        secret = job_secret(job_key)
+        _check_stores(secret, "ClusterCoordinator", object_store=store, commit_store=commits)
         self._core = _dcr.ClusterCoordinator(commits, store, owners, nodes, max_attempts,
                                              deadline_s, collect_garbage, asynchronous,
-                                             job_secret(job_key), connect_wait_s)
+                                             secret, connect_wait_s)
         self.last_report: dict | None = None
 
     @property

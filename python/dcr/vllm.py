@@ -395,6 +395,10 @@ class DcrWorkerExtension:
         return {"seconds": time.perf_counter() - t0}
 
     # -- state ---------------------------------------------------------------------
+    def dcr_pid(self):
+        """This worker's process id (for a supervisor watching the workers)."""
+        return self._dcr_call(os.getpid)
+
     def dcr_state(self, shadow: bool = True):
         """Every byte this worker serves from, as `{name: bytes}`."""
         return self._dcr_call(lambda: {n: bytes(v) for n, v in self._dcr_state_parts(shadow)})
@@ -569,6 +573,10 @@ class EngineReceiver:
     def state_parts(self) -> list:
         return [(f"worker{i}", np.frombuffer(bytes.fromhex(d), dtype=np.uint8))
                 for i, d in enumerate(self.state_digests())]
+
+    def worker_pids(self) -> list[int]:
+        """Each worker's process id (this process's for an in-process engine)."""
+        return self._rpc("dcr_pid")
 
     def state(self, shadow: bool = False) -> list[dict]:
         """Every worker's `{name: bytes}` (parameters, buffers, kernels)."""

@@ -112,7 +112,13 @@ def test_trainer_ranks_and_serving_processes(tmp_path, key_file):
         commits = dcr.CommitStore(f"file:{work}/control", job_key=key_file)
         # Without the job key the servers refuse the channel (a typed error).
         with pytest.raises(dcr.Error):
-            dcr.ClusterCoordinator(commits, store, job.owners, job.nodes, connect_wait_s=2)
+            dcr.ClusterCoordinator(dcr.CommitStore(f"file:{work}/control"),
+                                   dcr.ObjectStore(f"fs:{work}/objects"), job.owners, job.nodes,
+                                   connect_wait_s=2)
+        # Stores opened without the role's key are refused before anything runs.
+        with pytest.raises(dcr.InvalidArgument, match="commit store was opened without"):
+            dcr.ClusterCoordinator(dcr.CommitStore(f"file:{work}/control"), store, job.owners,
+                                   job.nodes, job_key=key_file)
         co = dcr.ClusterCoordinator(commits, store, job.owners, job.nodes, job_key=key_file)
         assert co.node_ids == job.ids
         co.take_over()
