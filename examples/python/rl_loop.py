@@ -175,8 +175,7 @@ def coordinator_main(args, owners, nodes, inbox, outbox):
             except dcr.Error as e:
                 # A peer died mid-refit: nothing committed; the driver
                 # restarts it and asks again.
-                outbox.put(("failed", f"{type(e).__name__}: {e}",
-                            dcr.CommitStore(args.commits, job_key=args.job_key).load()))
+                outbox.put(("failed", f"{type(e).__name__}: {e}", co.commits.load()))
                 continue
             outbox.put(("committed", time.perf_counter() - t0, rep))
     except BaseException:
@@ -194,6 +193,14 @@ def save_checkpoint(path: str, cfg, tensors: dict) -> str:
     save_file({k: v.contiguous() for k, v in tensors.items()},
               os.path.join(path, "model.safetensors"))
     return path
+
+
+def serve_engine(args, rx, listen: str = "127.0.0.1:0"):
+    """The engine as the node `engine` of the job, on the job's store and key."""
+    import dcr
+    import dcr.vllm as dv
+    return dcr.NodeServer({"engine": rx}, dcr.ObjectStore(args.store, job_key=args.job_key),
+                          listen=listen, job_key=args.job_key, state_parts=dv.state_parts)
 
 
 def start_engine(path: str, tp: int):
@@ -250,11 +257,11 @@ def shutdown(llm, dead: bool = False) -> None:
 
 
 def changed_fraction(a: dict, b: dict) -> float:
-    word = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+    from dcr.torch import word_view
     n = d = 0
     for k, t in a.items():
-        x = t.contiguous().view(-1).view(word[t.element_size()])
-        y = b[k].contiguous().view(-1).view(word[t.element_size()])
+        x = word_view(t.contiguous().view(-1))
+        y = word_view(b[k].contiguous().view(-1))
         n += x.numel()
         d += int((x != y).sum())
     return d / max(n, 1)
@@ -439,7 +446,6 @@ def main(argv=None) -> int:
     if args.job_key:
         args.job_key = os.path.abspath(args.job_key)
 
-    import dcr
     import dcr.vllm as dv
 
     cfg = model_config(args.hidden, args.layers)
@@ -458,9 +464,7 @@ def main(argv=None) -> int:
         rx = dv.EngineReceiver(llm, canon)
         print(f"rl_loop: engine started in {time.perf_counter() - t0:.1f} s; "
               f"{len(rx.info)} worker(s) prewarmed", flush=True)
-        node = dcr.NodeServer({"engine": rx}, dcr.ObjectStore(args.store, job_key=args.job_key),
-                              job_key=args.job_key,
-                              state_parts=dv.state_parts)
+        node = serve_engine(args, rx)
         roles.start_coordinator(owners, [node.address])
         roles._get(roles.co_box[1], roles.co, "coordinator")  # ready: version 0 committed
         total = sum(t.numel() * t.element_size() for t in canon.values())
@@ -508,10 +512,7 @@ def main(argv=None) -> int:
                     shutdown(llm, dead=True)
                     llm = start_engine(ckpts[committed], args.tp)
                     rx = dv.EngineReceiver(llm, canon)
-                    node = dcr.NodeServer({"engine": rx},
-                                          dcr.ObjectStore(args.store, job_key=args.job_key),
-                                          listen=node.address, job_key=args.job_key,
-                                          state_parts=dv.state_parts)
+                    node = serve_engine(args, rx, listen=node.address)
                     msg = roles.transition_when_back(f"step {k} after the engine's restart")
                 else:
                     # A lost rank takes the trainer down: the job restarts
