@@ -477,6 +477,16 @@ public:
     DCR_RETURN_ERROR_IF(!file_lease_, conflict, "no owner lease held");
     return file_lease_->check();
   }
+  /// `check_owner`, claiming the id again if the etcd lease lapsed while
+  /// this process was cut off and nobody claimed it since
+  /// (`etcd_owner_lease::hold`; the file store's flock does not lapse).
+  /// Before a write only, never between a write and its closing check.
+  status hold_owner() {
+#if DCR_CLUSTER_NET
+    if (etcd_lease_) return etcd_lease_->hold();
+#endif
+    return check_owner();
+  }
   /// The fence token of the lease held (empty: none).
   std::string owner_token() const {
 #if DCR_CLUSTER_NET

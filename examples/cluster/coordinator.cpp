@@ -201,6 +201,11 @@ int main(int argc, char** argv) try {
           std::cerr << "dcr-coordinator: version " << target << " attempt " << a.attempt << ": "
                     << to_string(a.result.code) << ": " << a.result.message << std::endl;
       }
+      // What the transition left behind (garbage kept, a receiver not
+      // dropped yet, a gate shut): its result stands either way.
+      for (auto& f : rep.best_effort)
+        std::cerr << "dcr-coordinator: version " << target << ": best effort: " << f.text()
+                  << std::endl;
       if (rep.result || clk::now() > until) break;
       // Committed after all, with every owner's baseline moved (e.g. the
       // reply to a baseline update was lost with its link): this step is

@@ -14,7 +14,9 @@
 // "Owner leases" in dcr/protocol/commit_store.hpp): a second process started
 // as the same rank while this one runs is refused and exits 3; the lease is
 // checked before and after every publish and dense export, so a process that
-// lost it writes nothing the coordinator accepts.
+// lost it writes nothing the coordinator accepts. An etcd lease that lapsed
+// while the process was cut off is claimed again (new fence token) if no
+// other process claimed the rank meanwhile; if one did, this one exits 3.
 //
 //   dcr-owner --rank R --listen HOST:PORT [job flags] [--die-mid-upload STEP]
 //             [--lease-ttl SECONDS] [--lease-wait SECONDS]
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <future>
 #include <iostream>
@@ -288,6 +291,7 @@ int main(int argc, char** argv) try {
   };
   // Payloads go to the object store or, with --transport relay_tree, stream
   // to the relay root (relay_job.hpp); the protocol is the same over both.
+  std::atomic<bool> stale{false}; // the owner id was claimed by another process
   auto serve = [&](auto& link) {
     protocol::owner_service<std::remove_reference_t<decltype(link)>> service(link, hooks);
     std::mutex one_call; // the process serves one call at a time (training state is shared)
@@ -302,8 +306,23 @@ int main(int argc, char** argv) try {
           // held while it wrote (a lost claim never comes back with this token).
           const bool writes = f.type == protocol::control_type::publish ||
                               f.type == protocol::control_type::export_dense;
-          if (writes || f.type == protocol::control_type::commit_baseline)
-            DCR_TRY(commits.check_owner());
+          // A claim that lapsed while this process was cut off from etcd
+          // is taken again here if nobody claimed the id meanwhile; if
+          // somebody did, this process is stale for good and exits (3), so
+          // that a supervisor sees it.
+          if (writes || f.type == protocol::control_type::commit_baseline) {
+            const auto before = commits.owner_token();
+            if (auto s = commits.hold_owner(); !s) {
+              if (s.code == errc::conflict && !stale.exchange(true)) {
+                std::cerr << who << ": " << s.message << "; exiting" << std::endl;
+                ::kill(::getpid(), SIGTERM);
+              }
+              return s;
+            }
+            if (commits.owner_token() != before)
+              std::cerr << who << ": owner lease lapsed and claimed again, fence token "
+                        << commits.owner_token() << std::endl;
+          }
           // Calls that read the candidate wait for its training and detect its
           // changes first (a repeated commit of the version the baseline is at
           // is a no-op and does not wait).
@@ -332,7 +351,7 @@ int main(int argc, char** argv) try {
               << job.flags.transport << ")" << std::endl;
     cluster::wait_for_termination();
     server.shutdown();
-    return 0;
+    return stale ? 3 : 0;
   };
   if (job.relay()) {
     cluster::process_relay relay(job, std::nullopt);

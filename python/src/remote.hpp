@@ -203,7 +203,7 @@ private:
     // a write is answered with success only if the lease was held after it.
     const bool writes = f.type == control_type::publish || f.type == control_type::export_dense;
     if (leased_ && (writes || f.type == control_type::commit_baseline))
-      DCR_TRY(commits_->check_owner());
+      DCR_TRY(commits_->hold_owner()); // claims the id again if it lapsed in a partition
     DCR_TRY((*service_)(f, stop, out));
     if (leased_ && writes) DCR_TRY(commits_->check_owner());
     return dcr::status::success();

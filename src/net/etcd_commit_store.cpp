@@ -250,9 +250,12 @@ status etcd_commit_store::compare_and_set(std::uint64_t epoch, std::uint64_t att
 // ---- owner lease ------------------------------------------------------------
 
 struct etcd_owner_lease::impl {
+  using clock = std::chrono::steady_clock;
+
   impl(const etcd_options& opt, std::uint32_t owner, owner_lease_options lo)
-      : http_(parse_endpoints(opt.endpoints), opt.http), owner_(owner), lo_(lo),
-        key_(opt.prefix + "owners/" + std::to_string(owner)) {}
+      : http_(parse_endpoints(opt.endpoints), lease_http(opt.http, lo.ttl)), owner_(owner), lo_(lo),
+        key_(opt.prefix + "owners/" + std::to_string(owner)),
+        claims_key_(opt.prefix + "owner-claims/" + std::to_string(owner)) {}
 
   ~impl() {
     {
@@ -261,7 +264,19 @@ struct etcd_owner_lease::impl {
     }
     stop_cv_.notify_all();
     if (renewer_.joinable()) renewer_.join();
-    if (lease_id_) revoke(); // deletes the key: a clean exit frees the id at once
+    if (lease_id_) revoke(lease_id_); // deletes the key: a clean exit frees the id at once
+  }
+
+  /// The lease's calls give up within a quarter of the TTL. With the
+  /// client's default (10 s) one keepalive sent into a cut link outlived the
+  /// lease it was renewing, and no retry was left before the expiry.
+  static net::http_options lease_http(net::http_options o, std::chrono::seconds ttl) {
+    const auto quarter = std::max<std::chrono::milliseconds>(
+        std::chrono::milliseconds(250),
+        std::chrono::duration_cast<std::chrono::milliseconds>(ttl) / 4);
+    o.connect_timeout = std::min(o.connect_timeout, quarter);
+    o.request_timeout = std::min(o.request_timeout, quarter);
+    return o;
   }
 
   static std::vector<net::http_endpoint> parse_endpoints(const std::vector<std::string>& urls) {
@@ -312,65 +327,81 @@ struct etcd_owner_lease::impl {
     return etcd::parse_txn_response(res.body, where, out);
   }
 
-  status grant() {
+  status grant(std::uint64_t& id) {
     json_value doc;
     DCR_TRY(post("/v3/lease/grant", R"({"TTL":")" + std::to_string(lo_.ttl.count()) + R"("})",
                  "lease grant", doc));
-    const auto* id = doc.get("ID");
-    DCR_RETURN_ERROR_IF(!id || !id->as_u64(lease_id_) || lease_id_ == 0, bad_format,
+    const auto* v = doc.get("ID");
+    DCR_RETURN_ERROR_IF(!v || !v->as_u64(id) || id == 0, bad_format,
                         "etcd lease grant: no lease ID in the answer");
     return status::success();
   }
 
-  void revoke() {
+  void revoke(std::uint64_t id) {
     json_value doc;
-    (void)post("/v3/lease/revoke", R"({"ID":")" + std::to_string(lease_id_) + R"("})",
-               "lease revoke", doc);
+    (void)post("/v3/lease/revoke", R"({"ID":")" + std::to_string(id) + R"("})", "lease revoke",
+               doc);
   }
 
   std::string b64(const std::string& s) const { return net::base64_encode(s); }
+  std::string claim_value(const std::string& token) const {
+    return "token " + token + " pid " + std::to_string(static_cast<long>(::getpid()));
+  }
+  /// The puts of a claim: the owner key with the lease, and the claims key
+  /// (no lease: it outlives every holder) naming the claimant's token.
+  std::string claim_puts(const std::string& value, const std::string& token,
+                         std::uint64_t lease) const {
+    return R"({"request_put":{"key":")" + b64(key_) + R"(","value":")" + b64(value) +
+           R"(","lease":")" + std::to_string(lease) + R"("}},{"request_put":{"key":")" +
+           b64(claims_key_) + R"(","value":")" + b64(token) + R"("}})";
+  }
+  /// The value `t`'s range response `i` holds for `key` (empty: no such key).
+  static status value_at(const etcd::txn_result& t, std::size_t i, const std::string& key,
+                         std::string& out) {
+    out.clear();
+    const json_value* kv = nullptr;
+    DCR_TRY(etcd::kv_of(t, i, key, kv));
+    if (kv) DCR_TRY(etcd::value_of(*kv, key, out));
+    return status::success();
+  }
 
   /// One create: compare version == 0, put the claim with the lease; the
   /// failure branch reads the holder's value into `holder`.
   status try_create(bool& won, std::string& holder) {
-    const std::string body =
-        R"({"compare":[{"result":"EQUAL","target":"VERSION","key":")" + b64(key_) +
-        R"(","version":"0"}],"success":[{"request_put":{"key":")" + b64(key_) + R"(","value":")" +
-        b64(value_) + R"(","lease":")" + std::to_string(lease_id_) +
-        R"("}}],"failure":[{"request_range":{"key":")" + b64(key_) + R"("}}]})";
+    const std::string body = R"({"compare":[{"result":"EQUAL","target":"VERSION","key":")" +
+                             b64(key_) + R"(","version":"0"}],"success":[)" +
+                             claim_puts(value_, token_, lease_id_) +
+                             R"(],"failure":[{"request_range":{"key":")" + b64(key_) + R"("}}]})";
     etcd::txn_result t;
     DCR_TRY(txn(body, "lease claim", t));
     won = t.succeeded;
     holder.clear();
     if (won) return status::success();
-    const json_value* kv = nullptr;
-    DCR_TRY(etcd::kv_of(t, 0, key_, kv));
-    if (kv) DCR_TRY(etcd::value_of(*kv, key_, holder));
-    return status::success();
+    return value_at(t, 0, key_, holder);
   }
 
   status acquire() {
     token_ = new_incarnation();
-    value_ = "token " + token_ + " pid " + std::to_string(static_cast<long>(::getpid()));
-    DCR_TRY(grant());
-    const auto until = std::chrono::steady_clock::now() + lo_.wait;
+    value_ = claim_value(token_);
+    DCR_TRY(grant(lease_id_));
+    const auto until = clock::now() + lo_.wait;
     // Our own lease runs down while we wait for a held claim to expire (a
     // restart after SIGKILL waits up to a whole TTL): it is renewed every
     // ttl/3 here as the renewer does after the claim, and granted again if it
     // ran out, so that a claim won at the end of the wait does not carry a
     // lease about to expire (its key would vanish before the first renewal).
-    auto renewed = std::chrono::steady_clock::now();
+    auto renewed = clock::now();
     std::string holder;
     for (;;) {
       bool won = false;
       if (auto s = try_create(won, holder); !s) {
-        revoke();
+        revoke(lease_id_);
         lease_id_ = 0;
         return s;
       }
       if (won) break;
-      if (std::chrono::steady_clock::now() >= until) {
-        revoke();
+      if (clock::now() >= until) {
+        revoke(lease_id_);
         lease_id_ = 0;
         return fail(errc::conflict, "owner " + std::to_string(owner_) +
                                         " is held by another process (" +
@@ -378,14 +409,16 @@ struct etcd_owner_lease::impl {
                                         ", etcd key " + key_ + "): refused");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (std::chrono::steady_clock::now() - renewed >= renew_every()) {
+      if (clock::now() - renewed >= renew_every()) {
         bool alive = true;
-        if (renew_once(alive).ok()) {
-          renewed = std::chrono::steady_clock::now();
-          if (!alive) DCR_TRY(grant()); // expired while waiting: a fresh lease
+        const auto sent = clock::now();
+        if (renew_once(lease_id_, alive).ok()) {
+          renewed = sent;
+          if (!alive) DCR_TRY(grant(lease_id_)); // expired while waiting: a fresh lease
         }
       }
     }
+    last_renewed_ = renewed;
     renewer_ = std::thread([this] { renew_loop(); });
     return status::success();
   }
@@ -395,12 +428,17 @@ struct etcd_owner_lease::impl {
         std::chrono::milliseconds(100),
         std::chrono::duration_cast<std::chrono::milliseconds>(lo_.ttl) / 3);
   }
+  /// After a failed renewal: soon again, so that a link back up before the
+  /// TTL runs out finds the lease renewed in time.
+  std::chrono::milliseconds retry_every() const {
+    return std::min<std::chrono::milliseconds>(std::chrono::milliseconds(250), renew_every());
+  }
 
-  /// One keepalive of the lease: `alive` false when etcd answers that the
+  /// One keepalive of lease `id`: `alive` false when etcd answers that the
   /// lease is gone (TTL absent or 0); a failed call (etcd down) is the status.
-  status renew_once(bool& alive) {
+  status renew_once(std::uint64_t id, bool& alive) {
     json_value doc;
-    DCR_TRY(post("/v3/lease/keepalive", R"({"ID":")" + std::to_string(lease_id_) + R"("})",
+    DCR_TRY(post("/v3/lease/keepalive", R"({"ID":")" + std::to_string(id) + R"("})",
                  "lease keepalive", doc));
     const auto* r = doc.get("result");
     std::uint64_t ttl = 0;
@@ -409,23 +447,50 @@ struct etcd_owner_lease::impl {
     return status::success();
   }
 
-  /// Renews every ttl/3; a renewal that finds the lease gone (TTL absent or
-  /// 0) marks the claim lost. Failed calls (etcd down) are retried: the
-  /// lease lives on in etcd until its TTL runs out.
+  /// Renews every ttl/3, and every retry_every() after a failed call (etcd
+  /// down or cut off). The claim is marked lost when a renewal finds the
+  /// lease gone, or when no renewal succeeded for a whole TTL (etcd has
+  /// dropped it by then, or will before anyone can tell).
   void renew_loop() {
+    auto wait = renew_every();
     std::unique_lock l(stop_m_);
-    while (!stop_cv_.wait_for(l, renew_every(), [&] { return stop_; })) {
+    while (!stop_cv_.wait_for(l, wait, [&] { return stop_; })) {
       l.unlock();
-      bool alive = true;
-      if (renew_once(alive).ok() && !alive) lost_ = true;
+      {
+        std::lock_guard g(state_m_);
+        wait = renew_every();
+        if (!lost_) {
+          bool alive = true;
+          const auto sent = clock::now();
+          if (!renew_once(lease_id_, alive)) {
+            wait = retry_every();
+            if (clock::now() - last_renewed_ >= lo_.ttl) lost_ = true;
+          } else if (!alive) {
+            lost_ = true;
+          } else {
+            last_renewed_ = sent;
+          }
+        }
+      }
       l.lock();
     }
   }
 
-  status check() {
-    DCR_RETURN_ERROR_IF(lost_, conflict,
-                        "owner " + std::to_string(owner_) + ": lease with token " + token_ +
-                            " expired: a stale owner process does not write");
+  std::string token() const {
+    std::lock_guard g(state_m_);
+    return token_;
+  }
+
+  status lost_status() const {
+    return fail(errc::conflict, "owner " + std::to_string(owner_) + ": lease with token " + token_ +
+                                    " expired: a stale owner process does not write");
+  }
+
+  /// The check under `state_m_`; `holder` gets what the key holds when it
+  /// does not hold this claim (empty: nothing).
+  status check_locked(std::string& holder) {
+    holder.clear();
+    if (lost_) return lost_status();
     const std::string body = R"({"compare":[{"result":"EQUAL","target":"VALUE","key":")" +
                              b64(key_) + R"(","value":")" + b64(value_) +
                              R"("}],"success":[],"failure":[{"request_range":{"key":")" +
@@ -433,23 +498,94 @@ struct etcd_owner_lease::impl {
     etcd::txn_result t;
     DCR_TRY(txn(body, "lease check", t));
     if (t.succeeded) return status::success();
-    std::string holder;
-    const json_value* kv = nullptr;
-    DCR_TRY(etcd::kv_of(t, 0, key_, kv));
-    if (kv) DCR_TRY(etcd::value_of(*kv, key_, holder));
+    DCR_TRY(value_at(t, 0, key_, holder));
     return fail(errc::conflict, "owner " + std::to_string(owner_) + ": lease with token " + token_ +
                                     " lost (etcd key " + key_ + " holds " +
                                     (holder.empty() ? std::string("nothing") : holder) +
                                     "): a stale owner process does not write");
   }
 
+  status check() {
+    std::lock_guard g(state_m_);
+    std::string holder;
+    return check_locked(holder);
+  }
+
+  /// See `etcd_owner_lease::hold`.
+  status hold() {
+    std::lock_guard g(state_m_);
+    std::string holder;
+    auto s = check_locked(holder);
+    if (s || s.code != errc::conflict || !holder.empty()) return s; // held, unknown, or taken
+    // The key is gone (the lease expired while this process was cut off, or
+    // the key was deleted). Claim the id again under a fresh token, in one
+    // transaction that also requires the claims key to still name this
+    // process's token: a claim another process made (and maybe released)
+    // meanwhile changed it, and whatever that process wrote as this owner is
+    // not this process's to continue.
+    const std::string token = new_incarnation();
+    const std::string value = claim_value(token);
+    std::uint64_t id = 0;
+    const auto granted = clock::now();
+    DCR_TRY(grant(id));
+    const std::string body =
+        R"({"compare":[{"result":"EQUAL","target":"VERSION","key":")" + b64(key_) +
+        R"(","version":"0"},{"result":"EQUAL","target":"VALUE","key":")" + b64(claims_key_) +
+        R"(","value":")" + b64(token_) + R"("}],"success":[)" + claim_puts(value, token, id) +
+        R"(],"failure":[{"request_range":{"key":")" + b64(key_) +
+        R"("}},{"request_range":{"key":")" + b64(claims_key_) + R"("}}]})";
+    etcd::txn_result t;
+    if (auto r = txn(body, "lease re-claim", t); !r) {
+      revoke(id);
+      return r;
+    }
+    if (!t.succeeded) {
+      revoke(id);
+      std::string last;
+      DCR_TRY(value_at(t, 0, key_, holder));
+      DCR_TRY(value_at(t, 1, claims_key_, last));
+      if (holder == value_) {
+        // Still ours: the renewals failed for a TTL by this clock, but etcd
+        // kept the lease. A live keepalive proves the claim never lapsed.
+        bool alive = false;
+        const auto sent = clock::now();
+        DCR_TRY(renew_once(lease_id_, alive));
+        if (alive) {
+          lost_ = false;
+          last_renewed_ = sent;
+          return status::success();
+        }
+        return lost_status();
+      }
+      if (!holder.empty())
+        return fail(errc::conflict, "owner " + std::to_string(owner_) +
+                                        " is held by another process (" + holder + ", etcd key " +
+                                        key_ + "): the claim with token " + token_ +
+                                        " expired; this process does not write as the owner again");
+      return fail(errc::conflict, "owner " + std::to_string(owner_) +
+                                      " was claimed by another process (token " +
+                                      (last.empty() ? std::string("unknown") : last) +
+                                      ") after the claim with token " + token_ +
+                                      " expired; this process does not write as the owner again");
+    }
+    if (!lost_) revoke(lease_id_); // the key was deleted by hand: its lease holds nothing now
+    lease_id_ = id;
+    token_ = token;
+    value_ = value;
+    lost_ = false;
+    last_renewed_ = granted;
+    return status::success();
+  }
+
+  mutable std::mutex state_m_; ///< the claim (lease id, token, lost); taken before http_m_
   std::mutex http_m_;
   net::http_client http_;
   std::uint32_t owner_;
   owner_lease_options lo_;
-  std::string key_, token_, value_;
+  std::string key_, claims_key_, token_, value_;
   std::uint64_t lease_id_ = 0;
-  std::atomic<bool> lost_{false};
+  bool lost_ = false;
+  clock::time_point last_renewed_{};
   std::mutex stop_m_;
   std::condition_variable stop_cv_;
   bool stop_ = false;
@@ -466,7 +602,8 @@ status etcd_owner_lease::acquire(const etcd_options& opt, std::uint32_t owner,
 }
 etcd_owner_lease::etcd_owner_lease(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 etcd_owner_lease::~etcd_owner_lease() = default;
-const std::string& etcd_owner_lease::token() const noexcept { return impl_->token_; }
+std::string etcd_owner_lease::token() const { return impl_->token(); }
 status etcd_owner_lease::check() { return impl_->check(); }
+status etcd_owner_lease::hold() { return impl_->hold(); }
 
 } // namespace dcr::protocol

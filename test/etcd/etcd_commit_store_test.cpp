@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include <csignal>
 #include <unistd.h>
 
 #include "dcr/core/json.hpp"
@@ -543,4 +544,83 @@ TEST_CASE("etcd owner lease: a claim won at the end of a long wait keeps a live 
   REQUIRE(held.exists);
   CHECK(held.value.find("token " + b->token()) == 0);
   CHECK(b->check().ok());
+}
+
+TEST_CASE("etcd owner lease: a lapsed claim is taken again by hold, unless another process claimed "
+          "the id since") {
+  auto& srv = shared_server();
+  const auto opt = options_for(srv, "lease-hold/");
+  const std::string key = "lease-hold/owners/5";
+  const auto drop_key = [&] {
+    raw_post(srv, "/v3/kv/deleterange", R"({"key":")" + net::base64_encode(key) + R"("})");
+  };
+  std::unique_ptr<etcd_owner_lease> a, b;
+  REQUIRE(etcd_owner_lease::acquire(opt, 5, {std::chrono::seconds(5), {}}, a).ok());
+  CHECK(a->hold().ok()); // held: hold is check
+  const auto first = a->token();
+  // The key gone and nobody else claimed the id: check refuses, hold claims
+  // it again under a fresh token, which the key then names.
+  drop_key();
+  CHECK(a->check().code == errc::conflict);
+  REQUIRE_MESSAGE(a->hold().ok(), a->hold().message);
+  CHECK(a->token() != first);
+  CHECK(dcr::valid_incarnation(a->token()));
+  CHECK(a->check().ok());
+  CHECK(raw_get(srv, key).value.find("token " + a->token()) == 0);
+  // Another process claims the id while the key is gone: hold refuses.
+  drop_key();
+  REQUIRE(etcd_owner_lease::acquire(opt, 5, {std::chrono::seconds(5), {}}, b).ok());
+  auto s = a->hold();
+  CHECK(s.code == errc::conflict);
+  CHECK(s.message.find(b->token()) != std::string::npos); // names the holder
+  // ... and it still refuses once that process has gone again: what it
+  // wrote as owner 5 is not this process's to continue.
+  const auto other = b->token();
+  b.reset();
+  CHECK_FALSE(raw_get(srv, key).exists);
+  s = a->hold();
+  CHECK(s.code == errc::conflict);
+  CHECK(s.message.find("claimed by another process (token " + other) != std::string::npos);
+  CHECK(a->check().code == errc::conflict);
+  // The refused re-claims left the id free for a new process.
+  REQUIRE(etcd_owner_lease::acquire(opt, 5, {std::chrono::seconds(5), {}}, b).ok());
+  CHECK(b->check().ok());
+}
+
+TEST_CASE("etcd owner lease: kept through an etcd stall shorter than its TTL, claimed again by "
+          "hold after a longer one") {
+  // The partition of test/cluster (a link down for 6 s against a TTL of
+  // 10 s) fenced the owner for good: one keepalive sent into the cut link
+  // waited 10 s for its answer, and the lease expired meanwhile. Here etcd
+  // itself stops answering (SIGSTOP), which looks the same to the client.
+  auto& srv = shared_server();
+  const auto opt = options_for(srv, "lease-stall/");
+  struct resume_on_exit {
+    pid_t pid;
+    ~resume_on_exit() { ::kill(pid, SIGCONT); }
+  } resume{srv.pid()};
+  const auto stall = [&](std::chrono::milliseconds d) {
+    REQUIRE(::kill(srv.pid(), SIGSTOP) == 0);
+    std::this_thread::sleep_for(d);
+    REQUIRE(::kill(srv.pid(), SIGCONT) == 0);
+  };
+  std::unique_ptr<etcd_owner_lease> a;
+  REQUIRE(etcd_owner_lease::acquire(opt, 7, {std::chrono::seconds(4), {}}, a).ok());
+  const auto first = a->token();
+  // 2.5 s of a 4 s TTL: a renewal falls in the stall and is retried after it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  stall(std::chrono::milliseconds(2500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  auto s = a->check();
+  CHECK_MESSAGE(s.ok(), s.message);
+  CHECK(a->token() == first);
+  // Twice the TTL: the claim lapses; hold takes the id again (or finds the
+  // lease still alive in etcd, and keeps the token), and it holds after.
+  stall(std::chrono::milliseconds(8000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  s = a->hold();
+  REQUIRE_MESSAGE(s.ok(), s.message);
+  CHECK(a->check().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(5000)); // past a TTL: renewed
+  CHECK(a->check().ok());
 }

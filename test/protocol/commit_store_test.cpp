@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <csignal>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,6 +197,34 @@ TEST_CASE("file backend: a damaged record file is reported, not misread") {
   CHECK(st.code == errc::digest_mismatch);
   CHECK(st.message.find("commit") != std::string::npos);
   CHECK(s.prepare(e, a).code == errc::digest_mismatch);
+}
+
+TEST_CASE("file backend: a commit.lock held past the timeout is unavailable, not a hang") {
+  // A holder stopped with the lock (SIGSTOP, a debugger) used to hang every
+  // call on the store. flock conflicts between open file descriptions, so a
+  // second open of the lock file here stands for the other process.
+  temp_dir d;
+  file_commit_store s(d.path);
+  std::uint64_t e = 0;
+  REQUIRE(s.take_over(e).ok());
+  s.set_lock_timeout(std::chrono::milliseconds(300));
+  const int held = ::open((d.path / "commit.lock").c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  stored_record r;
+  auto st = s.load(r);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(st.code == errc::unavailable);
+  CHECK(st.message.find("commit.lock") != std::string::npos);
+  CHECK(waited >= std::chrono::milliseconds(300));
+  CHECK(waited < std::chrono::seconds(5));
+  std::uint64_t a = 0;
+  CHECK(s.prepare(e, a).code == errc::unavailable);
+  // Released: calls go through again, and the refused prepare changed nothing.
+  ::close(held);
+  REQUIRE(s.prepare(e, a).ok());
+  CHECK(a == 1);
 }
 
 TEST_CASE("file backend: forked processes racing prepare get unique, increasing attempt ids") {

@@ -181,6 +181,66 @@ TEST_CASE("scenario: receiver fails mid-apply (alive, partial writes) -> overwri
   s.check_consistent(2);
 }
 
+TEST_CASE("scenario: the trainer restarts and trains another candidate after a failed attempt "
+          "-> every receiver restored densely, then the retry") {
+  // The overwrite retry rewrites the changed set of the candidate it
+  // publishes; what a lost attempt of another candidate wrote elsewhere
+  // stays unless the receivers are restored first.
+  rig<> s;
+  auto c = s.coord([] {
+    coordinator_options o;
+    o.max_attempts = 1;
+    return o;
+  }());
+  s.start(c);
+  const trainer_state committed = s.trainer;
+  s.trainer.step(0.2, 1);
+  s.endpoints[1]->with_receiver([](model_receiver& r) { r.fail_after(2); });
+  auto rep = c.transition();
+  REQUIRE(rep.result.code == errc::loader_condition);
+  // Restarted from the committed weights, it trains step 1 again, differently.
+  s.trainer = committed;
+  s.trainer.step(0.2, 77);
+  rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 1);
+  CHECK(rep.attempts[0].mode == refit_mode::overwrite_all);
+  CHECK(rep.restore_seconds > 0);
+  s.check_consistent(1);
+  // The same candidate after a failed attempt is repaired in place.
+  s.trainer.step(0.2, 2);
+  s.endpoints[2]->with_receiver([](model_receiver& r) { r.fail_after(1); });
+  rep = c.transition();
+  REQUIRE(!rep.result.ok());
+  rep = c.transition();
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  CHECK(rep.restore_seconds == 0);
+  s.check_consistent(2);
+}
+
+TEST_CASE("scenario: the candidate changes during an attempt -> the attempt fails, every receiver "
+          "is restored, the retry commits the candidate as it is now") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  s.trainer.step(0.1, 1);
+  std::atomic<int> manifests{0};
+  // After the last owner's manifest (every owner has read its candidate):
+  // the trainer moves on before the attempt ends.
+  s.store.after_put = [&](std::string_view name) {
+    if (name.find("manifest/") != std::string_view::npos && ++manifests == 3)
+      s.trainer.step(0.1, 2);
+  };
+  auto rep = c.transition();
+  s.store.after_put = nullptr;
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  CHECK(rep.attempts[0].result.code == errc::verification);
+  CHECK(rep.attempts[0].result.message.find("candidate changed") != std::string::npos);
+  CHECK(rep.restore_seconds > 0);
+  s.check_consistent(1);
+}
+
 TEST_CASE("best-effort garbage collection that fails is reported, the commit stands") {
   rig<> s;
   auto c = s.coord();

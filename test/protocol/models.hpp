@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -248,8 +249,12 @@ public:
         old_attempt_ = a;
       }
     }
-    return s_->put(name, b);
+    DCR_TRY(s_->put(name, b));
+    if (after_put) after_put(name);
+    return status::success();
   }
+  /// Called after every put that landed (on the putting thread).
+  std::function<void(std::string_view)> after_put;
   status get(std::string_view name, std::vector<std::byte>& out) {
     DCR_TRY(s_->get(name, out));
     const bool payload = name.find("/payload/") != std::string_view::npos;

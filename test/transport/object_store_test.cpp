@@ -56,6 +56,27 @@ TEST_CASE("object_store laws: filesystem backend") {
   CHECK_FALSE(std::filesystem::exists(d.path / "root" / "deep"));
 }
 
+TEST_CASE("filesystem backend: an entry list cannot stat is an error, not a skip") {
+  // "The fresh attempt prefix is empty" and the readers' listings rely on
+  // list naming every object: one it cannot stat (a symlink loop here;
+  // EACCES or EIO elsewhere) must not be passed over silently.
+  temp_dir d;
+  fs_object_store s(d.path / "root");
+  REQUIRE(s.put("attempt/1/a", bytes_of("1")).ok());
+  std::vector<std::string> names;
+  REQUIRE(s.list("attempt/", names).ok());
+  CHECK(names == std::vector<std::string>{"attempt/1/a"});
+  std::filesystem::create_symlink("loop", d.path / "root" / "attempt" / "1" / "loop");
+  auto st = s.list("attempt/", names);
+  CHECK(st.code == errc::io);
+  CHECK(st.message.find("loop") != std::string::npos);
+  // A dangling link (a name gone meanwhile) is no object, and no error.
+  std::filesystem::remove(d.path / "root" / "attempt" / "1" / "loop");
+  std::filesystem::create_symlink("gone", d.path / "root" / "attempt" / "1" / "dangling");
+  REQUIRE(s.list("attempt/", names).ok());
+  CHECK(names == std::vector<std::string>{"attempt/1/a"});
+}
+
 TEST_CASE("filesystem backend: readers never see a partial object; temporaries are never listed") {
   temp_dir d;
   fs_object_store s(d.path, /*durable=*/false);

@@ -41,6 +41,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fcntl.h>
@@ -341,9 +342,14 @@ public:
 
   const std::filesystem::path& directory() const noexcept { return dir_; }
 
+  /// How long a call waits for `commit.lock` (held by another process's
+  /// call) before `errc::unavailable`. Every holder keeps it for one read
+  /// and one durable write, milliseconds; 10 s by default.
+  void set_lock_timeout(std::chrono::milliseconds t) noexcept { lock_timeout_ = t; }
+
   status load(stored_record& out) {
     lock l;
-    DCR_TRY(l.acquire(dir_ / "commit.lock"));
+    DCR_TRY(l.acquire(dir_ / "commit.lock", lock_timeout_));
     return read(out);
   }
   status take_over(std::uint64_t& epoch) {
@@ -373,12 +379,24 @@ public:
 private:
   struct lock {
     int fd = -1;
-    status acquire(const std::filesystem::path& p) {
+    /// Waits up to `timeout` for the flock: a holder stopped while it holds
+    /// it (SIGSTOP, a debugger) would otherwise hang every call of every
+    /// process on the store, and the callers' heartbeats would hide it.
+    status acquire(const std::filesystem::path& p, std::chrono::milliseconds timeout) {
       fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       DCR_RETURN_ERROR_IF(fd < 0, io, "open " + p.string() + ": " + std::strerror(errno));
-      while (::flock(fd, LOCK_EX) != 0) {
-        DCR_RETURN_ERROR_IF(errno != EINTR, io,
+      const auto until = std::chrono::steady_clock::now() + timeout;
+      auto pause = std::chrono::microseconds(200);
+      while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EINTR) continue;
+        DCR_RETURN_ERROR_IF(errno != EWOULDBLOCK, io,
                             "flock " + p.string() + ": " + std::strerror(errno));
+        DCR_RETURN_ERROR_IF(std::chrono::steady_clock::now() >= until, unavailable,
+                            p.string() + " is held by another process for more than " +
+                                std::to_string(timeout.count()) +
+                                " ms (a holder stopped or hung?): commit store busy");
+        std::this_thread::sleep_for(pause);
+        pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
       }
       return status::success();
     }
@@ -442,19 +460,27 @@ private:
     ::close(fd);
     DCR_RETURN_ERROR_IF(::rename(tmp.c_str(), dst.c_str()) != 0, io,
                         "rename " + tmp.string() + ": " + std::strerror(errno));
+    // Past the rename every reader sees the new record: a failure now must
+    // not say "not written" (a caller would act on the old record while the
+    // new one is in force). It is `unavailable` with "outcome unknown", as
+    // an etcd call whose answer was lost; the caller loads the record to
+    // learn where it stands.
     int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DCR_RETURN_ERROR_IF(dfd < 0, io, "open " + dir_.string() + ": " + std::strerror(errno));
-    const int rc = ::fsync(dfd);
+    const int rc = dfd < 0 ? -1 : ::fsync(dfd);
     const int e = errno;
-    ::close(dfd);
-    DCR_RETURN_ERROR_IF(rc != 0, io, "fsync " + dir_.string() + ": " + std::strerror(e));
+    if (dfd >= 0) ::close(dfd);
+    DCR_RETURN_ERROR_IF(rc != 0, unavailable,
+                        "fsync " + dir_.string() +
+                            " after the record was renamed into place: " + std::strerror(e) +
+                            " (the new record is visible but may not survive a crash: outcome "
+                            "unknown)");
     return status::success();
   }
 
   template <class F>
   status update(F&& change) {
     lock l;
-    DCR_TRY(l.acquire(dir_ / "commit.lock"));
+    DCR_TRY(l.acquire(dir_ / "commit.lock", lock_timeout_));
     stored_record s;
     DCR_TRY(read(s));
     DCR_TRY(change(s));
@@ -464,6 +490,7 @@ private:
 
   std::filesystem::path dir_;
   seal_key key_{}; ///< job key of the record's seal (empty: unkeyed)
+  std::chrono::milliseconds lock_timeout_{10000};
 };
 static_assert(commit_store<file_commit_store>);
 

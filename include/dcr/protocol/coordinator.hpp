@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -389,9 +390,48 @@ private:
     return status::success();
   }
 
-  /// Membership step: every node restores its dead receivers to the
-  /// committed version.
-  status membership_step(const membership& m, transition_report& rep) {
+  /// Receivers distrusted (their storage may hold changes outside the
+  /// changed set) whose drop has not landed: their node did not answer.
+  /// Every membership step retries them first and fails while one is left,
+  /// since an attempt over such a receiver could commit what it holds.
+  std::set<std::pair<std::size_t, std::string>> to_drop_;
+  /// The version the attempts this coordinator prepared since the last
+  /// commit start from, and the candidate they published (see
+  /// `run_transition`: a retry over another candidate restores densely).
+  std::optional<std::pair<std::uint64_t, digest128>> attempted_;
+
+  void distrust(std::size_t r, const std::string& id) { to_drop_.insert({r, id}); }
+  void distrust_all() {
+    for (std::size_t r = 0; r < nodes_.size(); ++r)
+      for (auto& id : nodes_[r]->ids()) distrust(r, id);
+  }
+  /// Drops every distrusted receiver, so the membership step restores it
+  /// densely; `drop_receiver` in `rep.best_effort` for each that did not
+  /// drop, and the first such failure as the status.
+  status drop_distrusted(std::uint64_t tau, transition_report& rep) {
+    status first = status::success();
+    for (auto it = to_drop_.begin(); it != to_drop_.end();) {
+      const std::string who = "node " + std::to_string(it->first) + ", receiver " + it->second;
+      auto s = nodes_[it->first]->kill(it->second);
+      if (s || s.code == errc::not_found) { // gone already counts: nothing of it is left
+        it = to_drop_.erase(it);
+        continue;
+      }
+      if (first)
+        first = fail(s.code, who +
+                                 ": distrusted, and its drop did not land (no attempt runs "
+                                 "until it does): " +
+                                 s.message);
+      rep.best_effort.push_back({best_effort_step::drop_receiver, tau, who, std::move(s)});
+      ++it;
+    }
+    return first;
+  }
+
+  /// Membership step: every distrusted receiver is dropped, then every node
+  /// restores its dead receivers to the committed version.
+  status membership_step(const membership& m, std::uint64_t tau, transition_report& rep) {
+    DCR_TRY(drop_distrusted(tau, rep));
     DCR_TRY(export_for_restore(m.version, m.incarnation));
     // Restore time: the wall time of a step that restored something (the
     // nodes restore concurrently where their links allow).
@@ -416,7 +456,7 @@ private:
     std::vector<digest128> base_k, cand_k;
     DCR_TRY(baseline_digests(base_k));
     DCR_TRY(candidate_digests(cand_k));
-    const digest128 cand = combine(cand_k);
+    digest128 cand = combine(cand_k);
     if (cur.record.source_baseline != combine(base_k)) {
       // A coordinator died after committing and before the baseline update
       // ended, or a link went down during it: roll forward, as the record
@@ -435,15 +475,36 @@ private:
       rep.committed_version = cur.record.version;
       return status::success();
     }
-    // Any attempt prepared since the last commit may have left partial writes.
+    // Any attempt prepared since the last commit may have left partial
+    // writes. The overwrite retry repairs them only if those attempts
+    // published the same candidate: elements a lost attempt changed that
+    // this candidate does not change are outside what the retry rewrites.
+    // So a candidate other than the one this coordinator's earlier attempts
+    // published (a trainer restarted and trained again) has every receiver
+    // restored densely first. (Attempts another coordinator prepared are not
+    // known here: the owners' candidate must then be the one they published,
+    // as a deterministic trainer restarted from the committed weights gives;
+    // docs/protocol.md.)
     refit_mode mode =
         cur.attempt == cur.record.attempt ? refit_mode::mixed : refit_mode::overwrite_all;
+    if (attempted_ && attempted_->first != cur.record.version) attempted_.reset();
+    if (mode == refit_mode::overwrite_all && attempted_ && attempted_->second != cand)
+      distrust_all();
     membership members{cur.record.version, inc, {}};
     for (auto& a : cur.record.receivers) members.committed[a.receiver] = a.state;
     status last = fail(errc::aborted, "no attempt ran");
     for (int i = 0; i < opt_.max_attempts; ++i) {
+      if (i > 0) {
+        // After a failed attempt the candidate may have moved (an owner
+        // restarted): the retry's candidate is then another one (above).
+        if (auto s = candidate_digests(cand_k); s && combine(cand_k) != cand) {
+          cand = combine(cand_k);
+          distrust_all();
+        }
+      }
       // Membership changes only here, between attempts.
-      DCR_TRY(membership_step(members, rep));
+      DCR_TRY(membership_step(members, cur.attempt, rep));
+      attempted_ = {cur.record.version, cand};
       std::uint64_t tau = 0;
       DCR_TRY(commits_->prepare(epoch_, tau));
       if (crash_at(crash_point::after_prepare))
@@ -461,6 +522,24 @@ private:
       }
       rep.attempts.push_back(ar);
       if (dead_) return fail(errc::aborted, "coordinator died after some ACKs");
+      if (ar.result) {
+        // The candidate the record will name must be the one every owner
+        // published from: one that changed during the attempt (views
+        // mutated, an owner restarted with another state) leaves receivers
+        // holding a mix. Such an attempt fails; every receiver is restored
+        // densely and the retry publishes the candidate as it is now.
+        if (auto s = candidate_digests(cand_k); !s) {
+          ar.result = s;
+        } else if (combine(cand_k) != cand) {
+          ar.result = fail(errc::verification,
+                           "the owners' candidate changed during attempt " + std::to_string(tau) +
+                               " (digest " + to_hex(cand) + ", now " + to_hex(combine(cand_k)) +
+                               "): every receiver is restored before the retry");
+          cand = combine(cand_k);
+          distrust_all();
+        }
+      }
+      rep.attempts.back().result = ar.result;
       if (!ar.result) {
         last = ar.result;
         mode = refit_mode::overwrite_all;
@@ -497,11 +576,7 @@ private:
     auto report = [&](best_effort_step step, std::string subject, status cause) {
       rep.best_effort.push_back({step, tau, std::move(subject), std::move(cause)});
     };
-    auto drop = [&](std::size_t r, const std::string& id) {
-      if (auto s = nodes_[r]->kill(id); !s)
-        report(best_effort_step::drop_receiver, "node " + std::to_string(r) + ", receiver " + id,
-               std::move(s));
-    };
+    auto drop = [&](std::size_t r, const std::string& id) { distrust(r, id); };
     transport::listed_payloads listed;
     auto read = transport::read_listed(medium, tau, listed);
     const bool known = read.ok();

@@ -136,8 +136,13 @@ struct owner_lease_options {
 /// renewing its own lease as often while it waits for a held claim to go;
 /// the destructor stops renewing and revokes the lease, which deletes the
 /// key, so a clean exit frees the id at once. `check` compares the key's
-/// value with this claim's in one transaction. A renewal that finds the
-/// lease expired marks the claim lost: every later `check` is `conflict`.
+/// value with this claim's in one transaction. The lease's calls time out
+/// within ttl/4, and a failed renewal is retried every 250 ms, so a holder
+/// cut off from etcd for less than about a TTL keeps its claim. A renewal
+/// that finds the lease expired, or none that succeeded for a whole TTL,
+/// marks the claim lost: every later `check` is `conflict`, and `hold`
+/// claims the id again if nobody else has since (key `P owner-claims/<id>`,
+/// kept without a lease, names the token of the id's last claim).
 class etcd_owner_lease {
 public:
   /// Claims owner `owner` under `opt.prefix`: `errc::conflict` naming the
@@ -149,12 +154,23 @@ public:
   etcd_owner_lease& operator=(const etcd_owner_lease&) = delete;
   ~etcd_owner_lease();
 
-  /// The fence token of this claim (32 hex digits).
-  const std::string& token() const noexcept;
+  /// The fence token of this claim (32 hex digits); a new one after `hold`
+  /// claimed the id again.
+  std::string token() const;
   /// Success iff etcd still names this claim's token for the owner id;
   /// `errc::conflict` when it does not (a stale owner does not write),
   /// `errc::unavailable` when etcd cannot be asked.
   status check();
+  /// `check`, and when it fails because the claim lapsed (the lease expired
+  /// while this process was cut off from etcd, or its key was deleted) and
+  /// no other process has claimed the id since, a new claim under a fresh
+  /// token, so that a partition longer than the TTL does not fence a live
+  /// owner for good. `conflict` when another process holds the id or has
+  /// claimed it since (what it wrote as this owner is not this process's
+  /// to continue: exit). Call it only before a write, never between a write
+  /// and the `check` that closes it: that `check` must see the token held
+  /// when the write began.
+  status hold();
 
   struct impl;
 

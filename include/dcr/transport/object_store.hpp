@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dcr/core/error.hpp"
@@ -172,9 +173,7 @@ public:
   status put(std::string_view name, std::span<const std::byte> bytes) {
     DCR_TRY(validate_object_name(name));
     const auto dst = root_ / std::string(name);
-    std::error_code ec;
-    std::filesystem::create_directories(dst.parent_path(), ec);
-    DCR_RETURN_ERROR_IF(ec, io, "create " + dst.parent_path().string() + ": " + ec.message());
+    DCR_TRY(make_directories(dst.parent_path()));
     const auto tmp =
         dst.parent_path() / (".tmp." + std::to_string(::getpid()) + "." +
                              std::to_string(counter_.fetch_add(1)) + "." + dst.filename().string());
@@ -200,13 +199,9 @@ public:
       ::unlink(tmp.c_str());
       return fail(errc::io, "rename to " + dst.string() + ": " + std::strerror(e));
     }
-    if (durable_) {
-      int dfd = ::open(dst.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-      }
-    }
+    // The rename is durable once its directory is: a failure here leaves
+    // the object visible but perhaps not on disk, reported as such.
+    if (durable_) DCR_TRY(sync_directory(dst.parent_path(), "put of '" + std::string(name) + "'"));
     return status::success();
   }
 
@@ -255,9 +250,19 @@ public:
         if (it->is_directory(ec)) it.disable_recursion_pending();
         continue;
       }
-      if (!it->is_regular_file(ec)) continue;
+      const bool file = it->is_regular_file(ec);
+      if (ec) {
+        // Gone since the directory was read (a concurrent remove): not an
+        // object any more. Any other failure to stat an entry is an error:
+        // skipping it would let "this prefix is empty" pass over objects.
+        if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory)
+          continue;
+        return fail(errc::io, "list " + start.string() + ": stat " + it->path().string() + ": " +
+                                  ec.message());
+      }
+      if (!file) continue;
       auto rel = std::filesystem::relative(it->path(), root_, ec).generic_string();
-      if (ec) continue;
+      DCR_RETURN_ERROR_IF(ec, io, "list: " + it->path().string() + ": " + ec.message());
       if (rel.compare(0, prefix.size(), prefix) == 0) names.push_back(std::move(rel));
     }
     std::sort(names.begin(), names.end());
@@ -281,6 +286,36 @@ public:
   }
 
 private:
+  /// fsync of directory `d` (`what`: the operation, for the message).
+  static status sync_directory(const std::filesystem::path& d, const std::string& what) {
+    int dfd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DCR_RETURN_ERROR_IF(dfd < 0, io,
+                        what + ": open " + d.string() + " to sync it: " + std::strerror(errno));
+    const int rc = ::fsync(dfd);
+    const int e = errno;
+    ::close(dfd);
+    DCR_RETURN_ERROR_IF(rc != 0, io,
+                        what + ": fsync " + d.string() + ": " + std::strerror(e) +
+                            " (the object is in place but may not survive a crash)");
+    return status::success();
+  }
+  /// `d` and its missing parents under the root; with `durable_`, each new
+  /// directory's entry is fsynced into its parent (else a crash can lose a
+  /// directory whose files were fsynced).
+  status make_directories(const std::filesystem::path& d) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(d, ec)) return status::success();
+    if (d != root_ && d.has_parent_path() && d.parent_path() != d)
+      DCR_TRY(make_directories(d.parent_path()));
+    if (::mkdir(d.c_str(), 0755) != 0) {
+      DCR_RETURN_ERROR_IF(errno != EEXIST, io,
+                          "create " + d.string() + ": " + std::strerror(errno));
+      return status::success(); // made meanwhile by a concurrent put
+    }
+    if (durable_) DCR_TRY(sync_directory(d.parent_path(), "create " + d.string()));
+    return status::success();
+  }
+
   std::filesystem::path root_;
   bool durable_ = true;
   inline static std::atomic<std::uint64_t> counter_{0};
