@@ -378,6 +378,7 @@ class Receiver:
             plan.reported = None if reported is None else frozenset(reported)
             self._check_report(plan, plan.reported, {o.key for o in plan.ops if o.kind == "copy"},
                                errors.UnsupportedLoader)
+            self._probe_nonzero(plan)
             plan.direct = all(o.direct for o in plan.ops if o.kind == "copy")
             for o in plan.ops:
                 self._dst_view(o, counts[o.key]).add_(1)
@@ -395,6 +396,51 @@ class Receiver:
                                 for o in plan.ops)
             plan.xor_allowed = plan.direct and not plan.skipped and plan.disjoint
             self._finish_plan(plan)
+
+    def _probe_nonzero(self, plan: _TensorPlan) -> None:
+        """The dry run again on a scratch of non-zero words (every byte 1: a
+        tiny positive finite value in every float format): it must make the
+        same writes and the same report. A loader whose writes depend on the
+        values (one that skips zero inputs looks "skipped" on the zero
+        scratch, so its items would be dropped without a word) is refused
+        here instead of leaving bytes unwritten at apply."""
+        meta = plan.meta
+        ops: list = []
+
+        def on_copy(dst, src):
+            ops.append(self._op_of("copy", dst, src, meta))
+            return dst
+
+        def on_fill(dst):
+            ops.append(self._op_of("fill", dst, None, meta))
+            return dst
+
+        raw = self._scratch[:meta.nbytes]
+        raw.fill_(1)
+        try:
+            self._current = meta.name
+            try:
+                with torch.no_grad(), _Hook(self, on_copy, on_fill):
+                    reported = self.load_weights([(meta.name, self._scratch_for(meta))])
+            except errors.Error:
+                raise
+            except Exception as e:
+                errors.raise_error(errors.UnsupportedLoader,
+                                   f"tensor {meta.name}: the loader raised {type(e).__name__} "
+                                   f"on non-zero words: {e}")
+            if not bool((raw == 1).all()):
+                errors.raise_error(errors.UnsupportedLoader,
+                                   f"tensor {meta.name}: the loader wrote its input")
+        finally:
+            raw.zero_()
+        reported = None if reported is None else frozenset(reported)
+        if len(ops) != len(plan.ops) or reported != plan.reported or \
+                not all(a.same_path(b) for a, b in zip(plan.ops, ops)):
+            errors.raise_error(errors.UnsupportedLoader,
+                               f"tensor {meta.name}: the loader's writes depend on the values "
+                               f"it loads ({len(plan.ops)} writes of zeros, {len(ops)} of "
+                               "non-zero words, or other destinations or reports): a delta "
+                               "cannot be placed through it")
 
     def _finish_plan(self, plan: _TensorPlan) -> None:
         """What every apply of the tensor reuses: its word width, a flat word
@@ -523,23 +569,34 @@ class Receiver:
             errors.raise_error(errors.ShapeMismatch,
                                f"tensor {name}: {vals.size} value bytes for {idx.size} "
                                f"entries of width {width}")
-        if idx.size and (int(idx[-1]) >= meta.numel or int(idx[0]) >= meta.numel):
+        if idx.size > 1 and not bool((idx[1:] > idx[:-1]).all()):
+            # Repeated indices would XOR (or add) twice; the mask paths
+            # assume one entry per element.
+            errors.raise_error(errors.NotIncreasing,
+                               f"tensor {name}: item indices are not strictly increasing")
+        if idx.size and int(idx[-1]) >= meta.numel:
             errors.raise_error(errors.IndexOutOfRange, f"tensor {name}: index out of range")
         if encoding not in ("xor", "add", "overwrite"):
             errors.raise_error(errors.BadEncoding, f"tensor {name}: encoding {encoding!r}")
         if plan.skipped:
             return  # this rank holds none of it (the loader skipped it at prewarm)
-        e = _Entries(idx, vals, width, self.device)
-        if encoding in ("xor", "add"):
-            if not plan.xor_allowed:
-                errors.raise_error(errors.UnsupportedLoader,
-                                   f"tensor {name}: {encoding} item for a tensor whose loader "
-                                   "path is not XOR-allowed (send overwrites)")
-            self._apply_relative(plan, encoding, e)
-        elif plan.direct:
-            self._apply_overwrite_direct(plan, e)
-        else:
-            self._apply_overwrite_two_fill(plan, e.idx, e.words)
+        try:
+            e = _Entries(idx, vals, width, self.device)
+            if encoding in ("xor", "add"):
+                if not plan.xor_allowed:
+                    errors.raise_error(errors.UnsupportedLoader,
+                                       f"tensor {name}: {encoding} item for a tensor whose "
+                                       "loader path is not XOR-allowed (send overwrites)")
+                self._apply_relative(plan, encoding, e)
+            elif plan.direct:
+                self._apply_overwrite_direct(plan, e)
+            else:
+                self._apply_overwrite_two_fill(plan, e.idx, e.words)
+        except errors.Error:
+            raise
+        except Exception as ex:  # torch's own errors (device, dtype, memory) typed too
+            errors.raise_error(errors.LoaderCondition,
+                               f"tensor {name}: apply failed: {type(ex).__name__}: {ex}")
 
     def _run(self, plan: _TensorPlan, on_copy, on_fill=None):
         """Run the loader over the scratch; check the path and the report."""
@@ -582,6 +639,11 @@ class Receiver:
             errors.raise_error(errors.LoaderCondition,
                                f"tensor {meta.name}: the loader made {len(seen)} writes, "
                                f"{len(plan.ops)} planned")
+        if reported is None and plan.reported is not None:
+            # Taken as "no report" this would turn the check below off.
+            errors.raise_error(errors.LoaderCondition,
+                               f"tensor {meta.name}: the loader returned no report of what it "
+                               "loaded (it reported at prewarm)")
         self._check_report(plan, None if reported is None else frozenset(reported), written,
                            errors.LoaderCondition)
         self._current = ""

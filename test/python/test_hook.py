@@ -31,7 +31,7 @@ class Tiny(nn.Module):
                 self.b.data.copy_(t)
                 loaded.add("b")
                 continue
-            if m == "good":
+            if m in ("good", "no_report"):
                 self.w.data.copy_(t)
             elif m == "add_":
                 self.w.data.add_(t)
@@ -52,6 +52,10 @@ class Tiny(nn.Module):
                 self.w.data[:2].copy_(t[:2])
             elif m == "value_dependent":
                 self.w.data.copy_(t.clone() if bool(t.any()) else t)
+            elif m == "nonzero_only":  # on a zero scratch this looks like "not this rank's"
+                if not bool(t.any()):
+                    continue
+                self.w.data.copy_(t)
             elif m == "writes_input":
                 self.w.data.copy_(t)
                 t.fill_(1)
@@ -60,7 +64,7 @@ class Tiny(nn.Module):
                     raise RuntimeError("boom")
                 self.w.data.copy_(t)
             loaded.add("w")
-        return loaded
+        return None if self.mode == "no_report" else loaded
 
 
 def tensors(seed=0):
@@ -161,17 +165,69 @@ def test_overlapping_writes_disable_xor_and_fail_at_apply():
         rx.apply_item("w", "xor", *item(a["w"], b["w"], [0, 9], "xor"))
 
 
-def test_path_that_depends_on_values_fails_the_attempt():
+@pytest.mark.parametrize("mode", ["value_dependent", "nonzero_only"])
+def test_prewarm_refuses_a_loader_whose_writes_depend_on_the_values(mode):
+    # nonzero_only copies nothing on a zero scratch: without the second dry
+    # run on non-zero words, "w" looked skipped and its items were dropped.
+    with pytest.raises(dcr.UnsupportedLoader, match="depend on the values"):
+        dt.Receiver(Tiny(mode), CANON)
+
+
+def test_path_that_changes_after_prewarm_fails_the_attempt():
     a, b = tensors(0), tensors(1)
-    rx = dt.Receiver(Tiny("value_dependent"), CANON)
-    assert rx.xor_allowed("w")  # on the zero scratch the loader copied the scratch
+    m = Tiny("good")
+    rx = dt.Receiver(m, CANON)
+    assert rx.xor_allowed("w")
+    m.mode = "value_dependent"  # the loader changed under the receiver
     with pytest.raises(dcr.LoaderCondition, match="left the path"):
         rx.apply_item("w", "xor", *item(a["w"], b["w"], [1, 2], "xor"))
 
 
+def test_a_loader_that_stops_reporting_fails_the_attempt():
+    # A report of None at apply would switch the report check off.
+    a, b = tensors(0), tensors(1)
+    m = Tiny("good")
+    rx = dt.Receiver(m, CANON)
+    rx.dense_refit(a)
+    m.mode = "no_report"
+    with pytest.raises(dcr.LoaderCondition, match="tensor w: the loader returned no report"):
+        rx.apply_item("w", "overwrite", *item(a["w"], b["w"], [1, 2], "overwrite"))
+
+
+def test_unsorted_or_repeated_indices_are_refused_before_any_write():
+    a, b = tensors(0), tensors(1)
+    m = Tiny("good")
+    rx = dt.Receiver(m, CANON)
+    rx.dense_refit(a)
+    before = dt.state_bytes(m)
+    for idx in ([5, 2], [3, 3]):
+        i, v = item(a["w"], b["w"], idx, "xor")
+        with pytest.raises(dcr.NotIncreasing, match="tensor w"):
+            rx.apply_item("w", "xor", i, v)
+    assert dt.state_bytes(m) == before
+
+
+def test_torch_errors_inside_an_apply_are_typed(monkeypatch):
+    a, b = tensors(0), tensors(1)
+    rx = dt.Receiver(Tiny("good"), CANON)
+    rx.dense_refit(a)
+
+    def broken(*args):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(rx, "_apply_overwrite_direct", broken)
+    with pytest.raises(dcr.LoaderCondition, match="tensor w: apply failed: RuntimeError"):
+        rx.apply_item("w", "overwrite", *item(a["w"], b["w"], [1], "overwrite"))
+
+
 def test_loader_that_raises_fails_the_apply_with_a_typed_error():
     a, b = tensors(0), tensors(1)
-    rx = dt.Receiver(Tiny("raises"), CANON)
+    # Raising on non-zero values already at prewarm's second dry run:
+    with pytest.raises(dcr.UnsupportedLoader, match="tensor w: the loader raised RuntimeError"):
+        dt.Receiver(Tiny("raises"), CANON)
+    m = Tiny("good")
+    rx = dt.Receiver(m, CANON)
+    m.mode = "raises"  # ... and only from now on
     with pytest.raises(dcr.LoaderCondition, match="RuntimeError: boom"):
         rx.apply_item("w", "overwrite", *item(a["w"], b["w"], [1], "overwrite"))
 
