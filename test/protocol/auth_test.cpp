@@ -8,8 +8,10 @@
 
 #include <arpa/inet.h>
 #include <atomic>
+#include <poll.h>
 #include <random>
 #include <sys/socket.h>
+#include <thread>
 
 #include "dcr/codec/payload_decode.hpp"
 #include "dcr/codec/payload_encode.hpp"
@@ -64,13 +66,14 @@ channel_options keyed(const seal_key& key) {
 }
 
 /// A server whose every call answers its type number.
-std::unique_ptr<control_server> echo_server(const seal_key& key) {
+std::unique_ptr<control_server> echo_server(const seal_key& key, channel_options opt = keyed({})) {
+  opt.key = key;
   auto s = std::make_unique<control_server>(
       [](const control_frame& f, const std::atomic<bool>&, body_writer& w) {
         w.u32(static_cast<std::uint32_t>(f.type));
         return status::success();
       },
-      keyed(key));
+      opt);
   REQUIRE(s->listen("127.0.0.1", 0).ok());
   return s;
 }
@@ -280,5 +283,65 @@ TEST_CASE("control channel: a replayed or modified frame is refused") {
     CHECK(static_cast<errc>(code) == errc::verification);
     // The server closed the connection.
     CHECK(sock.receive(f, deadline(), timed_out).code == errc::unavailable);
+  }
+}
+
+TEST_CASE("control channel: before the key exchange a peer gets a few KiB, a deadline and a "
+          "connection cap") {
+  const auto deadline = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(3); };
+  SUBCASE("a header announcing a large body is refused at once, before the body is read") {
+    auto server = echo_server(job_key);
+    const int fd = raw_connect(server->port());
+    control_socket sock(fd, keyed(job_key)); // owns fd; not authenticated
+    auto f = encode_control_frame(control_type::auth_hello, 0, {});
+    store_le(f.data() + 16, std::uint64_t{32} << 20); // 32 MiB, never sent
+    f.resize(control_header_size);
+    raw_send(fd, f);
+    control_frame reply;
+    bool timed_out = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(sock.receive(reply, deadline(), timed_out).ok());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    REQUIRE(reply.type == control_type::reply_err);
+    body_reader br(reply.body);
+    std::uint16_t code = 0;
+    REQUIRE(br.u16(code).ok());
+    CHECK(static_cast<errc>(code) == errc::length_overflow);
+    CHECK(sock.receive(reply, deadline(), timed_out).code == errc::unavailable); // dropped
+  }
+  SUBCASE("a connection that never sends its hello is dropped after the hello timeout") {
+    auto o = keyed({});
+    o.hello_timeout = std::chrono::milliseconds(300);
+    auto server = echo_server(job_key, o);
+    const int fd = raw_connect(server->port());
+    control_socket sock(fd, keyed(job_key));
+    control_frame f;
+    bool timed_out = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(sock.receive(f, deadline(), timed_out).code == errc::unavailable);
+    CHECK_FALSE(timed_out);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(took >= std::chrono::milliseconds(250));
+    CHECK(took < std::chrono::milliseconds(2500));
+    // A keyed client still gets through.
+    control_client c({"127.0.0.1", server->port()}, keyed(job_key));
+    std::vector<std::byte> out;
+    CHECK(c.call(control_type::begin, 1, {}, out).ok());
+  }
+  SUBCASE("past the connection cap a new connection is closed on accept") {
+    auto o = keyed({});
+    o.max_connections = 2;
+    auto server = echo_server(job_key, o);
+    const int a = raw_connect(server->port()), b = raw_connect(server->port());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200)); // both accepted
+    const int c = raw_connect(server->port());
+    pollfd pf{c, POLLIN, 0};
+    REQUIRE(::poll(&pf, 1, 3000) == 1);
+    char byte = 0;
+    CHECK(::recv(c, &byte, 1, 0) == 0); // closed, nothing sent
+    // The two held connections are still open (nothing to read yet).
+    pollfd held[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    CHECK(::poll(held, 2, 100) == 0);
+    for (int fd : {a, b, c}) ::close(fd);
   }
 }

@@ -74,6 +74,15 @@ struct channel_options {
   /// peer without the key, a client refuses a server without it
   /// (`errc::verification`).
   seal_key key{};
+  /// Keyed: the largest frame body read before the key exchange is done
+  /// (a hello carries 16 bytes, an error reply a message): what a peer
+  /// without the key can make this end allocate.
+  std::uint64_t max_unauthenticated_body = 4096;
+  /// Keyed server: a connection that has not finished the key exchange
+  /// this long after it was accepted is dropped.
+  std::chrono::milliseconds hello_timeout{10000};
+  /// Server: connections served at once; one more is closed on accept.
+  std::size_t max_connections = 256;
 };
 
 /// 16 fresh random bytes: one side's nonce of a keyed connection.
@@ -205,7 +214,12 @@ public:
     const auto rest_deadline = std::chrono::steady_clock::now() + opt_.frame_timeout;
     DCR_TRY(sock_.receive_all(hdr.data() + 1, hdr.size() - 1, rest_deadline));
     control_header h;
-    DCR_TRY(decode_control_header(hdr, opt_.max_body, h)); // before the body is allocated
+    // Before the body is allocated; before the key exchange only as much as
+    // a hello or an error reply needs.
+    const auto limit = !opt_.key.empty() && !keyed_
+                           ? std::min(opt_.max_body, opt_.max_unauthenticated_body)
+                           : opt_.max_body;
+    DCR_TRY(decode_control_header(hdr, limit, h));
     std::vector<std::byte> rest(h.length + control_trailer_size);
     DCR_TRY(sock_.receive_all(rest.data(), rest.size(), rest_deadline));
     DCR_TRY(check_control_digest(hdr, h, rest, keyed_ ? &recv_mac_ : nullptr));
@@ -419,6 +433,9 @@ private:
         } else {
           ++it;
         }
+      // Each connection is a thread: past the cap a new one is closed at
+      // once (the socket's destructor), before anything of it is read.
+      if (conns_.size() >= opt_.max_connections) continue;
       conns_.push_back({sock, ended, {}});
       conns_.back().thread = std::thread([this, sock, ended] {
         serve(*sock);
@@ -437,11 +454,20 @@ private:
   void serve(control_socket& sock) {
     // Signalled by the worker when the handler returned; drained after each call.
     detail::wake_fd done_wake;
+    const auto hello_by = std::chrono::steady_clock::now() + opt_.hello_timeout;
+    const bool keyed_server = !opt_.key.empty();
     while (!stopping_) {
+      // A peer that holds a connection open without proving the key
+      // (nothing sent, or a hello never finished) is dropped.
+      if (keyed_server && !sock.authenticated() && std::chrono::steady_clock::now() >= hello_by)
+        return;
       // Wait for the next call; a shutdown wakes the wait.
       {
         pollfd pf[2] = {{sock.fd(), POLLIN, 0}, {stop_wake_.fd(), POLLIN, 0}};
-        (void)::poll(pf, 2, stop_wake_.fd() >= 0 ? 1000 : 200);
+        const int cap = stop_wake_.fd() >= 0 ? 1000 : 200;
+        (void)::poll(pf, 2,
+                     keyed_server && !sock.authenticated() ? detail::poll_ms_until(hello_by, cap)
+                                                           : cap);
         if (stopping_) return;
         if (pf[0].revents == 0) continue;
       }
