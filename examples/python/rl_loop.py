@@ -195,12 +195,22 @@ def save_checkpoint(path: str, cfg, tensors: dict) -> str:
     return path
 
 
-def serve_engine(args, rx, listen: str = "127.0.0.1:0"):
-    """The engine as the node `engine` of the job, on the job's store and key."""
+def serve_engine(args, rx, committed_checkpoint, listen: str = "127.0.0.1:0"):
+    """The engine as the node `engine` of the job, on the job's store and key.
+    When the coordinator drops the engine's receiver (it no longer trusts
+    what the engine holds, e.g. part of a lost attempt of another
+    candidate), the node restores it densely from `committed_checkpoint()`
+    through the engine's own reload."""
     import dcr
     import dcr.vllm as dv
+
+    def restore(receiver_id):
+        rx.dense_restore(committed_checkpoint())
+        return rx
+
     return dcr.NodeServer({"engine": rx}, dcr.ObjectStore(args.store, job_key=args.job_key),
-                          listen=listen, job_key=args.job_key, state_parts=dv.state_parts)
+                          listen=listen, job_key=args.job_key, state_parts=dv.state_parts,
+                          restore=restore)
 
 
 def start_engine(path: str, tp: int):
@@ -464,7 +474,8 @@ def main(argv=None) -> int:
         rx = dv.EngineReceiver(llm, canon)
         print(f"rl_loop: engine started in {time.perf_counter() - t0:.1f} s; "
               f"{len(rx.info)} worker(s) prewarmed", flush=True)
-        node = serve_engine(args, rx)
+        at = [0]  # the committed version (its checkpoint restores the engine)
+        node = serve_engine(args, rx, lambda: ckpts[at[0]])
         roles.start_coordinator(owners, [node.address])
         roles._get(roles.co_box[1], roles.co, "coordinator")  # ready: version 0 committed
         total = sum(t.numel() * t.element_size() for t in canon.values())
@@ -477,6 +488,7 @@ def main(argv=None) -> int:
         refit_states, refit_tokens = [], []
         fault = args.kill  # (what, step) or None: fires once
         k = 1
+        retrain = False
         while k <= args.steps:
             roles.tell_ranks("step")
             trained = roles.ranks_say("trained")
@@ -495,7 +507,7 @@ def main(argv=None) -> int:
             if msg[0] == "failed":
                 if not armed:
                     raise SystemExit(f"rl_loop: step {k}: {msg[1]}")
-                committed = msg[2]["version"]
+                committed = at[0] = msg[2]["version"]
                 print(f"rl_loop: step {k}: {armed[0]} SIGKILLed mid-refit; the transition "
                       f"failed ({msg[1][:160]}); committed version {committed}", flush=True)
                 if committed not in (k - 1, k):
@@ -512,7 +524,7 @@ def main(argv=None) -> int:
                     shutdown(llm, dead=True)
                     llm = start_engine(ckpts[committed], args.tp)
                     rx = dv.EngineReceiver(llm, canon)
-                    node = serve_engine(args, rx, listen=node.address)
+                    node = serve_engine(args, rx, lambda: ckpts[at[0]], listen=node.address)
                     msg = roles.transition_when_back(f"step {k} after the engine's restart")
                 else:
                     # A lost rank takes the trainer down: the job restarts
@@ -523,22 +535,32 @@ def main(argv=None) -> int:
                     roles.ranks_say("ready")
                     if committed == k - 1:
                         # The restarted trainer trains another candidate of
-                        # version k than the lost one. The coordinator's
-                        # overwrite retry rewrites one candidate's changed
-                        # set only, so a receiver that applied part of the
-                        # lost candidate is restored densely first.
+                        # version k than the lost one. The overwrite retry
+                        # rewrites one candidate's changed set only: the
+                        # coordinator sees the candidate changed and has the
+                        # engine restored densely before the retry.
                         touched = bool(refit_states) and bool(
                             state_diff(refit_states[-1], engine_state(llm)))
-                        rx.dense_restore(ckpts[committed])
                         print(f"rl_loop: step {k}: the engine "
-                              f"{'held part of the lost attempt' if touched else 'was untouched'}"
-                              f"; restored densely to version {committed}", flush=True)
+                              f"{'holds part of the lost attempt' if touched else 'is untouched'}",
+                              flush=True)
+                        retrain = True
                         continue  # train step k again
                     msg = ("committed", float("nan"),
                            {"committed_version": k, "attempts": [{"payload_bytes": 0}]})
             _, refit_s, rep = msg
+            if retrain:
+                if rep["restore_seconds"] > 0:
+                    print(f"rl_loop: step {k}: the coordinator restored the engine densely to "
+                          f"version {k - 1} ({rep['restore_seconds']:.2f} s) before the retry",
+                          flush=True)
+                else:
+                    print(f"rl_loop: step {k}: the coordinator retried without a restore",
+                          flush=True)
+                retrain = False
             if rep["committed_version"] != k:
                 raise SystemExit(f"rl_loop: step {k} committed version {rep['committed_version']}")
+            at[0] = k
             canon = new
             payload = rep["attempts"][-1]["payload_bytes"]
             state, tokens = engine_state(llm), greedy(llm)
