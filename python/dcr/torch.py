@@ -358,20 +358,7 @@ class Receiver:
                   for k, s in self._storages.items()}
         for meta in self.metas.values():
             plan = _TensorPlan(meta)
-            self._current = meta.name
-            scratch = self._scratch_for(meta)
-
-            def on_copy(dst, src, plan=plan, meta=meta):
-                op = self._op_of("copy", dst, src, meta)
-                plan.ops.append(op)
-                return dst
-
-            def on_fill(dst, plan=plan, meta=meta):
-                plan.ops.append(self._op_of("fill", dst, None, meta))
-                return dst
-
-            with torch.no_grad(), _Hook(self, on_copy, on_fill):
-                reported = self.load_weights([(meta.name, scratch)])
+            plan.ops, reported = self._dry_run(meta)
             if bool(self._scratch[:meta.nbytes].any()):
                 errors.raise_error(errors.UnsupportedLoader,
                                    f"tensor {meta.name}: the loader wrote its input")
@@ -397,14 +384,9 @@ class Receiver:
             plan.xor_allowed = plan.direct and not plan.skipped and plan.disjoint
             self._finish_plan(plan)
 
-    def _probe_nonzero(self, plan: _TensorPlan) -> None:
-        """The dry run again on a scratch of non-zero words (every byte 1: a
-        tiny positive finite value in every float format): it must make the
-        same writes and the same report. A loader whose writes depend on the
-        values (one that skips zero inputs looks "skipped" on the zero
-        scratch, so its items would be dropped without a word) is refused
-        here instead of leaving bytes unwritten at apply."""
-        meta = plan.meta
+    def _dry_run(self, meta: CanonicalMeta):
+        """The loader over the scratch as it is, every write intercepted and
+        recorded, none made: (the writes in order, the loader's report)."""
         ops: list = []
 
         def on_copy(dst, src):
@@ -415,13 +397,24 @@ class Receiver:
             ops.append(self._op_of("fill", dst, None, meta))
             return dst
 
+        self._current = meta.name
+        with torch.no_grad(), _Hook(self, on_copy, on_fill):
+            reported = self.load_weights([(meta.name, self._scratch_for(meta))])
+        return ops, reported
+
+    def _probe_nonzero(self, plan: _TensorPlan) -> None:
+        """The dry run again on a scratch of non-zero words (every byte 1: a
+        tiny positive finite value in every float format): it must make the
+        same writes and the same report. A loader whose writes depend on the
+        values (one that skips zero inputs looks "skipped" on the zero
+        scratch, so its items would be dropped without a word) is refused
+        here instead of leaving bytes unwritten at apply."""
+        meta = plan.meta
         raw = self._scratch[:meta.nbytes]
         raw.fill_(1)
         try:
-            self._current = meta.name
             try:
-                with torch.no_grad(), _Hook(self, on_copy, on_fill):
-                    reported = self.load_weights([(meta.name, self._scratch_for(meta))])
+                ops, reported = self._dry_run(meta)
             except errors.Error:
                 raise
             except Exception as e:

@@ -405,6 +405,16 @@ private:
     for (std::size_t r = 0; r < nodes_.size(); ++r)
       for (auto& id : nodes_[r]->ids()) distrust(r, id);
   }
+  /// `now` becomes the transition's candidate; one other than `cand` means
+  /// receivers may hold part of an attempt of another candidate, which the
+  /// overwrite retry does not rewrite: every receiver is distrusted.
+  /// Returns whether it changed.
+  bool adopt_candidate(digest128& cand, const digest128& now) {
+    if (now == cand) return false;
+    cand = now;
+    distrust_all();
+    return true;
+  }
   /// Drops every distrusted receiver, so the membership step restores it
   /// densely; `drop_receiver` in `rep.best_effort` for each that did not
   /// drop, and the first such failure as the status.
@@ -497,10 +507,7 @@ private:
       if (i > 0) {
         // After a failed attempt the candidate may have moved (an owner
         // restarted): the retry's candidate is then another one (above).
-        if (auto s = candidate_digests(cand_k); s && combine(cand_k) != cand) {
-          cand = combine(cand_k);
-          distrust_all();
-        }
+        if (candidate_digests(cand_k)) adopt_candidate(cand, combine(cand_k));
       }
       // Membership changes only here, between attempts.
       DCR_TRY(membership_step(members, cur.attempt, rep));
@@ -520,26 +527,23 @@ private:
       } else {
         ar.result = run_attempt(*store_, inc, tau, cur.record.version + 1, mode, ar, acks);
       }
-      rep.attempts.push_back(ar);
-      if (dead_) return fail(errc::aborted, "coordinator died after some ACKs");
-      if (ar.result) {
+      if (ar.result && !dead_) {
         // The candidate the record will name must be the one every owner
         // published from: one that changed during the attempt (views
         // mutated, an owner restarted with another state) leaves receivers
         // holding a mix. Such an attempt fails; every receiver is restored
         // densely and the retry publishes the candidate as it is now.
-        if (auto s = candidate_digests(cand_k); !s) {
+        const digest128 was = cand;
+        if (auto s = candidate_digests(cand_k); !s)
           ar.result = s;
-        } else if (combine(cand_k) != cand) {
+        else if (adopt_candidate(cand, combine(cand_k)))
           ar.result = fail(errc::verification,
                            "the owners' candidate changed during attempt " + std::to_string(tau) +
-                               " (digest " + to_hex(cand) + ", now " + to_hex(combine(cand_k)) +
+                               " (digest " + to_hex(was) + ", now " + to_hex(cand) +
                                "): every receiver is restored before the retry");
-          cand = combine(cand_k);
-          distrust_all();
-        }
       }
-      rep.attempts.back().result = ar.result;
+      rep.attempts.push_back(ar);
+      if (dead_) return fail(errc::aborted, "coordinator died after some ACKs");
       if (!ar.result) {
         last = ar.result;
         mode = refit_mode::overwrite_all;
@@ -576,7 +580,6 @@ private:
     auto report = [&](best_effort_step step, std::string subject, status cause) {
       rep.best_effort.push_back({step, tau, std::move(subject), std::move(cause)});
     };
-    auto drop = [&](std::size_t r, const std::string& id) { distrust(r, id); };
     transport::listed_payloads listed;
     auto read = transport::read_listed(medium, tau, listed);
     const bool known = read.ok();
@@ -589,7 +592,7 @@ private:
       if (auto s = n->staged_payloads(tau, staged); !s) {
         // The node cannot tell what it staged (it is gone): drop all of it.
         report(best_effort_step::list_staged, "node " + std::to_string(r), std::move(s));
-        for (auto& id : n->ids()) drop(r, id);
+        for (auto& id : n->ids()) distrust(r, id);
         continue;
       }
       for (auto& set : staged) {
@@ -604,7 +607,7 @@ private:
           const auto it = listed.entries.find(name);
           trusted = trusted && it != listed.entries.end() && it->second == d;
         }
-        if (!trusted) drop(r, set.receiver);
+        if (!trusted) distrust(r, set.receiver);
       }
     }
   }
