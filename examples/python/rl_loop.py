@@ -4,7 +4,7 @@ processes, a real vLLM engine as the receiver, one coordinator in a process
 of its own.
 
     .venv-vllm/bin/python3 examples/python/rl_loop.py [--steps 3] [--trainer megatron|fsdp2]
-        [--tp 1|2] [--store URL] [--commits URL] [--transport object_store]
+        [--tp 1|2] [--store URL] [--commits URL] [--transport object_store|relay_tree]
         [--job-key FILE] [--lr 1e-6] [--workdir DIR] [--kill worker:STEP|rank:STEP]
 
 Processes:
@@ -123,10 +123,11 @@ def rank_main(rank, args, init, inbox, outbox, resume=None, listen="127.0.0.1:0"
             tr = FSDP2Trainer(model, lr=args.lr, wrap=list(model.model.layers))
             gen = torch.Generator().manual_seed(args.seed + 1 + rank)  # DP: their own
         tokens = text_tokens(1 << 20)
-        server = dcr.OwnerServer(tr.owner(), dcr.ObjectStore(args.store, job_key=args.job_key),
+        server = dcr.OwnerServer(tr.owner(job_key=args.job_key), dcr.ObjectStore(args.store, job_key=args.job_key),
                                  dcr.CommitStore(args.commits, job_key=args.job_key),
                                  job_key=args.job_key,
-                                 lease=True, version=version, listen=listen)
+                                 lease=True, version=version, listen=listen,
+                                 relay=relay_nodes(args))
         server.set_candidate(tr.shards)
         full = tr.canonical()  # collective
         outbox.put(("ready", server.address,
@@ -195,6 +196,13 @@ def save_checkpoint(path: str, cfg, tensors: dict) -> str:
     return path
 
 
+def relay_nodes(args):
+    """The job's relay tree (`--transport relay_tree`): one node, the
+    engine's, at `--relay-listen`; None with the object store."""
+    import dcr
+    return dcr.RelayNodes([args.relay_listen]) if args.transport == "relay_tree" else None
+
+
 def serve_engine(args, rx, committed_checkpoint, listen: str = "127.0.0.1:0"):
     """The engine as the node `engine` of the job, on the job's store and key.
     When the coordinator drops the engine's receiver (it no longer trusts
@@ -208,9 +216,10 @@ def serve_engine(args, rx, committed_checkpoint, listen: str = "127.0.0.1:0"):
         rx.dense_restore(committed_checkpoint())
         return rx
 
+    relay = relay_nodes(args)
     return dcr.NodeServer({"engine": rx}, dcr.ObjectStore(args.store, job_key=args.job_key),
                           listen=listen, job_key=args.job_key, state_parts=dv.state_parts,
-                          restore=restore)
+                          restore=restore, relay=relay, relay_node=0 if relay else None)
 
 
 def start_engine(path: str, tp: int):
@@ -421,9 +430,13 @@ def main(argv=None) -> int:
                     help="vLLM tensor parallelism (2: two worker processes)")
     ap.add_argument("--store", help="object store URL (default fs:WORKDIR/objects; s3://...)")
     ap.add_argument("--commits", help="commit store URL (default file:WORKDIR/control; etcd://...)")
-    ap.add_argument("--transport", choices=["object_store"], default="object_store",
-                    help="payload transport between the processes (the relay tree is "
-                         "not bound for Python node servers yet)")
+    ap.add_argument("--transport", choices=["object_store", "relay_tree"],
+                    default="object_store",
+                    help="payload transport from the trainer ranks to the engine: the object "
+                         "store, or the relay tree (the owners stream to the engine's relay "
+                         "node; dense restores still use the store)")
+    ap.add_argument("--relay-listen", metavar="HOST:PORT",
+                    help="the engine's relay node address (default: a free loopback port)")
     ap.add_argument("--job-key", help="file of the job's shared secret (>= 16 bytes)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--hidden", type=int, default=128)
@@ -444,11 +457,19 @@ def main(argv=None) -> int:
                      "process)")
         args.kill = (what, int(step))
 
+    if args.relay_listen and args.transport != "relay_tree":
+        ap.error("--relay-listen goes with --transport relay_tree")
     own_dir = args.workdir is None
     args.workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="dcr-rl-loop-"))
     os.makedirs(args.workdir, exist_ok=True)
     args.store = args.store or f"fs:{args.workdir}/objects"
     args.commits = args.commits or f"file:{args.workdir}/control"
+    if args.transport == "relay_tree" and not args.relay_listen:
+        # Every rank dials this address, so it is fixed before they start.
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.relay_listen = f"127.0.0.1:{s.getsockname()[1]}"
     if args.tp > 1:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
     else:
@@ -460,7 +481,9 @@ def main(argv=None) -> int:
 
     cfg = model_config(args.hidden, args.layers)
     print(f"rl_loop: {args.trainer} trainer, {WORLD} ranks (gloo); vLLM {args.tp} worker(s); "
-          f"lr {args.lr}; store {args.store}; commits {args.commits}", flush=True)
+          f"lr {args.lr}; store {args.store}; commits {args.commits}; transport "
+          f"{args.transport}{' at ' + args.relay_listen if args.relay_listen else ''}",
+          flush=True)
     roles = Roles(args)
     llm = node = None
     ok = True
@@ -471,7 +494,7 @@ def main(argv=None) -> int:
         ckpts = [save_checkpoint(os.path.join(args.workdir, "ckpt", "v0"), cfg, canon)]
         t0 = time.perf_counter()
         llm = start_engine(ckpts[0], args.tp)
-        rx = dv.EngineReceiver(llm, canon)
+        rx = dv.EngineReceiver(llm, canon, job_key=args.job_key)
         print(f"rl_loop: engine started in {time.perf_counter() - t0:.1f} s; "
               f"{len(rx.info)} worker(s) prewarmed", flush=True)
         at = [0]  # the committed version (its checkpoint restores the engine)
@@ -523,7 +546,7 @@ def main(argv=None) -> int:
                     node.close()
                     shutdown(llm, dead=True)
                     llm = start_engine(ckpts[committed], args.tp)
-                    rx = dv.EngineReceiver(llm, canon)
+                    rx = dv.EngineReceiver(llm, canon, job_key=args.job_key)
                     node = serve_engine(args, rx, lambda: ckpts[at[0]], listen=node.address)
                     msg = roles.transition_when_back(f"step {k} after the engine's restart")
                 else:

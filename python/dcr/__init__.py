@@ -35,10 +35,11 @@ _dcr._register_errors(dict(errors.BY_CODE))
 
 Plan = _dcr.Plan
 from .cluster import (ClusterCoordinator, CommitStore, Coordinator, NodeServer,  # noqa: E402
-                      ObjectStore, OwnerServer, RelayTree, job_secret)
+                      ObjectStore, OwnerServer, RelayNodes, RelayTree, job_secret)
 read_payload_id = _dcr.read_payload_id
 decode_payload = _dcr.decode_payload
 
-__all__ = ["Plan", "ObjectStore", "CommitStore", "Coordinator", "RelayTree", "OwnerServer",
+__all__ = ["Plan", "ObjectStore", "CommitStore", "Coordinator", "RelayTree", "RelayNodes",
+           "OwnerServer",
            "NodeServer", "ClusterCoordinator", "job_secret", "read_payload_id", "decode_payload",
            "errors", "Error"] + errors.__all__

@@ -13,6 +13,8 @@
   payloads to a root node that forwards them through a k-ary tree of the
   receivers' nodes (in-process pipes, or loopback TCP), sized by the
   coordinator's receivers. Pass it where an object store goes.
+- `RelayNodes(nodes, fanout=2)`: the relay tree across processes, for
+  `OwnerServer(relay=)` and `NodeServer(relay=, relay_node=)`.
 - `Coordinator(commits, store, owners, receivers)`: the library's
   coordinator (`protocol::coordinator`) driving owners of this process and
   Python receivers: `take_over()`, `bootstrap()` (commit version 0),
@@ -145,6 +147,43 @@ class ObjectStore(_dcr.ObjectStore):
 
 
 RelayTree = _dcr.RelayTree
+
+
+class RelayNodes:
+    """The relay tree across processes (the C++ programs' `--transport
+    relay_tree`, `--relay-nodes`, `--relay-fanout`): `nodes` lists every
+    rollout node's relay address "HOST:PORT" in node order (node 0 is the
+    root the owners stream to; node i's children are the k-ary heap's), and
+    `fanout` is the children per node. Give the same one to every
+    `OwnerServer` (`relay=`) and `NodeServer` (`relay=`, `relay_node=i`: the
+    node it hosts, listening on `nodes[i]`) of a job. Payloads then stream
+    owner → root → children instead of going through the object store; dense
+    exports and restores still use the store. With a job key the links are
+    authenticated and every payload's and stream's digest keyed; without one
+    every relay address must be on loopback (or `insecure=True` on the roles).
+    """
+
+    def __init__(self, nodes, fanout: int = 2):
+        nodes = [str(a) for a in nodes]
+        if not nodes:
+            errors.raise_error(errors.InvalidArgument, "RelayNodes: no node addresses")
+        for a in nodes:
+            if _host_port(a, "RelayNodes")[1] == 0:
+                errors.raise_error(errors.InvalidArgument,
+                                   f"RelayNodes: '{a}' has port 0 (every process dials "
+                                   "these addresses, so each must be fixed)")
+        if len(set(nodes)) != len(nodes):
+            errors.raise_error(errors.InvalidArgument, "RelayNodes: addresses repeat")
+        if int(fanout) < 1:
+            errors.raise_error(errors.InvalidArgument, f"RelayNodes: fanout {fanout} < 1")
+        self.nodes, self.fanout = nodes, int(fanout)
+
+    def _check(self, secret: bytes, insecure: bool, what: str) -> None:
+        for a in self.nodes:
+            _check_listen(_host_port(a, what)[0], secret, insecure, f"{what} relay node {a}")
+
+    def __repr__(self) -> str:
+        return f"RelayNodes({self.nodes!r}, fanout={self.fanout})"
 
 
 class CommitStore(_dcr.CommitStore):
@@ -292,15 +331,21 @@ class OwnerServer:
     transition after the other), `next_candidate(v)` returns the shards of
     version v + 1 (or None) and is called on the server's thread right after
     the baseline moved to v, before the coordinator's next call.
+
+    `relay` (a `RelayNodes`): payloads stream to the job's relay tree
+    instead of `store` (dense exports still go to `store`).
     """
 
     def __init__(self, owner, store: ObjectStore, commits: CommitStore | None = None, *,
                  version: int = 0, listen: str = "127.0.0.1:0", job_key=None,
                  insecure: bool = False, lease: bool = False, lease_ttl_s: float = 10.0,
-                 lease_wait_s: float = -1.0, next_candidate=None):
+                 lease_wait_s: float = -1.0, next_candidate=None,
+                 relay: RelayNodes | None = None):
         host, port = _host_port(listen, "OwnerServer listen")
         secret = job_secret(job_key)
         _check_listen(host, secret, insecure, "OwnerServer")
+        if relay is not None:
+            relay._check(secret, insecure, "OwnerServer")
         _check_stores(secret, "OwnerServer", object_store=store, commit_store=commits)
         self.owner = owner
         hook = None
@@ -309,7 +354,8 @@ class OwnerServer:
                 shards = next_candidate(v)
                 return None if shards is None else (owner._spans(shards), dict(shards))
         self._core = _dcr.OwnerServer(_core_owner(owner), store, commits, version, host, port,
-                                      secret, lease, lease_ttl_s, lease_wait_s, hook)
+                                      secret, lease, lease_ttl_s, lease_wait_s, hook,
+                                      relay.nodes if relay else [], relay.fanout if relay else 2)
         self.address = f"{host}:{self._core.port}"
 
     @property
@@ -359,11 +405,15 @@ class NodeServer:
     whether it equals a dense load of that version (the coordinator's
     `verify`). `gate=True`: requests admitted through `admit()` (a context
     manager) are waited for before an apply, and new ones wait while it runs.
+    `relay` (a `RelayNodes`) with `relay_node=i`: this server hosts node i
+    of the job's relay tree (listening on `relay.nodes[i]`, forwarding to its
+    children) and its receivers take their payloads from it, not `store`.
     """
 
     def __init__(self, receivers, store: ObjectStore, *, listen: str = "127.0.0.1:0",
                  job_key=None, insecure: bool = False, restore=None, verify=None,
-                 state_parts=None, fetch_all: bool = True, gate: bool = False):
+                 state_parts=None, fetch_all: bool = True, gate: bool = False,
+                 relay: RelayNodes | None = None, relay_node: int | None = None):
         if isinstance(receivers, dict):
             receivers = list(receivers.items())
         receivers = [(str(i), r) for i, r in receivers]
@@ -373,9 +423,21 @@ class NodeServer:
         secret = job_secret(job_key)
         _check_listen(host, secret, insecure, "NodeServer")
         _check_stores(secret, "NodeServer", object_store=store)
+        if (relay is None) != (relay_node is None):
+            errors.raise_error(errors.InvalidArgument,
+                               "NodeServer: relay= and relay_node= go together")
+        if relay is not None:
+            relay._check(secret, insecure, "NodeServer")
+            if not 0 <= int(relay_node) < len(relay.nodes):
+                errors.raise_error(errors.InvalidArgument,
+                                   f"NodeServer: relay_node {relay_node} of "
+                                   f"{len(relay.nodes)} nodes")
         self.receivers = dict(receivers)
         self._core = _dcr.NodeServer(receivers, state_parts or globals()["state_parts"], restore,
-                                     verify, store, fetch_all, gate, host, port, secret)
+                                     verify, store, fetch_all, gate, host, port, secret,
+                                     relay.nodes if relay else [],
+                                     relay.fanout if relay else 2,
+                                     int(relay_node) if relay else 0)
         self.address = f"{host}:{self._core.port}"
 
     @property
@@ -468,5 +530,5 @@ class ClusterCoordinator:
         self._core.kill(str(receiver_id))
 
 
-__all__ = ["ObjectStore", "CommitStore", "RelayTree", "Coordinator", "state_parts",
+__all__ = ["ObjectStore", "CommitStore", "RelayTree", "RelayNodes", "Coordinator", "state_parts",
            "OwnerServer", "NodeServer", "ClusterCoordinator", "job_secret"]

@@ -154,12 +154,16 @@ class DcrWorkerExtension:
         return self.model_runner.get_model()
 
     # -- init ------------------------------------------------------------------
-    def dcr_init(self, canonical, checkpoint: str | None = None, mode: str = "auto"):
-        return self._dcr_call(self._dcr_init, canonical, checkpoint, mode)
+    def dcr_init(self, canonical, checkpoint: str | None = None, mode: str = "auto",
+                 job_key: bytes = b""):
+        return self._dcr_call(self._dcr_init, canonical, checkpoint, mode, bytes(job_key))
 
-    def _dcr_init(self, canonical, checkpoint, mode):
+    def _dcr_init(self, canonical, checkpoint, mode, job_key=b""):
         if mode not in ("auto", "reload", "direct"):
             errors.raise_error(errors.InvalidArgument, f"dcr_init: mode {mode!r}")
+        # Payloads of a keyed job are checked against its key (their digests
+        # are keyed): a payload sealed without it is refused at staging.
+        self._dcr_key = bytes(job_key)
         t0 = time.perf_counter()
         model = self._dcr_model()
         metas = {m.name: m for m in canonical_metas(
@@ -294,7 +298,7 @@ class DcrWorkerExtension:
         a duplicate, an unknown tensor or another shape or dtype refused."""
         self._dcr_need()
         payload = np.frombuffer(payload, dtype=np.uint8)
-        pid = _dcr.read_payload_id(payload)
+        pid = _dcr.read_payload_id(payload, job_key=self._dcr_key)
         if pid["attempt"] < self._dcr_attempt:
             errors.raise_error(errors.StaleAttempt,
                                f"payload of attempt {pid['attempt']} after attempt "
@@ -303,7 +307,7 @@ class DcrWorkerExtension:
         if key in self._dcr_seen:
             errors.raise_error(errors.Duplicate,
                                f"payload attempt {key[0]} owner {key[1]} sequence {key[2]}")
-        _, items = _dcr.decode_payload(payload)
+        _, items = _dcr.decode_payload(payload, job_key=self._dcr_key)
         for it in items:
             t = it["tensor"]
             m = self._dcr_metas.get(t["name"])
@@ -544,9 +548,12 @@ class EngineReceiver:
     old weights). `state_parts()` is one digest per worker (for the
     coordinator's ACK digest, `dcr.vllm.state_parts`)."""
 
-    def __init__(self, llm, canonical, *, checkpoint: str | None = None, mode: str = "auto"):
+    def __init__(self, llm, canonical, *, checkpoint: str | None = None, mode: str = "auto",
+                 job_key=None):
+        from .cluster import job_secret
         self.llm = llm
-        self.info = self._rpc("dcr_init", _wire_metas(canonical), checkpoint, mode)
+        self.info = self._rpc("dcr_init", _wire_metas(canonical), checkpoint, mode,
+                              job_secret(job_key))
 
     def _rpc(self, method: str, *args) -> list:
         return _unwrap(self.llm.collective_rpc(method, args=args), method)
@@ -623,6 +630,7 @@ def _engine_class():
         canonical: list = field(default_factory=list)  # (name, shape, dtype name)
         checkpoint: str | None = None                  # default: the model's
         mode: str = "auto"
+        job_key: str = ""                              # hex of the job's secret (keyed jobs)
 
     @dataclass
     class DcrUpdateInfo(WeightTransferUpdateInfo):
@@ -645,7 +653,8 @@ def _engine_class():
             return self.model
 
         def init_transfer_engine(self, init_info) -> None:
-            self._dcr_init(init_info.canonical, init_info.checkpoint, init_info.mode)
+            self._dcr_init(init_info.canonical, init_info.checkpoint, init_info.mode,
+                           bytes.fromhex(init_info.job_key))
 
         def start_weight_update(self) -> None:
             pass  # the attempt comes with the payloads

@@ -511,7 +511,8 @@ PYBIND11_MODULE(_dcr, m) {
                        std::shared_ptr<dcr_py::any_commits> commits, std::uint64_t version,
                        const std::string& host, unsigned short port, const py::bytes& job_key,
                        bool lease, double lease_ttl_s, double lease_wait_s,
-                       py::object next_candidate) {
+                       py::object next_candidate, std::vector<std::string> relay_nodes,
+                       std::uint32_t relay_fanout) {
              const auto key = key_of(job_key);
              std::function<dcr::status(std::uint64_t)> next;
              if (!next_candidate.is_none()) {
@@ -545,14 +546,16 @@ PYBIND11_MODULE(_dcr, m) {
                };
              }
              py::gil_scoped_release nogil; // a lease claim may wait
-             return new dcr_py::py_owner_server(o.inner, store.store(), std::move(commits), version,
-                                                host, port, key, {lease, lease_ttl_s, lease_wait_s},
-                                                std::move(next));
+             return new dcr_py::py_owner_server(
+                 o.inner, store.store(), std::move(commits), version, host, port, key,
+                 {lease, lease_ttl_s, lease_wait_s}, std::move(next),
+                 dcr_py::process_relay_args{std::move(relay_nodes), relay_fanout});
            }),
            py::arg("owner"), py::arg("store"), py::arg("commits"), py::arg("version"),
            py::arg("host"), py::arg("port"), py::arg("job_key") = py::bytes(),
            py::arg("lease") = false, py::arg("lease_ttl_s") = 10.0, py::arg("lease_wait_s") = -1.0,
            py::arg("next_candidate") = py::none(),
+           py::arg("relay_nodes") = std::vector<std::string>{}, py::arg("relay_fanout") = 2,
            // The owner and its stores live while the server reads them.
            py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def_property_readonly("port", &dcr_py::py_owner_server::port)
@@ -576,19 +579,24 @@ PYBIND11_MODULE(_dcr, m) {
   py::class_<dcr_py::py_node_server>(m, "NodeServer")
       .def(py::init([](py::list receivers, py::object digest_parts, py::object restore,
                        py::object verify, dcr_py::object_store& store, bool fetch_all, bool gate,
-                       const std::string& host, unsigned short port, const py::bytes& job_key) {
+                       const std::string& host, unsigned short port, const py::bytes& job_key,
+                       std::vector<std::string> relay_nodes, std::uint32_t relay_fanout,
+                       std::uint32_t relay_node) {
              std::vector<std::pair<std::string, py::object>> rs;
              for (auto r : receivers) {
                auto t = r.cast<py::tuple>();
                rs.emplace_back(t[0].cast<std::string>(), t[1]);
              }
-             return new dcr_py::py_node_server(std::move(rs), digest_parts, restore, verify,
-                                               store.store(), fetch_all, gate, host, port,
-                                               key_of(job_key));
+             return new dcr_py::py_node_server(
+                 std::move(rs), digest_parts, restore, verify, store.store(), fetch_all, gate, host,
+                 port, key_of(job_key),
+                 dcr_py::process_relay_args{std::move(relay_nodes), relay_fanout}, relay_node);
            }),
            py::arg("receivers"), py::arg("digest_parts"), py::arg("restore"), py::arg("verify"),
            py::arg("store"), py::arg("fetch_all"), py::arg("gate"), py::arg("host"),
-           py::arg("port"), py::arg("job_key") = py::bytes(), py::keep_alive<1, 6>())
+           py::arg("port"), py::arg("job_key") = py::bytes(),
+           py::arg("relay_nodes") = std::vector<std::string>{}, py::arg("relay_fanout") = 2,
+           py::arg("relay_node") = 0, py::keep_alive<1, 6>())
       .def_property_readonly("port", &dcr_py::py_node_server::port)
       .def_property_readonly("ids", &dcr_py::py_node_server::ids)
       .def_property_readonly("has_gate",

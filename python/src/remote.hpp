@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -55,6 +56,7 @@
 #include "dcr/protocol/remote_links.hpp"
 #include "dcr/protocol/request_gate.hpp"
 #include "dcr/transport/dense_export.hpp"
+#include "dcr/transport/relay_process.hpp"
 
 namespace dcr_py {
 
@@ -82,11 +84,36 @@ struct lease_args {
   double wait_s = -1; ///< < 0: 2 s (file store), TTL + 2 s (etcd)
 };
 
+/// The job's relay tree across processes (`--transport relay_tree` of the
+/// C++ programs): every rollout node's relay address in node order, and the
+/// fanout. Empty `nodes`: payloads go through the object store.
+struct process_relay_args {
+  std::vector<std::string> nodes;
+  std::uint32_t fanout = 2;
+};
+
+/// This process's part of the relay tree: node `self` (a node server) or
+/// only the writer to the root (an owner server).
+inline std::unique_ptr<dcr::transport::process_relay>
+make_process_relay(const process_relay_args& a, std::optional<std::uint32_t> self,
+                   const dcr::seal_key& key) {
+  dcr::transport::process_relay_options o;
+  for (const auto& n : a.nodes) o.nodes.push_back(peer_of(n));
+  o.self = self;
+  o.fanout = a.fanout;
+  o.key = key; // links authenticated, payload and stream digests keyed
+  return std::make_unique<dcr::transport::process_relay>(std::move(o));
+}
+
+/// A control server's handler: the library's owner or node service over
+/// this process's link, whichever medium the link reads or writes.
+using control_handler = std::function<dcr::status(
+    const dcr::protocol::control_frame&, const std::atomic<bool>&, dcr::protocol::body_writer&)>;
+
 /// One trainer rank's owner, served on the control channel (file comment).
 class py_owner_server {
 public:
   using member = dcr::protocol::training_round::member;
-  using link_t = dcr::protocol::local_owner_link<member, any_store>;
 
   /// `version`: the committed version the owner's baseline holds (0 for a
   /// fresh job; a restarted rank passes the record's version after checking
@@ -99,9 +126,10 @@ public:
   py_owner_server(owner& o, std::shared_ptr<any_store> store, std::shared_ptr<any_commits> commits,
                   std::uint64_t version, const std::string& host, unsigned short port,
                   const dcr::seal_key& key, const lease_args& lease,
-                  std::function<dcr::status(std::uint64_t)> next_candidate = {})
+                  std::function<dcr::status(std::uint64_t)> next_candidate = {},
+                  const process_relay_args& relay = {})
       : owner_(&o), store_(std::move(store)), commits_(std::move(commits)), key_(key),
-        next_(std::move(next_candidate)), link_(o.member(), *store_), base_(version) {
+        next_(std::move(next_candidate)), base_(version) {
     const auto who = "owner " + std::to_string(o.rank());
     if (lease.hold) {
       if (!commits_)
@@ -154,7 +182,14 @@ public:
       }
       return dcr::status::success();
     };
-    service_ = std::make_unique<dcr::protocol::owner_service<link_t>>(link_, std::move(h));
+    // Payloads go to the object store or stream to the relay root; dense
+    // exports go to the object store either way (the hook above).
+    if (!relay.nodes.empty()) {
+      relay_ = make_process_relay(relay, std::nullopt, key);
+      serve_with(*relay_, std::move(h));
+    } else {
+      serve_with(*store_, std::move(h));
+    }
     server_ = std::make_unique<dcr::protocol::control_server>(
         [this](const dcr::protocol::control_frame& f, const std::atomic<bool>& stop,
                dcr::protocol::body_writer& out) { return serve(f, stop, out); },
@@ -186,6 +221,7 @@ public:
   /// Stop serving (every running call is stopped and answered first).
   void close() {
     if (server_) server_->shutdown();
+    if (relay_) relay_->shutdown();
   }
 
 private:
@@ -204,9 +240,22 @@ private:
     const bool writes = f.type == control_type::publish || f.type == control_type::export_dense;
     if (leased_ && (writes || f.type == control_type::commit_baseline))
       DCR_TRY(commits_->hold_owner()); // claims the id again if it lapsed in a partition
-    DCR_TRY((*service_)(f, stop, out));
+    DCR_TRY(service_(f, stop, out));
     if (leased_ && writes) DCR_TRY(commits_->check_owner());
     return dcr::status::success();
+  }
+
+  template <class Medium>
+  void serve_with(Medium& medium, dcr::protocol::owner_hooks h) {
+    using link = dcr::protocol::local_owner_link<member, Medium>;
+    struct held {
+      link l;
+      dcr::protocol::owner_service<link> s;
+      held(member& m, Medium& md, dcr::protocol::owner_hooks hk) : l(m, md), s(l, std::move(hk)) {}
+    };
+    auto p = std::make_shared<held>(owner_->member(), medium, std::move(h));
+    service_ = [p](const dcr::protocol::control_frame& f, const std::atomic<bool>& stop,
+                   dcr::protocol::body_writer& out) { return p->s(f, stop, out); };
   }
 
   owner* owner_;
@@ -215,13 +264,13 @@ private:
   dcr::seal_key key_;
   std::function<dcr::status(std::uint64_t)> next_;
   dcr::status next_error_ = dcr::status::success();
-  link_t link_;
   bool leased_ = false;
   mutable std::mutex state_m_;
   std::condition_variable moved_;
   std::uint64_t base_ = 0;
   std::mutex one_call_;
-  std::unique_ptr<dcr::protocol::owner_service<link_t>> service_;
+  std::unique_ptr<dcr::transport::process_relay> relay_; // with a relay tree
+  control_handler service_; // the owner service over its link (holds both)
   std::unique_ptr<dcr::protocol::control_server> server_;
 };
 
@@ -229,7 +278,6 @@ private:
 class py_node_server {
 public:
   using endpoint = dcr::protocol::receiver_endpoint<py_receiver>;
-  using link_t = dcr::protocol::local_node_link<py_receiver, any_store>;
 
   /// `receivers`: (id, receiver) pairs at the committed version. `restore`
   /// (may be None): `restore(id)` returns a new receiver restored densely to
@@ -237,55 +285,88 @@ public:
   /// incarnation)` returns, per receiver in order, whether it equals a
   /// dense load of that version (the coordinator's `verify`). `gate`: the
   /// receivers' applies wait for in-flight requests admitted through
-  /// `admit()` and hold new ones back until the transition ends.
+  /// `admit()` and hold new ones back until the transition ends. `relay`
+  /// (nodes given): payloads come from node `relay_node` of the relay tree,
+  /// which this server hosts, instead of the object store.
   py_node_server(std::vector<std::pair<std::string, py::object>> receivers, py::object digest_parts,
                  py::object restore, py::object verify, std::shared_ptr<any_store> store,
                  bool fetch_all, bool gate, const std::string& host, unsigned short port,
-                 const dcr::seal_key& key)
+                 const dcr::seal_key& key, const process_relay_args& relay = {},
+                 std::uint32_t relay_node = 0)
       : store_(std::move(store)), verify_(std::move(verify)) {
     if (receivers.empty())
       throw dcr::error(dcr::errc::invalid_argument, "node server: no receivers");
     if (gate) gate_ = std::make_unique<dcr::protocol::request_gate>();
     endpoints_ = make_endpoints(std::move(receivers), digest_parts, restore, gate_.get());
-    std::vector<endpoint*> eps;
-    for (auto& e : endpoints_) eps.push_back(e.get());
-    link_ = std::make_unique<link_t>(std::move(eps), *store_);
-    link_->fetch_all(fetch_all);
-    typename dcr::protocol::node_service<link_t>::verifier v;
-    if (!verify_.is_none())
-      v = [this](std::uint64_t version, const std::string& inc, std::vector<bool>& equal,
-                 std::vector<dcr::digest128>& digests) {
-        return run_verify(version, inc, equal, digests);
-      };
-    service_ = std::make_unique<dcr::protocol::node_service<link_t>>(*link_, std::move(v));
+    if (!relay.nodes.empty()) {
+      if (relay_node >= relay.nodes.size())
+        throw dcr::error(dcr::errc::invalid_argument, "node server: relay node " +
+                                                          std::to_string(relay_node) + " of " +
+                                                          std::to_string(relay.nodes.size()));
+      relay_ = make_process_relay(relay, relay_node, key);
+      serve_with(*relay_, fetch_all, relay_node);
+    } else {
+      serve_with(*store_, fetch_all, 0);
+    }
     server_ = std::make_unique<dcr::protocol::control_server>(
         [this](const dcr::protocol::control_frame& f, const std::atomic<bool>& stop,
-               dcr::protocol::body_writer& out) { return (*service_)(f, stop, out); },
+               dcr::protocol::body_writer& out) { return service_(f, stop, out); },
         channel_of(key));
     dcr::throw_if_failed(server_->listen(host, port));
   }
   ~py_node_server() {
     close();
     py::gil_scoped_acquire gil; // the receivers hold Python objects
-    service_.reset();
-    link_.reset();
+    service_ = nullptr;
+    relay_.reset();
     endpoints_.clear();
     verify_ = py::object();
   }
 
   unsigned short port() const noexcept { return server_->port(); }
-  std::vector<std::string> ids() const { return link_->ids(); }
+  std::vector<std::string> ids() const {
+    std::vector<std::string> v;
+    for (auto& e : endpoints_) v.push_back(e->id());
+    return v;
+  }
   dcr::protocol::request_gate* gate() const noexcept { return gate_.get(); }
   dcr::protocol::endpoint_counters counters(const std::string& id) const {
     for (auto& e : endpoints_)
       if (e->id() == id) return e->counters();
     throw dcr::error(dcr::errc::not_found, "no receiver '" + id + "' at this node");
   }
+  /// Stop serving: the control server (every running call is stopped and
+  /// answered first), then the relay node, whose address is free then.
   void close() {
     if (server_) server_->shutdown();
+    if (relay_) relay_->shutdown();
   }
 
 private:
+  template <class Medium>
+  void serve_with(Medium& medium, bool fetch_all, std::size_t reader_index) {
+    using link = dcr::protocol::local_node_link<py_receiver, Medium>;
+    using service = dcr::protocol::node_service<link>;
+    std::vector<endpoint*> eps;
+    for (auto& e : endpoints_) eps.push_back(e.get());
+    typename service::verifier v;
+    if (!verify_.is_none())
+      v = [this](std::uint64_t version, const std::string& inc, std::vector<bool>& equal,
+                 std::vector<dcr::digest128>& digests) {
+        return run_verify(version, inc, equal, digests);
+      };
+    struct held {
+      link l;
+      service s;
+      held(std::vector<endpoint*> e, Medium& m, std::size_t i, typename service::verifier vf)
+          : l(std::move(e), m, i), s(l, std::move(vf)) {}
+    };
+    auto p = std::make_shared<held>(std::move(eps), medium, reader_index, std::move(v));
+    p->l.fetch_all(fetch_all);
+    service_ = [p](const dcr::protocol::control_frame& f, const std::atomic<bool>& stop,
+                   dcr::protocol::body_writer& out) { return p->s(f, stop, out); };
+  }
+
   dcr::status run_verify(std::uint64_t version, const std::string& inc, std::vector<bool>& equal,
                          std::vector<dcr::digest128>& digests) {
     py::gil_scoped_acquire gil;
@@ -316,8 +397,8 @@ private:
   py::object verify_;
   std::unique_ptr<dcr::protocol::request_gate> gate_;
   std::vector<std::unique_ptr<endpoint>> endpoints_;
-  std::unique_ptr<link_t> link_;
-  std::unique_ptr<dcr::protocol::node_service<link_t>> service_;
+  std::unique_ptr<dcr::transport::process_relay> relay_; // with a relay tree
+  control_handler service_; // the node service over its link (holds both)
   std::unique_ptr<dcr::protocol::control_server> server_;
 };
 

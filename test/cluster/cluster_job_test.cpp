@@ -209,28 +209,3 @@ TEST_CASE("cluster job: the file store's owner lease refuses a second claim, fen
   c.reset();
   std::filesystem::remove_all(dir);
 }
-
-TEST_CASE("cluster job: the relay tree's stream digest binds attempt, owner and payload set") {
-  using namespace dcr;
-  auto d = [](int i) {
-    std::vector<std::byte> b(64, std::byte(i));
-    return digest(b);
-  };
-  seal_key key;
-  REQUIRE(seal_key::make("job key", key).ok());
-  const std::vector<digest128> sent{d(1), d(2), d(3)};
-  const auto want = cluster::relay_stream_digest(7, 1, sent, key);
-  // Delivered in another order across the tree: the same stream.
-  CHECK(cluster::relay_stream_digest(7, 1, {d(3), d(1), d(2)}, key) == want);
-  // A payload missing, one too many, one replaced, or the same payloads
-  // under another attempt, owner or key: another stream.
-  CHECK(cluster::relay_stream_digest(7, 1, {d(1), d(2)}, key) != want);
-  CHECK(cluster::relay_stream_digest(7, 1, {d(1), d(2), d(3), d(3)}, key) != want);
-  CHECK(cluster::relay_stream_digest(7, 1, {d(1), d(2), d(4)}, key) != want);
-  CHECK(cluster::relay_stream_digest(8, 1, sent, key) != want);
-  CHECK(cluster::relay_stream_digest(7, 2, sent, key) != want);
-  CHECK(cluster::relay_stream_digest(7, 1, sent, seal_key{}) != want);
-  // An owner that sent nothing still has a digest, which a node that
-  // delivered nothing of it matches.
-  CHECK(cluster::relay_stream_digest(7, 1, {}, key) == cluster::relay_stream_digest(7, 1, {}, key));
-}

@@ -58,7 +58,7 @@ class DataParallelTrainer:
 
 
 def trainer_rank(rank: int, world: int, root: str, init: str, work: str, key: str | None,
-                 lr: float, cmd, out) -> None:
+                 lr: float, cmd, out, relay: list[str] | None = None) -> None:
     """One trainer rank: trains on command, its owner served to the coordinator."""
     try:
         _paths(root)
@@ -78,7 +78,8 @@ def trainer_rank(rank: int, world: int, root: str, init: str, work: str, key: st
         owner = dt.Owner(plan, rank, shards, job_key=key)
         store = dcr.ObjectStore(f"fs:{work}/objects", job_key=key)
         commits = dcr.CommitStore(f"file:{work}/control", job_key=key)
-        server = dcr.OwnerServer(owner, store, commits, job_key=key, lease=True)
+        server = dcr.OwnerServer(owner, store, commits, job_key=key, lease=True,
+                                 relay=dcr.RelayNodes(relay) if relay else None)
         server.set_candidate(shards)
         trainer = DataParallelTrainer(model, lr, text_tokens(1 << 16), rank)
         out.put(("ready", rank, server.address))
@@ -109,8 +110,9 @@ def trainer_rank(rank: int, world: int, root: str, init: str, work: str, key: st
 
 
 def serving_node(index: int, ids: list[str], root: str, work: str, key: str | None, cmd,
-                 out) -> None:
-    """A serving process: vLLM-like TP ranks at version 0 behind a node server."""
+                 out, relay: list[str] | None = None) -> None:
+    """A serving process: vLLM-like TP ranks at version 0 behind a node server
+    (hosting node `index` of the relay tree at `relay`, if given)."""
     try:
         _paths(root)
         import dcr
@@ -129,7 +131,9 @@ def serving_node(index: int, ids: list[str], root: str, work: str, key: str | No
             rx.dense_refit(canon)
             receivers[i] = rx
         store = dcr.ObjectStore(f"fs:{work}/objects", job_key=key)
-        node = dcr.NodeServer(receivers, store, job_key=key, gate=True)
+        node = dcr.NodeServer(receivers, store, job_key=key, gate=True,
+                              relay=dcr.RelayNodes(relay) if relay else None,
+                              relay_node=index if relay else None)
         out.put(("ready", index, node.address))
         while True:
             msg = cmd.get()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 
 import pytest
 import torch
@@ -41,7 +42,8 @@ def _expect(out, kind: str, n: int, timeout: float = 180.0) -> dict:
 class Job:
     """Two trainer ranks and two serving processes (2 TP receivers each)."""
 
-    def __init__(self, work: str, key: str | None, lr: float = 1e-5):
+    def __init__(self, work: str, key: str | None, lr: float = 1e-5,
+                 relay: list[str] | None = None):
         self.ctx = mp.get_context("spawn")
         self.work, self.key = work, key
         self.rank_cmd = [self.ctx.Queue() for _ in range(2)]
@@ -50,12 +52,12 @@ class Job:
         init = os.path.join(work, "gloo-init")
         self.procs = [self.ctx.Process(target=remote_roles.trainer_rank,
                                        args=(r, 2, ROOT, init, work, key, lr, self.rank_cmd[r],
-                                             self.rank_out))
+                                             self.rank_out, relay))
                       for r in range(2)]
         self.ids = [[f"node{n}-tp{r}" for r in range(2)] for n in range(2)]
         self.procs += [self.ctx.Process(target=remote_roles.serving_node,
                                         args=(n, self.ids[n], ROOT, work, key, self.node_cmd[n],
-                                              self.node_out))
+                                              self.node_out, relay))
                        for n in range(2)]
         for p in self.procs:
             p.start()
@@ -104,9 +106,26 @@ def key_file(tmp_path):
     return str(p)
 
 
-def test_trainer_ranks_and_serving_processes(tmp_path, key_file):
+def _free_ports(n: int) -> list[int]:
+    """Ports on 127.0.0.1 that were free a moment ago (relay addresses must
+    be fixed before any process starts: every process dials them)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("transport", ["object_store", "relay_tree"])
+def test_trainer_ranks_and_serving_processes(tmp_path, key_file, transport):
     work = str(tmp_path)
-    job = Job(work, key_file)
+    relay = None
+    if transport == "relay_tree":
+        relay = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    job = Job(work, key_file, relay=relay)
     try:
         store = dcr.ObjectStore(f"fs:{work}/objects", job_key=key_file)
         commits = dcr.CommitStore(f"file:{work}/control", job_key=key_file)
@@ -131,6 +150,10 @@ def test_trainer_ranks_and_serving_processes(tmp_path, key_file):
             rep = co.transition()
             assert rep["committed_version"] == step
             assert rep["attempts"][0]["payloads"] > 0
+            if relay:
+                # Payloads streamed through the tree, none through the store.
+                assert not [d for d, _, files in os.walk(f"{work}/objects")
+                            if os.sep + "payload" in d and files]
             rec = commits.load()
             assert rec["version"] == step
             assert [r for r, _ in rec["receivers"]] == [i for ids in job.ids for i in ids]
@@ -167,3 +190,19 @@ def test_unkeyed_listener_off_loopback_is_refused(tmp_path):
         dcr.OwnerServer(dt.Owner(plan, 0, plan.empty_shards(0)), store, listen="0.0.0.0:0")
     with pytest.raises(dcr.InvalidArgument, match="job key"):
         dcr.job_secret(b"short")
+    # Relay addresses: an unkeyed relay node off loopback is refused like a
+    # control listener; fixed ports, distinct addresses, a node index in range.
+    owner = dt.Owner(plan, 0, plan.empty_shards(0))
+    with pytest.raises(dcr.InvalidArgument, match="relay node 10.0.0.1:9000"):
+        dcr.OwnerServer(owner, store, relay=dcr.RelayNodes(["10.0.0.1:9000"]))
+    with pytest.raises(dcr.InvalidArgument, match="port 0"):
+        dcr.RelayNodes(["127.0.0.1:0"])
+    with pytest.raises(dcr.InvalidArgument, match="repeat"):
+        dcr.RelayNodes(["127.0.0.1:9000", "127.0.0.1:9000"])
+    with pytest.raises(dcr.InvalidArgument, match="fanout"):
+        dcr.RelayNodes(["127.0.0.1:9000"], fanout=0)
+    rx = dt.Receiver(VllmLikeModel(cfg, 0, 2), plan.canonical)
+    with pytest.raises(dcr.InvalidArgument, match="go together"):
+        dcr.NodeServer({"r": rx}, store, relay=dcr.RelayNodes(["127.0.0.1:9000"]))
+    with pytest.raises(dcr.InvalidArgument, match="relay_node 1 of 1"):
+        dcr.NodeServer({"r": rx}, store, relay=dcr.RelayNodes(["127.0.0.1:9000"]), relay_node=1)

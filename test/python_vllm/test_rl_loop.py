@@ -35,13 +35,16 @@ def _rows(out: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("trainer,lr,extra", [
     ("megatron", "1e-6", ["--kill", "rank:2"]),
-    ("fsdp2", "1e-5", ["--tp", "2", "--job-key", "KEY", "--kill", "worker:2"]),
-], ids=["megatron-tp1-rank-killed", "fsdp2-tp2-keyed-worker-killed"])
+    ("fsdp2", "1e-5", ["--tp", "2", "--job-key", "KEY", "--transport", "relay_tree",
+                       "--kill", "worker:2"]),
+], ids=["megatron-tp1-rank-killed", "fsdp2-tp2-keyed-relay-worker-killed"])
 def test_rl_loop(tmp_path, trainer, lr, extra):
     """Step 1 refits as usual; in step 2 a trainer rank (or a serving
     worker) is SIGKILLed mid-refit and the job recovers: the transition
     fails with nothing committed (or, for a rank that died after its
-    owner's publish, commits), and the restarted side is refit bit-exact."""
+    owner's publish, commits), and the restarted side is refit bit-exact.
+    The second case streams the payloads through the relay tree (the
+    engine's node restarted at the same relay address)."""
     if "KEY" in extra:
         key = tmp_path / "job.key"
         key.write_bytes(os.urandom(32))

@@ -57,6 +57,7 @@
 
 #include "dcr/core/error.hpp"
 #include "dcr/net/framed_socket.hpp"
+#include "dcr/net/peer_address.hpp"
 #include "dcr/protocol/control_frame.hpp"
 
 namespace dcr::protocol {
@@ -107,32 +108,8 @@ inline status decode_error_reply(std::span<const std::byte> body, const std::str
   return fail(static_cast<errc>(code), who + ": " + msg);
 }
 
-/// "host:port" of a peer.
-struct peer_address {
-  std::string host = "127.0.0.1";
-  unsigned short port = 0;
-  std::string text() const { return host + ":" + std::to_string(port); }
-};
-
-/// Parse "host:port" (or ":port", meaning 127.0.0.1).
-inline status parse_peer_address(std::string_view s, peer_address& out) {
-  const auto c = s.rfind(':');
-  DCR_RETURN_ERROR_IF(c == std::string_view::npos, invalid_argument,
-                      "address '" + std::string(s) + "' is not host:port");
-  const auto port = s.substr(c + 1);
-  unsigned long p = 0;
-  DCR_RETURN_ERROR_IF(port.empty() || port.size() > 5, invalid_argument,
-                      "address '" + std::string(s) + "': bad port");
-  for (char ch : port) {
-    DCR_RETURN_ERROR_IF(ch < '0' || ch > '9', invalid_argument,
-                        "address '" + std::string(s) + "': bad port");
-    p = p * 10 + static_cast<unsigned long>(ch - '0');
-  }
-  DCR_RETURN_ERROR_IF(p > 65535, invalid_argument, "address '" + std::string(s) + "': bad port");
-  out.host = c == 0 ? "127.0.0.1" : std::string(s.substr(0, c));
-  out.port = static_cast<unsigned short>(p);
-  return status::success();
-}
+using net::parse_peer_address;
+using net::peer_address;
 
 namespace detail {
 /// An eventfd one thread signals and another polls beside a socket. Owns the
@@ -246,17 +223,8 @@ private:
 inline status dial_control(const peer_address& peer, const channel_options& opt,
                            std::unique_ptr<control_socket>& out) {
   const std::string who = "control channel to " + peer.text();
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const auto port = std::to_string(peer.port);
-  const int gai = ::getaddrinfo(peer.host.c_str(), port.c_str(), &hints, &res);
-  DCR_RETURN_ERROR_IF(gai != 0 || !res, unavailable,
-                      who + ": cannot resolve host: " + ::gai_strerror(gai));
   sockaddr_in a{};
-  std::memcpy(&a, res->ai_addr, sizeof a);
-  ::freeaddrinfo(res);
+  DCR_TRY(net::resolve_ipv4(peer, who, a));
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   DCR_RETURN_ERROR_IF(fd < 0, unavailable, who + ": socket: " + std::strerror(errno));
   auto sock = std::make_unique<control_socket>(fd, opt); // owns fd from here

@@ -40,6 +40,7 @@
 #include "dcr/transport/relay_frame.hpp"
 #include "dcr/transport/relay_links.hpp"
 #include "dcr/transport/relay_node.hpp"
+#include "dcr/transport/relay_stream.hpp"
 #include "dcr/transport/relay_topology.hpp"
 
 namespace dcr::transport {
@@ -251,19 +252,26 @@ public:
     for (auto& n : nodes_) n->shutdown();
   }
 
-  relay_writer open_writer(std::uint64_t attempt, std::uint32_t owner) {
-    return relay_writer(*net_, opt_, attempt, owner);
+  /// Writers and readers digest their streams (relay_stream.hpp): the
+  /// coordinator binds each attempt to what every owner sent.
+  using writer = digesting_writer<relay_writer>;
+  using reader = digesting_reader<relay_reader>;
+
+  writer open_writer(std::uint64_t attempt, std::uint32_t owner) {
+    return writer(relay_writer(*net_, opt_, attempt, owner), attempt, owner, opt_.key);
   }
-  relay_reader open_reader(std::uint64_t attempt, std::size_t receiver,
-                           std::vector<std::uint32_t> owners) {
+  reader open_reader(std::uint64_t attempt, std::size_t receiver,
+                     std::vector<std::uint32_t> owners) {
     if (receiver >= opt_.receivers)
-      return relay_reader(nodes_[0].get(), 0, attempt, std::move(owners),
-                          fail(errc::invalid_argument, "relay_tree: receiver " +
-                                                           std::to_string(receiver) + " of " +
-                                                           std::to_string(opt_.receivers)));
-    return relay_reader(nodes_[receiver / opt_.receivers_per_node].get(),
-                        static_cast<std::uint32_t>(receiver % opt_.receivers_per_node), attempt,
-                        std::move(owners));
+      return reader(relay_reader(nodes_[0].get(), 0, attempt, owners,
+                                 fail(errc::invalid_argument,
+                                      "relay_tree: receiver " + std::to_string(receiver) + " of " +
+                                          std::to_string(opt_.receivers))),
+                    attempt, owners, opt_.key);
+    return reader(relay_reader(nodes_[receiver / opt_.receivers_per_node].get(),
+                               static_cast<std::uint32_t>(receiver % opt_.receivers_per_node),
+                               attempt, owners),
+                  attempt, owners, opt_.key);
   }
   /// Nodes hold only the current attempt, which the next one replaces: nothing to remove.
   status collect(std::uint64_t, std::size_t* removed) {
