@@ -17,8 +17,15 @@
 #                      [--s3-restart STEP[:SECONDS]] [--link-loss NODE:PCT]
 #                      [--link-cut-streaming NODE:STEP[:SECONDS]] [--change-pct P]
 #                      [--fetch-all] [--bucket-payloads] [--chunk-bytes N] [--bucket-bytes N]
-#                      [--job-key FILE] [--s3-credentials FILE] [--etcd-credentials FILE]
+#                      [--job-key FILE | --insecure] [--s3-credentials FILE]
+#                      [--etcd-credentials FILE]
 #
+# --job-key FILE: the job's shared secret for every program (keyed seals on
+#   payloads, manifests, dense exports and the commit record; an
+#   authenticated control channel and relay links). Without it a key file is
+#   made for the job (WORKDIR/job.key, mode 0600) and the line saying so is
+#   printed; --insecure runs unkeyed instead (loopback, or a network you
+#   trust: the programs refuse to listen unkeyed off loopback otherwise).
 # --fetch-all: rollout nodes fetch every payload of an attempt instead of
 #   only those the manifest index names a tensor of their receivers (an
 #   expert-parallel node then also fetches the other nodes' experts).
@@ -98,6 +105,8 @@ link_losses=()
 checkpoints=()
 transport=object_store
 fanout=2
+job_key=""
+insecure=0
 change_pct=""
 fetch_flags=()
 target_flags=()
@@ -129,7 +138,9 @@ while [ $# -gt 0 ]; do
     --change-pct) change_pct=$2; shift 2 ;;
     --fetch-all|--bucket-payloads) fetch_flags+=("$1"); shift ;;
     --chunk-bytes|--bucket-bytes) target_flags+=("$1" "$2"); shift 2 ;;
-    --job-key|--s3-credentials|--etcd-credentials) secret_flags+=("$1" "$2"); shift 2 ;;
+    --job-key) job_key=$2; shift 2 ;;
+    --insecure) insecure=1; shift ;;
+    --s3-credentials|--etcd-credentials) secret_flags+=("$1" "$2"); shift 2 ;;
     --s3-restart) s3_restarts+=("$2"); shift 2 ;;
     --link-loss) link_losses+=("$2"); shift 2 ;;
     --checkpoints)
@@ -155,6 +166,17 @@ done
 own_work=0
 if [ -z "$work" ]; then work=$(mktemp -d "${TMPDIR:-/tmp}/dcr-cluster-XXXXXX"); own_work=1; fi
 mkdir -p "$work/logs" "$work/pids"
+if [ -n "$job_key" ] && [ "$insecure" = 1 ]; then
+  echo "cluster.sh: --job-key and --insecure exclude each other" >&2; exit 2
+fi
+if [ -z "$job_key" ] && [ "$insecure" = 0 ]; then
+  # Keys on by default: one secret for every program of this job.
+  job_key=$work/job.key
+  [ -s "$job_key" ] || (umask 077 && head -c 32 /dev/urandom >"$job_key")
+  echo "[cluster] job key: $job_key (made for this job; pass --job-key FILE to use your own)" >&2
+fi
+[ -z "$job_key" ] || secret_flags+=(--job-key "$(realpath -m "$job_key")")
+[ "$insecure" = 0 ] || secret_flags+=(--insecure)
 # A streaming cut waits for the programs' timeline (examples/cluster/timeline.hpp).
 [ ${#link_cuts[@]} -eq 0 ] || export DCR_TIMELINE=${DCR_TIMELINE:-$work/timeline.jsonl}
 # Ports: BASE+k for owner k, BASE+100+j for node j (by default a range chosen by the PID,

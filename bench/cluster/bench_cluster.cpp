@@ -636,6 +636,16 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
                                "dcr-bench-" + tag,
                                "--s3-region",
                                tb.region};
+  {
+    // The roles listen on the testbed's addresses, beyond loopback: the job
+    // is keyed, as the programs require there (a fresh secret per row).
+    const auto key = work + "/job.key";
+    std::random_device rd;
+    std::string secret(32, '\0');
+    for (auto& c : secret) c = static_cast<char>(rd());
+    std::ofstream(key, std::ios::binary) << secret;
+    job.insert(job.end(), {"--job-key", key});
+  }
   if (!rs.etcd.empty())
     job.insert(job.end(), {"--etcd", rs.etcd, "--etcd-prefix", "dcr/bench-" + tag + "/"});
   if (fetch_mode == "all") job.insert(job.end(), {"--fetch-all", "--bucket-payloads"});

@@ -76,6 +76,9 @@ struct job_flags {
   /// The job key from --job-key (empty: unkeyed seals and an
   /// unauthenticated control plane, for loopback demos only).
   seal_key key;
+  /// --insecure: listen unkeyed on addresses beyond loopback (a network
+  /// the operator trusts); without it such a listener is refused.
+  bool insecure = false;
   /// S3 keys from --s3-credentials (else DCR_S3_ACCESS_KEY/DCR_S3_SECRET_KEY).
   std::string s3_access_key, s3_secret_key;
   /// etcd client TLS files from --etcd-credentials (else none: plain or
@@ -147,7 +150,9 @@ inline const char* job_usage =
     "  --job-key FILE           the job's shared secret (>= 16 bytes, same file for every\n"
     "                           program): keyed seals on payloads, manifests and the commit\n"
     "                           record, and an authenticated control channel that refuses\n"
-    "                           peers without it (default: none, for loopback demos only)\n"
+    "                           peers without it (default: none, which only loopback\n"
+    "                           listeners accept; scripts/cluster.sh makes one per job)\n"
+    "  --insecure               listen unkeyed beyond loopback (a network you trust)\n"
     "  --transport object_store|relay_tree   how payloads travel (default object_store)\n"
     "  --relay-nodes H:P,H:P,...  relay_tree: listen address of rollout node i (one per node)\n"
     "  --relay-fanout K         relay_tree: k-ary tree over the nodes, root node 0 (default 2)\n"
@@ -245,6 +250,8 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     f.fetch_all = true;
   else if (a == "--job-key")
     f.key = read_job_key(value());
+  else if (a == "--insecure")
+    f.insecure = true;
   else if (a == "--s3-credentials") {
     auto c = read_credentials(a, value(), {"access_key", "secret_key"});
     if (!c.count("access_key") || !c.count("secret_key"))
@@ -279,6 +286,19 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
   if (f.tp == 0 || f.ep == 0 || f.dp == 0 || f.nodes == 0 || f.ranks == 0 || f.relay_fanout == 0)
     throw error(errc::invalid_argument, a + " must be positive");
   return true;
+}
+
+/// Refuses (`invalid_argument`) a listener or peer `a` beyond loopback in
+/// an unkeyed job without --insecure: anyone who reaches an unkeyed port can
+/// publish, fence attempts or drop receivers. `what` names the socket.
+inline void check_unkeyed_address(const job_flags& f, const protocol::peer_address& a,
+                                  const std::string& what) {
+  if (!f.key.empty() || f.insecure || net::is_loopback(a)) return;
+  throw error(errc::invalid_argument,
+              what + " " + a.text() +
+                  " is beyond loopback and the job has no key: give every program the same "
+                  "--job-key FILE (scripts/cluster.sh makes one), or --insecure on a network "
+                  "you trust");
 }
 
 /// Control channel options of the job: the library's timeouts and the job key.

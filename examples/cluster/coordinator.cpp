@@ -93,6 +93,11 @@ int main(int argc, char** argv) try {
       usage("unknown argument " + a);
   }
   if (owner_at.empty() || node_at.empty()) usage("--owner and --node are required");
+  // An unkeyed coordinator would drive peers anyone on their network can
+  // also reach: the same rule as the servers' listeners.
+  for (const auto& p : owner_at)
+    cluster::check_unkeyed_address(flags, p, "dcr-coordinator: --owner");
+  for (const auto& p : node_at) cluster::check_unkeyed_address(flags, p, "dcr-coordinator: --node");
   const auto job = cluster::make_job(flags);
   if (owner_at.size() != job.owners())
     usage("the trainer has " + std::to_string(job.owners()) + " ranks, " +

@@ -110,6 +110,7 @@ int main(int argc, char** argv) try {
     std::cerr << "dcr-owner: --rank and --listen HOST:PORT are required\n";
     return 2;
   }
+  cluster::check_unkeyed_address(flags, listen, "dcr-owner: --listen");
   cluster::block_termination_signals();
   const auto job = cluster::make_job(flags);
   const auto& plan = *job.plan;

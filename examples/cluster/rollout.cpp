@@ -334,11 +334,17 @@ int main(int argc, char** argv) try {
     std::cerr << "dcr-rollout: --node and --listen HOST:PORT are required\n";
     return 2;
   }
+  cluster::check_unkeyed_address(flags, listen, "dcr-rollout: --listen");
   cluster::block_termination_signals();
   const auto job = cluster::make_job(flags);
   if (node >= flags.nodes)
     throw error(errc::invalid_argument, "--node " + std::to_string(node) + ": the job has " +
                                             std::to_string(flags.nodes) + " nodes");
+  if (job.relay() && node < flags.relay_nodes.size()) {
+    protocol::peer_address relay_at;
+    throw_if_failed(protocol::parse_peer_address(flags.relay_nodes[node], relay_at));
+    cluster::check_unkeyed_address(flags, relay_at, "dcr-rollout: relay node");
+  }
   const std::size_t world = job.receivers();
   const std::size_t first = std::size_t{node} * flags.ranks;
   if (job.from_checkpoints) {

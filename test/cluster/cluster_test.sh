@@ -60,11 +60,28 @@ case "$scenario" in
     args=(--transport relay_tree --kill-coordinator-at mid_delivery:2); marker=coordinator-mid_delivery-2 ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
+snap_pid=""
+if [ "$scenario" = keyed ]; then
+  # Payloads and manifests are collected after each commit: copies taken
+  # while the run goes (complete objects only: the fs store writes dot-named
+  # temporaries and renames them) are checked for their seals below.
+  mkdir -p "$work/snap"
+  (for _ in $(seq 1 1200); do
+     [ -e "$work/snap.stop" ] && break
+     if [ -d "$work/run/objects" ]; then
+       find "$work/run/objects" -type f ! -name '.tmp.*' \( -path '*/payload/*' -o -path '*/manifest/*' \) \
+         -exec cp -n --parents {} "$work/snap" \; 2>/dev/null
+     fi
+     sleep 0.05
+   done) &
+  snap_pid=$!
+fi
 set +e
 out=$(DCR_CLUSTER_KEEP=1 bash "$here/scripts/cluster.sh" --bin "$bin" --workdir "$work/run" \
   --steps "$steps" --json "${args[@]}" 2>"$work/stderr")
 rc=$?
 set -e
+if [ -n "$snap_pid" ]; then touch "$work/snap.stop"; wait "$snap_pid" || true; fi
 echo "$out"
 if [ "$rc" -ne 0 ]; then
   cat "$work/stderr"; for f in "$work"/run/logs/*.log; do echo "== $f"; tail -n 20 "$f"; done
@@ -115,6 +132,19 @@ if [ "${scenario%keyed}" != "$scenario" ]; then
   ! grep -qx "digest $plain" "$work/run/control/commit" || { echo "FAIL: commit record not keyed"; exit 1; }
 fi
 if [ "$scenario" = keyed ]; then
+  # Every object kind is sealed with the job key, none with the plain digest.
+  python3 "$here/test/cluster/check_seals.py" "$work/job.key" "$work/snap" "$work/run/objects" \
+    "$work/run/control/commit" --need "payload,manifest,dense export,commit record" ||
+    { echo "FAIL: an object is not sealed with the job key"; exit 1; }
+  # Unkeyed listeners beyond loopback are refused, naming the way out.
+  set +e
+  "$bin/dcr-owner" --rank 0 --listen 10.255.255.1:9 --workdir "$work/insecure" --tp 1 --nodes 1 \
+    --receivers-per-node 1 2>"$work/insecure.log"
+  irc=$?
+  set -e
+  if [ "$irc" -eq 0 ] || ! grep -q "beyond loopback and the job has no key" "$work/insecure.log"; then
+    cat "$work/insecure.log"; echo "FAIL: an unkeyed owner listened beyond loopback"; exit 1
+  fi
   # An owner with the key refuses a coordinator without it, and one with
   # another key, typed (verification), before any call runs.
   one=(--workdir "$work/neg" --tp 1 --nodes 1 --receivers-per-node 1)

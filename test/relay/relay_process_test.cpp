@@ -136,7 +136,8 @@ TEST_CASE("relay tree across processes: every node delivers each payload once, a
       for (std::uint32_t o = 0; o < 2; ++o)
         writers.emplace_back([&, o] {
           auto w = t.owners->open_writer(5, o);
-          for (std::uint32_t q = 0; q < 3 && wrote[o]; ++q) wrote[o] = w.put_payload(small_payload(5, o, q, std::byte{1}, key));
+          for (std::uint32_t q = 0; q < 3 && wrote[o]; ++q)
+            wrote[o] = w.put_payload(small_payload(5, o, q, std::byte{1}, key));
           if (wrote[o]) wrote[o] = w.finish();
           sent[o].second = w.manifest_digest();
         });
@@ -210,8 +211,9 @@ TEST_CASE("relay tree across processes: bad configurations and an owner-side rea
   process_relay owners(o);
   std::atomic<bool> stop{false};
   auto r = owners.open_reader(1, 0, {0});
-  const auto s = r.run([](std::string_view, std::span<const std::byte>) { return status::success(); },
-                       stop, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  const auto s =
+      r.run([](std::string_view, std::span<const std::byte>) { return status::success(); }, stop,
+            std::chrono::steady_clock::now() + std::chrono::seconds(1));
   CHECK(s.code == errc::invalid_argument);
   // A node address that does not resolve: the owner's first write is unavailable.
   o.nodes = {{"no-such-host.invalid", 1}};

@@ -101,10 +101,9 @@ public:
     std::vector<std::pair<std::uint32_t, digest128>> out;
     for (auto o : owners_) {
       const auto it = got_.find(o);
-      out.emplace_back(o, relay_stream_digest(attempt_, o,
-                                              it == got_.end() ? std::vector<digest128>{}
-                                                               : it->second,
-                                              key_));
+      out.emplace_back(
+          o, relay_stream_digest(attempt_, o,
+                                 it == got_.end() ? std::vector<digest128>{} : it->second, key_));
     }
     return out;
   }
