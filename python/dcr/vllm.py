@@ -283,9 +283,10 @@ class DcrWorkerExtension:
 
     def _dcr_reload_all(self):
         """Every reloaded layer from the shadow (what init does): puts the
-        version dcr holds back into the kernels after anything else wrote
-        them, and measures dcr's reload of the whole model under the same
-        conditions as another update path."""
+        shadow's version back into those layers' kernels after anything else
+        wrote them (direct layers are not touched: their tensors are the live
+        ones), and measures dcr's reload of every reloaded layer under the
+        same conditions as another update path."""
         self._dcr_need()
         out = self._dcr_reload(range(len(self._dcr_units)))
         self._dcr_dirty = set()
@@ -606,8 +607,8 @@ class EngineReceiver:
 
     def reload_all(self) -> list:
         """Every reloaded layer of every worker from its shadow (the version
-        the last apply or restore left), per worker the reload's runtime
-        data; the prefix cache reset."""
+        the last apply or restore left; direct layers are not touched), per
+        worker the reload's runtime data; the prefix cache reset."""
         out = self._rpc("dcr_reload_all")
         self.llm.reset_prefix_cache()
         return out
