@@ -286,8 +286,12 @@ class DcrWorkerExtension:
         shadow's version back into those layers' kernels after anything else
         wrote them (direct layers are not touched: their tensors are the live
         ones), and measures dcr's reload of every reloaded layer under the
-        same conditions as another update path."""
+        same conditions as another update path. Refused after a failed
+        apply: the shadow may hold part of that attempt, and its marks stay
+        for the retry's apply."""
         self._dcr_need()
+        if self._dcr_failed:
+            errors.raise_error(errors.Aborted, f"attempt {self._dcr_attempt} failed before")
         out = self._dcr_reload(range(len(self._dcr_units)))
         self._dcr_dirty = set()
         return out

@@ -273,6 +273,8 @@ def test_errors_and_overwrite_retry(fp32):
         assert rx.state_digests() != before
         with pytest.raises(dcr.Aborted):
             rx.apply()
+        with pytest.raises(dcr.Aborted):
+            rx.reload_all()  # the copy may hold part of the failed attempt
         # The protocol's answer: a new attempt of overwrites only.
         retry = trainer.build(2, 1, overwrite_all=True)
         rx.begin_attempt(2)
