@@ -7,16 +7,22 @@
 #                   its heading to the end; every other section stays as the
 #                   last full run wrote it, and the section says so.
 #   --section BENCH [ARGS...]  run only BENCH (e.g. dcr-bench-digest,
-#                   dcr-bench-apply) with --markdown ARGS and put its output in
-#                   place of its section (from the "## " heading that names
-#                   `BENCH` to the next "## " heading); the section says it
-#                   was regenerated on its own, with which arguments.
+#                   dcr-bench-apply, bench_engine.py) with --markdown ARGS and
+#                   put its output in place of its section (from the "## "
+#                   heading that names `BENCH` to the next "## " heading); the
+#                   section says it was regenerated on its own, with which
+#                   arguments.
+# BENCH names ending in .py are the Python benches in bench/python/, run with
+# the vLLM environment's interpreter (.venv-vllm/, or DCR_VENV_VLLM; made by
+# scripts/setup-python.sh) over the extension in build/python.
 # Analysis written by hand is never in a bench's section: it goes in the
 # dated "Notes (hand-written, ...)" section at the end, which this script
 # keeps as it is.
 set -euo pipefail
-# --section builds only its bench (setup.sh builds everything otherwise).
-if [ "${1:-}" = "--section" ] && [ -n "${2:-}" ]; then
+# --section builds only its bench (setup.sh builds everything otherwise); a
+# Python bench needs the extension, whose file name depends on the
+# interpreter: everything is built for it.
+if [ "${1:-}" = "--section" ] && [ -n "${2:-}" ] && [ "${2%.py}" = "$2" ]; then
   export DCR_BUILD_TARGETS=${DCR_BUILD_TARGETS:-bench/$2}
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" >&2
@@ -30,6 +36,7 @@ heading_of() {
   case "$1" in
     dcr-bench-digest) echo "## State-digest update per write (\`dcr-bench-digest\`)" ;;
     dcr-bench-cuda) echo "## CUDA kernels (\`dcr-bench-cuda\`)" ;;
+    bench_engine.py) echo "## vLLM engine refit against vLLM's dense updates (\`bench_engine.py\`)" ;;
     *) echo "" ;;
   esac
 }
@@ -38,6 +45,7 @@ heading_of() {
 run_bench() {
   local b=$1 exe rc h
   shift
+  case "$b" in *.py) run_py_bench "$b" "$@"; return ;; esac
   exe=$(find build/bench -name "$b" -type f -perm -u+x 2>/dev/null | head -n1)
   h=$(heading_of "$b")
   if [ -z "$exe" ]; then
@@ -54,6 +62,28 @@ run_bench() {
   set -e
   if [ $rc -eq 77 ]; then [ "$b" != dcr-bench-cuda ] || { echo; echo "$h"; }; echo; echo "_${b}: unmeasured: this machine has no GPU (\`scripts/gpu-check.sh\` on one produces this table)._";
   elif [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; return $rc; fi
+}
+# run_py_bench NAME ARGS...: a bench of bench/python/ (it prints its own
+# heading when it measures); without the vLLM environment or the extension
+# its section says so.
+run_py_bench() {
+  local b=$1 py=${DCR_VENV_VLLM:-$DCR_ROOT/.venv-vllm}/bin/python3 rc
+  shift
+  if [ ! -x "$py" ] || ! ls build/python/_dcr.*.so >/dev/null 2>&1; then
+    echo; heading_of "$b"
+    echo; echo "_${b}: needs the vLLM environment (\`scripts/setup-python.sh\` makes .venv-vllm/) and the extension in build/python/; not measured._"
+    return 0
+  fi
+  echo "== $b" >&2
+  # A blank line before the heading the bench prints, as the others have
+  # (--section finds the heading from the second line on).
+  echo
+  # The bench's progress bars and engine log go to stderr.
+  set +e
+  DCR_BUILD_DIR="$DCR_ROOT/build" "$py" "bench/python/$b" --markdown "$@"
+  rc=$?
+  set -e
+  if [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; return $rc; fi
 }
 # The hand-written notes, kept from the current file (empty if none).
 notes() { [ -f "$out" ] && awk -v p="$notes_prefix" 'index($0, p) == 1 { on = 1 } on { print }' "$out"; }
@@ -108,7 +138,8 @@ else
   echo "the items' value bytes (not their indices). Construction floor = the detection floor over every"
   echo "source shard plus a memcpy of the value bytes emitted."
   for b in dcr-bench-table2 dcr-bench-payload dcr-bench-detect dcr-bench-construct dcr-bench-fp8-rollout \
-           dcr-bench-digest dcr-bench-apply dcr-bench-cuda dcr-bench-refit dcr-bench-scaling; do
+           dcr-bench-digest dcr-bench-apply dcr-bench-cuda dcr-bench-refit dcr-bench-scaling \
+           bench_engine.py; do
     echo
     run_bench "$b" "$@"
   done

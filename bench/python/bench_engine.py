@@ -22,17 +22,25 @@ then, on the same engine:
 - **reload**: `collective_rpc("reload_weights", weights_path=...)` from a
   safetensors checkpoint of the version (page-cached: written just before).
 
+- **dcr reload again**: `EngineReceiver.reload_all` (every reloaded layer
+  from the loader-layout copy, which holds the version): dcr's reload of the
+  whole model timed the way the dense paths are, so that dcr's reload and
+  vLLM's whole-model pass are compared under the same conditions.
+
 After each, every parameter, buffer and kernel tensor of the worker is
 taken and compared with the state after dcr's refit, and greedy output of
 fixed prompts after dcr equals that after the reload (token ids, and
-logprobs as values or both NaN: this random model's are NaN in places). Dense timings are the
-best of `--repeat` runs (each loads the same version again); dcr's is one
-run. The "@1 Gbit" columns add the bytes each path moves at 125 MB/s
-(computed, not measured: payload bytes for dcr, the BF16 model for the
-dense update) to its measured time.
+logprobs as values or both NaN: this random model's are NaN in places).
+dcr's refit is one run (a delta applies once); the dense paths and the
+reload again are timed `--repeat` times each (each loads the same version
+again) and reported as the first run and the best. The ratios are the best
+dense time over dcr's one run. The "@1 Gbit" columns add the bytes each path
+moves at 125 MB/s (computed, not measured: payload bytes for dcr, the BF16
+model for the dense update) to its measured time. `--markdown` prints the
+section `scripts/bench-docs.sh` puts in docs/benchmarks.md.
 
     .venv-vllm/bin/python3 bench/python/bench_engine.py [--hidden 2048 --layers 12]
-        [--vocab 32000] [--repeat 2] [--quick]
+        [--vocab 32000] [--repeat 2] [--quick] [--markdown]
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -98,6 +107,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="best of N for the dense timings")
     ap.add_argument("--quick", action="store_true", help="a small model (CI smoke run)")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--markdown", action="store_true",
+                    help="a docs/benchmarks.md section (heading, inputs, a markdown table)")
     a = ap.parse_args()
     if a.quick:
         a.hidden, a.layers, a.vocab, a.repeat = 256, 2, 4096, 1
@@ -137,44 +148,85 @@ def main() -> int:
         owner = dt.Owner(plan, 0, shards)
         names = list(canon)
 
-        def dense_update() -> float:
-            best = float("inf")
+        def timed(fn) -> tuple[float, float, float]:
+            """(first, best, least CPU) of `--repeat` runs of `fn` (which
+            returns its wall time): process CPU seconds, every thread (the
+            engine runs in this process), are what other jobs on the machine
+            move least."""
+            runs, cpus = [], []
             for _ in range(a.repeat):
-                t0 = time.perf_counter()
-                llm.collective_rpc("start_weight_update")
-                llm.collective_rpc("update_weights",
-                                   args=({"names": names, "tensors": [canon[n] for n in names]},))
-                llm.collective_rpc("finish_weight_update")
-                llm.reset_prefix_cache()
-                best = min(best, time.perf_counter() - t0)
-            return best
+                c0 = time.process_time()
+                runs.append(fn())
+                cpus.append(time.process_time() - c0)
+            return runs[0], min(runs), min(cpus)
+
+        def dense_update() -> float:
+            t0 = time.perf_counter()
+            llm.collective_rpc("start_weight_update")
+            llm.collective_rpc("update_weights",
+                               args=({"names": names, "tensors": [canon[n] for n in names]},))
+            llm.collective_rpc("finish_weight_update")
+            llm.reset_prefix_cache()
+            return time.perf_counter() - t0
+
+        def reload_again() -> float:
+            t0 = time.perf_counter()
+            rx.reload_all()
+            return time.perf_counter() - t0
 
         def reload(path: str) -> float:
-            best = float("inf")
-            for _ in range(a.repeat):
-                t0 = time.perf_counter()
-                llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-                llm.reset_prefix_cache()
-                best = min(best, time.perf_counter() - t0)
-            return best
+            t0 = time.perf_counter()
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            llm.reset_prefix_cache()
+            return time.perf_counter() - t0
 
-        print(f"model: Llama layout, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}: "
-              f"{len(canon)} tensors, {model_bytes / 2e6:.0f} M BF16 words "
-              f"({model_bytes / 1e6:.0f} MB)")
-        print(f"engine: vllm {vllm.__version__} CPU, in-process, TP 1, torch threads "
-              f"{torch.get_num_threads()}; started in {start_s:.1f} s; dcr prewarm "
-              f"{prewarm_s:.2f} s: {info['direct_tensors']} tensors direct, "
-              f"{info['shadow_tensors']} through the loader-layout copy "
-              f"({info['shadow_bytes'] / 1e6:.0f} MB) and vLLM's layerwise reload of "
-              f"{len(info['reloaded_layers'])} layers")
-        print(f"dense timings: best of {a.repeat}; @1 Gbit adds bytes / 125 MB/s (computed)\n")
-        head = (f"{'change %':>8}  {'payload MB':>10}  {'build s':>7}  {'dcr s':>6}  "
-                f"{'stage ms':>8}  {'items ms':>8}  {'reload ms':>9}  {'other ms':>8}  "
-                f"{'update s':>8}  {'ckpt s':>6}  {'update/dcr':>10}  {'ckpt/dcr':>8}  "
-                f"{'@1Gbit dcr s':>12}  {'@1Gbit update s':>15}  {'@1Gbit x':>8}  "
-                f"{'equal':>5}  {'gen':>3}")
-        print(head)
-        print("-" * len(head), flush=True)
+        cpu = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu = next(ln.split(":", 1)[1].strip() for ln in f
+                           if ln.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+        lines = [
+            f"model: Llama layout, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}: "
+            f"{len(canon)} tensors, {model_bytes / 2e6:.0f} M BF16 words "
+            f"({model_bytes / 1e6:.0f} MB)",
+            f"engine: vllm {vllm.__version__} CPU, in-process, TP 1, torch threads "
+            f"{torch.get_num_threads()}, {os.cpu_count()} CPUs ({cpu}), load average "
+            f"{os.getloadavg()[0]:.1f} at the start; started in {start_s:.1f} s; dcr prewarm "
+            f"{prewarm_s:.2f} s: {info['direct_tensors']} tensors direct, "
+            f"{info['shadow_tensors']} through the loader-layout copy "
+            f"({info['shadow_bytes'] / 1e6:.0f} MB) and vLLM's layerwise reload of "
+            f"{len(info['reloaded_layers'])} layers",
+            f"dcr: one run per step; dense paths and the reload again: first / best of "
+            f"{a.repeat} (wall), least CPU; ratios: best over dcr; @1 Gbit adds bytes / "
+            f"125 MB/s (computed)"]
+        cols = ["change %", "payload MB", "build s", "dcr s", "stage ms", "items ms",
+                "reload ms", "reload cpu s", "faults k", "other ms", "again s", "again cpu s",
+                "update s", "update cpu s", "ckpt s", "update/dcr", "ckpt/dcr", "@1Gbit dcr s",
+                "@1Gbit update s", "@1Gbit x", "equal", "gen"]
+        if a.markdown:
+            print("## vLLM engine refit against vLLM's dense updates (`bench_engine.py`)\n")
+            print(f"`bench/python/bench_engine.py{' --quick' if a.quick else ''}` "
+                  "(the vLLM environment, `.venv-vllm`). " + "; ".join(lines) + ".\n")
+            print("Columns: `dcr s` the refit (stage RPCs + apply), split into `stage ms`, "
+                  "`items ms` (items into the loader-layout copy and the direct tensors), "
+                  "`reload ms` (vLLM's layerwise reload of the touched layers, "
+                  "`reload cpu s` process CPU time and `faults k` thousands of pages first "
+                  "touched during it) and `other ms`; `again s` dcr's reload of every "
+                  "reloaded layer again from the copy (`EngineReceiver.reload_all`); "
+                  "`update s` vLLM's dense weight update (layerwise reload of the whole "
+                  "model); `... cpu s` the least process CPU time (every thread) of those "
+                  "runs; `ckpt s` `reload_weights` from a page-cached checkpoint; "
+                  "`equal`: every parameter, buffer and kernel tensor equal after each path; "
+                  "`gen`: greedy output equal.\n")
+            print("| " + " | ".join(cols) + " |")
+            print("|" + "---|" * len(cols), flush=True)
+        else:
+            print("\n".join(lines) + "\n")
+            head = "  ".join(f"{c:>{max(len(c), 8)}}" for c in cols)
+            print(head)
+            print("-" * len(head), flush=True)
         for attempt, pct in enumerate((1.2, 3.0, 5.0), start=1):
             move(canon, pct / 100, g)
             plan.project(0, canon, shards)
@@ -197,29 +249,41 @@ def main() -> int:
             other_ms = 1e3 * dcr_s - stage_ms - items_ms - reload_ms
             after_dcr = rl_loop.engine_state(llm)
             gen_dcr = rl_loop.greedy(llm)
-            update_s = dense_update()
+            update_s = timed(dense_update)
             diff = rl_loop.state_diff(after_dcr, rl_loop.engine_state(llm))
+            again_s = timed(reload_again)
+            diff += rl_loop.state_diff(after_dcr, rl_loop.engine_state(llm))
             path = rl_loop.save_checkpoint(os.path.join(work, f"v{attempt}"), cfg, canon)
-            ckpt_s = reload(path)
+            ckpt_s = timed(lambda: reload(path))
             diff += rl_loop.state_diff(after_dcr, rl_loop.engine_state(llm))
             gen_eq = same_output(rl_loop.greedy(llm), gen_dcr)
             del after_dcr
             ok = not diff and gen_eq
             ok_all &= ok
             link_dcr = dcr_s + payload_bytes / LINK_BYTES_PER_S
-            link_dense = update_s + model_bytes / LINK_BYTES_PER_S
-            print(f"{pct:>8.1f}  {payload_bytes / 1e6:>10.2f}  {build_s:>7.3f}  {dcr_s:>6.3f}  "
-                  f"{stage_ms:>8.1f}  {items_ms:>8.1f}  {reload_ms:>9.1f}  {other_ms:>8.1f}  "
-                  f"{update_s:>8.3f}  {ckpt_s:>6.3f}  {update_s / dcr_s:>9.2f}x  "
-                  f"{ckpt_s / dcr_s:>7.2f}x  {link_dcr:>12.3f}  {link_dense:>15.3f}  "
-                  f"{link_dense / link_dcr:>7.2f}x  {'yes' if not diff else 'NO':>5}  "
-                  f"{'yes' if gen_eq else 'NO':>3}", flush=True)
+            link_dense = update_s[1] + model_bytes / LINK_BYTES_PER_S
+
+            def pair(t):
+                return f"{t[0]:.3f}/{t[1]:.3f}" if a.repeat > 1 else f"{t[0]:.3f}"
+            row = [f"{pct:.1f}", f"{payload_bytes / 1e6:.2f}", f"{build_s:.3f}", f"{dcr_s:.3f}",
+                   f"{stage_ms:.1f}", f"{items_ms:.1f}", f"{reload_ms:.1f}",
+                   f"{stats['reload_cpu_s']:.2f}", f"{stats['reload_faults'] / 1e3:.0f}",
+                   f"{other_ms:.1f}", pair(again_s), f"{again_s[2]:.2f}", pair(update_s),
+                   f"{update_s[2]:.2f}", pair(ckpt_s),
+                   f"{update_s[1] / dcr_s:.2f}x", f"{ckpt_s[1] / dcr_s:.2f}x",
+                   f"{link_dcr:.3f}", f"{link_dense:.3f}", f"{link_dense / link_dcr:.2f}x",
+                   "yes" if not diff else "NO", "yes" if gen_eq else "NO"]
+            if a.markdown:
+                print("| " + " | ".join(row) + " |", flush=True)
+            else:
+                print("  ".join(f"{v:>{max(len(c), 8)}}" for c, v in zip(cols, row)), flush=True)
             if diff:
                 print(f"bench_engine: {pct} %: the dense paths differ from dcr's refit in "
-                      f"{diff[:5]}")
+                      f"{diff[:5]}", file=sys.stderr if a.markdown else sys.stdout)
     finally:
         rl_loop.shutdown(llm)
-    print("bench_engine: " + ("every state equal" if ok_all else "STATES DIFFER"))
+    print(("\n" if a.markdown else "") + "bench_engine: "
+          + ("every state equal" if ok_all else "STATES DIFFER"))
     return 0 if ok_all else 1
 
 

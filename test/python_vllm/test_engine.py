@@ -176,6 +176,45 @@ def test_fp32_repacked_layers_reload(fp32):
     assert last["reloaded_layers"] == sum(1 for m in w0["reloaded_layers"] if ".layers.0." in m)
 
 
+def test_reload_every_layer_and_some(fp32):
+    """The reload of every reloaded layer (v1, v2: a training step changes
+    every tensor) and of some (v3: layer 0 only) each end equal to a fresh
+    engine of the version; `reload_all` reloads every reloaded layer from
+    the loader-layout copy, also over kernels that another path wrote (the
+    direct layers' tensors are the live ones: it leaves them)."""
+    llm = es.start_engine(fp32.ckpts[0], fp32.dtype)
+    try:
+        trainer = Trainer(fp32.cfg, fp32.tensors[0])
+        rx = dv.EngineReceiver(llm, trainer.plan.canonical)
+        every = len(rx.info[0]["reloaded_layers"])
+        layer0 = sum(1 for m in rx.info[0]["reloaded_layers"] if ".layers.0." in m)
+        assert 0 < layer0 < every
+        for k, want in ((1, every), (2, every), (3, layer0)):
+            trainer.candidate(fp32.tensors[k])
+            rx.begin_attempt(k)
+            for p in trainer.build(k, k):
+                rx.stage(p)
+            s = rx.apply()[0]
+            trainer.commit()
+            assert s["reloaded_layers"] == want, f"v{k}"
+            assert s["reload_cpu_s"] >= 0 and s["reload_faults"] >= 0
+            assert_matches(llm, fp32.reference(k), f"v{k}: {want} of {every} layers reloaded")
+        r = rx.reload_all()[0]
+        assert r["layers"] == every and r["tensors"] == rx.info[0]["shadow_tensors"]
+        assert_matches(llm, fp32.reference(3), "reload_all over its own version")
+        # vLLM's own reload writes v1 into the kernels; the copy still holds v3.
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": fp32.ckpts[1]})
+        llm.reset_prefix_cache()
+        assert differs(llm, fp32.reference(3))
+        rx.reload_all()
+        got, ref = es.engine_state(llm)[0], fp32.reference(3)["state"][0]
+        bad = {n for n in got if got[n] != ref[n]}
+        direct = {f"param:{m}.weight" for m in rx.info[0]["direct_layers"]}
+        assert bad and bad <= direct, sorted(bad - direct)
+    finally:
+        es.shutdown(llm)
+
+
 @pytest.mark.parametrize("mode", ["auto", "reload"])
 def test_bf16(bf16, mode):
     info, stats, _ = refit_versions(bf16, mode)
@@ -234,6 +273,8 @@ def test_errors_and_overwrite_retry(fp32):
         assert rx.state_digests() != before
         with pytest.raises(dcr.Aborted):
             rx.apply()
+        with pytest.raises(dcr.Aborted):
+            rx.reload_all()  # the copy may hold part of the failed attempt
         # The protocol's answer: a new attempt of overwrites only.
         retry = trainer.build(2, 1, overwrite_all=True)
         rx.begin_attempt(2)
