@@ -71,6 +71,12 @@ struct publish_report {
   /// this manifest for the owner, or the attempt fails.
   bool manifest_bound = false;
   digest128 manifest_digest{};
+  /// With `manifest_bound`: the digest is of a manifest object the owner
+  /// wrote into the attempt's object store, which the coordinator reads back
+  /// after a failed attempt to judge what the receivers staged; false where
+  /// it is a stream digest of a transport without manifests (a relay tree),
+  /// which only the nodes' reports can be compared with.
+  bool manifest_stored = false;
 };
 
 /// What the coordinator asks one rollout node to do in attempt τ.
@@ -347,6 +353,7 @@ private:
       if (s) {
         rep.manifest_bound = true;
         rep.manifest_digest = w.manifest_digest();
+        rep.manifest_stored = transport::object_store<Medium>;
       }
     }
     return s;
