@@ -659,31 +659,33 @@ private:
   std::size_t skipped_ = 0;
 };
 
-/// The owner named by a payload name of attempt τ, if it is one.
-inline std::optional<std::uint32_t> payload_owner(std::string_view name, std::uint64_t attempt) {
-  const auto p = attempt_prefix(attempt) + "payload/o";
-  if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0)
-    return std::nullopt;
+namespace detail {
+/// The owner in the 10 decimal digits of `name` from `at` (payload and
+/// manifest names), if they are digits of a 32-bit owner id.
+inline std::optional<std::uint32_t> owner_digits(std::string_view name, std::size_t at) {
   std::uint64_t v = 0;
-  for (std::size_t i = p.size(); i < p.size() + 10; ++i) {
+  for (std::size_t i = at; i < at + 10; ++i) {
     if (name[i] < '0' || name[i] > '9') return std::nullopt;
     v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
   }
   if (v > 0xFFFFFFFFu) return std::nullopt;
   return static_cast<std::uint32_t>(v);
 }
+} // namespace detail
+
+/// The owner named by a payload name of attempt τ, if it is one.
+inline std::optional<std::uint32_t> payload_owner(std::string_view name, std::uint64_t attempt) {
+  const auto p = attempt_prefix(attempt) + "payload/o";
+  if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0)
+    return std::nullopt;
+  return detail::owner_digits(name, p.size());
+}
 
 /// The owner named by a manifest name of attempt τ, if it is one.
 inline std::optional<std::uint32_t> manifest_owner(std::string_view name, std::uint64_t attempt) {
   const auto p = attempt_prefix(attempt) + "manifest/o";
   if (name.size() != p.size() + 10 || name.compare(0, p.size(), p) != 0) return std::nullopt;
-  std::uint64_t v = 0;
-  for (std::size_t i = p.size(); i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
-  }
-  if (v > 0xFFFFFFFFu) return std::nullopt;
-  return static_cast<std::uint32_t>(v);
+  return detail::owner_digits(name, p.size());
 }
 
 /// What the well-formed manifests of attempt τ on `store` list: payload name
