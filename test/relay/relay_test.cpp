@@ -1007,3 +1007,43 @@ TEST_CASE("coordinator over the relay tree: a frame sent into a node before the 
     s.check_consistent(1);
   }
 }
+
+TEST_CASE("coordinator over the relay tree: a frame under a sequence the owner never sent, taken "
+          "before the owner's, is judged by the payload digests the owner reported: the "
+          "receivers that staged it are restored densely, the retry commits bit-exact") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    relay_rig<> s(tcp, 2, small_tree(5, 2));
+    auto c = s.coord();
+    s.start(c);
+    step_keeping_element0(s, 1);
+    std::vector<std::uint64_t> before;
+    for (auto& p : s.endpoints) before.push_back(p->counters().restores);
+    stored_record cur;
+    REQUIRE(s.commits.load(cur).ok());
+    const auto tau = cur.attempt + 1; // the transition's first attempt
+    item it;
+    it.tensor = s.metas[0];
+    it.encoding = value_encoding::xor_mask;
+    it.indices = {0};
+    it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
+    const auto forged = encode_payload({tau, 1, 0, 77}, std::vector<item>{it});
+    // Into node 1 (children 3 and 4), ahead of every payload of owner 0;
+    // the link stays open through the transition. Node 1 fails the attempt
+    // when owner 0's count arrives (`not_found`), after its receiver and
+    // those below it applied the frame.
+    raw_sender planted(*s.tree, 1);
+    CHECK(planted.send({frame_kind::payload, tau, 0, 77, forged.size()}, forged) ==
+          frame_kind::payload_ack);
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    REQUIRE(rep.attempts.size() == 2);
+    CHECK(rep.attempts[0].attempt == tau);
+    INFO(rep.attempts[0].result.message);
+    CHECK_FALSE(rep.attempts[0].result.ok());
+    CHECK(s.endpoints[1]->counters().restores - before[1] == 1);
+    for (std::size_t r : {0, 2}) // never reached by it
+      CHECK(s.endpoints[r]->counters().restores - before[r] == 0);
+    s.check_consistent(1);
+  }
+}

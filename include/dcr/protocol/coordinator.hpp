@@ -521,14 +521,16 @@ private:
       ar.mode = mode;
       std::vector<receiver_ack> acks;
       std::vector<publish_report> published;
+      std::vector<char> publish_ok; // per owner: its publish succeeded
       if constexpr (transport::object_store<Store>) {
         transport::incarnation_scope<Store> scoped(*store_, inc);
-        ar.result =
-            run_attempt(scoped, inc, tau, cur.record.version + 1, mode, ar, acks, published);
-        if (!ar.result && !dead_) distrust_unlisted(scoped, tau, published, rep);
+        ar.result = run_attempt(scoped, inc, tau, cur.record.version + 1, mode, ar, acks, published,
+                                publish_ok);
+        if (!ar.result && !dead_) distrust_unlisted(scoped, tau, published, publish_ok, rep);
       } else {
-        ar.result =
-            run_attempt(*store_, inc, tau, cur.record.version + 1, mode, ar, acks, published);
+        ar.result = run_attempt(*store_, inc, tau, cur.record.version + 1, mode, ar, acks,
+                                published, publish_ok);
+        if (!ar.result && !dead_) distrust_unlisted(*store_, tau, published, publish_ok, rep);
       }
       if (ar.result && !dead_) {
         // The candidate the record will name must be the one every owner
@@ -570,19 +572,22 @@ private:
                                " attempts (operator intervention required); last: " + last.message);
   }
 
-  /// After failed attempt τ over an object store: what each receiver staged
-  /// is judged against what each owner reported publishing (`published`),
-  /// never against whatever lies in the store now: anyone who can write the
-  /// bucket can rewrite or delete a manifest after the readers took it.
-  /// Per owner:
+  /// After failed attempt τ: what each receiver staged is judged against
+  /// what each owner reported publishing (`published`), never against
+  /// whatever lies in the medium now: anyone who can write the bucket can
+  /// rewrite or delete a manifest after the readers took it. Per owner:
   ///  - it reported a manifest in the store: the manifest there now must be
   ///    exactly those bytes (present, readable, same digest, well-formed);
   ///    then a staged payload of that owner counts only if that manifest
   ///    lists it with the digest staged. Absent, unreadable or different:
   ///    what the readers took as its list is unknown, so every receiver that
   ///    staged a payload of that owner is distrusted;
-  ///  - it reported a stream digest (a relay tree): nothing of it lies in
-  ///    the store, the nodes' digests judge it (`distrust_streamed`);
+  ///  - it published through a medium without manifests (a relay tree,
+  ///    with a stream digest or none): nothing of it lies in the store; a
+  ///    staged payload of that owner counts only if the owner reported
+  ///    sending that sequence number with the digest staged
+  ///    (`publish_report::payload_digests`, complete once its publish
+  ///    succeeded; the nodes' digests are judged in `distrust_streamed`);
   ///  - it reported no publish (it failed first): its payloads are this
   ///    attempt's own partial writes, which the retry repairs in place, as
   ///    long as no manifest of it is there. One that is was written by
@@ -594,31 +599,36 @@ private:
   /// manifests cannot be listed. A distrusted receiver may hold changes
   /// outside the changed set, which the `overwrite_all` retry does not
   /// rewrite: it is dropped and restored densely at the next membership step.
-  template <class Scoped>
-  void distrust_unlisted(Scoped& medium, std::uint64_t tau,
-                         const std::vector<publish_report>& published, transition_report& rep) {
+  template <class Medium>
+  void distrust_unlisted(Medium& medium, std::uint64_t tau,
+                         const std::vector<publish_report>& published,
+                         const std::vector<char>& publish_ok, transition_report& rep) {
     auto report = [&](best_effort_step step, std::string subject, status cause) {
       rep.best_effort.push_back({step, tau, std::move(subject), std::move(cause)});
     };
-    transport::listed_payloads listed;
-    auto read = transport::read_listed(medium, tau, listed);
-    const bool known = read.ok();
-    if (!known) report(best_effort_step::read_manifests, {}, std::move(read));
-    enum class judged { in_place, by_manifest, distrusted };
-    std::map<std::uint32_t, judged> how; // owners of this transition only
+    transport::listed_payloads listed; // stays empty where the medium has no manifests
+    bool known = true;
+    if constexpr (transport::object_store<Medium>) {
+      auto read = transport::read_listed(medium, tau, listed);
+      known = read.ok();
+      if (!known) report(best_effort_step::read_manifests, {}, std::move(read));
+    }
+    enum class judged { in_place, by_manifest, by_sent, distrusted };
+    std::map<std::uint32_t, std::pair<judged, const publish_report*>> how; // this transition's
     for (std::size_t k = 0; k < owners_.size(); ++k) {
       const auto o = owners_[k]->owner_id();
       const auto& p = published[k]; // sized by run_attempt before anything can fail
       const auto found = listed.found.find(o);
       const bool there = found != listed.found.end();
-      if (p.manifest_bound && !p.manifest_stored)
-        how[o] = judged::in_place;
+      judged j = there ? judged::distrusted : judged::in_place; // reported no publish
+      if (publish_ok[k] && !(p.manifest_bound && p.manifest_stored) &&
+          (p.manifest_bound || !transport::object_store<Medium>))
+        j = judged::by_sent; // a relay tree's owner: its payload digests are complete
       else if (p.manifest_bound)
-        how[o] = there && found->second == p.manifest_digest && listed.owners.count(o)
-                     ? judged::by_manifest
-                     : judged::distrusted;
-      else
-        how[o] = there ? judged::distrusted : judged::in_place;
+        j = there && found->second == p.manifest_digest && listed.owners.count(o)
+                ? judged::by_manifest
+                : judged::distrusted;
+      how[o] = {j, &p};
     }
     for (std::size_t r = 0; r < nodes_.size(); ++r) {
       auto* n = nodes_[r];
@@ -634,11 +644,18 @@ private:
         for (auto& [name, d] : set.payloads) {
           const auto owner = transport::payload_owner(name, tau);
           const auto h = owner ? how.find(*owner) : how.end();
-          if (!known || h == how.end() || h->second == judged::distrusted) {
+          const auto j = h == how.end() ? judged::distrusted : h->second.first;
+          if (!known || j == judged::distrusted) {
             trusted = false;
             break;
           }
-          if (h->second == judged::in_place) continue;
+          if (j == judged::in_place) continue;
+          if (j == judged::by_sent) {
+            const auto seq = transport::payload_sequence(name, tau);
+            const auto& sent = h->second.second->payload_digests;
+            trusted = trusted && seq && *seq < sent.size() && sent[*seq] == d;
+            continue;
+          }
           const auto it = listed.entries.find(name);
           trusted = trusted && it != listed.entries.end() && it->second == d;
         }
@@ -649,9 +666,9 @@ private:
 
   /// After failed attempt τ whose payloads travelled through a transport
   /// without manifests in the object store (a relay tree; or owners that
-  /// reported stream digests): nothing the coordinator can read back lists
-  /// what the owners sent, so what the nodes took is judged by what they
-  /// reported.
+  /// reported stream digests): beside each staged payload judged by the
+  /// digests its owner reported sending (`distrust_unlisted`), what the
+  /// nodes reported.
   ///  - A node whose stream digest for an owner differs from the owner's
   ///    (`contradicted`) delivered a payload set the owner did not send (one
   ///    more, or another one): its receivers may hold changes outside the
@@ -660,8 +677,9 @@ private:
   ///    name and sequence other than those it had taken (relay_node: a
   ///    second frame with another digest). Which copy reached which node
   ///    before that was noticed is not known here (the tree forwards as it
-  ///    takes; a node stopped by the failure meanwhile reports `aborted`):
-  ///    every receiver is distrusted.
+  ///    takes; a node stopped by the failure meanwhile reports `aborted`),
+  ///    and an owner that reported no publish reported no digests to judge
+  ///    its payloads by: every receiver is distrusted.
   /// Nodes whose digests match delivered exactly what the owners sent; what
   /// they hold is repaired in place by the retry.
   template <class Medium>
@@ -721,11 +739,13 @@ private:
   template <class Medium>
   status run_attempt(Medium& medium, const std::string& inc, std::uint64_t tau,
                      std::uint64_t target, refit_mode mode, attempt_report& ar,
-                     std::vector<receiver_ack>& acks, std::vector<publish_report>& published) {
+                     std::vector<receiver_ack>& acks, std::vector<publish_report>& published,
+                     std::vector<char>& publish_ok) {
     const auto t0 = clock::now();
     // What each owner reports publishing: the repair after a failure judges
     // the receivers by it (none reported where the attempt ends before).
     published.assign(owners_.size(), publish_report{});
+    publish_ok.assign(owners_.size(), 0);
     if constexpr (transport::object_store<Medium>) {
       // A fresh τ has no objects. Some there means attempt ids were handed
       // out again (a commit record rolled back by hand): never read them.
@@ -763,7 +783,9 @@ private:
     for (std::size_t k = 0; k < owners_.size(); ++k) {
       threads.emplace_back([&, k] {
         publish_request rq{tau, target, mode, inc, opt_.upload_queue};
-        record(owners_[k]->publish(rq, stop, published[k]));
+        auto s = owners_[k]->publish(rq, stop, published[k]);
+        publish_ok[k] = s.ok() ? 1 : 0; // one element per owner thread (chars, not packed bits)
+        record(std::move(s));
       });
     }
     for (std::size_t r = 0; r < nodes_.size(); ++r) {

@@ -77,6 +77,11 @@ struct publish_report {
   /// it is a stream digest of a transport without manifests (a relay tree),
   /// which only the nodes' reports can be compared with.
   bool manifest_stored = false;
+  /// Where the medium keeps no manifest (a relay tree): the digest of each
+  /// payload the owner sent, in sequence order (entry ℓ is sequence ℓ). After
+  /// a failed attempt the coordinator judges what the receivers staged of
+  /// this owner by it, as it judges them by the manifest elsewhere.
+  std::vector<digest128> payload_digests;
 };
 
 /// What the coordinator asks one rollout node to do in attempt τ.
@@ -336,6 +341,7 @@ private:
           auto st = stop ? fail(errc::aborted, "attempt stopped") : put(w, p);
           rep.upload_seconds += seconds_since(tp);
           throw_if_failed(st);
+          if constexpr (!transport::object_store<Medium>) rep.payload_digests.push_back(digest(p));
           rep.payloads += 1;
           rep.bytes += p.size();
         },

@@ -660,8 +660,9 @@ private:
 };
 
 namespace detail {
-/// The owner in the 10 decimal digits of `name` from `at` (payload and
-/// manifest names), if they are digits of a 32-bit owner id.
+/// The number in the 10 decimal digits of `name` from `at` (owner ids and
+/// sequence numbers of payload and manifest names), if they are digits of a
+/// 32-bit number.
 inline std::optional<std::uint32_t> owner_digits(std::string_view name, std::size_t at) {
   std::uint64_t v = 0;
   for (std::size_t i = at; i < at + 10; ++i) {
@@ -679,6 +680,14 @@ inline std::optional<std::uint32_t> payload_owner(std::string_view name, std::ui
   if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0)
     return std::nullopt;
   return detail::owner_digits(name, p.size());
+}
+
+/// The sequence number named by a payload name of attempt τ, if it is one.
+inline std::optional<std::uint32_t> payload_sequence(std::string_view name, std::uint64_t attempt) {
+  if (!payload_owner(name, attempt) || name[name.size() - 12] != '-' ||
+      name[name.size() - 11] != 's')
+    return std::nullopt;
+  return detail::owner_digits(name, name.size() - 10);
 }
 
 /// The owner named by a manifest name of attempt τ, if it is one.
