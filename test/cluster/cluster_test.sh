@@ -14,7 +14,8 @@
 #   relay-owner-mid-upload   --transport relay_tree, owner 0 SIGKILLed mid-stream
 #   relay-coordinator-mid_delivery  --transport relay_tree, the coordinator killed mid-delivery
 #   relay-forged-digest      --transport relay_tree, a node reports a wrong relay stream
-#                            digest once: the attempt fails naming the owner, the retry commits
+#                            digest once: the attempt fails naming the owner, that node's
+#                            receivers are restored densely, the retry commits
 # relay-*: besides, the payloads crossed the relay nodes (their counters), and
 # the object store holds no payload of any attempt.
 # Checked after each: the verification line says PASS (every receiver equals,
@@ -112,7 +113,12 @@ case "$scenario" in
       "$work/run/logs/coordinator.log" ||
       { tail -n 30 "$work/run/logs/coordinator.log"; echo "FAIL: the forged digest was not refused"; exit 1; }
     grep -o '"attempts":[0-9]*' <<<"$out" | grep -qv '"attempts":1' ||
-      { echo "FAIL: no step needed a second attempt"; exit 1; } ;;
+      { echo "FAIL: no step needed a second attempt"; exit 1; }
+    # What that node delivered is not what the owner sent: its receivers were
+    # restored densely before the retry.
+    grep -o '"attempts":[0-9]*,"payload_bytes":[0-9]*,"restore_s":[0-9.]*' <<<"$out" |
+      grep -v '"attempts":1,' | grep -Eqv '"restore_s":0(\.0*)?$' ||
+      { echo "FAIL: the node's receivers were not restored before the retry"; exit 1; } ;;
 esac
 if [ "${scenario#relay-}" != "$scenario" ]; then
   # Payloads went node 0 -> node 1 through the relay tree, not the object store.

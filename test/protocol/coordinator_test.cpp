@@ -1065,3 +1065,178 @@ TEST_CASE("a foreign payload that changes elements outside the changed set: the 
   CHECK(rep.attempts[0].result.code == errc::digest_mismatch);
   CHECK(restores >= 1); // whoever staged it was restored densely
 }
+
+namespace {
+
+std::string_view text_of(const std::vector<std::byte>& b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// Step the trainer, keeping element 0 of tensor `t` as committed: an
+/// element outside the changed set, which the overwrite retry never rewrites.
+void step_keeping_element(rig<>& s, std::size_t t, std::uint64_t seed) {
+  const auto before = s.trainer.tensors[t].bytes;
+  s.trainer.step(0.1, seed);
+  for (std::size_t b = 0; b < width_of(s.metas[t].dtype); ++b)
+    s.trainer.tensors[t].bytes[b] = before[b];
+}
+
+std::uint64_t restores(rig<>& s) {
+  std::uint64_t n = 0;
+  for (auto& e : s.endpoints) n += e->counters().restores;
+  return n;
+}
+
+/// A bucket writer racing owner `victim` (unkeyed store) in the first
+/// attempt after `install`: as the owner's manifest is put, it plants a
+/// valid payload under the owner's name (sequence 99) that XORs element 0
+/// of tensor `t` (see `step_keeping_element`), then the owner's manifest
+/// lands re-written to list that payload too, so every reader applies it.
+/// `fail_put`: the owner's own put fails instead, after the re-written
+/// manifest landed in its place and every receiver staged the planted
+/// payload (an owner that reports no publish, whose name a manifest holds).
+/// `after_reads(name)` runs once every reader read the manifest twice
+/// (its first read and the check before it completes).
+struct manifest_forger {
+  std::uint32_t victim = 1;
+  std::size_t tensor = 1;
+  bool fail_put = false;
+  std::function<void(const std::string&)> after_reads;
+  std::mutex m;
+  std::string name; ///< scoped manifest name, once forged
+  std::atomic<bool> armed{true};
+  std::atomic<int> reads{0};
+
+  void install(rig<>& s) {
+    s.store.before_put = [this, &s](std::string_view put, std::vector<std::byte>& bytes) {
+      return forge(s, put, bytes);
+    };
+    s.store.after_get = [this, &s](std::string_view got) {
+      {
+        std::lock_guard l(m);
+        if (name.empty() || got != name) return;
+      }
+      if (++reads == 2 * static_cast<int>(s.endpoints.size()) && after_reads) after_reads(name);
+    };
+  }
+  status forge(rig<>& s, std::string_view put, std::vector<std::byte>& bytes) {
+    if (!put.ends_with("/manifest/o" + transport::detail::pad(victim, 10)) ||
+        !armed.exchange(false))
+      return status::success();
+    transport::manifest mf;
+    DCR_TRY(transport::parse_manifest(text_of(bytes), mf));
+    const auto scope = std::string(put.substr(0, put.find("attempt/")));
+    item it;
+    it.tensor = s.metas[tensor];
+    it.encoding = value_encoding::xor_mask;
+    it.indices = {0};
+    it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
+    const auto p = encode_payload({mf.attempt, 1, victim, 99}, std::vector<item>{it});
+    const auto pname = transport::payload_name(mf.attempt, victim, 99);
+    DCR_TRY(s.store.inner().put(scope + pname, p));
+    mf.payloads.push_back({pname, p.size(), digest(p), std::nullopt});
+    const auto text = transport::serialize_manifest(mf);
+    bytes.assign(reinterpret_cast<const std::byte*>(text.data()),
+                 reinterpret_cast<const std::byte*>(text.data() + text.size()));
+    {
+      std::lock_guard l(m);
+      name = std::string(put);
+    }
+    if (!fail_put) return status::success();
+    DCR_TRY(s.store.inner().put(put, bytes));
+    // Bounded, so that a reader that never looks cannot hang the test.
+    for (int i = 0; i < 5000; ++i) {
+      bool all = true;
+      for (auto& e : s.endpoints) {
+        bool got = false;
+        for (auto& [n, d] : e->staged_payloads(mf.attempt)) got = got || n == pname;
+        all = all && got;
+      }
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return fail(errc::io, "injected: the owner's manifest put failed");
+  }
+};
+
+/// The common end of the forged-manifest scenarios: the first attempt fails
+/// typed, every receiver that applied the planted payload was restored
+/// densely, and the retry committed bit-exact.
+void check_repaired(rig<>& s, const transition_report& rep, std::uint64_t restores_before,
+                    errc first) {
+  s.store.before_put = nullptr;
+  s.store.after_get = nullptr;
+  REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+  REQUIRE(rep.attempts.size() == 2);
+  INFO(rep.attempts[0].result.message);
+  CHECK(rep.attempts[0].result.code == first);
+  CHECK(rep.attempts[1].mode == refit_mode::overwrite_all);
+  CHECK(restores(s) - restores_before == s.endpoints.size()); // every receiver applied it
+  s.check_consistent(1);
+}
+
+} // namespace
+
+TEST_CASE("scenario: a payload planted under an owner's name and its manifest re-written to list "
+          "it -> the repair trusts only the manifest the owner reported, every receiver that "
+          "applied it is restored densely, the retry commits bit-exact") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  step_keeping_element(s, 1, 1);
+  manifest_forger f;
+  f.install(s);
+  const auto before = restores(s);
+  auto rep = c.transition();
+  check_repaired(s, rep, before, errc::verification);
+  CHECK(rep.attempts[0].result.message.find("owner 1: node of") != std::string::npos);
+}
+
+TEST_CASE("scenario: the re-written manifest deleted after the readers' second read -> the owner "
+          "still counts as published, every receiver that applied the planted payload is "
+          "restored densely, the retry commits bit-exact") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  step_keeping_element(s, 1, 1);
+  manifest_forger f;
+  f.after_reads = [&](const std::string& name) { REQUIRE(s.store.inner().remove(name).ok()); };
+  f.install(s);
+  const auto before = restores(s);
+  auto rep = c.transition();
+  CHECK(f.reads >= int(2 * s.endpoints.size()));
+  check_repaired(s, rep, before, errc::verification);
+}
+
+TEST_CASE("scenario: the re-written manifest garbled after the readers' second read -> same: "
+          "restored densely, the retry commits bit-exact") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  step_keeping_element(s, 1, 1);
+  manifest_forger f;
+  f.after_reads = [&](const std::string& name) {
+    const std::string junk = "dcr-manifest 3\nnot a manifest\n";
+    REQUIRE(s.store.inner().put(name, std::as_bytes(std::span(junk))).ok());
+  };
+  f.install(s);
+  const auto before = restores(s);
+  auto rep = c.transition();
+  CHECK(f.reads >= int(2 * s.endpoints.size()));
+  check_repaired(s, rep, before, errc::verification);
+}
+
+TEST_CASE("scenario: a manifest under the name of an owner whose publish failed -> a forgery: "
+          "every receiver that staged a payload of that owner is restored densely, the retry "
+          "commits bit-exact") {
+  rig<> s;
+  auto c = s.coord();
+  s.start(c);
+  step_keeping_element(s, 1, 1);
+  manifest_forger f;
+  f.fail_put = true;
+  f.install(s);
+  const auto before = restores(s);
+  auto rep = c.transition();
+  check_repaired(s, rep, before, errc::io);
+}

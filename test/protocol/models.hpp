@@ -227,7 +227,14 @@ public:
   std::atomic<fault> mode{fault::none};
   std::atomic<int> remaining{0}; ///< how many faults are left to inject
 
-  status put(std::string_view name, std::span<const std::byte> b) {
+  status put(std::string_view name, std::span<const std::byte> in) {
+    std::vector<std::byte> changed;
+    std::span<const std::byte> b = in;
+    if (before_put) {
+      changed.assign(in.begin(), in.end());
+      DCR_TRY(before_put(name, changed));
+      b = changed;
+    }
     const bool payload = name.find("/payload/") != std::string_view::npos;
     if (payload && mode == fault::drop && take()) return status::success(); // lost in transit
     if (payload && mode == fault::inject_stale) {
@@ -255,8 +262,17 @@ public:
   }
   /// Called after every put that landed (on the putting thread).
   std::function<void(std::string_view)> after_put;
+  /// Called before every put, on the putting thread, with the bytes about to
+  /// land: may write other objects (`inner()`, a writer racing the owner),
+  /// change the bytes, or fail the put (nothing lands).
+  std::function<status(std::string_view, std::vector<std::byte>&)> before_put;
+  /// Called after every get that succeeded (on the getting thread).
+  std::function<void(std::string_view)> after_get;
+  /// The store underneath, written without any fault or hook.
+  transport::memory_object_store& inner() noexcept { return *s_; }
   status get(std::string_view name, std::vector<std::byte>& out) {
     DCR_TRY(s_->get(name, out));
+    if (after_get) after_get(name);
     const bool payload = name.find("/payload/") != std::string_view::npos;
     if (payload && mode == fault::corrupt && take()) out[out.size() / 2] ^= std::byte{0x10};
     if (payload && mode == fault::truncate && take()) out.resize(out.size() - 7);

@@ -413,6 +413,41 @@ TEST_CASE("relay node: an owner_done that disagrees with what arrived, or a lost
   CHECK(c2->read(f).code == errc::unavailable);
 }
 
+TEST_CASE("relay node: a second payload under an (owner, sequence) it took, with other bytes, "
+          "fails the attempt there and below it, typed, naming both; the same bytes again stay a "
+          "duplicate") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    auto opt = small_tree(3, 2);
+    auto tree = tcp ? make_tcp_relay_tree(opt) : make_inproc_relay_tree(opt);
+    item it;
+    it.tensor = tensor_meta{"t", {8}, dtype_id::bf16};
+    it.encoding = value_encoding::overwrite;
+    it.indices = {5};
+    it.values = {std::byte{7}, std::byte{7}};
+    const auto other = encode_payload({9, 1, 0, 0}, std::vector<item>{it});
+    REQUIRE(other != tiny_payload(9, 0, 0));
+    {
+      raw_sender s(*tree, 0);
+      CHECK(s.payload(9, 0, 0) == frame_kind::payload_ack);
+      CHECK(s.payload(9, 0, 0) == frame_kind::payload_ack); // the same bytes: a duplicate
+      CHECK(s.send({frame_kind::payload, 9, 0, 0, other.size()}, other) == frame_kind::reject);
+      CHECK(s.payload(9, 0, 1) == frame_kind::reject); // the attempt is failed
+    }
+    CHECK(tree->node(0).counters().duplicates == 1);
+    CHECK(tree->node(0).counters().failures == 1);
+    collected c;
+    const auto st = c.run(*tree, 9, 0, {0});
+    CHECK(st.code == errc::verification);
+    CHECK(st.message.find("owner 0, sequence 0 arrived twice in attempt 9 with different "
+                          "payloads") != std::string::npos);
+    for (std::size_t r = 1; r < 3; ++r) { // told by the root's abort, with its code
+      collected below;
+      CHECK(below.run(*tree, 9, r, {0}).code == errc::verification);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- coordinator
 
 namespace {
@@ -799,5 +834,216 @@ TEST_CASE("coordinator over the relay tree: a lost commit record restarts attemp
       CHECK_FALSE(rep.attempts[i].result.ok());
   } else {
     CHECK(cur.record.version == 0); // typed failure, v still committed
+  }
+}
+
+namespace {
+
+/// The library relay tree with stream digests as the cluster programs bind
+/// relay attempts (examples/cluster/relay_job.hpp): each owner's writer
+/// reports a digest of the payloads it sent as its manifest digest, each
+/// node's reader one of what it delivered per owner. One fault: the reader
+/// of receiver `forge_reader`, in the first attempt after `armed` is set,
+/// delivers a valid payload under owner 0's name (sequence 99) that XORs
+/// element 0 of tensor 0 before what the tree delivers, and digests it with
+/// the rest (as a node that took a frame the owner never sent would).
+struct digest_relay {
+  relay_tree* tree;
+  std::vector<tensor_meta> metas;
+  std::size_t forge_reader = 0;
+  std::atomic<bool> armed{false};
+
+  static digest128 stream(std::uint64_t a, std::uint32_t o, std::vector<digest128> d) {
+    std::sort(d.begin(), d.end());
+    blake2b_128 h;
+    const auto head = std::to_string(a) + " " + std::to_string(o) + " " + std::to_string(d.size());
+    h.update(std::as_bytes(std::span(head)));
+    for (auto& x : d) h.update(std::as_bytes(std::span(x)));
+    return h.final();
+  }
+  struct writer {
+    relay_writer w;
+    std::uint64_t a;
+    std::uint32_t o;
+    std::vector<digest128> sent;
+    status put_payload(std::span<const std::byte> b) {
+      DCR_TRY(w.put_payload(b));
+      sent.push_back(digest(b));
+      return status::success();
+    }
+    status finish() { return w.finish(); }
+    digest128 manifest_digest() const { return stream(a, o, sent); }
+  };
+  struct reader {
+    relay_reader r;
+    std::uint64_t a;
+    std::vector<std::uint32_t> owners;
+    std::vector<std::byte> forged;
+    std::map<std::uint32_t, std::vector<digest128>> got; // the run's thread only
+    template <class Deliver>
+    status run(Deliver&& deliver, const std::atomic<bool>& stop,
+               std::chrono::steady_clock::time_point deadline) {
+      if (!forged.empty()) {
+        DCR_TRY(deliver(payload_name(a, 0, 99), std::span<const std::byte>(forged)));
+        got[0].push_back(digest(forged));
+      }
+      return r.run(
+          [&](std::string_view n, std::span<const std::byte> b) -> status {
+            DCR_TRY(deliver(n, b));
+            got[payload_owner(n, a).value()].push_back(digest(b));
+            return status::success();
+          },
+          stop, deadline);
+    }
+    std::vector<std::pair<std::uint32_t, digest128>> manifest_digests() const {
+      std::vector<std::pair<std::uint32_t, digest128>> out;
+      for (auto o : owners) {
+        const auto it = got.find(o);
+        out.emplace_back(o, stream(a, o, it == got.end() ? std::vector<digest128>{} : it->second));
+      }
+      return out;
+    }
+  };
+  writer open_writer(std::uint64_t a, std::uint32_t o) {
+    return {tree->open_writer(a, o), a, o, {}};
+  }
+  reader open_reader(std::uint64_t a, std::size_t receiver, std::vector<std::uint32_t> owners) {
+    std::vector<std::byte> forged;
+    if (receiver == forge_reader && armed.exchange(false)) {
+      item it;
+      it.tensor = metas[0];
+      it.encoding = value_encoding::xor_mask;
+      it.indices = {0};
+      it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
+      forged = encode_payload({a, 1, 0, 99}, std::vector<item>{it});
+    }
+    return {tree->open_reader(a, receiver, owners), a, owners, std::move(forged), {}};
+  }
+  status collect(std::uint64_t a, std::size_t* removed) { return tree->collect(a, removed); }
+  std::size_t receiver_count() const noexcept { return tree->receiver_count(); }
+};
+static_assert(attempt_transport<digest_relay>);
+
+/// Step the trainer, keeping element 0 of tensor 0 as committed: an element
+/// outside the changed set, which the overwrite retry never rewrites.
+void step_keeping_element0(relay_rig<>& s, std::uint64_t seed) {
+  const auto before = s.trainer.tensors[0].bytes;
+  s.trainer.step(0.1, seed);
+  for (std::size_t b = 0; b < width_of(s.metas[0].dtype); ++b)
+    s.trainer.tensors[0].bytes[b] = before[b];
+}
+
+} // namespace
+
+TEST_CASE("coordinator over a relay tree with stream digests: a node whose digest for an owner "
+          "differs from the owner's has its receivers restored densely; the retry commits "
+          "bit-exact") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    relay_rig<> s(tcp, 2, small_tree(3, 2));
+    digest_relay medium{s.tree.get(), s.metas, 1};
+    std::vector<model_owner*> o;
+    for (auto& p : s.owners) o.push_back(p.get());
+    std::vector<receiver_endpoint<model_receiver>*> e;
+    for (auto& p : s.endpoints) e.push_back(p.get());
+    coordinator_options co;
+    co.attempt_deadline = std::chrono::milliseconds(5000);
+    coordinator<model_owner, model_receiver, digest_relay, commits_t> c(s.commits, medium, o, e,
+                                                                        co);
+    REQUIRE(c.take_over().ok());
+    REQUIRE(c.bootstrap().ok());
+    std::vector<std::uint64_t> before;
+    for (auto& p : s.endpoints) before.push_back(p->counters().restores);
+    step_keeping_element0(s, 1);
+    medium.armed = true;
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    REQUIRE(rep.attempts.size() == 2);
+    INFO(rep.attempts[0].result.message);
+    CHECK(rep.attempts[0].result.code == errc::verification);
+    CHECK(rep.attempts[0].result.message.find("owner 0: node of rank-1 read manifest") !=
+          std::string::npos);
+    CHECK(rep.attempts[1].mode == refit_mode::overwrite_all);
+    for (std::size_t r = 0; r < s.endpoints.size(); ++r) // only the node that took it
+      CHECK(s.endpoints[r]->counters().restores - before[r] == (r == 1 ? 1u : 0u));
+    s.check_consistent(1);
+  }
+}
+
+TEST_CASE("coordinator over the relay tree: a frame sent into a node before the owner's, under "
+          "the owner's name and sequence, fails the attempt when the owner's arrives; every "
+          "receiver is restored densely and the retry commits bit-exact") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    relay_rig<> s(tcp, 2, small_tree(5, 2));
+    auto c = s.coord();
+    s.start(c);
+    step_keeping_element0(s, 1);
+    std::vector<std::uint64_t> before;
+    for (auto& p : s.endpoints) before.push_back(p->counters().restores);
+    stored_record cur;
+    REQUIRE(s.commits.load(cur).ok());
+    const auto tau = cur.attempt + 1; // the transition's first attempt
+    item it;
+    it.tensor = s.metas[0];
+    it.encoding = value_encoding::xor_mask;
+    it.indices = {0};
+    it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
+    const auto forged = encode_payload({tau, 1, 0, 0}, std::vector<item>{it});
+    // Into node 1 (not the root), ahead of owner 0's payload 0; the link
+    // stays open through the transition.
+    raw_sender planted(*s.tree, 1);
+    CHECK(planted.send({frame_kind::payload, tau, 0, 0, forged.size()}, forged) ==
+          frame_kind::payload_ack);
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    REQUIRE(rep.attempts.size() == 2);
+    CHECK(rep.attempts[0].attempt == tau);
+    INFO(rep.attempts[0].result.message);
+    CHECK(rep.attempts[0].result.code == errc::verification);
+    CHECK(s.tree->node(1).counters().failures >= 1);
+    for (std::size_t r = 0; r < s.endpoints.size(); ++r)
+      CHECK(s.endpoints[r]->counters().restores - before[r] == 1);
+    s.check_consistent(1);
+  }
+}
+
+TEST_CASE("coordinator over the relay tree: a frame under a sequence the owner never sent, taken "
+          "before the owner's, is judged by the payload digests the owner reported: the "
+          "receivers that staged it are restored densely, the retry commits bit-exact") {
+  for (bool tcp : {false, true}) {
+    CAPTURE(tcp);
+    relay_rig<> s(tcp, 2, small_tree(5, 2));
+    auto c = s.coord();
+    s.start(c);
+    step_keeping_element0(s, 1);
+    std::vector<std::uint64_t> before;
+    for (auto& p : s.endpoints) before.push_back(p->counters().restores);
+    stored_record cur;
+    REQUIRE(s.commits.load(cur).ok());
+    const auto tau = cur.attempt + 1; // the transition's first attempt
+    item it;
+    it.tensor = s.metas[0];
+    it.encoding = value_encoding::xor_mask;
+    it.indices = {0};
+    it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
+    const auto forged = encode_payload({tau, 1, 0, 77}, std::vector<item>{it});
+    // Into node 1 (children 3 and 4), ahead of every payload of owner 0;
+    // the link stays open through the transition. Node 1 fails the attempt
+    // when owner 0's count arrives (`not_found`), after its receiver and
+    // those below it applied the frame.
+    raw_sender planted(*s.tree, 1);
+    CHECK(planted.send({frame_kind::payload, tau, 0, 77, forged.size()}, forged) ==
+          frame_kind::payload_ack);
+    auto rep = c.transition();
+    REQUIRE_MESSAGE(rep.result.ok(), rep.result.message);
+    REQUIRE(rep.attempts.size() == 2);
+    CHECK(rep.attempts[0].attempt == tau);
+    INFO(rep.attempts[0].result.message);
+    CHECK_FALSE(rep.attempts[0].result.ok());
+    CHECK(s.endpoints[1]->counters().restores - before[1] == 1);
+    for (std::size_t r : {0, 2}) // never reached by it
+      CHECK(s.endpoints[r]->counters().restores - before[r] == 0);
+    s.check_consistent(1);
   }
 }

@@ -520,12 +520,17 @@ private:
       ar.attempt = tau;
       ar.mode = mode;
       std::vector<receiver_ack> acks;
+      std::vector<publish_report> published;
+      std::vector<char> publish_ok; // per owner: its publish succeeded
       if constexpr (transport::object_store<Store>) {
         transport::incarnation_scope<Store> scoped(*store_, inc);
-        ar.result = run_attempt(scoped, inc, tau, cur.record.version + 1, mode, ar, acks);
-        if (!ar.result && !dead_) distrust_unlisted(scoped, tau, rep);
+        ar.result = run_attempt(scoped, inc, tau, cur.record.version + 1, mode, ar, acks, published,
+                                publish_ok);
+        if (!ar.result && !dead_) distrust_unlisted(scoped, tau, published, publish_ok, rep);
       } else {
-        ar.result = run_attempt(*store_, inc, tau, cur.record.version + 1, mode, ar, acks);
+        ar.result = run_attempt(*store_, inc, tau, cur.record.version + 1, mode, ar, acks,
+                                published, publish_ok);
+        if (!ar.result && !dead_) distrust_unlisted(*store_, tau, published, publish_ok, rep);
       }
       if (ar.result && !dead_) {
         // The candidate the record will name must be the one every owner
@@ -567,25 +572,64 @@ private:
                                " attempts (operator intervention required); last: " + last.message);
   }
 
-  /// After failed attempt τ: a receiver that staged a payload its owner's
-  /// manifest contradicts (not listed there, or listed with another digest;
-  /// a stray copy or another history's object, applied before the manifest
-  /// said otherwise) may hold changes outside the changed set, which the
-  /// overwrite retry does not rewrite. Its storage is not trusted: it is
-  /// dropped and restored densely at the next membership step. Payloads of
-  /// owners that never published a manifest are this attempt's own partial
-  /// writes, which the retry repairs in place.
-  template <class Scoped>
-  void distrust_unlisted(Scoped& medium, std::uint64_t tau, transition_report& rep) {
+  /// After failed attempt τ: what each receiver staged is judged against
+  /// what each owner reported publishing (`published`), never against
+  /// whatever lies in the medium now: anyone who can write the bucket can
+  /// rewrite or delete a manifest after the readers took it. Per owner:
+  ///  - it reported a manifest in the store: the manifest there now must be
+  ///    exactly those bytes (present, readable, same digest, well-formed);
+  ///    then a staged payload of that owner counts only if that manifest
+  ///    lists it with the digest staged. Absent, unreadable or different:
+  ///    what the readers took as its list is unknown, so every receiver that
+  ///    staged a payload of that owner is distrusted;
+  ///  - it published through a medium without manifests (a relay tree,
+  ///    with a stream digest or none): nothing of it lies in the store; a
+  ///    staged payload of that owner counts only if the owner reported
+  ///    sending that sequence number with the digest staged
+  ///    (`publish_report::payload_digests`, complete once its publish
+  ///    succeeded; the nodes' digests are judged in `distrust_streamed`);
+  ///  - it reported no publish (it failed first): its payloads are this
+  ///    attempt's own partial writes, which the retry repairs in place, as
+  ///    long as no manifest of it is there. One that is was written by
+  ///    someone else (or landed after the owner saw its put fail) and may
+  ///    have listed anything to the readers: every receiver that staged a
+  ///    payload of that owner is distrusted.
+  /// A receiver that staged a payload named for no owner of this transition
+  /// is distrusted too; so is every one that staged anything when the
+  /// manifests cannot be listed. A distrusted receiver may hold changes
+  /// outside the changed set, which the `overwrite_all` retry does not
+  /// rewrite: it is dropped and restored densely at the next membership step.
+  template <class Medium>
+  void distrust_unlisted(Medium& medium, std::uint64_t tau,
+                         const std::vector<publish_report>& published,
+                         const std::vector<char>& publish_ok, transition_report& rep) {
     auto report = [&](best_effort_step step, std::string subject, status cause) {
       rep.best_effort.push_back({step, tau, std::move(subject), std::move(cause)});
     };
-    transport::listed_payloads listed;
-    auto read = transport::read_listed(medium, tau, listed);
-    const bool known = read.ok();
-    if (!known) report(best_effort_step::read_manifests, {}, std::move(read));
-    std::set<std::uint32_t> ours;
-    for (auto* o : owners_) ours.insert(o->owner_id());
+    transport::listed_payloads listed; // stays empty where the medium has no manifests
+    bool known = true;
+    if constexpr (transport::object_store<Medium>) {
+      auto read = transport::read_listed(medium, tau, listed);
+      known = read.ok();
+      if (!known) report(best_effort_step::read_manifests, {}, std::move(read));
+    }
+    enum class judged { in_place, by_manifest, by_sent, distrusted };
+    std::map<std::uint32_t, std::pair<judged, const publish_report*>> how; // this transition's
+    for (std::size_t k = 0; k < owners_.size(); ++k) {
+      const auto o = owners_[k]->owner_id();
+      const auto& p = published[k]; // sized by run_attempt before anything can fail
+      const auto found = listed.found.find(o);
+      const bool there = found != listed.found.end();
+      judged j = there ? judged::distrusted : judged::in_place; // reported no publish
+      if (publish_ok[k] && !(p.manifest_bound && p.manifest_stored) &&
+          (p.manifest_bound || !transport::object_store<Medium>))
+        j = judged::by_sent; // a relay tree's owner: its payload digests are complete
+      else if (p.manifest_bound)
+        j = there && found->second == p.manifest_digest && listed.owners.count(o)
+                ? judged::by_manifest
+                : judged::distrusted;
+      how[o] = {j, &p};
+    }
     for (std::size_t r = 0; r < nodes_.size(); ++r) {
       auto* n = nodes_[r];
       std::vector<staged_set> staged;
@@ -599,17 +643,60 @@ private:
         bool trusted = true;
         for (auto& [name, d] : set.payloads) {
           const auto owner = transport::payload_owner(name, tau);
-          if (!known || !owner || !ours.count(*owner)) {
+          const auto h = owner ? how.find(*owner) : how.end();
+          const auto j = h == how.end() ? judged::distrusted : h->second.first;
+          if (!known || j == judged::distrusted) {
             trusted = false;
             break;
           }
-          if (!listed.owners.count(*owner)) continue;
+          if (j == judged::in_place) continue;
+          if (j == judged::by_sent) {
+            const auto seq = transport::payload_sequence(name, tau);
+            const auto& sent = h->second.second->payload_digests;
+            trusted = trusted && seq && *seq < sent.size() && sent[*seq] == d;
+            continue;
+          }
           const auto it = listed.entries.find(name);
           trusted = trusted && it != listed.entries.end() && it->second == d;
         }
         if (!trusted) distrust(r, set.receiver);
       }
     }
+  }
+
+  /// After failed attempt τ whose payloads travelled through a transport
+  /// without manifests in the object store (a relay tree; or owners that
+  /// reported stream digests): beside each staged payload judged by the
+  /// digests its owner reported sending (`distrust_unlisted`), what the
+  /// nodes reported.
+  ///  - A node whose stream digest for an owner differs from the owner's
+  ///    (`contradicted`) delivered a payload set the owner did not send (one
+  ///    more, or another one): its receivers may hold changes outside the
+  ///    changed set, and are distrusted (restored densely before the retry).
+  ///  - A node that failed with `verification` saw bytes under an owner's
+  ///    name and sequence other than those it had taken (relay_node: a
+  ///    second frame with another digest). Which copy reached which node
+  ///    before that was noticed is not known here (the tree forwards as it
+  ///    takes; a node stopped by the failure meanwhile reports `aborted`),
+  ///    and an owner that reported no publish reported no digests to judge
+  ///    its payloads by: every receiver is distrusted.
+  /// Nodes whose digests match delivered exactly what the owners sent; what
+  /// they hold is repaired in place by the retry.
+  template <class Medium>
+  void distrust_streamed(const std::vector<publish_report>& published,
+                         const std::vector<status>& refitted,
+                         const std::vector<bool>& contradicted) {
+    bool streamed = !transport::object_store<Medium>;
+    for (auto& p : published) streamed = streamed || (p.manifest_bound && !p.manifest_stored);
+    if (!streamed) return; // object stores: `distrust_unlisted` judges every staged payload
+    for (auto& s : refitted)
+      if (s.code == errc::verification) {
+        distrust_all();
+        return;
+      }
+    for (std::size_t r = 0; r < contradicted.size(); ++r)
+      if (contradicted[r])
+        for (auto& id : nodes_[r]->ids()) distrust(r, id);
   }
 
   /// After a commit: garbage collection and gates, best effort (the commit
@@ -652,8 +739,13 @@ private:
   template <class Medium>
   status run_attempt(Medium& medium, const std::string& inc, std::uint64_t tau,
                      std::uint64_t target, refit_mode mode, attempt_report& ar,
-                     std::vector<receiver_ack>& acks) {
+                     std::vector<receiver_ack>& acks, std::vector<publish_report>& published,
+                     std::vector<char>& publish_ok) {
     const auto t0 = clock::now();
+    // What each owner reports publishing: the repair after a failure judges
+    // the receivers by it (none reported where the attempt ends before).
+    published.assign(owners_.size(), publish_report{});
+    publish_ok.assign(owners_.size(), 0);
     if constexpr (transport::object_store<Medium>) {
       // A fresh τ has no objects. Some there means attempt ids were handed
       // out again (a commit record rolled back by hand): never read them.
@@ -684,14 +776,16 @@ private:
     }));
 
     std::vector<std::thread> threads;
-    std::vector<publish_report> published(owners_.size());
     std::vector<refit_result> refits(nodes_.size());
+    std::vector<status> refitted(nodes_.size(), status::success());
     std::atomic<std::size_t> acked{0};
 
     for (std::size_t k = 0; k < owners_.size(); ++k) {
       threads.emplace_back([&, k] {
         publish_request rq{tau, target, mode, inc, opt_.upload_queue};
-        record(owners_[k]->publish(rq, stop, published[k]));
+        auto s = owners_[k]->publish(rq, stop, published[k]);
+        publish_ok[k] = s.ok() ? 1 : 0; // one element per owner thread (chars, not packed bits)
+        record(std::move(s));
       });
     }
     for (std::size_t r = 0; r < nodes_.size(); ++r) {
@@ -703,6 +797,7 @@ private:
                                            " ACKs for " + std::to_string(nodes_[r]->ids().size()) +
                                            " receivers");
         if (!s) {
+          refitted[r] = s;
           record(std::move(s));
           return;
         }
@@ -723,8 +818,13 @@ private:
     }
     ar.wall_seconds = seconds_since(t0);
     if (dead_) return fail(errc::aborted, "coordinator died");
-    if (!first) return first;
-    DCR_TRY(check_manifest_binding(published, refits));
+    std::vector<bool> contradicted(nodes_.size(), false);
+    // The nodes report the digests they took only when they succeeded.
+    auto bound = first ? check_manifest_binding(published, refits, contradicted) : first;
+    if (!bound) {
+      distrust_streamed<Medium>(published, refitted, contradicted);
+      return bound;
+    }
     acks.clear();
     for (std::size_t r = 0; r < nodes_.size(); ++r) {
       const auto ids = nodes_[r]->ids();
@@ -739,8 +839,15 @@ private:
   /// (a forgery, a stale or second process claiming the owner) is either
   /// never read, or read by some node and then this fails the attempt,
   /// naming the owner; the retry writes and reads under a fresh attempt.
+  /// Every node is checked, and `contradicted[r]` marks each one whose
+  /// report differs from an owner's (the repair distrusts them where no
+  /// manifest can be read back, `distrust_streamed`); the first difference
+  /// is the status.
   status check_manifest_binding(const std::vector<publish_report>& published,
-                                const std::vector<refit_result>& refits) const {
+                                const std::vector<refit_result>& refits,
+                                std::vector<bool>& contradicted) const {
+    status first = status::success();
+    contradicted.assign(nodes_.size(), false);
     for (std::size_t k = 0; k < owners_.size(); ++k) {
       if (!published[k].manifest_bound) continue;
       const auto o = owners_[k]->owner_id();
@@ -753,16 +860,21 @@ private:
             std::find_if(got.begin(), got.end(), [&](const auto& e) { return e.first == o; });
         const auto ids = nodes_[r]->ids();
         const std::string node = ids.empty() ? std::to_string(r) : ids.front();
-        DCR_RETURN_ERROR_IF(it == got.end(), verification,
-                            "owner " + std::to_string(o) + ": node of " + node +
-                                " read no manifest of it");
-        DCR_RETURN_ERROR_IF(it->second != published[k].manifest_digest, verification,
-                            "owner " + std::to_string(o) + ": node of " + node + " read manifest " +
-                                to_hex(it->second) + ", the owner reported publishing " +
-                                to_hex(published[k].manifest_digest));
+        status s = status::success();
+        if (it == got.end())
+          s = fail(errc::verification,
+                   "owner " + std::to_string(o) + ": node of " + node + " read no manifest of it");
+        else if (it->second != published[k].manifest_digest)
+          s = fail(errc::verification, "owner " + std::to_string(o) + ": node of " + node +
+                                           " read manifest " + to_hex(it->second) +
+                                           ", the owner reported publishing " +
+                                           to_hex(published[k].manifest_digest));
+        if (s) continue;
+        contradicted[r] = true;
+        if (first) first = std::move(s);
       }
     }
-    return status::success();
+    return first;
   }
 
   Commits* commits_;

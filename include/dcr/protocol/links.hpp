@@ -71,6 +71,17 @@ struct publish_report {
   /// this manifest for the owner, or the attempt fails.
   bool manifest_bound = false;
   digest128 manifest_digest{};
+  /// With `manifest_bound`: the digest is of a manifest object the owner
+  /// wrote into the attempt's object store, which the coordinator reads back
+  /// after a failed attempt to judge what the receivers staged; false where
+  /// it is a stream digest of a transport without manifests (a relay tree),
+  /// which only the nodes' reports can be compared with.
+  bool manifest_stored = false;
+  /// Where the medium keeps no manifest (a relay tree): the digest of each
+  /// payload the owner sent, in sequence order (entry ℓ is sequence ℓ). After
+  /// a failed attempt the coordinator judges what the receivers staged of
+  /// this owner by it, as it judges them by the manifest elsewhere.
+  std::vector<digest128> payload_digests;
 };
 
 /// What the coordinator asks one rollout node to do in attempt τ.
@@ -330,6 +341,7 @@ private:
           auto st = stop ? fail(errc::aborted, "attempt stopped") : put(w, p);
           rep.upload_seconds += seconds_since(tp);
           throw_if_failed(st);
+          if constexpr (!transport::object_store<Medium>) rep.payload_digests.push_back(digest(p));
           rep.payloads += 1;
           rep.bytes += p.size();
         },
@@ -347,6 +359,7 @@ private:
       if (s) {
         rep.manifest_bound = true;
         rep.manifest_digest = w.manifest_digest();
+        rep.manifest_stored = transport::object_store<Medium>;
       }
     }
     return s;

@@ -81,10 +81,16 @@ public:
     DCR_TRY(r.f64(rep.upload_seconds));
     std::uint8_t bound = 0;
     DCR_TRY(r.u8(bound));
-    DCR_RETURN_ERROR_IF(bound > 1, bad_format,
+    // 0: no digest, 1: a stream digest (relay), 2: a manifest in the object store.
+    DCR_RETURN_ERROR_IF(bound > 2, bad_format,
                         "publish reply: manifest flag " + std::to_string(bound));
-    rep.manifest_bound = bound == 1;
+    rep.manifest_bound = bound >= 1;
+    rep.manifest_stored = bound == 2;
     DCR_TRY(r.dig(rep.manifest_digest));
+    std::uint32_t sent = 0;
+    DCR_TRY(r.count(sent, 16));
+    rep.payload_digests.assign(sent, {});
+    for (auto& d : rep.payload_digests) DCR_TRY(r.dig(d));
     return r.done();
   }
   status commit_baseline(std::uint64_t attempt, std::uint64_t version) {
@@ -328,7 +334,9 @@ public:
       publish_report rep;
       DCR_TRY(l_->publish(rq, stop, rep));
       out.u64(rep.payloads).u64(rep.bytes).f64(rep.construct_seconds).f64(rep.upload_seconds);
-      out.u8(rep.manifest_bound ? 1 : 0).dig(rep.manifest_digest);
+      out.u8(!rep.manifest_bound ? 0 : rep.manifest_stored ? 2 : 1).dig(rep.manifest_digest);
+      out.u32(static_cast<std::uint32_t>(rep.payload_digests.size()));
+      for (auto& d : rep.payload_digests) out.dig(d);
       return status::success();
     }
     case control_type::commit_baseline: {

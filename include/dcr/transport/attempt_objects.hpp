@@ -659,14 +659,57 @@ private:
   std::size_t skipped_ = 0;
 };
 
+namespace detail {
+/// The number in the 10 decimal digits of `name` from `at` (owner ids and
+/// sequence numbers of payload and manifest names), if they are digits of a
+/// 32-bit number.
+inline std::optional<std::uint32_t> owner_digits(std::string_view name, std::size_t at) {
+  std::uint64_t v = 0;
+  for (std::size_t i = at; i < at + 10; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
+  }
+  if (v > 0xFFFFFFFFu) return std::nullopt;
+  return static_cast<std::uint32_t>(v);
+}
+} // namespace detail
+
+/// The owner named by a payload name of attempt τ, if it is one.
+inline std::optional<std::uint32_t> payload_owner(std::string_view name, std::uint64_t attempt) {
+  const auto p = attempt_prefix(attempt) + "payload/o";
+  if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0)
+    return std::nullopt;
+  return detail::owner_digits(name, p.size());
+}
+
+/// The sequence number named by a payload name of attempt τ, if it is one.
+inline std::optional<std::uint32_t> payload_sequence(std::string_view name, std::uint64_t attempt) {
+  if (!payload_owner(name, attempt) || name[name.size() - 12] != '-' ||
+      name[name.size() - 11] != 's')
+    return std::nullopt;
+  return detail::owner_digits(name, name.size() - 10);
+}
+
+/// The owner named by a manifest name of attempt τ, if it is one.
+inline std::optional<std::uint32_t> manifest_owner(std::string_view name, std::uint64_t attempt) {
+  const auto p = attempt_prefix(attempt) + "manifest/o";
+  if (name.size() != p.size() + 10 || name.compare(0, p.size(), p) != 0) return std::nullopt;
+  return detail::owner_digits(name, p.size());
+}
+
 /// What the well-formed manifests of attempt τ on `store` list: payload name
 /// → digest, and the owners whose manifest is there (manifests of another
-/// incarnation or attempt, or under a name that is not their owner's, count
-/// as absent). After a failed attempt the coordinator checks what each
-/// receiver staged against this.
+/// incarnation or attempt, under a name that is not their owner's, or listing
+/// another owner's payload names, which every reader refuses, count as
+/// absent). After a failed attempt the coordinator checks what each receiver
+/// staged against this, and `found` against what the owners reported: per
+/// owner that an object under the manifest names is named for, the digest
+/// of its bytes as read now (well-formed or not), or none where it is listed
+/// but could not be read.
 struct listed_payloads {
   std::map<std::string, digest128> entries;
   std::set<std::uint32_t> owners;
+  std::map<std::uint32_t, std::optional<digest128>> found;
 };
 template <object_store Store>
 status read_listed(Store& store, std::uint64_t attempt, listed_payloads& out) {
@@ -675,7 +718,12 @@ status read_listed(Store& store, std::uint64_t attempt, listed_payloads& out) {
   DCR_TRY(store.list(attempt_prefix(attempt) + "manifest/", names));
   std::vector<std::byte> bytes;
   for (auto& n : names) {
-    if (!store.get(n, bytes)) continue;
+    const auto named = manifest_owner(n, attempt);
+    if (!store.get(n, bytes)) {
+      if (named) out.found[*named] = std::nullopt;
+      continue;
+    }
+    if (named) out.found[*named] = digest(bytes);
     manifest m;
     if (!parse_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
                         m, seal_key_of(store)))
@@ -683,24 +731,13 @@ status read_listed(Store& store, std::uint64_t attempt, listed_payloads& out) {
     if (m.incarnation != incarnation_of(store) || m.attempt != attempt ||
         n != manifest_name(attempt, m.owner))
       continue;
+    bool own = true;
+    for (auto& e : m.payloads) own = own && payload_owner(e.name, attempt) == m.owner;
+    if (!own) continue;
     out.owners.insert(m.owner);
     for (auto& e : m.payloads) out.entries.emplace(e.name, e.digest);
   }
   return status::success();
-}
-
-/// The owner named by a payload name of attempt τ, if it is one.
-inline std::optional<std::uint32_t> payload_owner(std::string_view name, std::uint64_t attempt) {
-  const auto p = attempt_prefix(attempt) + "payload/o";
-  if (name.size() != p.size() + 10 + 2 + 10 || name.compare(0, p.size(), p) != 0)
-    return std::nullopt;
-  std::uint64_t v = 0;
-  for (std::size_t i = p.size(); i < p.size() + 10; ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
-  }
-  if (v > 0xFFFFFFFFu) return std::nullopt;
-  return static_cast<std::uint32_t>(v);
 }
 
 /// Parse the attempt id out of an object name under `attempt/`; 0 if none.

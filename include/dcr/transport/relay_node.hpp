@@ -60,7 +60,7 @@ struct relay_options {
 /// What a node counted (all attempts).
 struct relay_counters {
   std::uint64_t payloads = 0;   ///< distinct payloads queued
-  std::uint64_t duplicates = 0; ///< frames seen before, acknowledged and dropped
+  std::uint64_t duplicates = 0; ///< frames seen before (same bytes), acknowledged and dropped
   std::uint64_t stale = 0;      ///< frames of a replaced attempt, rejected
   std::uint64_t rejected = 0;   ///< frames of a failed attempt, rejected
   std::uint64_t forwarded = 0;  ///< frames sent to children
@@ -211,7 +211,9 @@ private:
   struct attempt_state {
     std::uint64_t id = 0;
     status failed;
-    std::set<std::pair<std::uint32_t, std::uint32_t>> seen;
+    /// Per (owner, sequence) taken: the payload's header digest (checked
+    /// against its bytes at intake).
+    std::map<std::pair<std::uint32_t, std::uint32_t>, digest128> seen;
     std::map<std::uint32_t, std::uint32_t> count, done;
     std::vector<std::shared_ptr<local_queue>> local;
   };
@@ -261,7 +263,8 @@ private:
   enum class reply { none, ack, reject };
 
   /// Fence, dedupe and account one frame; false = do not queue it.
-  reply admit(const frame& f, bool& queue_it) {
+  /// `digest`: a payload frame's verified header digest.
+  reply admit(const frame& f, const digest128& digest, bool& queue_it) {
     queue_it = false;
     const auto& h = f.header;
     std::lock_guard l(m_);
@@ -275,7 +278,22 @@ private:
       return reply::reject;
     }
     if (h.kind == frame_kind::payload) {
-      if (!cur_->seen.insert({h.owner, h.sequence}).second) {
+      const auto [taken, fresh] = cur_->seen.emplace(std::pair{h.owner, h.sequence}, digest);
+      if (!fresh && taken->second != digest) {
+        // Two different payloads under one (owner, sequence): at most one
+        // is what the owner sent, and the first was forwarded and delivered
+        // as it came. Dropping the second as a duplicate would keep the
+        // first even when it is the other one (any peer that can reach this
+        // node can send first), so the attempt fails here instead.
+        fail_locked(fail(errc::verification,
+                         "relay node " + std::to_string(index_) + ": owner " +
+                             std::to_string(h.owner) + ", sequence " + std::to_string(h.sequence) +
+                             " arrived twice in attempt " + std::to_string(h.attempt) +
+                             " with different payloads (digest " + to_hex(taken->second) +
+                             ", then " + to_hex(digest) + ")"));
+        return reply::reject;
+      }
+      if (!fresh) { // the same payload again (a resend, or a second path): taken once
         ++c_.duplicates;
         return reply::ack;
       }
@@ -314,9 +332,12 @@ private:
       }
       if (h.kind != frame_kind::payload && h.kind != frame_kind::owner_done)
         break; // protocol violation
+      codec::payload_header ph;
       if (h.kind == frame_kind::payload) {
-        payload_id pid;
-        if (!read_payload_id(f.body, pid, opt_.key) || pid.attempt != h.attempt ||
+        codec::decode_limits limits;
+        limits.key = opt_.key;
+        const auto& pid = ph.id;
+        if (!codec::read_payload_header(f.body, ph, limits) || pid.attempt != h.attempt ||
             pid.owner != h.owner || pid.sequence != h.sequence)
           break; // header and payload disagree: nothing on this link can be trusted
       }
@@ -329,7 +350,7 @@ private:
         }
       }
       bool queue_it = false;
-      const auto r = admit(f, queue_it);
+      const auto r = admit(f, ph.digest, queue_it);
       if (h.attempt == attempt) {
         if (h.kind == frame_kind::payload)
           pending.insert(h.owner);
