@@ -839,10 +839,11 @@ TEST_CASE("coordinator over the relay tree: a lost commit record restarts attemp
 
 namespace {
 
-/// The library relay tree with stream digests as the cluster programs bind
-/// relay attempts (examples/cluster/relay_job.hpp): each owner's writer
-/// reports a digest of the payloads it sent as its manifest digest, each
-/// node's reader one of what it delivered per owner. One fault: the reader
+/// The library relay tree with its stream digests (relay_stream.hpp): each
+/// owner's writer reports a digest of the payloads it sent as its manifest
+/// digest, each node's reader one of what it delivered per owner; this
+/// wrapper digests what its reader delivers, the forgery below included. One
+/// fault: the reader
 /// of receiver `forge_reader`, in the first attempt after `armed` is set,
 /// delivers a valid payload under owner 0's name (sequence 99) that XORs
 /// element 0 of tensor 0 before what the tree delivers, and digests it with
@@ -854,15 +855,10 @@ struct digest_relay {
   std::atomic<bool> armed{false};
 
   static digest128 stream(std::uint64_t a, std::uint32_t o, std::vector<digest128> d) {
-    std::sort(d.begin(), d.end());
-    blake2b_128 h;
-    const auto head = std::to_string(a) + " " + std::to_string(o) + " " + std::to_string(d.size());
-    h.update(std::as_bytes(std::span(head)));
-    for (auto& x : d) h.update(std::as_bytes(std::span(x)));
-    return h.final();
+    return relay_stream_digest(a, o, std::move(d), seal_key{});
   }
   struct writer {
-    relay_writer w;
+    relay_tree::writer w;
     std::uint64_t a;
     std::uint32_t o;
     std::vector<digest128> sent;
@@ -875,7 +871,7 @@ struct digest_relay {
     digest128 manifest_digest() const { return stream(a, o, sent); }
   };
   struct reader {
-    relay_reader r;
+    relay_tree::reader r;
     std::uint64_t a;
     std::vector<std::uint32_t> owners;
     std::vector<std::byte> forged;
