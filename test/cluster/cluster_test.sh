@@ -138,9 +138,11 @@ if [ "${scenario%keyed}" != "$scenario" ]; then
   ! grep -qx "digest $plain" "$work/run/control/commit" || { echo "FAIL: commit record not keyed"; exit 1; }
 fi
 if [ "$scenario" = keyed ]; then
-  # Every object kind is sealed with the job key, none with the plain digest.
+  # Every object kind is sealed with the job key, none with the plain digest
+  # (payloads and manifests live only until the next commit collects them: a
+  # fast run may leave none in the snapshot, so only the lasting kinds are required).
   python3 "$here/test/cluster/check_seals.py" "$work/job.key" "$work/snap" "$work/run/objects" \
-    "$work/run/control/commit" --need "payload,manifest,dense export,commit record" ||
+    "$work/run/control/commit" --need "dense export,commit record" ||
     { echo "FAIL: an object is not sealed with the job key"; exit 1; }
   # Unkeyed listeners beyond loopback are refused, naming the way out.
   set +e
