@@ -162,11 +162,7 @@ def main() -> int:
 
         def dense_update() -> float:
             t0 = time.perf_counter()
-            llm.collective_rpc("start_weight_update")
-            llm.collective_rpc("update_weights",
-                               args=({"names": names, "tensors": [canon[n] for n in names]},))
-            llm.collective_rpc("finish_weight_update")
-            llm.reset_prefix_cache()
+            dense_cpu_backend.update(llm, names, [canon[n] for n in names])
             return time.perf_counter() - t0
 
         def reload_again() -> float:

@@ -102,6 +102,7 @@ def engine_main(a) -> int:
     import dcr
     import dcr.vllm as dv
     import dense_cpu_backend
+    import rl_loop
     from vllm import LLM
     from vllm.config import WeightTransferConfig
 
@@ -148,22 +149,13 @@ def engine_main(a) -> int:
                 _recv_exact(conn, t.numel() * t.element_size(),
                             memoryview(t.view(-1).view(torch.uint8).numpy()))
             t1 = time.perf_counter()
-            llm.collective_rpc("start_weight_update")
-            llm.collective_rpc("update_weights",
-                               args=({"names": names, "tensors": [buffers[n] for n in names]},))
-            llm.collective_rpc("finish_weight_update")
-            llm.reset_prefix_cache()
+            dense_cpu_backend.update(llm, names, [buffers[n] for n in names])
             _send_msg(conn, {"load_s": time.perf_counter() - t1, "digest": rx.state_digests()})
     finally:
         conn.close()
         node.close()
-        dv_shutdown(llm)
+        rl_loop.shutdown(llm)
     return 0
-
-
-def dv_shutdown(llm) -> None:
-    import rl_loop
-    rl_loop.shutdown(llm)
 
 
 # ---------------------------------------------------------------------------

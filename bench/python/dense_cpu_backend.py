@@ -67,3 +67,13 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(NAME, DenseCpuEngine)
     except ValueError:
         pass  # registered before
+
+
+def update(llm, names, tensors) -> None:
+    """One dense weight update of `llm` (started with this backend) through
+    vLLM's own driver calls: every canonical tensor, in `names` order, then
+    the prefix cache reset (its KV blocks hold the old weights' values)."""
+    llm.collective_rpc("start_weight_update")
+    llm.collective_rpc("update_weights", args=({"names": list(names), "tensors": list(tensors)},))
+    llm.collective_rpc("finish_weight_update")
+    llm.reset_prefix_cache()

@@ -1126,12 +1126,7 @@ struct manifest_forger {
     transport::manifest mf;
     DCR_TRY(transport::parse_manifest(text_of(bytes), mf));
     const auto scope = std::string(put.substr(0, put.find("attempt/")));
-    item it;
-    it.tensor = s.metas[tensor];
-    it.encoding = value_encoding::xor_mask;
-    it.indices = {0};
-    it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
-    const auto p = encode_payload({mf.attempt, 1, victim, 99}, std::vector<item>{it});
+    const auto p = xor_element0(s.metas[tensor], mf.attempt, victim, 99);
     const auto pname = transport::payload_name(mf.attempt, victim, 99);
     DCR_TRY(s.store.inner().put(scope + pname, p));
     mf.payloads.push_back({pname, p.size(), digest(p), std::nullopt});

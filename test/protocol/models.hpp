@@ -329,4 +329,18 @@ private:
 };
 static_assert(protocol::receiver_role<duplicating_receiver>);
 
+/// A valid payload of `owner`, sequence `seq` in attempt τ that XORs
+/// element 0 of `meta` (an element outside the changed set that the tests
+/// keep as committed): what a process planting objects in the store or
+/// frames in a relay tree sends.
+inline std::vector<std::byte> xor_element0(const tensor_meta& meta, std::uint64_t tau,
+                                           std::uint32_t owner, std::uint32_t seq) {
+  item it;
+  it.tensor = meta;
+  it.encoding = value_encoding::xor_mask;
+  it.indices = {0};
+  it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
+  return encode_payload({tau, 1, owner, seq}, std::vector<item>{it});
+}
+
 } // namespace dcr::test_models

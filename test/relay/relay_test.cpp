@@ -905,14 +905,8 @@ struct digest_relay {
   }
   reader open_reader(std::uint64_t a, std::size_t receiver, std::vector<std::uint32_t> owners) {
     std::vector<std::byte> forged;
-    if (receiver == forge_reader && armed.exchange(false)) {
-      item it;
-      it.tensor = metas[0];
-      it.encoding = value_encoding::xor_mask;
-      it.indices = {0};
-      it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
-      forged = encode_payload({a, 1, 0, 99}, std::vector<item>{it});
-    }
+    if (receiver == forge_reader && armed.exchange(false))
+      forged = xor_element0(metas[0], a, 0, 99);
     return {tree->open_reader(a, receiver, owners), a, owners, std::move(forged), {}};
   }
   status collect(std::uint64_t a, std::size_t* removed) { return tree->collect(a, removed); }
@@ -980,12 +974,7 @@ TEST_CASE("coordinator over the relay tree: a frame sent into a node before the 
     stored_record cur;
     REQUIRE(s.commits.load(cur).ok());
     const auto tau = cur.attempt + 1; // the transition's first attempt
-    item it;
-    it.tensor = s.metas[0];
-    it.encoding = value_encoding::xor_mask;
-    it.indices = {0};
-    it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
-    const auto forged = encode_payload({tau, 1, 0, 0}, std::vector<item>{it});
+    const auto forged = xor_element0(s.metas[0], tau, 0, 0);
     // Into node 1 (not the root), ahead of owner 0's payload 0; the link
     // stays open through the transition.
     raw_sender planted(*s.tree, 1);
@@ -1018,12 +1007,7 @@ TEST_CASE("coordinator over the relay tree: a frame under a sequence the owner n
     stored_record cur;
     REQUIRE(s.commits.load(cur).ok());
     const auto tau = cur.attempt + 1; // the transition's first attempt
-    item it;
-    it.tensor = s.metas[0];
-    it.encoding = value_encoding::xor_mask;
-    it.indices = {0};
-    it.values.assign(width_of(it.tensor.dtype), std::byte{0x40});
-    const auto forged = encode_payload({tau, 1, 0, 77}, std::vector<item>{it});
+    const auto forged = xor_element0(s.metas[0], tau, 0, 77);
     // Into node 1 (children 3 and 4), ahead of every payload of owner 0;
     // the link stays open through the transition. Node 1 fails the attempt
     // when owner 0's count arrives (`not_found`), after its receiver and

@@ -25,7 +25,6 @@
 #include <vector>
 
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -92,16 +91,8 @@ public:
 
 private:
   void accept_loop() {
-    while (!stop_) {
-      pollfd pf{lfd_, POLLIN, 0};
-      if (::poll(&pf, 1, 50) <= 0) continue;
-      const int fd = ::accept4(lfd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) continue; // the peer gave up, or a transient error: keep listening
-      auto conn = std::make_shared<tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout);
-      conn->accept_key(opt_.key); // a peer without the job key fails its first read
-      if (observe_) conn->observe_reads(observe_);
-      accept_(*self_, std::move(conn));
-    }
+    accept_relay_links(lfd_, stop_, opt_, observe_,
+                       [&](std::shared_ptr<tcp_frame_conn> c) { accept_(*self_, std::move(c)); });
   }
 
   std::vector<net::peer_address> addrs_;
@@ -191,7 +182,6 @@ public:
 
   /// This process's node (null in an owner).
   relay_node* node() noexcept { return node_.get(); }
-  const relay_options& options() const noexcept { return opt_; }
   /// What this process's node counted, as a line for a log ("" in an owner).
   std::string counters_text() const {
     if (!node_) return "";

@@ -207,6 +207,25 @@ struct tcp_link_options {
   seal_key key{};
 };
 
+/// Accepts relay connections on listening socket `lfd` until `stop`: each
+/// a `tcp_frame_conn` under `opt`'s limits, expecting the job key's hello
+/// (a peer without it fails its first read), observed by `observe` if set,
+/// handed to `take`. Polls in 50 ms slices, so `stop` ends it promptly.
+template <class Take>
+void accept_relay_links(int lfd, const std::atomic<bool>& stop, const tcp_link_options& opt,
+                        const tcp_frame_conn::read_observer& observe, Take&& take) {
+  while (!stop) {
+    pollfd pf{lfd, POLLIN, 0};
+    if (::poll(&pf, 1, 50) <= 0) continue;
+    const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) continue; // the peer gave up, or a transient error: keep listening
+    auto conn = std::make_shared<tcp_frame_conn>(fd, opt.max_body, opt.body_timeout);
+    conn->accept_key(opt.key);
+    if (observe) conn->observe_reads(observe);
+    take(std::move(conn));
+  }
+}
+
 /// Relay links over TCP on 127.0.0.1 (loopback; one acceptor thread per node).
 class tcp_network final : public relay_network {
 public:
@@ -265,16 +284,8 @@ private:
   }
 
   void accept_loop(std::uint32_t i) {
-    const int lfd = listeners_[i];
-    while (!stop_) {
-      pollfd pf{lfd, POLLIN, 0};
-      if (::poll(&pf, 1, 50) <= 0) continue;
-      const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) continue; // the peer gave up, or a transient error: keep listening
-      auto conn = std::make_shared<tcp_frame_conn>(fd, opt_.max_body, opt_.body_timeout);
-      conn->accept_key(opt_.key);
-      accept_(i, std::move(conn));
-    }
+    accept_relay_links(listeners_[i], stop_, opt_, {},
+                       [&](std::shared_ptr<tcp_frame_conn> c) { accept_(i, std::move(c)); });
   }
 
   tcp_link_options opt_;
