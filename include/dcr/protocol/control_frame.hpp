@@ -106,7 +106,10 @@ inline digest128 control_tag(const control_mac& m, std::span<const std::byte> fr
 
 /// "DCRC" read as a little-endian u32.
 inline constexpr std::uint32_t control_magic = 0x43524344u;
-inline constexpr std::uint16_t control_version = 1;
+/// 2: the publish reply says whether its digest is a stored manifest's or a
+/// relay stream's and lists the payload digests sent; a version-1 peer is
+/// refused (`unsupported_version`) instead of misreading the reply.
+inline constexpr std::uint16_t control_version = 2;
 inline constexpr std::size_t control_header_size = 24;
 inline constexpr net::frame_preamble control_preamble{"control frame", control_magic,
                                                       control_version, control_header_size};
