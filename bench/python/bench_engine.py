@@ -196,9 +196,9 @@ def main() -> int:
             f"{len(info['reloaded_layers'])} layers",
             f"dcr: one run per step; dense paths and the reload again: first / best of "
             f"{a.repeat} (wall), least CPU; ratios: best over dcr; @1 Gbit adds bytes / "
-            f"125 MB/s (computed)"]
+            f"125 MB/s (computed) and, to dcr, its state digest"]
         cols = ["change %", "payload MB", "build s", "dcr s", "stage ms", "items ms",
-                "reload ms", "reload cpu s", "faults k", "other ms", "again s", "again cpu s",
+                "reload ms", "reload cpu s", "faults k", "other ms", "digest ms", "again s", "again cpu s",
                 "update s", "update cpu s", "ckpt s", "update/dcr", "ckpt/dcr", "@1Gbit dcr s",
                 "@1Gbit update s", "@1Gbit x", "equal", "gen"]
         if a.markdown:
@@ -209,7 +209,8 @@ def main() -> int:
                   "`items ms` (items into the loader-layout copy and the direct tensors), "
                   "`reload ms` (vLLM's layerwise reload of the touched layers, "
                   "`reload cpu s` process CPU time and `faults k` thousands of pages first "
-                  "touched during it) and `other ms`; `again s` dcr's reload of every "
+                  "touched during it) and `other ms`; `digest ms` the workers' state digest the "
+                  "node's ACK carries (every kernel, parameter, buffer and copy byte); `again s` dcr's reload of every "
                   "reloaded layer again from the copy (`EngineReceiver.reload_all`); "
                   "`update s` vLLM's dense weight update (layerwise reload of the whole "
                   "model); `... cpu s` the least process CPU time (every thread) of those "
@@ -243,6 +244,11 @@ def main() -> int:
             items_ms = 1e3 * stats["items_s"]
             reload_ms = 1e3 * stats["reload_s"]
             other_ms = 1e3 * dcr_s - stage_ms - items_ms - reload_ms
+            # The node's ACK carries every worker's state digest: part of a
+            # refit's cost in a deployment (the coordinator waits for it).
+            t0 = time.perf_counter()
+            rx.state_digests()
+            digest_ms = 1e3 * (time.perf_counter() - t0)
             after_dcr = rl_loop.engine_state(llm)
             gen_dcr = rl_loop.greedy(llm)
             update_s = timed(dense_update)
@@ -256,7 +262,7 @@ def main() -> int:
             del after_dcr
             ok = not diff and gen_eq
             ok_all &= ok
-            link_dcr = dcr_s + payload_bytes / LINK_BYTES_PER_S
+            link_dcr = dcr_s + digest_ms / 1e3 + payload_bytes / LINK_BYTES_PER_S
             link_dense = update_s[1] + model_bytes / LINK_BYTES_PER_S
 
             def pair(t):
@@ -264,7 +270,7 @@ def main() -> int:
             row = [f"{pct:.1f}", f"{payload_bytes / 1e6:.2f}", f"{build_s:.3f}", f"{dcr_s:.3f}",
                    f"{stage_ms:.1f}", f"{items_ms:.1f}", f"{reload_ms:.1f}",
                    f"{stats['reload_cpu_s']:.2f}", f"{stats['reload_faults'] / 1e3:.0f}",
-                   f"{other_ms:.1f}", pair(again_s), f"{again_s[2]:.2f}", pair(update_s),
+                   f"{other_ms:.1f}", f"{digest_ms:.0f}", pair(again_s), f"{again_s[2]:.2f}", pair(update_s),
                    f"{update_s[2]:.2f}", pair(ckpt_s),
                    f"{update_s[1] / dcr_s:.2f}x", f"{ckpt_s[1] / dcr_s:.2f}x",
                    f"{link_dcr:.3f}", f"{link_dense:.3f}", f"{link_dense / link_dcr:.2f}x",
