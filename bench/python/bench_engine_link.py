@@ -150,7 +150,9 @@ def engine_main(a) -> int:
                             memoryview(t.view(-1).view(torch.uint8).numpy()))
             t1 = time.perf_counter()
             dense_cpu_backend.update(llm, names, [buffers[n] for n in names])
-            _send_msg(conn, {"load_s": time.perf_counter() - t1, "digest": rx.state_digests()})
+            # Answered before the digest: a dense update has no ACK digest
+            # to wait for (the trainer asks for it afterwards, untimed).
+            _send_msg(conn, {"load_s": time.perf_counter() - t1})
     finally:
         conn.close()
         node.close()
@@ -207,7 +209,8 @@ def trainer_main(a) -> int:
                 dense.sendall(memoryview(canon[n].view(-1).view(torch.uint8).numpy()))
             got = _recv_msg(dense)
             dense_s = time.perf_counter() - t0
-            equal = got["digest"] == after_dcr
+            _send_msg(dense, {"op": "digest"})
+            equal = _recv_msg(dense)["digest"] == after_dcr
             ok_all &= equal
             last = rep["attempts"][-1]
             rows.append({"change_pct": pct, "payload_mb": payload_bytes / 1e6,
