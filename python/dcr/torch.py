@@ -147,6 +147,7 @@ class _TensorPlan:
     width: int = 0             # bytes of a stored word
     words: object = None       # the scratch's first `numel` words, flat (made at prewarm)
     all_mapped: bool = False   # every copy mapped (no mask of the indices needed)
+    two_fill_error: str = ""   # why overwrites cannot take the two-fill rule ("" if they can)
 
     @property
     def skipped(self) -> bool:
@@ -367,6 +368,8 @@ class Receiver:
                                errors.UnsupportedLoader)
             self._probe_nonzero(plan)
             plan.direct = all(o.direct for o in plan.ops if o.kind == "copy")
+            if not plan.direct and not plan.skipped:
+                plan.two_fill_error = self._check_two_fill(plan)
             for o in plan.ops:
                 self._dst_view(o, counts[o.key]).add_(1)
             self._plans[meta.name] = plan
@@ -434,6 +437,62 @@ class Receiver:
                                f"it loads ({len(plan.ops)} writes of zeros, {len(ops)} of "
                                "non-zero words, or other destinations or reports): a delta "
                                "cannot be placed through it")
+
+    def _captures(self, plan: _TensorPlan, words: torch.Tensor) -> list:
+        """The loader's copies over a scratch holding `words` (the tensor's
+        flat stored words), as the destinations' words, none written."""
+        out: list = []
+
+        def on_copy(dst, src, op):
+            out.append(word_view(src.to(dst.dtype) if src.dtype != dst.dtype else src.clone()))
+            return dst
+
+        plan.words.copy_(words)
+        try:
+            self._run(plan, on_copy, lambda d: d)
+        finally:
+            plan.words.zero_()
+        return out
+
+    def _check_two_fill(self, plan: _TensorPlan) -> str:
+        """The two-fill rule tried on one random overwrite of this tensor
+        (random old values, a random quarter of them overwritten), every copy
+        captured, nothing written: what it would leave must equal the
+        loader's output for the new tensor. A transform that is not
+        elementwise (a normalisation, a reduction) or maps the two fills to
+        the same bits would write wrong bytes without an error; such a
+        tensor's overwrites are refused at apply instead (its dense loads
+        are unaffected). The empty string where the rule held."""
+        meta = plan.meta
+        plan.words = word_view(self._scratch_for(meta)).view(-1)
+        g = torch.Generator().manual_seed(0x2F11 + meta.numel)
+        if meta.dtype.is_floating_point:
+            old = (torch.randn(meta.numel, generator=g) * 0.05).to(meta.dtype)
+            new = (torch.randn(meta.numel, generator=g) * 0.05).to(meta.dtype)
+        else:
+            info = torch.iinfo(meta.dtype)
+            lo, hi = max(info.min, -1000), min(info.max, 1000)
+            old = torch.randint(lo, hi, (meta.numel,), generator=g).to(meta.dtype)
+            new = torch.randint(lo, hi, (meta.numel,), generator=g).to(meta.dtype)
+        old, new = word_view(old).to(self.device), word_view(new).to(self.device)
+        active = (torch.rand(meta.numel, generator=g) < 0.25).to(self.device)
+        after = torch.where(active, new, old)
+        idx = active.nonzero().view(-1)
+        sw = plan.words
+        second = 0x7F if sw.element_size() == 1 else PLACEHOLDER[meta.dtype]
+        fills = []
+        for fill in (0, _signed(second, sw.element_size())):
+            w = torch.full_like(sw, fill)
+            w[idx] = new[idx]
+            fills.append(self._captures(plan, w))
+        before, expect = self._captures(plan, old), self._captures(plan, after)
+        for k, (a, b, o, e) in enumerate(zip(fills[0], fills[1], before, expect)):
+            if not torch.equal(torch.where(a == b, a, o), e):
+                return (f"tensor {meta.name}: the loader's transform of it is not elementwise "
+                        f"with distinct images of the two fills (copy {k} of "
+                        f"{len(expect)} would be left wrong by the two-fill rule): its "
+                        "overwrites cannot be placed through the loader; refit it densely")
+        return ""
 
     def _finish_plan(self, plan: _TensorPlan) -> None:
         """What every apply of the tensor reuses: its word width, a flat word
@@ -584,6 +643,8 @@ class Receiver:
             elif plan.direct:
                 self._apply_overwrite_direct(plan, e)
             else:
+                if plan.two_fill_error:
+                    errors.raise_error(errors.UnsupportedLoader, plan.two_fill_error)
                 self._apply_overwrite_two_fill(plan, e.idx, e.words)
         except errors.Error:
             raise

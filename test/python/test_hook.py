@@ -16,9 +16,9 @@ CANON = [("w", (4, 8), torch.bfloat16), ("b", (8,), torch.bfloat16)]
 class Tiny(nn.Module):
     """`w` stored as is, `b` in FP32 (a cast); `mode` picks a broken loader."""
 
-    def __init__(self, mode="good"):
+    def __init__(self, mode="good", b_mode="cast"):
         super().__init__()
-        self.mode = mode
+        self.mode, self.b_mode = mode, b_mode
         self.w = nn.Parameter(torch.zeros(4, 8, dtype=torch.bfloat16), requires_grad=False)
         self.b = nn.Parameter(torch.zeros(8, dtype=torch.float32), requires_grad=False)
         self.register_buffer("buf", torch.arange(3, dtype=torch.float32))
@@ -28,6 +28,10 @@ class Tiny(nn.Module):
         for name, t in weights:
             m = self.mode
             if name == "b":
+                if self.b_mode == "normalised":  # each output reads every input
+                    t = t.float() / (t.float().abs().sum() + 1)
+                elif self.b_mode == "nan_to_zero":  # the two fills' images coincide
+                    t = torch.nan_to_num(t.float(), nan=0.0)
                 self.b.data.copy_(t)
                 loaded.add("b")
                 continue
@@ -286,3 +290,29 @@ def test_loader_copying_into_parameters_that_require_grad():
     with torch.no_grad():
         ref.load_weights(a.items())
     assert dt.state_bytes(ref) == dt.state_bytes(m)
+
+
+@pytest.mark.parametrize("b_mode", ["normalised", "nan_to_zero"])
+def test_two_fill_refuses_transforms_it_cannot_place(b_mode):
+    """A cast path whose transform is not elementwise, or maps both fills to
+    the same bits, would be left wrong by the two-fill rule without an
+    error: prewarm finds it, its overwrites fail naming the tensor with
+    nothing written, and its dense load still works."""
+    a, b = tensors(0), tensors(1)
+    m = Tiny(b_mode=b_mode)
+    rx = dt.Receiver(m, CANON)
+    rx.dense_refit(a)
+    before = dt.state_bytes(m)
+    with pytest.raises(dcr.UnsupportedLoader, match="tensor b: .*not elementwise"):
+        rx.apply_item("b", "overwrite", *item(a["b"], b["b"], [0, 2, 7], "overwrite"))
+    assert dt.state_bytes(m) == before
+    rx.apply_item("w", "overwrite", *item(a["w"], b["w"], [1, 4], "overwrite"))  # direct: fine
+    rx.dense_refit(b)
+    ref = Tiny(b_mode=b_mode)
+    ref.load_weights(b.items())
+    assert dt.state_bytes(ref) == dt.state_bytes(m)
+
+
+def test_two_fill_keeps_elementwise_casts():
+    rx = dt.Receiver(Tiny(), CANON)
+    assert rx._plans["b"].two_fill_error == ""
