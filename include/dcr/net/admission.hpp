@@ -53,13 +53,12 @@ inline constexpr std::uint64_t default_attempt_window = 1024;
 /// fencing refuses them as stale, typed, without moving anything).
 inline status check_attempt_window(std::uint64_t newest, std::uint64_t attempt,
                                    std::uint64_t window, const std::string& who) {
-  DCR_RETURN_ERROR_IF(newest != 0 && attempt > newest && attempt - newest > window,
-                      invalid_argument,
-                      who + ": attempt " + std::to_string(attempt) + " is more than " +
-                          std::to_string(window) + " past the newest attempt seen (" +
-                          std::to_string(newest) +
-                          ") and its sender did not authenticate (no job key): refused, "
-                          "nothing fenced");
+  DCR_RETURN_ERROR_IF(
+      newest != 0 && attempt > newest && attempt - newest > window, invalid_argument,
+      who + ": attempt " + std::to_string(attempt) + " is more than " + std::to_string(window) +
+          " past the newest attempt seen (" + std::to_string(newest) +
+          ") and its sender did not authenticate (no job key): refused, "
+          "nothing fenced");
   return status::success();
 }
 

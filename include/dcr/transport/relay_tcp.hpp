@@ -204,7 +204,7 @@ private:
     keyed_ = true;
     return status::success();
   }
-  digest128 proof(std::uint8_t direction) const { return tag(direction, 0, {}, {}, "DCRP"); }
+  digest128 proof(std::uint8_t direction) const { return relay_link_proof(link_mac(), direction); }
   bool proof_matches(std::uint8_t direction, std::span<const std::byte> got) const {
     digest128 g{};
     std::memcpy(g.data(), got.data(), g.size());
@@ -218,22 +218,11 @@ private:
     for (std::size_t i = 4; i < h.size(); ++i) h[i] = static_cast<std::byte>(rd());
     return h;
   }
-  /// `label`: "DCRL" for a frame, "DCRP" for a key-exchange proof (no
-  /// frame can be taken for a proof).
   digest128 tag(std::uint8_t direction, std::uint64_t seq, std::span<const std::byte> hdr,
-                std::span<const std::byte> body, const char* label = "DCRL") const {
-    std::byte pre[4 + 1 + 32 + 8];
-    std::memcpy(pre, label, 4);
-    pre[4] = static_cast<std::byte>(direction);
-    std::memcpy(pre + 5, client_nonce_.data(), 16);
-    std::memcpy(pre + 21, server_nonce_.data(), 16);
-    store_le(pre + 37, seq);
-    blake2b_128 h{key_};
-    h.update(pre);
-    h.update(hdr);
-    h.update(body);
-    return h.final();
+                std::span<const std::byte> body) const {
+    return relay_link_tag(link_mac(), direction, seq, hdr, body);
   }
+  relay_link_mac link_mac() const { return {key_, client_nonce_, server_nonce_}; }
 
   status io(std::byte* p, std::size_t n, bool out, std::chrono::steady_clock::time_point deadline) {
     return out ? sock_.send_all(p, n, deadline) : sock_.receive_all(p, n, deadline);
