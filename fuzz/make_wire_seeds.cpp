@@ -1,5 +1,6 @@
 // Writes seeds for fuzz_locations, fuzz_config and fuzz_net into three
-// directories, one valid input per case in the layout each target reads, so
+// directories (and, given two more, for fuzz_relay and fuzz_control_reply),
+// one valid input per case in the layout each target reads, so
 // the fuzzers start from inputs that decode and mutate them into the
 // interesting invalid ones. Every seed is checked to decode here: a seed its
 // decoder refuses would start the fuzzer nowhere useful.
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "dcr/codec/locations.hpp"
+#include "dcr/codec/payload_encode.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/model/hf_config.hpp"
 #include "dcr/net/base64.hpp"
@@ -52,11 +54,122 @@ const char* const configs[] = {
  "num_key_value_heads": 1, "torch_dtype": "bfloat16", "vocab_size": 40})",
 };
 
+std::string text(std::span<const std::byte> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+/// fuzz_relay: its three paths (see fuzz/fuzz_relay.cpp for the layout; the
+/// key and nonces here are the harness's).
+void relay_seeds(const std::string& dir) {
+  using namespace dcr;
+  using namespace dcr::transport;
+  seal_key key;
+  require(seal_key::make(std::string_view("fuzz-relay-job-key-0123456789"), key).ok(), "key");
+  item it;
+  it.tensor = tensor_meta{"t", {8}, dtype_id::bf16};
+  it.encoding = value_encoding::overwrite;
+  it.indices = {3};
+  it.values = {std::byte{1}, std::byte{2}};
+  encode_options eo;
+  eo.key = key;
+  std::vector<std::byte> p;
+  require(codec::encode_payload({3, 1, 1, 0}, std::span<const item>(&it, 1), eo, p).ok(),
+          "relay payload");
+  codec::payload_header ph;
+  codec::decode_limits limits;
+  limits.key = key;
+  require(codec::read_payload_header(p, ph, limits).ok(), "keyed relay payload");
+  const auto payload = encode_frame({frame_kind::payload, 3, 1, 0, 0}, p);
+  const auto done = encode_frame({frame_kind::owner_done, 3, 1, 1, 0}, {});
+  // 0: a hello, a proof made without the key, then a header announcing 1 GiB.
+  std::string hello = "DCRA" + std::string(16, '\0');
+  put(dir + "/keyed-no-proof",
+      std::string(1, '\0') + hello + std::string(16, '\0') +
+          text(encode_frame_header({frame_kind::payload, 3, 1, 0, std::uint64_t{1} << 30})));
+  // 1: unkeyed frames as they come.
+  put(dir + "/unkeyed", std::string(1, '\1') + text(payload) + text(done));
+  // 2: frames on an authenticated link, tagged by the harness (odd byte) or
+  // carrying their own tag (even byte, then the 16 tag bytes).
+  relay_link_mac mac{key, {}, {}};
+  for (std::size_t i = 0; i < 16; ++i) {
+    mac.client_nonce[i] = static_cast<std::uint8_t>(i);
+    mac.server_nonce[i] = static_cast<std::uint8_t>(0xF0 + i);
+  }
+  const auto hdr = std::span(done).first(frame_header_size);
+  const auto t = relay_link_tag(mac, 0, 1, hdr, {});
+  put(dir + "/keyed-frames", std::string(1, '\2') + text(payload) + '\1' + text(done) + '\0' +
+                                 std::string(reinterpret_cast<const char*>(t.data()), t.size()));
+}
+
+/// fuzz_control_reply: the first byte picks the call (fuzz/fuzz_control_reply.cpp),
+/// the rest is a well-formed reply to it.
+void control_reply_seeds(const std::string& dir) {
+  using namespace dcr;
+  using namespace dcr::protocol;
+  auto seed = [&](int call, const std::string& name, body_writer w) {
+    put(dir + "/" + name, std::string(1, static_cast<char>(call)) + text(w.bytes()));
+  };
+  digest128 d{};
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<std::uint8_t>(i * 7);
+  {
+    body_writer w;
+    w.u32(1);
+    seed(0, "owner-hello", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u64(2).u64(4096).f64(0.5).f64(0.25).u8(2).dig(d).u32(2).dig(d).dig(d);
+    seed(1, "publish-stored", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u64(1).u64(10).f64(0).f64(0).u8(1).dig(d).u32(0);
+    seed(1, "publish-stream", std::move(w));
+  }
+  {
+    body_writer w;
+    w.dig(d);
+    seed(3, "baseline-digest", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u32(2).str("r0").str("r1");
+    seed(6, "node-hello", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u32(2).u8(1).dig(d).u8(0).dig(d);
+    seed(9, "verify", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u32(1).dig(d).f64(0.1).f64(0.2).f64(0.3).u32(1).u32(0).dig(d);
+    seed(11, "refit", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u32(2).dig(d).dig(d);
+    seed(12, "acknowledge", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u32(1).str("r0").u32(1).str("a3/o1/s0").dig(d);
+    seed(13, "staged", std::move(w));
+  }
+  {
+    body_writer w;
+    w.u16(static_cast<std::uint16_t>(errc::stale_attempt)).str("replaced");
+    seed(10, "error-body", std::move(w));
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s LOCATIONS_DIR CONFIG_DIR NET_DIR\n", argv[0]);
+  if (argc != 4 && argc != 6) {
+    std::fprintf(stderr,
+                 "usage: %s LOCATIONS_DIR CONFIG_DIR NET_DIR [RELAY_DIR CONTROL_REPLY_DIR]\n",
+                 argv[0]);
     return 2;
   }
   using namespace dcr;
@@ -150,6 +263,10 @@ int main(int argc, char** argv) {
             protocol::etcd::record_of(snap, "dcr/record", r).ok(),
         "etcd response " + std::to_string(i));
     put(net_dir + "/etcd-" + std::to_string(i), std::string(1, '\3') + bodies[i]);
+  }
+  if (argc == 6) {
+    relay_seeds(argv[4]);
+    control_reply_seeds(argv[5]);
   }
   return 0;
 }

@@ -3,9 +3,11 @@
 # each for a bounded time: SECONDS in total (decode and body 30% each,
 # roundtrip and the text decoders 20% each), then the control-channel
 # decoders for a tenth on top, then each decoder of arriving input that has
-# its own target (payload_if, locations, config, net, http) for PER_TARGET
-# seconds (default: a sixth of SECONDS, at least 10). CI runs it with 60:
-# about 60 + 6 + 5 x 10 s, under 2 minutes of fuzzing after the build.
+# its own target (payload_if, locations, config, net, http, relay: the keyed
+# relay link's read path and the payload seal check, control_reply: the
+# coordinator's decoding of every reply) for PER_TARGET seconds (default: a
+# sixth of SECONDS, at least 10). CI runs it with 60: about 60 + 6 + 7 x 10
+# s, under 2.5 minutes of fuzzing after the build.
 # Every target in fuzz/meson.build runs (the list below is checked against it).
 # Exits non-zero when a target crashes; reproducers land in build-fuzz/fuzz/.
 # A longer run: DCR_JOBS=1 fuzz/run.sh 3600 600 (docs/wire-format.md,
@@ -20,11 +22,12 @@ if [ ! -f build-fuzz/build.ninja ]; then
 fi
 ninja -C build-fuzz -j "${DCR_JOBS:-2}" fuzz/fuzz_decode fuzz/fuzz_body fuzz/fuzz_roundtrip fuzz/fuzz_text fuzz/fuzz_control \
   fuzz/fuzz_make_seed fuzz/fuzz_make_text_seeds \
-  fuzz/fuzz_payload_if fuzz/fuzz_locations fuzz/fuzz_config fuzz/fuzz_net fuzz/fuzz_http fuzz/fuzz_make_wire_seeds
+  fuzz/fuzz_payload_if fuzz/fuzz_locations fuzz/fuzz_config fuzz/fuzz_net fuzz/fuzz_http fuzz/fuzz_make_wire_seeds \
+  fuzz/fuzz_relay fuzz/fuzz_control_reply
 out=build-fuzz/fuzz
 # Every fuzz_* target that fuzz/meson.build builds must be run below.
 for t in $(sed -n "/^foreach t : \[/,/\]/p" fuzz/meson.build | grep -o "'[a-z_]*'" | tr -d "'"); do
-  case " decode body roundtrip text control payload_if locations config net http " in
+  case " decode body roundtrip text control payload_if locations config net http relay control_reply " in
     *" $t "*) ;;
     *) echo "fuzz/run.sh: target fuzz_$t is built but not run" >&2; exit 1 ;;
   esac
@@ -73,8 +76,10 @@ for f in "$seeds"/payload-*.bin; do
   { printf '\xff'; cat "$f"; } > "$out/seeds-payload-if/all-$(basename "$f")"
   { printf '\x55'; cat "$f"; } > "$out/seeds-payload-if/half-$(basename "$f")"
 done
-mkdir -p "$out/seeds-locations" "$out/seeds-config" "$out/seeds-net"
-"$out/fuzz_make_wire_seeds" "$out/seeds-locations" "$out/seeds-config" "$out/seeds-net"
+mkdir -p "$out/seeds-locations" "$out/seeds-config" "$out/seeds-net" "$out/seeds-relay" \
+  "$out/seeds-control-reply"
+"$out/fuzz_make_wire_seeds" "$out/seeds-locations" "$out/seeds-config" "$out/seeds-net" \
+  "$out/seeds-relay" "$out/seeds-control-reply"
 run fuzz_payload_if "$per_target" "$out/corpus-payload-if" "$out/seeds-payload-if"
 run fuzz_locations "$per_target" "$out/corpus-locations" "$out/seeds-locations"
 run fuzz_config "$per_target" "$out/corpus-config" "$out/seeds-config"
@@ -116,4 +121,6 @@ printf '\x00\x02HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nhello\
 { printf '\x00\x00\x9a\r\n\r\n\r\x06\x00'
   head -c 9000 /dev/zero | tr '\0' x; } >"$h/early-header-end"
 run fuzz_http "$per_target" "$out/corpus-http" "$out/seeds-http"
-echo "fuzz: no crashes in $((seconds + (seconds / 10 > 5 ? seconds / 10 : 5) + 5 * per_target)) s"
+run fuzz_relay "$per_target" "$out/corpus-relay" "$out/seeds-relay"
+run fuzz_control_reply "$per_target" "$out/corpus-control-reply" "$out/seeds-control-reply"
+echo "fuzz: no crashes in $((seconds + (seconds / 10 > 5 ? seconds / 10 : 5) + 7 * per_target)) s"

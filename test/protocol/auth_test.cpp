@@ -345,3 +345,74 @@ TEST_CASE("control channel: before the key exchange a peer gets a few KiB, a dea
     for (int fd : {a, b, c}) ::close(fd);
   }
 }
+
+TEST_CASE("control channel: a key exchange refused by an unauthenticated reply fails as "
+          "verification, never as the code it claims") {
+  // A listener that answers the hello with a forged refusal (`conflict`:
+  // "a fenced coordinator acted"), which it cannot tag without the key.
+  int lfd = -1;
+  unsigned short port = 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(net::listen_tcp(a, "forger: ", lfd, port).ok());
+  std::thread forger([lfd] {
+    pollfd pf{lfd, POLLIN, 0};
+    if (::poll(&pf, 1, 5000) != 1) return;
+    const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    std::vector<std::byte> hello(control_header_size + control_nonce_size + control_trailer_size);
+    (void)::recv(fd, hello.data(), hello.size(), MSG_WAITALL);
+    body_writer w;
+    w.u16(static_cast<std::uint16_t>(errc::conflict)).str("fenced: stop this coordinator");
+    const auto f = encode_control_frame(control_type::reply_err, 0, w.bytes());
+    (void)::send(fd, f.data(), f.size(), MSG_NOSIGNAL);
+    char c = 0;
+    (void)::recv(fd, &c, 1, 0); // until the client closes
+    ::close(fd);
+  });
+  control_client c({"127.0.0.1", port}, keyed(job_key));
+  std::vector<std::byte> out;
+  const auto s = c.call(control_type::begin, 1, {}, out);
+  CHECK(s.code == errc::verification);
+  CHECK(s.message.find("unauthenticated") != std::string::npos);
+  c.disconnect();
+  forger.join();
+  ::close(lfd);
+}
+
+TEST_CASE("control server, unkeyed: a call far past the newest attempt is refused before its "
+          "handler runs; keyed, any attempt is taken") {
+  constexpr std::uint64_t far = std::uint64_t{1} << 63;
+  for (bool with_key : {false, true}) {
+    CAPTURE(with_key);
+    std::atomic<std::uint64_t> newest{0}; // what the handler fenced to
+    auto o = keyed(with_key ? job_key : seal_key{});
+    o.attempt_window = 16;
+    control_server server(
+        [&](const control_frame& f, const std::atomic<bool>&, body_writer&) {
+          auto n = newest.load();
+          while (f.attempt > n && !newest.compare_exchange_weak(n, f.attempt)) {
+          }
+          return f.attempt < newest.load() ? fail(errc::stale_attempt, "fenced")
+                                           : status::success();
+        },
+        o);
+    REQUIRE(server.listen("127.0.0.1", 0).ok());
+    control_client c({"127.0.0.1", server.port()}, o);
+    std::vector<std::byte> out;
+    REQUIRE(c.call(control_type::begin, 5, {}, out).ok());
+    const auto s = c.call(control_type::begin, far, {}, out);
+    if (with_key) {
+      CHECK(s.ok());
+      CHECK(newest == far);
+      continue;
+    }
+    CHECK(s.code == errc::invalid_argument);
+    CHECK(c.call(control_type::publish, 5 + 17, {}, out).code == errc::invalid_argument);
+    CHECK(newest == 5);                                       // nothing fenced
+    CHECK(c.call(control_type::begin, 6, {}, out).ok());      // the real next attempt
+    CHECK(c.call(control_type::begin, 6 + 16, {}, out).ok()); // inside the window
+    CHECK(newest == 6 + 16);
+  }
+}

@@ -7,7 +7,11 @@
 #include <thread>
 
 #include <arpa/inet.h>
+#include <condition_variable>
+#include <cstring>
 #include <fcntl.h>
+#include <mutex>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include "dcr/protocol/coordinator.hpp"
@@ -151,6 +155,184 @@ TEST_CASE("relay TCP link: the read observer times a frame from its header to it
   CHECK(seen[0].first == h);
   CHECK(seen[0].second >= 290ms);
   CHECK(seen[0].second <= elapsed - 290ms);
+}
+
+namespace {
+
+seal_key link_key() {
+  seal_key k;
+  throw_if_failed(seal_key::make(std::string_view("relay-link-test-key-0123456789"), k));
+  return k;
+}
+
+/// Reads `n` bytes from blocking-or-not `fd` within 3 s (false: fewer came).
+bool read_exactly(int fd, std::byte* p, std::size_t n) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (n > 0 && std::chrono::steady_clock::now() < until) {
+    pollfd pf{fd, POLLIN, 0};
+    if (::poll(&pf, 1, 100) <= 0) continue;
+    const auto k = ::recv(fd, p, n, 0);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return n == 0;
+}
+
+/// Closes `c` after `limit` unless cancelled first: bounds a read that the
+/// code under test should end by itself.
+struct closer_after {
+  std::mutex m;
+  std::condition_variable cv;
+  bool cancelled = false;
+  std::thread t;
+  closer_after(frame_conn& c, std::chrono::milliseconds limit)
+      : t([this, &c, limit] {
+          std::unique_lock l(m);
+          if (!cv.wait_for(l, limit, [&] { return cancelled; })) c.close();
+        }) {}
+  ~closer_after() {
+    {
+      std::lock_guard l(m);
+      cancelled = true;
+    }
+    cv.notify_all();
+    t.join();
+  }
+};
+
+} // namespace
+
+TEST_CASE("relay TCP link with a job key: before the key is proven a peer gets 36 bytes read, "
+          "a deadline and a connection cap") {
+  using namespace std::chrono_literals;
+  const auto key = link_key();
+  SUBCASE("a frame header announcing 1 GiB after the hello is refused, nothing allocated") {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+    tcp_frame_conn acceptor(sv[0], default_max_frame_body, 5000ms);
+    acceptor.accept_key(key, 3000ms);
+    // The peer sends a hello (anyone can: it is only a nonce), then, without
+    // any proof of the key, a payload header announcing 1 GiB.
+    std::array<std::byte, 20> hello{};
+    std::memcpy(hello.data(), "DCRA", 4);
+    REQUIRE(::send(sv[1], hello.data(), hello.size(), MSG_NOSIGNAL) == 20);
+    const auto hdr = encode_frame_header({frame_kind::payload, 9, 0, 0, std::uint64_t{1} << 30});
+    REQUIRE(::send(sv[1], hdr.data(), hdr.size(), MSG_NOSIGNAL) == ssize_t(hdr.size()));
+    closer_after guard(acceptor, 10s);
+    frame f;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto s = acceptor.read(f);
+    CHECK(s.code == errc::verification);
+    CHECK(std::chrono::steady_clock::now() - t0 < 2500ms);
+    CHECK(f.body.capacity() == 0);
+    // The acceptor sent its hello and proof, then no more.
+    std::array<std::byte, 36> got{};
+    CHECK(read_exactly(sv[1], got.data(), got.size()));
+    CHECK(std::memcmp(got.data(), "DCRA", 4) == 0);
+    ::close(sv[1]);
+  }
+  SUBCASE("a hello that never comes ends the read at the hello timeout") {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+    tcp_frame_conn acceptor(sv[0], default_max_frame_body, 5000ms);
+    acceptor.accept_key(key, 300ms);
+    closer_after guard(acceptor, 10s);
+    frame f;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(acceptor.read(f).code == errc::unavailable);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(took >= 250ms);
+    CHECK(took < 2500ms);
+    ::close(sv[1]);
+  }
+  SUBCASE("an accepting end without a valid proof fails the dial, typed") {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+    std::thread fake([&] {
+      // Answers the hello with a nonce and a proof made without the key.
+      std::array<std::byte, 20> theirs{};
+      CHECK(read_exactly(sv[1], theirs.data(), theirs.size()));
+      std::array<std::byte, 36> reply{};
+      std::memcpy(reply.data(), "DCRA", 4);
+      CHECK(::send(sv[1], reply.data(), reply.size(), MSG_NOSIGNAL) == 36);
+    });
+    tcp_frame_conn dialler(sv[0], default_max_frame_body, 5000ms);
+    CHECK(dialler.dial_key(key, 3000ms).code == errc::verification);
+    fake.join();
+    ::close(sv[1]);
+  }
+  SUBCASE("the key exchange with the key: frames flow both ways") {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+    tcp_frame_conn acceptor(sv[0], default_max_frame_body, 5000ms);
+    tcp_frame_conn dialler(sv[1], default_max_frame_body, 5000ms);
+    acceptor.accept_key(key, 3000ms);
+    frame f;
+    status read_status;
+    std::thread reader([&] { read_status = acceptor.read(f); });
+    REQUIRE(dialler.dial_key(key, 3000ms).ok());
+    const std::vector<std::byte> body(100, std::byte{3});
+    REQUIRE(dialler.write({frame_kind::payload, 9, 1, 2, body.size()}, body, 3000ms).ok());
+    reader.join();
+    INFO(read_status.message);
+    REQUIRE(read_status.ok());
+    CHECK(f.body == body);
+    REQUIRE(acceptor.write({frame_kind::payload_ack, 9, 1, 2, 0}, {}, 3000ms).ok());
+    frame g;
+    REQUIRE(dialler.read(g).ok());
+    CHECK(g.header.kind == frame_kind::payload_ack);
+  }
+  SUBCASE("past the connection cap a new link is closed on accept; a closed one frees its place") {
+    tcp_link_options o;
+    o.key = key;
+    o.max_connections = 2;
+    tcp_network net(o);
+    std::mutex m;
+    std::vector<std::shared_ptr<frame_conn>> held;
+    REQUIRE(net.listen(1,
+                       [&](std::uint32_t, std::shared_ptr<frame_conn> c) {
+                         std::lock_guard l(m);
+                         held.push_back(std::move(c));
+                       })
+                .ok());
+    auto connect = [&] {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(net.ports()[0]);
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+      return fd;
+    };
+    auto accepted = [&](std::size_t n) {
+      const auto until = std::chrono::steady_clock::now() + 5s;
+      while (std::chrono::steady_clock::now() < until) {
+        {
+          std::lock_guard l(m);
+          if (held.size() >= n) return true;
+        }
+        std::this_thread::sleep_for(5ms);
+      }
+      return false;
+    };
+    const int a = connect(), b = connect();
+    REQUIRE(accepted(2));
+    const int c = connect();
+    pollfd pf{c, POLLIN, 0};
+    REQUIRE(::poll(&pf, 1, 5000) == 1);
+    char byte = 0;
+    CHECK(::recv(c, &byte, 1, 0) == 0); // closed, nothing read or sent
+    {
+      std::lock_guard l(m);
+      CHECK(held.size() == 2);
+      held[0]->close(); // frees a place
+    }
+    const int d = connect();
+    CHECK(accepted(3));
+    for (int fd : {a, b, c, d}) ::close(fd);
+    net.shutdown();
+  }
 }
 
 // ---------------------------------------------------------------- topology
@@ -379,6 +561,50 @@ TEST_CASE("relay node: stale attempts are rejected, a newer one replaces the cur
   collected ahead;
   CHECK(ahead.run(*tree, 7, 0, {0}, 50).code == errc::aborted); // deadline: nothing sent
   CHECK(s.payload(6, 0, 1) == frame_kind::reject);
+}
+
+TEST_CASE("relay node, unkeyed: a frame far past the current attempt is rejected and fences "
+          "nothing; keyed, any attempt is taken") {
+  constexpr std::uint64_t far = std::uint64_t{1} << 63;
+  {
+    auto opt = small_tree(3, 2);
+    opt.attempt_window = 16;
+    auto tree = make_inproc_relay_tree(opt);
+    raw_sender s(*tree, 0);
+    CHECK(s.payload(5, 0, 0) == frame_kind::payload_ack);
+    CHECK(s.payload(far, 0, 0) == frame_kind::reject); // would fence 5 and every real attempt
+    CHECK(s.done(far, 1, 0) == frame_kind::reject);
+    CHECK(s.done(5 + 17, 1, 0) == frame_kind::reject); // just past the window
+    {
+      // An abort from far ahead is ignored, not taken as a newer attempt's failure.
+      std::shared_ptr<frame_conn> c;
+      REQUIRE(tree->network().dial(0, c).ok());
+      REQUIRE(c->write({frame_kind::abort, far, 0, static_cast<std::uint32_t>(errc::aborted), 0},
+                       {}, std::chrono::milliseconds(2000))
+                  .ok());
+      c->close();
+    }
+    CHECK(tree->node(0).current_attempt() == 5);
+    CHECK(s.done(5, 0, 1) == frame_kind::done_ack);
+    collected c;
+    REQUIRE(c.run(*tree, 5, 2, {0}).ok()); // the real attempt is whole
+    CHECK(c.names == std::vector<std::string>{payload_name(5, 0, 0)});
+    CHECK(tree->node(0).counters().out_of_window >= 3);
+    // Inside the window an attempt still replaces the current one.
+    CHECK(s.payload(5 + 16, 0, 0) == frame_kind::payload_ack);
+    CHECK(tree->node(0).current_attempt() == 5 + 16);
+  }
+  {
+    // Keyed: every link proved the job key, so its attempt ids are taken.
+    auto opt = small_tree(3, 2);
+    opt.attempt_window = 16;
+    REQUIRE(seal_key::make(std::string_view("relay-test-job-key-0123456789"), opt.key).ok());
+    auto tree = make_inproc_relay_tree(opt);
+    raw_sender s(*tree, 0);
+    CHECK(s.done(5, 0, 0) == frame_kind::done_ack);
+    CHECK(s.done(far, 0, 0) == frame_kind::done_ack);
+    CHECK(tree->node(0).current_attempt() == far);
+  }
 }
 
 TEST_CASE("relay node: an owner_done that disagrees with what arrived, or a lost upstream, fails "

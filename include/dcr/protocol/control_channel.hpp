@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "dcr/core/error.hpp"
+#include "dcr/net/admission.hpp"
 #include "dcr/net/framed_socket.hpp"
 #include "dcr/net/peer_address.hpp"
 #include "dcr/protocol/control_frame.hpp"
@@ -78,12 +79,17 @@ struct channel_options {
   /// Keyed: the largest frame body read before the key exchange is done
   /// (a hello carries 16 bytes, an error reply a message): what a peer
   /// without the key can make this end allocate.
-  std::uint64_t max_unauthenticated_body = 4096;
+  std::uint64_t max_unauthenticated_body = net::max_unauthenticated_bytes;
   /// Keyed server: a connection that has not finished the key exchange
   /// this long after it was accepted is dropped.
-  std::chrono::milliseconds hello_timeout{10000};
+  std::chrono::milliseconds hello_timeout = net::default_hello_timeout;
   /// Server: connections served at once; one more is closed on accept.
-  std::size_t max_connections = 256;
+  std::size_t max_connections = net::default_max_connections;
+  /// Unkeyed server: a call whose attempt lies more than this past the
+  /// newest attempt the server has taken is refused (`invalid_argument`)
+  /// before its handler runs, so it fences nothing (net/admission.hpp).
+  /// Keyed callers proved the job key and are not limited.
+  std::uint64_t attempt_window = net::default_attempt_window;
 };
 
 /// 16 fresh random bytes: one side's nonce of a keyed connection.
@@ -230,8 +236,11 @@ inline status dial_control(const peer_address& peer, const channel_options& opt,
   auto sock = std::make_unique<control_socket>(fd, opt); // owns fd from here
   DCR_TRY(net::connect_within(fd, a, opt.connect_timeout, who));
   if (!opt.key.empty()) {
-    // Nonces first (see control_frame.hpp); a server without the key answers
-    // with its refusal, which is returned as it came.
+    // Nonces first (see control_frame.hpp). A server without the key
+    // answers with a refusal it cannot tag, so anyone on the path could have
+    // written it: its code is not believed (a forged `fenced` or `not_found`
+    // must not steer the coordinator). It fails the dial as an
+    // unauthenticated refusal, `errc::verification`, quoting what it said.
     const auto mine = new_control_nonce();
     DCR_TRY(sock->send(control_type::auth_hello, 0, std::as_bytes(std::span(mine))));
     control_frame f;
@@ -239,7 +248,13 @@ inline status dial_control(const peer_address& peer, const channel_options& opt,
     if (auto s = sock->receive(f, std::chrono::steady_clock::now() + opt.liveness, timed_out); !s)
       return fail(s.code == errc::unavailable ? errc::unavailable : s.code,
                   who + ": key exchange: " + s.message);
-    if (f.type == control_type::reply_err) return decode_error_reply(f.body, who);
+    if (f.type == control_type::reply_err) {
+      const auto said = decode_error_reply(f.body, who);
+      return fail(errc::verification,
+                  who +
+                      ": key exchange refused by an unauthenticated reply (not trusted; it said " +
+                      std::string(to_string(said.code)) + ": " + said.message + ")");
+    }
     DCR_RETURN_ERROR_IF(f.type != control_type::auth_hello || f.body.size() != control_nonce_size,
                         verification, who + ": the server did not answer the key exchange");
     control_nonce theirs{};
@@ -342,7 +357,8 @@ public:
   using handler =
       std::function<status(const control_frame&, const std::atomic<bool>&, body_writer&)>;
 
-  control_server(handler h, channel_options opt = {}) : h_(std::move(h)), opt_(opt) {}
+  control_server(handler h, channel_options opt = {})
+      : h_(std::move(h)), opt_(opt), attempts_(opt.attempt_window) {}
   control_server(const control_server&) = delete;
   control_server& operator=(const control_server&) = delete;
   ~control_server() { shutdown(); }
@@ -484,6 +500,11 @@ private:
                                                           "frame where a call was due")));
         return;
       }
+      // Checked before the handler runs, so a refused id fences nothing.
+      if (auto w = attempts_.admit(call.attempt, sock.authenticated(), "control server"); !w) {
+        if (!sock.send(control_type::reply_err, call.attempt, error_body(w))) return;
+        continue;
+      }
       std::atomic<bool> stop{false}, done{false};
       status result = status::success();
       body_writer out;
@@ -539,6 +560,7 @@ private:
 
   handler h_;
   channel_options opt_;
+  net::attempt_window attempts_; ///< newest attempt taken, on any connection
   int lfd_ = -1;
   unsigned short port_ = 0;
   std::thread acceptor_;

@@ -16,12 +16,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
+#include "dcr/core/hash.hpp"
 #include "dcr/net/frame_preamble.hpp"
 
 namespace dcr::transport {
@@ -126,6 +128,39 @@ inline status decode_frame(std::span<const std::byte> b, std::uint64_t max_body,
   out.header = h;
   out.body.assign(b.begin() + frame_header_size, b.end());
   return status::success();
+}
+
+/// What the tags of one keyed link bind (transport/relay_tcp.hpp): the job
+/// key and both ends' nonces.
+struct relay_link_mac {
+  seal_key key;
+  std::array<std::uint8_t, 16> client_nonce{}, server_nonce{};
+};
+
+/// Keyed BLAKE2b-128 over `label`, `direction` (0: dialler → acceptor), both
+/// nonces, `seq` and the frame's header and body bytes. `label` is "DCRL"
+/// for a frame's tag and "DCRP" for a key-exchange proof, so no frame's tag
+/// can be taken for a proof.
+inline digest128 relay_link_tag(const relay_link_mac& m, std::uint8_t direction, std::uint64_t seq,
+                                std::span<const std::byte> hdr, std::span<const std::byte> body,
+                                const char* label = "DCRL") {
+  std::byte pre[4 + 1 + 32 + 8];
+  std::memcpy(pre, label, 4);
+  pre[4] = static_cast<std::byte>(direction);
+  std::memcpy(pre + 5, m.client_nonce.data(), 16);
+  std::memcpy(pre + 21, m.server_nonce.data(), 16);
+  store_le(pre + 37, seq);
+  blake2b_128 h{m.key};
+  h.update(pre);
+  h.update(hdr);
+  h.update(body);
+  return h.final();
+}
+
+/// One end's proof of the key in the key exchange (`direction` its sending
+/// direction).
+inline digest128 relay_link_proof(const relay_link_mac& m, std::uint8_t direction) {
+  return relay_link_tag(m, direction, 0, {}, {}, "DCRP");
 }
 
 /// One bidirectional frame connection (an in-process pipe or a TCP socket).

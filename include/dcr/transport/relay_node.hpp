@@ -24,6 +24,7 @@
 
 #include "dcr/codec/payload_format.hpp"
 #include "dcr/core/error.hpp"
+#include "dcr/net/admission.hpp"
 #include "dcr/pipeline/bounded_queue.hpp"
 #include "dcr/transport/attempt_objects.hpp"
 #include "dcr/transport/attempt_transport.hpp"
@@ -51,6 +52,13 @@ struct relay_options {
   /// checks each payload's digest before it forwards or queues it, so a
   /// payload from a peer without the key is refused and that link dropped.
   seal_key key{};
+  /// Unkeyed tree: a frame whose attempt lies more than this past the
+  /// node's current attempt is rejected without moving the node to it
+  /// (net/admission.hpp: anyone who reaches an unkeyed port could send
+  /// 2^63 and fence every real attempt). With a key every link proved it
+  /// (transport/relay_tcp.hpp) and any id is taken. The local readers'
+  /// attempts come from the coordinator and are taken whatever they are.
+  std::uint64_t attempt_window = net::default_attempt_window;
   /// Test hook: owners send every payload frame twice.
   bool duplicate_payloads = false;
   /// Test hook: called by an owner's `finish()` before it sends owner_done.
@@ -59,12 +67,13 @@ struct relay_options {
 
 /// What a node counted (all attempts).
 struct relay_counters {
-  std::uint64_t payloads = 0;   ///< distinct payloads queued
-  std::uint64_t duplicates = 0; ///< frames seen before (same bytes), acknowledged and dropped
-  std::uint64_t stale = 0;      ///< frames of a replaced attempt, rejected
-  std::uint64_t rejected = 0;   ///< frames of a failed attempt, rejected
-  std::uint64_t forwarded = 0;  ///< frames sent to children
-  std::uint64_t failures = 0;   ///< attempts this node failed
+  std::uint64_t payloads = 0;      ///< distinct payloads queued
+  std::uint64_t duplicates = 0;    ///< frames seen before (same bytes), acknowledged and dropped
+  std::uint64_t stale = 0;         ///< frames of a replaced attempt, rejected
+  std::uint64_t rejected = 0;      ///< frames of a failed attempt, rejected
+  std::uint64_t forwarded = 0;     ///< frames sent to children
+  std::uint64_t failures = 0;      ///< attempts this node failed
+  std::uint64_t out_of_window = 0; ///< frames too far ahead of the current attempt, rejected
 };
 
 /// One rollout node: intake from upstream connections (parent, or owners at
@@ -260,7 +269,15 @@ private:
     abort_for_ = cur_->id;
   }
 
-  enum class reply { none, ack, reject };
+  /// `ahead`: rejected as too far past the current attempt (nothing moved).
+  enum class reply { none, ack, reject, ahead };
+
+  /// Whether an upstream frame of `attempt` may move this node to it
+  /// (`relay_options::attempt_window`).
+  bool in_window_locked(std::uint64_t attempt) const {
+    return !opt_.key.empty() ||
+           net::check_attempt_window(cur_->id, attempt, opt_.attempt_window, "relay node").ok();
+  }
 
   /// Fence, dedupe and account one frame; false = do not queue it.
   /// `digest`: a payload frame's verified header digest.
@@ -271,6 +288,10 @@ private:
     if (h.attempt < cur_->id) {
       ++c_.stale;
       return reply::reject;
+    }
+    if (!in_window_locked(h.attempt)) {
+      ++c_.out_of_window;
+      return reply::ahead;
     }
     if (h.attempt > cur_->id) begin_locked(h.attempt);
     if (!cur_->failed) {
@@ -341,17 +362,14 @@ private:
             pid.owner != h.owner || pid.sequence != h.sequence)
           break; // header and payload disagree: nothing on this link can be trusted
       }
-      if (h.attempt != attempt) {
-        if (h.attempt < attempt) {
-          // an older attempt on the same link: rejected by admit below
-        } else {
-          attempt = h.attempt;
-          pending.clear();
-        }
-      }
       bool queue_it = false;
       const auto r = admit(f, ph.digest, queue_it);
-      if (h.attempt == attempt) {
+      // A frame too far ahead says nothing about this link's attempt.
+      if (r != reply::ahead && h.attempt > attempt) {
+        attempt = h.attempt; // an older attempt's frame was rejected by admit
+        pending.clear();
+      }
+      if (r != reply::ahead && h.attempt == attempt) {
         if (h.kind == frame_kind::payload)
           pending.insert(h.owner);
         else
@@ -360,9 +378,9 @@ private:
       if (queue_it && !staging_.push(std::make_shared<const frame>(std::move(f)))) break;
       frame_header a = h;
       a.length = 0;
-      a.kind = r == reply::reject              ? frame_kind::reject
-               : h.kind == frame_kind::payload ? frame_kind::payload_ack
-                                               : frame_kind::done_ack;
+      a.kind = r == reply::reject || r == reply::ahead ? frame_kind::reject
+               : h.kind == frame_kind::payload         ? frame_kind::payload_ack
+                                                       : frame_kind::done_ack;
       if (!conn.write(a, {}, opt_.io_timeout)) break;
     }
     conn.close();
@@ -378,6 +396,10 @@ private:
   void on_abort(const frame_header& h) {
     std::lock_guard l(m_);
     if (h.attempt < cur_->id) return;
+    if (!in_window_locked(h.attempt)) {
+      ++c_.out_of_window;
+      return;
+    }
     if (h.attempt > cur_->id) begin_locked(h.attempt);
     auto code = static_cast<errc>(h.sequence);
     if (h.sequence == 0 || h.sequence > static_cast<std::uint32_t>(errc::unavailable))

@@ -41,6 +41,7 @@
 #include "dcr/core/endian.hpp"
 #include "dcr/core/error.hpp"
 #include "dcr/core/hash.hpp"
+#include "dcr/net/admission.hpp"
 #include "dcr/net/framed_socket.hpp"
 #include "dcr/transport/relay_frame.hpp"
 #include "dcr/transport/relay_tree.hpp"
@@ -67,10 +68,22 @@ public:
   tcp_frame_conn& operator=(const tcp_frame_conn&) = delete;
 
   /// Keyed link, dialling end: right after connecting (before any other
-  /// use), exchange nonces with the accepting end (`accept_key`). From then
-  /// on every frame each way is followed by a 16-byte keyed BLAKE2b-128 tag
-  /// over "DCRL", the direction, both nonces, the frame's sequence number in
-  /// its direction and the frame; a frame whose tag fails is
+  /// use), run the key exchange with the accepting end (`accept_key`):
+  /// ```
+  /// dialler  → "DCRA" + 16-byte nonce c
+  /// acceptor → "DCRA" + 16-byte nonce s, then its proof: tag("DCRP", 1, c, s)
+  /// dialler  → its proof: tag("DCRP", 0, c, s)
+  /// ```
+  /// (a tag is keyed BLAKE2b-128 over the label, the direction, both nonces
+  /// and, for a frame, its sequence number and bytes). Each end checks the
+  /// other's proof before it reads anything else, so a peer without the key
+  /// gets 36 bytes read from it, never a frame header: its announced length
+  /// allocates nothing (net/admission.hpp). An acceptor that answers without
+  /// a valid proof (no key, another key, or anyone else on the path) fails
+  /// the dial with `errc::verification`; nothing it sent is believed. From
+  /// then on every frame each way is followed by its 16-byte tag over
+  /// "DCRL", the direction, both nonces, the frame's sequence number in its
+  /// direction and the frame; a frame whose tag fails is
   /// `errc::verification` (a peer without the key, a modified, replayed or
   /// reordered frame). An empty key does nothing (an unauthenticated link).
   status dial_key(const seal_key& key, std::chrono::milliseconds timeout) {
@@ -78,23 +91,38 @@ public:
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     auto hello = make_hello();
     DCR_TRY(io(hello.data(), hello.size(), true, deadline));
-    std::array<std::byte, 20> theirs;
+    std::array<std::byte, hello_size + proof_size> theirs;
     DCR_TRY(io(theirs.data(), theirs.size(), false, deadline));
     DCR_RETURN_ERROR_IF(std::memcmp(theirs.data(), "DCRA", 4) != 0, verification,
                         "relay link: the peer did not answer the key exchange (no job key?)");
+    key_ = key;
     std::memcpy(client_nonce_.data(), hello.data() + 4, 16);
     std::memcpy(server_nonce_.data(), theirs.data() + 4, 16);
-    key_ = key;
+    DCR_RETURN_ERROR_IF(!proof_matches(1, std::span(theirs).subspan(hello_size)), verification,
+                        "relay link: the accepting end did not prove the job key (no key, "
+                        "another key, or not the node dialled)");
+    auto mine = proof(0);
+    DCR_TRY(io(reinterpret_cast<std::byte*>(mine.data()), mine.size(), true, deadline));
     client_ = true;
     keyed_ = true;
     return status::success();
   }
-  /// Keyed link, accepting end: the first read takes the dialling end's
-  /// nonce (anything else is `errc::verification`) and answers with its own.
-  /// Call before the connection is used.
-  void accept_key(const seal_key& key) {
+  /// Keyed link, accepting end: the first read runs the key exchange
+  /// (`dial_key`): anything but a hello and a valid proof within
+  /// `hello_timeout` of this call is `errc::verification` (`unavailable`
+  /// when the peer sends too little in time). Call before the connection is
+  /// used, when it is accepted.
+  void accept_key(const seal_key& key,
+                  std::chrono::milliseconds hello_timeout = net::default_hello_timeout) {
     key_ = key;
     accept_pending_ = !key.empty();
+    hello_by_ = std::chrono::steady_clock::now() + hello_timeout;
+  }
+  /// This connection holds a place under its listener's cap until it is
+  /// closed or destroyed.
+  void hold(net::connection_slots::ticket t) {
+    std::lock_guard l(ticket_m_);
+    ticket_ = std::move(t);
   }
 
   status write(const frame_header& h, std::span<const std::byte> body,
@@ -109,22 +137,7 @@ public:
     return io(reinterpret_cast<std::byte*>(t.data()), t.size(), true, deadline);
   }
   status read(frame& out) override {
-    if (accept_pending_) {
-      std::array<std::byte, 20> theirs;
-      DCR_TRY(
-          io(theirs.data(), theirs.size(), false, std::chrono::steady_clock::time_point::max()));
-      DCR_RETURN_ERROR_IF(std::memcmp(theirs.data(), "DCRA", 4) != 0, verification,
-                          "relay link: this node requires the job key; the peer did not "
-                          "authenticate");
-      std::lock_guard l(wm_);
-      auto hello = make_hello();
-      DCR_TRY(
-          io(hello.data(), hello.size(), true, std::chrono::steady_clock::now() + body_timeout_));
-      std::memcpy(client_nonce_.data(), theirs.data() + 4, 16);
-      std::memcpy(server_nonce_.data(), hello.data() + 4, 16);
-      accept_pending_ = false;
-      keyed_ = true;
-    }
+    if (accept_pending_) DCR_TRY(accept_exchange());
     std::array<std::byte, frame_header_size> hdr;
     DCR_TRY(io(hdr.data(), hdr.size(), false, std::chrono::steady_clock::time_point::max()));
     frame_header h;
@@ -154,9 +167,50 @@ public:
   void observe_reads(read_observer f) { observer_ = std::move(f); }
   /// `shutdown(2)` is safe while other threads poll the socket and wakes them;
   /// the descriptor itself is closed only by the destructor.
-  void close() override { sock_.shutdown(); }
+  void close() override {
+    sock_.shutdown();
+    std::lock_guard l(ticket_m_);
+    ticket_.release();
+  }
+
+  static constexpr std::size_t hello_size = 20, proof_size = 16;
 
 private:
+  /// The accepting end of the key exchange (`dial_key`); reads exactly the
+  /// hello and the proof, by `hello_by_`.
+  status accept_exchange() {
+    std::array<std::byte, hello_size> theirs;
+    DCR_TRY(io(theirs.data(), theirs.size(), false, hello_by_));
+    DCR_RETURN_ERROR_IF(std::memcmp(theirs.data(), "DCRA", 4) != 0, verification,
+                        "relay link: this node requires the job key; the peer did not "
+                        "authenticate");
+    {
+      std::lock_guard l(wm_);
+      auto hello = make_hello();
+      std::memcpy(client_nonce_.data(), theirs.data() + 4, 16);
+      std::memcpy(server_nonce_.data(), hello.data() + 4, 16);
+      std::array<std::byte, hello_size + proof_size> out;
+      std::memcpy(out.data(), hello.data(), hello_size);
+      const auto mine = proof(1);
+      std::memcpy(out.data() + hello_size, mine.data(), proof_size);
+      DCR_TRY(io(out.data(), out.size(), true,
+                 std::min(hello_by_, std::chrono::steady_clock::now() + body_timeout_)));
+    }
+    std::array<std::byte, proof_size> their_proof;
+    DCR_TRY(io(their_proof.data(), their_proof.size(), false, hello_by_));
+    DCR_RETURN_ERROR_IF(!proof_matches(0, their_proof), verification,
+                        "relay link: the peer did not prove the job key (no key or another key)");
+    accept_pending_ = false;
+    keyed_ = true;
+    return status::success();
+  }
+  digest128 proof(std::uint8_t direction) const { return relay_link_proof(link_mac(), direction); }
+  bool proof_matches(std::uint8_t direction, std::span<const std::byte> got) const {
+    digest128 g{};
+    std::memcpy(g.data(), got.data(), g.size());
+    return same_digest(g, proof(direction));
+  }
+
   std::array<std::byte, 20> make_hello() const {
     std::array<std::byte, 20> h;
     std::memcpy(h.data(), "DCRA", 4);
@@ -166,18 +220,9 @@ private:
   }
   digest128 tag(std::uint8_t direction, std::uint64_t seq, std::span<const std::byte> hdr,
                 std::span<const std::byte> body) const {
-    std::byte pre[4 + 1 + 32 + 8];
-    std::memcpy(pre, "DCRL", 4);
-    pre[4] = static_cast<std::byte>(direction);
-    std::memcpy(pre + 5, client_nonce_.data(), 16);
-    std::memcpy(pre + 21, server_nonce_.data(), 16);
-    store_le(pre + 37, seq);
-    blake2b_128 h{key_};
-    h.update(pre);
-    h.update(hdr);
-    h.update(body);
-    return h.final();
+    return relay_link_tag(link_mac(), direction, seq, hdr, body);
   }
+  relay_link_mac link_mac() const { return {key_, client_nonce_, server_nonce_}; }
 
   status io(std::byte* p, std::size_t n, bool out, std::chrono::steady_clock::time_point deadline) {
     return out ? sock_.send_all(p, n, deadline) : sock_.receive_all(p, n, deadline);
@@ -195,6 +240,9 @@ private:
   bool client_ = false, keyed_ = false, accept_pending_ = false;
   std::array<std::uint8_t, 16> client_nonce_{}, server_nonce_{};
   std::uint64_t send_seq_ = 0, recv_seq_ = 0;
+  std::chrono::steady_clock::time_point hello_by_ = std::chrono::steady_clock::time_point::max();
+  std::mutex ticket_m_;
+  net::connection_slots::ticket ticket_;
 };
 
 /// Limits of TCP relay links.
@@ -205,22 +253,37 @@ struct tcp_link_options {
   /// Job key (empty: unauthenticated links, for loopback only): every link
   /// exchanges nonces and tags every frame (`tcp_frame_conn::dial_key`).
   seal_key key{};
+  /// Keyed listener: an accepted link that has not finished the key
+  /// exchange this long after it was accepted is dropped.
+  std::chrono::milliseconds hello_timeout = net::default_hello_timeout;
+  /// Accepted links served at once by one listener (each is a thread at the
+  /// node); one more is closed on accept, before anything of it is read.
+  std::size_t max_connections = net::default_max_connections;
 };
 
 /// Accepts relay connections on listening socket `lfd` until `stop`: each
 /// a `tcp_frame_conn` under `opt`'s limits, expecting the job key's hello
-/// (a peer without it fails its first read), observed by `observe` if set,
-/// handed to `take`. Polls in 50 ms slices, so `stop` ends it promptly.
+/// within `opt.hello_timeout` (a peer without the key fails its first
+/// read), observed by `observe` if set, handed to `take`. Past
+/// `opt.max_connections` links still open, a new one is closed at once.
+/// Polls in 50 ms slices, so `stop` ends it promptly.
 template <class Take>
 void accept_relay_links(int lfd, const std::atomic<bool>& stop, const tcp_link_options& opt,
                         const tcp_frame_conn::read_observer& observe, Take&& take) {
+  net::connection_slots slots(opt.max_connections);
   while (!stop) {
     pollfd pf{lfd, POLLIN, 0};
     if (::poll(&pf, 1, 50) <= 0) continue;
     const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue; // the peer gave up, or a transient error: keep listening
+    net::connection_slots::ticket place;
+    if (!slots.try_take(place)) {
+      ::close(fd); // over the cap: nothing of it is read
+      continue;
+    }
     auto conn = std::make_shared<tcp_frame_conn>(fd, opt.max_body, opt.body_timeout);
-    conn->accept_key(opt.key);
+    conn->hold(std::move(place));
+    conn->accept_key(opt.key, opt.hello_timeout);
     if (observe) conn->observe_reads(observe);
     take(std::move(conn));
   }
