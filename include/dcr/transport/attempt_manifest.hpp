@@ -85,6 +85,21 @@ inline std::string index_name(std::uint64_t attempt, std::uint32_t owner, std::u
   return attempt_prefix(attempt) + "index/o" + detail::pad(owner, 10) + "-s" + detail::pad(seq, 10);
 }
 
+/// Whether attempt writers put an index object beside each payload on
+/// `store` (its own `index_objects()` where it has one, else true). Only
+/// filtered readers read them; where every reader fetches every payload,
+/// leaving them out saves a PUT per payload. A filtered reader on a store
+/// without them fetches an owner's payloads once its manifest is in.
+template <class Store>
+bool index_objects_of(const Store& store) {
+  if constexpr (requires {
+                  { store.index_objects() } -> std::convertible_to<bool>;
+                })
+    return store.index_objects();
+  else
+    return true;
+}
+
 /// How many requests attempt writers and readers keep in flight on `store`
 /// (its own `requests_in_flight()` where it has one, else 1: one at a time,
 /// on the caller's thread, which is all a store that is not thread-safe
@@ -170,6 +185,7 @@ public:
   }
   { return std::chrono::microseconds(store_->list_poll_max()); }
   std::size_t requests_in_flight() const { return requests_in_flight_of(*store_); }
+  bool index_objects() const { return index_objects_of(*store_); }
 
 private:
   Store* store_;

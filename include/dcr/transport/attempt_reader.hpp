@@ -132,7 +132,6 @@ public:
   status run(Deliver&& deliver, const std::atomic<bool>& stop,
              std::chrono::steady_clock::time_point deadline) {
     const auto manifests = attempt_prefix(attempt_) + "manifest/";
-    std::vector<std::string> names;
     std::vector<std::byte> bytes;
     // GETs in flight report here; the window is declared after what its
     // jobs touch, so it is destroyed (and waits for them) first.
@@ -170,29 +169,54 @@ public:
       bool progress = false;
       ++polls_;
       // What is durable of each owner whose manifest has not come: one
-      // listing per such owner, of the names after the last one seen.
-      for (auto o : owners_) {
-        if (manifests_.count(manifest_name(attempt_, o))) continue;
-        auto& last = last_seen_[o];
-        ++listings_;
-        DCR_TRY(list_names_after(*store_, need_ ? owner_index_prefix(o) : owner_payload_prefix(o),
-                                 last, names));
-        for (auto& n : names) {
-          last = n;
+      // listing per such owner, of the names after the last one seen, and
+      // one of the manifests. On S3 each listing costs a round trip, so
+      // they run at once (up to the window), not one after the other.
+      std::vector<std::uint32_t> pending;
+      for (auto o : owners_)
+        if (!manifests_.count(manifest_name(attempt_, o))) pending.push_back(o);
+      std::vector<std::vector<std::string>> listed_names(pending.size() + 1);
+      std::vector<status> listed_st(pending.size() + 1, status::success());
+      {
+        request_window lists(window_);
+        for (std::size_t k = 0; k < pending.size(); ++k) {
+          const auto o = pending[k];
+          lists.submit([&, k, o, prefix = need_ ? owner_index_prefix(o) : owner_payload_prefix(o),
+                        after = last_seen_[o]] {
+            listed_st[k] = list_names_after(*store_, prefix, after, listed_names[k]);
+          });
+        }
+        lists.submit([&] { listed_st.back() = store_->list(manifests, listed_names.back()); });
+      }
+      listings_ += pending.size() + 1;
+      for (std::size_t k = 0; k < pending.size(); ++k) {
+        DCR_TRY(listed_st[k]);
+        for (auto& n : listed_names[k]) {
+          last_seen_[pending[k]] = n;
           want(n, bool(need_));
         }
       }
-      ++listings_;
-      DCR_TRY(store_->list(manifests, names));
-      for (auto& n : names) {
-        if (manifests_.count(n)) continue;
-        DCR_TRY(store_->get(n, bytes));
+      DCR_TRY(listed_st.back());
+      // The new manifests, read at once as well.
+      std::vector<std::string> fresh;
+      for (auto& n : listed_names.back())
+        if (!manifests_.count(n)) fresh.push_back(n);
+      std::vector<std::vector<std::byte>> texts(fresh.size());
+      std::vector<status> read_st(fresh.size(), status::success());
+      {
+        request_window reads(window_);
+        for (std::size_t k = 0; k < fresh.size(); ++k)
+          reads.submit([&, k] { read_st[k] = store_->get(fresh[k], texts[k]); });
+      }
+      for (std::size_t k = 0; k < fresh.size(); ++k) {
+        const auto& n = fresh[k];
+        DCR_TRY(read_st[k]);
         manifest mf;
         DCR_TRY(parse_manifest(
-            std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), mf,
+            std::string_view(reinterpret_cast<const char*>(texts[k].data()), texts[k].size()), mf,
             seal_key_of(*store_)));
         DCR_TRY(check_manifest(n, mf));
-        read_digests_[mf.owner] = digest(bytes);
+        read_digests_[mf.owner] = digest(texts[k]);
         for (auto& e : mf.payloads) {
           if (!needed(e)) continue;
           if (auto h = held_.find(e.name); h != held_.end())

@@ -94,11 +94,12 @@ private:
         serialize_manifest({m_.incarnation, m_.attempt, m_.owner, {e}}, seal_key_of(*store_));
     // The uploads capture no `this`: a writer may be moved while they run.
     auto upload = [store = store_, failed = failed_, iname = index_name(m_.attempt, m_.owner, seq),
-                   index](const std::string& name, std::span<const std::byte> b) {
+                   index, with_index = index_objects_of(*store_)](const std::string& name,
+                                                                  std::span<const std::byte> b) {
       auto s = store->put(name, b);
       // Written only once the payload is durable: a reader that sees it
       // finds the payload.
-      if (s) s = store->put(iname, std::as_bytes(std::span(index)));
+      if (s && with_index) s = store->put(iname, std::as_bytes(std::span(index)));
       if (!s) failed->set(std::move(s));
     };
     if (window_->capacity() == 1) {
