@@ -27,7 +27,8 @@
 // checks every receiver against a dense load (--verify no skips it). Options
 // (after --quick/--json/--markdown): --size S, --change-pct P,P,...,
 // --transports object_store,relay_tree, --fetch all,indexed, --chunk-bytes N
-// and --bucket-bytes N (the owners' targets, job flags), --verify yes|no,
+// and --bucket-bytes N (the owners' targets, job flags), --requests-in-flight N
+// (object store requests per owner and node at once, a job flag), --verify yes|no,
 // --bin DIR, --svg FILE, --workdir DIR, --port BASE, --relay-fanout K,
 // --chunk-mb M and --size-mb M (the reference's objects and size).
 // --self-test checks the timeline analysis on a made-up timeline (no testbed).
@@ -595,6 +596,7 @@ std::string tail_of(const std::string& path) {
 struct refit_setup {
   std::string bin, size, work, etcd;
   std::string chunk_bytes, bucket_bytes; ///< the owners' targets (job flags; "" = their default)
+  std::string in_flight; ///< --requests-in-flight of the object store (job flag; "" = default)
   unsigned fanout = 2;
   int port = 0;
   bool verify = true;
@@ -651,6 +653,7 @@ refit_row run_refit(const testbed& tb, const refit_setup& rs, const std::string&
   if (fetch_mode == "all") job.insert(job.end(), {"--fetch-all", "--bucket-payloads"});
   if (!rs.chunk_bytes.empty()) job.insert(job.end(), {"--chunk-bytes", rs.chunk_bytes});
   if (!rs.bucket_bytes.empty()) job.insert(job.end(), {"--bucket-bytes", rs.bucket_bytes});
+  if (!rs.in_flight.empty()) job.insert(job.end(), {"--requests-in-flight", rs.in_flight});
   if (transport != "object_store") {
     std::string relays;
     for (std::size_t j = 0; j < n_roll; ++j)
@@ -876,6 +879,7 @@ int main(int argc, char** argv) {
   rs.size = size;
   if (flags.count("chunk-bytes")) rs.chunk_bytes = flags["chunk-bytes"];
   if (flags.count("bucket-bytes")) rs.bucket_bytes = flags["bucket-bytes"];
+  if (flags.count("requests-in-flight")) rs.in_flight = flags["requests-in-flight"];
   if (flags.count("verify")) {
     if (flags["verify"] != "yes" && flags["verify"] != "no") die("--verify: yes or no");
     rs.verify = flags["verify"] == "yes";

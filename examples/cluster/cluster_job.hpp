@@ -70,6 +70,9 @@ struct job_flags {
   /// Rollout nodes fetch every listed payload instead of only those the
   /// manifest index says their receivers need (object store only).
   bool fetch_all = false;
+  /// Object store requests each owner and node keeps in flight; 0: the
+  /// store's default (s3_options::requests_in_flight, fs_object_store's).
+  std::size_t requests_in_flight = 0;
   /// Owners' chunk and bucket targets in bytes (builder_options); 0: scaled
   /// to the owner's share (job_builder_options).
   std::uint64_t chunk_bytes = 0, bucket_bytes = 0;
@@ -158,6 +161,8 @@ inline const char* job_usage =
     "  --relay-fanout K         relay_tree: k-ary tree over the nodes, root node 0 (default 2)\n"
     "  --fetch-all              object_store: nodes fetch every payload, not only those the\n"
     "                           manifest index says their receivers need\n"
+    "  --requests-in-flight N   object_store: GETs per node and PUTs per owner at once\n"
+    "                           (default: the store's, 8 for S3, 4 for the fs store)\n"
     "  --bucket-payloads        owners send one payload per bucket, experts not split out\n"
     "  --bucket-bytes N[KB|MB|GB|KiB|MiB|GiB]   owners' bucket target (default: an eighth\n"
     "                           of the owner's shard bytes, 1 MiB to 512 MiB)\n"
@@ -248,7 +253,13 @@ inline bool parse_job_flag(job_flags& f, int& i, int argc, char** argv) {
     f.s3_region = value();
   else if (a == "--fetch-all")
     f.fetch_all = true;
-  else if (a == "--job-key")
+  else if (a == "--requests-in-flight") {
+    const auto v = value();
+    if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(v) == 0)
+      throw error(errc::invalid_argument, "--requests-in-flight " + v + ": expected 1..9999");
+    f.requests_in_flight = std::stoul(v);
+  } else if (a == "--job-key")
     f.key = read_job_key(value());
   else if (a == "--insecure")
     f.insecure = true;
@@ -536,7 +547,8 @@ static_assert(protocol::commit_store<job_commit_store>);
 /// The job's object store: the fs store in DIR/objects, or an S3 bucket.
 class job_object_store {
 public:
-  explicit job_object_store(const job& j) : key_(j.flags.key) {
+  explicit job_object_store(const job& j)
+      : key_(j.flags.key), in_flight_(j.flags.requests_in_flight) {
     if (j.flags.s3.empty()) {
       fs_ = std::make_unique<transport::fs_object_store>(j.objects_dir());
       return;
@@ -583,6 +595,20 @@ public:
   status remove(std::string_view n) {
     return visit([&](auto& s) { return s.remove(n); });
   }
+  /// S3's start-after where the store is S3: a waiting node lists only the
+  /// names published since its last poll.
+  status list_after(std::string_view p, std::string_view after, std::vector<std::string>& names) {
+    return visit([&](auto& s) { return transport::list_names_after(s, p, after, names); });
+  }
+  /// Requests writers and readers keep in flight (`--requests-in-flight`,
+  /// else the store's own default).
+  std::size_t requests_in_flight() const {
+    if (in_flight_) return in_flight_;
+#if DCR_CLUSTER_NET
+    if (s3_) return s3_->requests_in_flight();
+#endif
+    return fs_->requests_in_flight();
+  }
   /// The job key: every incarnation scope over this store seals and
   /// requires its manifests with it (attempt_objects.hpp, `seal_key_of`).
   const dcr::seal_key& seal_key() const noexcept { return key_; }
@@ -603,6 +629,7 @@ private:
     return f(*fs_);
   }
   dcr::seal_key key_;
+  std::size_t in_flight_ = 0;
   std::unique_ptr<transport::fs_object_store> fs_;
 #if DCR_CLUSTER_NET
   std::unique_ptr<transport::s3_object_store> s3_;

@@ -72,6 +72,10 @@ struct owner_store {
   status remove(std::string_view name) { return inner->remove(name); }
   // Forwarded, or this owner's manifests would be sealed without the job key.
   const dcr::seal_key& seal_key() const noexcept { return inner->seal_key(); }
+  // Forwarded, or this owner would upload one payload at a time.
+  std::size_t requests_in_flight() const { return inner->requests_in_flight(); }
+  // With --fetch-all no node reads index objects: none is written.
+  bool index_objects() const { return !j->flags.fetch_all; }
 };
 
 } // namespace

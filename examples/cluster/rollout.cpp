@@ -294,6 +294,9 @@ int serve_node(const cluster::job& job, unsigned node, const protocol::peer_addr
   // By the manifest index, only the payloads of tensors these receivers
   // hold anything of (an expert-parallel node skips other nodes' experts).
   link.fetch_all(job.flags.fetch_all);
+  // The coordinator binds each manifest this node reads to the digest its
+  // owner reported writing, so the node need not read it twice.
+  link.recheck_manifests(false);
   const int rc = serve(link);
   const auto t = link.fetch_totals();
   std::cerr << who << ": fetch " << (job.flags.fetch_all ? "all" : "indexed") << ": fetched "

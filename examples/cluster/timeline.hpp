@@ -154,6 +154,8 @@ struct timed_store {
   // The job key manifests are sealed with: a wrapper that did not forward it
   // would make its scopes write and read unkeyed manifests.
   dcr::seal_key seal_key() const { return transport::seal_key_of(*inner); }
+  // Forwarded, or a node would fetch one payload at a time.
+  std::size_t requests_in_flight() const { return transport::requests_in_flight_of(*inner); }
 };
 
 } // namespace dcr::cluster::timeline

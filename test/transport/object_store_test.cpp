@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -359,7 +362,10 @@ TEST_CASE("filtered attempt reader: an object no manifest lists is never fetched
                   stop, std::chrono::steady_clock::now() + std::chrono::seconds(5))
               .ok());
   CHECK(got == std::vector<std::string>{payload_name(3, 0, 0)});
-  CHECK(reader.listings() == 1); // the manifests only: no payload listing at all
+  // The index objects and the manifests, once each: no payload listing at
+  // all, and the stray copy, which no index object names, is never fetched.
+  CHECK(reader.listings() == 2);
+  CHECK(reader.fetched_early() == 0);
 }
 
 TEST_CASE("filtered attempt reader: a payload that differs from its entry still fails the read") {
@@ -515,8 +521,8 @@ TEST_CASE("attempt writer and reader: every listed payload is delivered exactly 
   CHECK(got == sent);
 }
 
-TEST_CASE(
-    "attempt reader: overlaps with the writer, delivering payloads before the manifest exists") {
+TEST_CASE("attempt reader: overlaps with the writer, fetching payloads before the manifest "
+          "exists and delivering them only once it binds them") {
   memory_object_store s;
   std::atomic<int> delivered_before_manifest{0};
   std::atomic<bool> manifest_published{false};
@@ -540,7 +546,8 @@ TEST_CASE(
   writer.join();
   REQUIRE(st.ok());
   CHECK(reader.delivered() == 4);
-  CHECK(delivered_before_manifest >= 1);
+  CHECK(reader.fetched_early() >= 1);
+  CHECK(delivered_before_manifest == 0);
 }
 
 namespace {
@@ -675,7 +682,7 @@ TEST_CASE("attempt reader: start-after listings through an incarnation scope") {
   std::vector<std::string> names;
   REQUIRE(scoped.list_after("attempt/", payload_name(3, 1, 2), names).ok());
   CHECK(names == std::vector<std::string>{payload_name(3, 1, 3), payload_name(3, 1, 4)});
-  REQUIRE(scoped.list_after("attempt/", "", names).ok());
+  REQUIRE(scoped.list_after(attempt_prefix(3) + "payload/", "", names).ok());
   CHECK(names.size() == 5);
   REQUIRE(list_names_after(inner, "incarnation/",
                            "incarnation/" + std::string(32, 'a') + "/" + payload_name(3, 1, 3),
@@ -788,8 +795,241 @@ TEST_CASE("collect_attempts removes every object of attempts up to the committed
   REQUIRE(s.put("keep/me", bytes_of("k")).ok());
   std::size_t removed = 0;
   REQUIRE(collect_attempts(s, 3, &removed).ok());
-  CHECK(removed == 6);
+  CHECK(removed == 9); // per attempt: the payload, its index object, the manifest
   std::vector<std::string> names;
   REQUIRE(s.list("", names).ok());
-  CHECK(names == std::vector<std::string>{manifest_name(4, 0), payload_name(4, 0, 0), "keep/me"});
+  CHECK(names == std::vector<std::string>{index_name(4, 0, 0), manifest_name(4, 0),
+                                          payload_name(4, 0, 0), "keep/me"});
+}
+
+namespace {
+/// A thread-safe memory store that counts payload GETs and PUTs in flight.
+/// The first `target` concurrent payload requests wait for one another (up
+/// to 10 s), so a window of `target` is seen full however loaded the
+/// machine; afterwards requests pass at once. `peak` is the most payload
+/// requests ever in flight together.
+struct in_flight_store {
+  memory_object_store inner;
+  std::size_t target = 3, window = 0;
+  std::mutex m;
+  std::condition_variable cv;
+  std::size_t now = 0, peak = 0;
+  bool released = false;
+  std::atomic<std::size_t> payload_gets{0};
+
+  std::size_t requests_in_flight() const { return window; }
+  template <class F>
+  status counted(std::string_view n, F&& f) {
+    if (n.find("/payload/") == std::string_view::npos) return f();
+    {
+      std::unique_lock l(m);
+      peak = std::max(peak, ++now);
+      if (now >= target) released = true;
+      cv.notify_all();
+      cv.wait_for(l, std::chrono::seconds(10), [&] { return released; });
+    }
+    auto s = f();
+    std::lock_guard l(m);
+    --now;
+    return s;
+  }
+  status put(std::string_view n, std::span<const std::byte> b) {
+    return counted(n, [&] { return inner.put(n, b); });
+  }
+  status get(std::string_view n, std::vector<std::byte>& out) {
+    if (n.find("/payload/") != std::string_view::npos) ++payload_gets;
+    return counted(n, [&] { return inner.get(n, out); });
+  }
+  status list(std::string_view p, std::vector<std::string>& names) { return inner.list(p, names); }
+  status remove(std::string_view n) { return inner.remove(n); }
+};
+static_assert(object_store<in_flight_store>);
+
+/// Runs `reader` to completion on a thread; `got` collects what it delivered.
+struct reader_thread {
+  std::mutex m;
+  std::vector<std::pair<std::string, std::vector<std::byte>>> got;
+  std::atomic<bool> stop{false};
+  status st = status::success();
+  std::thread t;
+  template <class Reader>
+  explicit reader_thread(Reader& r) {
+    t = std::thread([this, &r] {
+      st = r.run(
+          [this](std::string_view n, std::span<const std::byte> b) {
+            std::lock_guard l(m);
+            got.emplace_back(std::string(n), std::vector(b.begin(), b.end()));
+            return status::success();
+          },
+          stop, std::chrono::steady_clock::now() + std::chrono::seconds(20));
+    });
+  }
+  std::size_t delivered() {
+    std::lock_guard l(m);
+    return got.size();
+  }
+  ~reader_thread() {
+    if (t.joinable()) t.join();
+  }
+};
+
+/// Waits (up to 20 s) until `cond` holds.
+template <class F>
+bool eventually(F&& cond) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+} // namespace
+
+TEST_CASE("early fetch: payloads durable before their manifest are fetched at once and "
+          "delivered only after the manifest binds them, bit for bit") {
+  for (const bool filtered : {false, true}) {
+    CAPTURE(filtered);
+    in_flight_store s;
+    s.target = 1;
+    attempt_writer w(s, 4, 0, 1);
+    const auto a = random_bytes(40, 1), b = random_bytes(50, 2), c = random_bytes(60, 3);
+    REQUIRE(w.put_payload(a, {"t.a"}).ok());
+    REQUIRE(w.put_payload(b, {"t.b"}).ok());
+    REQUIRE(w.put_payload(c, {"t.c"}).ok()); // not needed by the filtered reader
+    attempt_reader<in_flight_store> r(s, 4, {0});
+    if (filtered) r.need_only([](std::string_view t) { return t != "t.c"; });
+    reader_thread rt(r);
+    const std::size_t want = filtered ? 2 : 3;
+    // Both needed payloads are fetched while no manifest exists...
+    REQUIRE(eventually([&] { return s.payload_gets.load() == want; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // ...and none is delivered before it.
+    CHECK(rt.delivered() == 0);
+    REQUIRE(w.finish().ok());
+    rt.t.join();
+    REQUIRE_MESSAGE(rt.st.ok(), rt.st.message);
+    CHECK(r.fetched_early() == want);
+    CHECK(s.payload_gets == want); // fetched once, never again after the manifest
+    std::vector<std::pair<std::string, std::vector<std::byte>>> expect{{payload_name(4, 0, 0), a},
+                                                                       {payload_name(4, 0, 1), b}};
+    if (!filtered) expect.emplace_back(payload_name(4, 0, 2), c);
+    CHECK(rt.got == expect);
+  }
+}
+
+TEST_CASE("early fetch: a planted payload that no manifest binds is never delivered") {
+  for (const bool filtered : {false, true}) {
+    CAPTURE(filtered);
+    in_flight_store s;
+    s.target = 1;
+    attempt_writer w(s, 5, 0);
+    const auto real = random_bytes(30, 1), planted = random_bytes(30, 2);
+    REQUIRE(w.put_payload(real, {"t.a"}).ok());
+    // Planted under owner 0's next sequence number, with an index object
+    // that names it (well-formed, as the owner would write it).
+    REQUIRE(s.put(payload_name(5, 0, 1), planted).ok());
+    const auto forged = serialize_manifest({"",
+                                            5,
+                                            0,
+                                            {{payload_name(5, 0, 1), planted.size(),
+                                              digest(planted), std::vector<std::string>{"t.a"}}}});
+    REQUIRE(s.put(index_name(5, 0, 1), std::as_bytes(std::span(forged))).ok());
+    attempt_reader<in_flight_store> r(s, 5, {0});
+    if (filtered) r.need_only([](std::string_view) { return true; });
+    reader_thread rt(r);
+    // Both fetched while no manifest exists (the planted one by its index
+    // object when filtered).
+    REQUIRE(eventually([&] { return s.payload_gets.load() == 2; }));
+    REQUIRE(w.finish().ok());
+    rt.t.join();
+    // Unfiltered, an object under the owner's payload names that its
+    // manifest does not list fails the attempt; filtered it is dropped.
+    // Either way only what the manifest binds was delivered.
+    CHECK(rt.st.code == (filtered ? errc::ok : errc::verification));
+    for (auto& [n, bytes] : rt.got) {
+      CHECK(n == payload_name(5, 0, 0));
+      CHECK(bytes == real);
+    }
+    if (filtered) CHECK(rt.got.size() == 1);
+  }
+}
+
+TEST_CASE("early fetch: a payload fetched early whose bytes differ from the manifest entry "
+          "fails the read and is never delivered") {
+  in_flight_store s;
+  s.target = 1;
+  attempt_writer w(s, 6, 0);
+  REQUIRE(w.put_payload(random_bytes(30, 1), {"t.a"}).ok());
+  REQUIRE(s.inner.put(payload_name(6, 0, 0), random_bytes(30, 9)).ok()); // replaced
+  attempt_reader<in_flight_store> r(s, 6, {0});
+  r.need_only([](std::string_view) { return true; });
+  reader_thread rt(r);
+  REQUIRE(eventually([&] { return s.payload_gets.load() == 1; }));
+  REQUIRE(w.finish().ok());
+  rt.t.join();
+  CHECK(rt.st.code == errc::digest_mismatch);
+  CHECK(rt.got.empty());
+}
+
+TEST_CASE("request window: writers and readers keep at most the window's requests in flight") {
+  for (const std::size_t window : {1u, 3u, 5u}) {
+    CAPTURE(window);
+    in_flight_store s;
+    s.target = window;
+    s.window = window;
+    std::map<std::string, std::vector<std::byte>> sent;
+    {
+      attempt_writer w(s, 2, 0);
+      CHECK(w.requests_in_flight() == window);
+      for (std::uint32_t i = 0; i < 12; ++i) {
+        auto b = random_bytes(20 + i, i);
+        REQUIRE(w.put_payload(b, {"t." + std::to_string(i)}).ok());
+        sent[payload_name(2, 0, i)] = std::move(b);
+      }
+      REQUIRE(w.finish().ok());
+    }
+    CHECK(s.peak == window); // filled, never exceeded
+    // The manifest lists every payload in sequence order, each durable.
+    std::vector<std::byte> m;
+    REQUIRE(s.inner.get(manifest_name(2, 0), m).ok());
+    manifest parsed;
+    REQUIRE(parse_manifest({reinterpret_cast<const char*>(m.data()), m.size()}, parsed).ok());
+    REQUIRE(parsed.payloads.size() == 12);
+    for (std::uint32_t i = 0; i < 12; ++i) CHECK(parsed.payloads[i].name == payload_name(2, 0, i));
+
+    s.peak = 0;
+    s.released = false;
+    attempt_reader<in_flight_store> r(s, 2, {0});
+    CHECK(r.requests_in_flight() == window);
+    std::map<std::string, std::vector<std::byte>> got;
+    std::atomic<bool> stop{false};
+    REQUIRE(r.run(
+                 [&](std::string_view n, std::span<const std::byte> b) {
+                   CHECK(got.emplace(std::string(n), std::vector(b.begin(), b.end())).second);
+                   return status::success();
+                 },
+                 stop, std::chrono::steady_clock::now() + std::chrono::seconds(20))
+                .ok());
+    CHECK(s.peak == window);
+    CHECK(got == sent); // bit for bit, each once
+  }
+}
+
+TEST_CASE("request window: a failed upload is returned by finish, and no manifest is written") {
+  struct failing_store : memory_object_store {
+    std::atomic<int> puts{0};
+    std::size_t requests_in_flight() const { return 4; }
+    status put(std::string_view n, std::span<const std::byte> b) {
+      if (n.find("/payload/") != std::string_view::npos && ++puts == 3)
+        return fail(errc::unavailable, "store down");
+      return memory_object_store::put(n, b);
+    }
+  } s;
+  attempt_writer w(s, 3, 0);
+  status st = status::success();
+  for (int i = 0; i < 6 && st; ++i) st = w.put_payload(random_bytes(10, i));
+  if (st) st = w.finish();
+  CHECK(st.code == errc::unavailable);
+  std::vector<std::byte> none;
+  CHECK(s.get(manifest_name(3, 0), none).code == errc::not_found);
 }

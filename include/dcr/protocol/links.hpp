@@ -413,13 +413,20 @@ public:
   }
 
   /// Fetch every listed payload (true, the default), or only those whose
-  /// manifest index names a tensor one of the node's receivers needs
+  /// index entry names a tensor one of the node's receivers needs
   /// (false; `receiver_endpoint::needs`): an expert-parallel node skips the
-  /// payloads of experts it holds nothing of. Filtered, a node fetches an
-  /// owner's payloads only once its manifest is in (no overlap with that
-  /// owner's upload) and never sees objects no manifest lists, so a stray
-  /// object cannot reach a receiver and does not fail the attempt.
+  /// payloads of experts it holds nothing of. Either way a payload reaches
+  /// the receivers only once its owner's manifest lists it with its digest;
+  /// filtered, a stray object no manifest lists is dropped and does not
+  /// fail the attempt (unfiltered it does: attempt_reader.hpp).
   void fetch_all(bool all) noexcept { fetch_all_ = all; }
+  /// Whether the node's reader reads each manifest a second time before it
+  /// completes (true, the default). The coordinator compares the manifest
+  /// digests each node reports with those the owners reported writing
+  /// (`coordinator::check_manifest_binding`), which catches a second
+  /// manifest under an owner's name as well; false saves one GET per owner
+  /// per node at the end of the fetch.
+  void recheck_manifests(bool on) noexcept { recheck_ = on; }
   /// Fetched and skipped payloads so far.
   node_fetch_totals fetch_totals() const {
     std::lock_guard l(totals_m_);
@@ -507,6 +514,7 @@ private:
     // payload goes to every receiver of the node (in parallel when there are
     // several), so the node reads it once.
     auto reader = transport::open_reader(medium, tau, index_, rq.owners);
+    if constexpr (requires { reader.recheck_manifests(false); }) reader.recheck_manifests(recheck_);
     if constexpr (requires { reader.need_only(transport::tensor_filter{}); }) {
       if (!fetch_all_)
         reader.need_only([this](std::string_view t) {
@@ -619,6 +627,7 @@ private:
   Store* store_;
   std::size_t index_;
   bool fetch_all_ = true;
+  bool recheck_ = true;
   mutable std::mutex totals_m_;
   node_fetch_totals totals_;
 };

@@ -169,6 +169,10 @@ public:
     if (ec) throw error(errc::io, "create " + root_.string() + ": " + ec.message());
   }
   const std::filesystem::path& root() const noexcept { return root_; }
+  /// Requests attempt writers and readers keep in flight on this store
+  /// (`requests_in_flight_of`): with `durable`, a put waits for two fsyncs,
+  /// which several puts in flight overlap.
+  std::size_t requests_in_flight() const noexcept { return durable_ ? 4 : 1; }
 
   status put(std::string_view name, std::span<const std::byte> bytes) {
     DCR_TRY(validate_object_name(name));

@@ -69,6 +69,11 @@ struct s3_options {
   /// polls, so the default trades up to 50 ms of latency for 20 LIST/s per
   /// waiting receiver instead of 200.
   std::chrono::milliseconds list_poll_max{50};
+  /// Requests an attempt writer or reader keeps in flight on this store
+  /// (`requests_in_flight_of`), each on its own kept-alive connection (at
+  /// most `max_pool` are kept). Swift's per-object latency, not the link,
+  /// bounds one request at a time (docs/benchmarks.md measures the choice).
+  std::size_t requests_in_flight = 8;
   net::http_options http = default_http(); ///< timeouts, body limit, TLS trust
 
   /// Large objects: response bodies up to 4 GiB (the http client's own
@@ -119,6 +124,8 @@ public:
   /// Upper bound of `attempt_reader`'s poll interval on this store.
   std::chrono::microseconds list_poll_max() const noexcept;
   s3_stats stats() const noexcept;
+  /// `s3_options::requests_in_flight`.
+  std::size_t requests_in_flight() const noexcept { return options().requests_in_flight; }
 
   /// CreateBucket; success also when this account already owns it.
   status create_bucket();
