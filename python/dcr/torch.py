@@ -479,9 +479,8 @@ class Receiver:
         after = torch.where(active, new, old)
         idx = active.nonzero().view(-1)
         sw = plan.words
-        second = 0x7F if sw.element_size() == 1 else PLACEHOLDER[meta.dtype]
         fills = []
-        for fill in (0, _signed(second, sw.element_size())):
+        for fill in _two_fills(sw, meta):
             w = torch.full_like(sw, fill)
             w[idx] = new[idx]
             fills.append(self._captures(plan, w))
@@ -866,12 +865,8 @@ class Receiver:
         sw = word_view(scratch).view(-1)
         captured: list = [[], []]
         dsts: list = []
-        # 1-byte codes: 0x00 and 0x7F, as the C++ receiver (whether a code "is
-        # NaN" depends on the format a transform writes; the test never asks).
-        second = 0x7F if sw.element_size() == 1 else PLACEHOLDER[meta.dtype]
-        fills = (0, _signed(second, sw.element_size()))
         try:
-            for k, fill in enumerate(fills):
+            for k, fill in enumerate(_two_fills(sw, meta)):
                 sw.fill_(fill)
                 sw[idx] = words
 
@@ -896,6 +891,15 @@ class Receiver:
         items = tensors.items() if isinstance(tensors, Mapping) else tensors
         with torch.no_grad():
             return self.load_weights(list(items))
+
+
+def _two_fills(sw: torch.Tensor, meta: CanonicalMeta) -> tuple:
+    """The two-fill rule's fills of a scratch's words: zero and the
+    placeholder. 1-byte codes: 0x00 and 0x7F, as the C++ receiver (whether a
+    code "is NaN" depends on the format a transform writes; the rule never
+    asks)."""
+    second = 0x7F if sw.element_size() == 1 else PLACEHOLDER[meta.dtype]
+    return 0, _signed(second, sw.element_size())
 
 
 def _signed(word: int, width: int) -> int:

@@ -493,16 +493,18 @@ def _parts_digest(parts, threads: int | None = None) -> str:
     bytes, its length or its name changing changes it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    pieces = []  # (part index, memoryview of one piece)
-    for k, (_, v) in enumerate(parts):
+    pieces, counts = [], []  # every part's pieces in order; how many each part has
+    for _, v in parts:
         m = memoryview(v).cast("B")
-        pieces.extend((k, m[o:o + _DIGEST_PIECE]) for o in range(0, len(m), _DIGEST_PIECE))
+        starts = range(0, len(m), _DIGEST_PIECE)
+        counts.append(len(starts))
+        pieces.extend(m[o:o + _DIGEST_PIECE] for o in starts)
     if threads is None:
         threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1))
 
     def one(piece):
-        return hashlib.blake2b(piece[1], digest_size=16).digest()
+        return hashlib.blake2b(piece, digest_size=16).digest()
 
     if threads > 1 and len(pieces) > 1:
         with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -510,13 +512,12 @@ def _parts_digest(parts, threads: int | None = None) -> str:
     else:
         sums = [one(p) for p in pieces]
     h = hashlib.blake2b(digest_size=16)
-    i = 0
-    for k, (n, v) in enumerate(parts):
+    it = iter(sums)
+    for (n, v), c in zip(parts, counts):
         h.update(n.encode() + b"\0")
         h.update(len(v).to_bytes(8, "little"))
-        while i < len(pieces) and pieces[i][0] == k:
-            h.update(sums[i])
-            i += 1
+        for _ in range(c):
+            h.update(next(it))
     return h.hexdigest()
 
 
