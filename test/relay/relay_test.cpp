@@ -1247,7 +1247,12 @@ TEST_CASE("coordinator over the relay tree: a frame under a sequence the owner n
     CHECK(rep.attempts[0].attempt == tau);
     INFO(rep.attempts[0].result.message);
     CHECK_FALSE(rep.attempts[0].result.ok());
-    CHECK(s.endpoints[1]->counters().restores - before[1] == 1);
+    // Node 1's receiver is restored when it staged the frame. Under load
+    // node 1 can fail the attempt (owner 0's count) before its receiver
+    // staged it: the frame is then dropped unstaged, nothing of it was
+    // applied and there is nothing to restore (check_consistent below
+    // checks every byte either way).
+    CHECK(s.endpoints[1]->counters().restores - before[1] <= 1);
     for (std::size_t r : {0, 2}) // never reached by it
       CHECK(s.endpoints[r]->counters().restores - before[r] == 0);
     s.check_consistent(1);
